@@ -1,0 +1,304 @@
+"""Hardware and model catalogs: schemas, loading from ``data/*.yaml``, and name lookup.
+
+Lookups are case-insensitive and accept the registry key (``H100``), the key with its group
+(``Cloud.H100``, ``Hardware.Cloud.H100``; ``Language.Llama3_8B``, ``Models.Language.Llama3_8B``), the
+display name (``NVIDIA H100``, ``Llama-3.1-8B``) or the slug (``h100``, ``llama-3.1-8b``); punctuation
+and spaces are ignored. An unknown name raises :class:`~trainfit.errors.TrainfitError` with the
+closest matches. The catalogs are also reachable as attributes: ``Hardware.Cloud.H100``.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from functools import cached_property
+from typing import Annotated, Any, Generic, Literal, Optional, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from .datafile import DATA_DIR, load_entries
+from .errors import TrainfitError, unknown_choice
+from .units import parse_bytes, parse_flops, parse_power, parse_rate
+
+Bytes = Annotated[float, BeforeValidator(lambda v: parse_bytes(v))]
+Rate = Annotated[float, BeforeValidator(lambda v: parse_rate(v))]
+Flops = Annotated[float, BeforeValidator(lambda v: parse_flops(v))]
+Watts = Annotated[float, BeforeValidator(lambda v: parse_power(v))]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class Source(BaseModel):
+    """Where an entry's figures come from."""
+
+    model_config = _FROZEN
+    kind: Literal["datasheet", "literature", "estimate", "derived", "convention", "illustrative", "measured"]
+    ref: str
+    url: Optional[str] = None
+
+
+class Link(BaseModel):
+    """A host or device-to-device link. ``bandwidth`` in bytes/s as quoted by the vendor."""
+
+    model_config = _FROZEN
+    name: str
+    bandwidth: Rate
+    direction: Literal["per_direction", "bidirectional_total"] = "per_direction"
+
+    @property
+    def bandwidth_per_direction(self) -> float:
+        """Bytes/s in one direction (a bidirectional total is halved: NVLink 4 '900 GB/s' = 450/dir)."""
+        return self.bandwidth / 2 if self.direction == "bidirectional_total" else self.bandwidth
+
+
+class Memory(BaseModel):
+    """Device memory. ``capacity`` in bytes (for microcontrollers: the flash), ``bandwidth`` in bytes/s."""
+
+    model_config = _FROZEN
+    capacity: Bytes
+    bandwidth: Rate
+    sram_capacity: Optional[Bytes] = None
+
+
+class Compute(BaseModel):
+    """Peak compute in FLOP/s (or OPS for integer-only parts); ``peak_flops`` is the default (fp16 dense)."""
+
+    model_config = _FROZEN
+    peak_flops: Flops
+    precision_flops: dict[str, Flops] = Field(default_factory=dict)
+
+
+class HardwareSpec(BaseModel):
+    """One accelerator or device."""
+
+    model_config = _FROZEN
+    key: str
+    tier: Literal["cloud", "workstation", "mobile", "edge", "tiny"]
+    name: str
+    slug: str
+    aliases: tuple[str, ...] = ()
+    year: Optional[int] = None
+    memory: Memory
+    compute: Compute
+    tdp: Optional[Watts] = None
+    interconnect: Optional[Link] = None
+    nvlink: Optional[Link] = None
+    unit_cost_usd: Optional[float] = None
+    source: Source
+
+    @property
+    def group(self) -> str:
+        return self.tier.capitalize()
+
+    @property
+    def qualified_name(self) -> str:
+        """The upstream-style reference, e.g. ``Hardware.Cloud.H100``."""
+        return f"Hardware.{self.group}.{self.key}"
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory.capacity
+
+    def flops(self, precision: str | None = None) -> float:
+        """Peak FLOP/s at ``precision`` (``bf16``/``fp16`` and unknown keys fall back to the default peak)."""
+        if precision:
+            table = self.compute.precision_flops
+            for key in (precision, f"{precision}_dense"):
+                if key in table:
+                    return table[key]
+        return self.compute.peak_flops
+
+    def __repr__(self) -> str:
+        return f"HardwareSpec({self.name!r}, {self.memory.capacity / 2**30:g} GiB)"
+
+
+class ModelSpec(BaseModel):
+    """One model. ``parameters`` is a count; dimensions are plain integers."""
+
+    model_config = _FROZEN
+    key: str
+    family: Literal["language", "vision", "tiny", "statespace", "generativevision", "recommendation"]
+    type: Literal["transformer", "moe", "cnn", "ssm", "diffusion", "workload"]
+    name: str
+    slug: str
+    aliases: tuple[str, ...] = ()
+    architecture: Optional[str] = None
+    year: Optional[int] = None
+    parameters: Optional[float] = Field(default=None, gt=0)
+    active_parameters: Optional[float] = Field(default=None, gt=0)
+    layers: Optional[int] = Field(default=None, ge=1)
+    hidden_dim: Optional[int] = Field(default=None, ge=1)
+    heads: Optional[int] = Field(default=None, ge=1)
+    kv_heads: Optional[int] = Field(default=None, ge=1)
+    experts: Optional[int] = Field(default=None, ge=1)
+    active_experts_per_token: Optional[int] = Field(default=None, ge=1)
+    kv_lora_rank: Optional[int] = None
+    qk_rope_head_dim: Optional[int] = None
+    state_size: Optional[int] = None
+    context_length: Optional[int] = None
+    denoising_steps: Optional[int] = None
+    resolution: Optional[int] = None
+    inference_flops: Optional[float] = None
+    model_size: Optional[Bytes] = None
+    parameter_range_min: Optional[float] = None
+    parameter_range_max: Optional[float] = None
+    embedding_entries: Optional[float] = None
+    config: Optional[str] = None  # name of a bundled Hugging Face config with the full architecture
+    source: Source
+
+    @field_validator("kv_heads")
+    @classmethod
+    def _kv_divides(cls, v: Optional[int], info: Any) -> Optional[int]:
+        heads = info.data.get("heads")
+        if v is not None and heads is not None and heads % v:
+            raise ValueError(f"kv_heads {v} must divide heads {heads}")
+        return v
+
+    @property
+    def group(self) -> str:
+        return {"statespace": "StateSpace", "generativevision": "GenerativeVision"}.get(self.family, self.family.capitalize())
+
+    @property
+    def qualified_name(self) -> str:
+        """The upstream-style reference, e.g. ``Models.Language.Llama3_8B``."""
+        return f"Models.{self.group}.{self.key}"
+
+    @property
+    def is_transformer(self) -> bool:
+        return self.type in ("transformer", "moe") and self.layers is not None
+
+    def __repr__(self) -> str:
+        p = f"{self.parameters / 1e9:g}B params" if self.parameters else "params unknown"
+        return f"ModelSpec({self.name!r}, {p})"
+
+
+T = TypeVar("T", HardwareSpec, ModelSpec)
+
+
+def squash(text: str) -> str:
+    """Normalise a name for lookup: lower case, letters and digits only."""
+    return re.sub(r"[^a-z0-9]", "", str(text).lower())
+
+
+class _Group:
+    """Attribute access to one group of a catalog (``Hardware.Cloud.H100``)."""
+
+    def __init__(self, name: str, entries: dict[str, Any]):
+        self._name, self._entries = name, entries
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self._entries[key]
+        except KeyError:
+            raise unknown_choice(f"{self._name} entry", key, sorted(self._entries)) from None
+
+    def __dir__(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._entries.values())
+
+
+class Catalog(Generic[T]):
+    """A validated, read-only collection with forgiving name lookup."""
+
+    def __init__(self, kind: str, root: str, entries: list[T]):
+        self.kind, self.root = kind, root
+        self.entries: tuple[T, ...] = tuple(entries)
+        self._index: dict[str, T] = {}
+        for e in self.entries:
+            names = {e.key, f"{e.group}.{e.key}", f"{root}.{e.group}.{e.key}", e.name, e.slug, *e.aliases}
+            for n in names:
+                s = squash(n)
+                other = self._index.get(s)
+                if other is not None and other is not e:
+                    raise TrainfitError(f"{kind} catalog: name {n!r} is used by both {other.key!r} and {e.key!r}")
+                self._index[s] = e
+        groups: dict[str, dict[str, T]] = {}
+        for e in self.entries:
+            groups.setdefault(e.group, {})[e.key] = e
+        self._groups = {g: _Group(f"{root}.{g}", d) for g, d in groups.items()}
+
+    def __getattr__(self, name: str) -> _Group:
+        groups = self.__dict__.get("_groups", {})
+        if name in groups:
+            return groups[name]
+        raise AttributeError(name)
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and squash(name) in self._index
+
+    @property
+    def groups(self) -> list[str]:
+        return list(self._groups)
+
+    def get(self, name: Any) -> T:
+        """Return the entry called ``name`` (entries pass through unchanged)."""
+        if isinstance(name, (HardwareSpec, ModelSpec)):
+            return name  # type: ignore[return-value]
+        if not isinstance(name, str) or not name.strip():
+            raise TrainfitError(f"{self.kind} must be a name such as {self.entries[0].slug!r}, got {name!r}")
+        hit = self._index.get(squash(name))
+        if hit is None:
+            raise unknown_choice(self.kind, name, [e.slug for e in self.entries] + [e.name for e in self.entries], show=8)
+        return hit
+
+    __getitem__ = get
+
+    def select(self, group: str | None = None) -> list[T]:
+        """Entries of one group (tier for hardware, family for models), all when ``group`` is None."""
+        if group is None:
+            return list(self.entries)
+        wanted = squash(group)
+        chosen = [e for e in self.entries if squash(e.group) == wanted]
+        if not chosen:
+            raise unknown_choice(f"{self.kind} group", group, [g.lower() for g in self._groups])
+        return chosen
+
+
+class _LazyCatalog:
+    """Loads a catalog file on first use, so importing trainfit stays fast."""
+
+    def __init__(self, kind: str, root: str, filename: str, schema: type):
+        self._args = (kind, root, filename, schema)
+
+    @cached_property
+    def _catalog(self) -> Catalog:
+        kind, root, filename, schema = self._args
+        return Catalog(kind, root, load_entries(DATA_DIR / filename, schema, what=kind))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._catalog, name)
+
+    def __iter__(self):
+        return iter(self._catalog)
+
+    def __len__(self) -> int:
+        return len(self._catalog)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._catalog
+
+    def __getitem__(self, name: Any):
+        return self._catalog.get(name)
+
+
+Hardware: Any = _LazyCatalog("hardware", "Hardware", "hardware.yaml", HardwareSpec)
+Models: Any = _LazyCatalog("model", "Models", "models.yaml", ModelSpec)
+
+
+def get_hardware(name: Any) -> HardwareSpec:
+    """Look up a hardware entry by key, qualified key, display name or slug."""
+    return Hardware.get(name)
+
+
+def get_model(name: Any) -> ModelSpec:
+    """Look up a model entry by key, qualified key, display name or slug."""
+    return Models.get(name)

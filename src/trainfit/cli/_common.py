@@ -1,0 +1,66 @@
+"""Shared pieces of the CLI: the app, output formats and the error boundary."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from enum import Enum
+from typing import Any, Callable
+
+import typer
+from rich.console import Console
+
+from ..errors import TrainfitError
+
+app = typer.Typer(
+    name="trainfit",
+    help="Will this training run fit, and which strategy should I use? Memory estimates, measurements and plans.\n\n"
+         "Sizes: GB = 1e9 bytes, GiB = 2^30 bytes. Exit codes: 0 ok, 1 bad input, 2 --require-fit and it does not fit.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class Output(str, Enum):
+    text = "text"
+    json = "json"
+    markdown = "markdown"
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Print ``trainfit: error: message`` on stderr and exit with ``code``."""
+    err_console.print(f"trainfit: error: {message}", markup=False)
+    raise typer.Exit(code)
+
+
+def guarded(fn: Callable) -> Callable:
+    """Wrap a command so bad input becomes one line on stderr and exit code 1, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TrainfitError as exc:
+            fail(str(exc))
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+            fail(f"{exc.filename}: {exc.strerror}")
+
+    return wrapper
+
+
+def print_json(obj: Any) -> None:
+    """Print one JSON document on stdout (plain types only)."""
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, allow_nan=False, default=_plain) + "\n")
+
+
+def _plain(obj: Any) -> Any:
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump()
+    if hasattr(obj, "item"):
+        return obj.item()
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")

@@ -1,0 +1,38 @@
+"""Errors with one-line, actionable messages.
+
+Every user-facing failure raises :class:`TrainfitError` (a ``ValueError``), whose message says
+what was wrong, what is accepted and, where one exists, the closest valid choice. The CLI prints
+the message alone and exits with code 1.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class TrainfitError(ValueError):
+    """Bad input: the message is one line and safe to show a user as is."""
+
+
+def close_matches(value: str, choices: Iterable[str], n: int = 3) -> list[str]:
+    """Return up to ``n`` choices that look like ``value`` (case-insensitive)."""
+    choices = list(choices)
+    lowered = {c.lower(): c for c in choices}
+    hits = difflib.get_close_matches(str(value).lower(), list(lowered), n=n, cutoff=0.5)
+    return [lowered[h] for h in hits]
+
+
+def unknown_choice(what: str, value: object, choices: Iterable[str], *, show: int = 12) -> TrainfitError:
+    """Build the error for a value that is not one of ``choices``.
+
+    The message lists the accepted values (the first ``show`` of them when there are many) and the
+    closest matches, for example ``unknown optimizer 'adan'; accepted: adam, adamw, none, sgd (did
+    you mean 'adam'?)``.
+    """
+    choices = list(choices)
+    listed = ", ".join(choices[:show]) + (f", … ({len(choices)} in all)" if len(choices) > show else "")
+    msg = f"unknown {what} {value!r}; accepted: {listed}"
+    hints = close_matches(str(value), choices)
+    if hints:
+        msg += " (did you mean " + " or ".join(repr(h) for h in hints) + "?)"
+    return TrainfitError(msg)

@@ -1,0 +1,224 @@
+"""The seed-compatible first-order training-memory model (``TrainingMemoryModel``).
+
+``TrainingMemoryModel().solve(...)`` reproduces MLSys·im 0.3.0's solver of the same name: the same
+arguments, defaults, validation and numbers (checked side by side in ``tests/test_parity_mlsysim.py``).
+The arithmetic lives in :mod:`trainfit.formulas`; this module validates inputs, resolves catalog
+names and packages the result.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict
+
+from . import formulas as F
+from .catalog import HardwareSpec, ModelSpec, get_hardware, get_model
+from .errors import TrainfitError, unknown_choice
+from .units import GB, parse_bytes, resolve_precision
+
+COMPONENTS: tuple[str, ...] = ("weights", "gradients", "optimizer_state", "activations", "communication_buffers")
+
+
+def _magnitude(x: Any) -> Any:
+    return getattr(x, "magnitude", x)
+
+
+class ModelShape(BaseModel):
+    """The numbers the first-order model reads from a model: a parameter count and its shape."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    parameters: float
+    layers: int
+    hidden_dim: Optional[int] = None
+    heads: Optional[int] = None
+    is_moe: bool = False
+
+
+def model_shape(model: Any) -> ModelShape:
+    """Resolve a catalog name, a catalog entry or any object with ``parameters`` and ``layers``
+    (an MLSys·im workload, for instance; pint quantities are read through ``.magnitude``)."""
+    if isinstance(model, str):
+        model = get_model(model)
+    if isinstance(model, ModelSpec):
+        if not model.is_transformer or model.parameters is None:
+            raise TrainfitError(
+                f"model {model.name!r} is a {model.type} without transformer layers; the training-memory "
+                "model covers transformer models (see `trainfit models --family language`)")
+        return ModelShape(name=model.name, parameters=model.parameters, layers=model.layers,
+                          hidden_dim=model.hidden_dim, heads=model.heads, is_moe=model.type == "moe")
+    params = getattr(model, "parameters", None)
+    layers = getattr(model, "layers", None)
+    if params is None or layers is None:
+        raise TrainfitError(f"model must be a catalog name or have 'parameters' and 'layers', got {model!r}")
+    if hasattr(params, "to") and hasattr(params, "magnitude"):
+        try:
+            params = params.to("count")
+        except Exception:  # noqa: BLE001 - any unit library; a bare count stays as it is
+            pass
+    heads = getattr(model, "heads", None)
+    hidden = getattr(model, "hidden_dim", None)
+    return ModelShape(name=str(getattr(model, "name", "model")), parameters=float(_magnitude(params)),
+                      layers=int(_magnitude(layers)), hidden_dim=None if hidden is None else int(_magnitude(hidden)),
+                      heads=None if heads is None else int(_magnitude(heads)),
+                      is_moe=hasattr(model, "experts") and getattr(model, "experts", None) is not None)
+
+
+def capacity_bytes(hardware: Any) -> tuple[str, float]:
+    """(name, memory capacity in bytes) of a catalog name, entry or any object with ``memory.capacity``."""
+    if isinstance(hardware, str):
+        hardware = get_hardware(hardware)
+    if isinstance(hardware, HardwareSpec):
+        return hardware.name, hardware.memory.capacity
+    memory = getattr(hardware, "memory", None)
+    cap = getattr(memory, "capacity", None)
+    if cap is None:
+        raise TrainfitError(f"hardware must be a catalog name or have 'memory.capacity', got {hardware!r}")
+    return str(getattr(hardware, "name", "hardware")), parse_bytes(cap, what="memory capacity")
+
+
+def _whole_at_least(value: Any, name: str, minimum: int = 1) -> int:
+    v = _magnitude(value)
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or int(v) != v:
+        raise TrainfitError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    if v < minimum:
+        raise TrainfitError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(v)
+
+
+def _fraction(value: Any, name: str) -> float:
+    v = _magnitude(value)
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (0.0 <= v <= 1.0):
+        raise TrainfitError(f"{name} must be in [0, 1], got {value!r}")
+    return float(v)
+
+
+def resolve_optimizer(optimizer: Any) -> tuple[str, float]:
+    """(canonical name, bytes per trainable parameter) of a first-order optimizer name."""
+    key = str(optimizer).strip().lower()
+    if key not in F.OPTIMIZER_BYTES:
+        raise unknown_choice("optimizer", optimizer, sorted(F.OPTIMIZER_BYTES))
+    return key, F.OPTIMIZER_BYTES[key]
+
+
+def resolve_checkpointing(mode: Any) -> str:
+    key = str(mode).strip().lower()
+    if key not in F.CHECKPOINTING:
+        raise unknown_choice("activation_checkpointing", mode, F.CHECKPOINTING)
+    return key
+
+
+class TrainingMemoryResult(BaseModel):
+    """Per-accelerator training memory. Sizes in GB (1e9 bytes) as upstream, and in bytes (``*_bytes``)."""
+
+    model_config = ConfigDict(frozen=True)
+    feasible: bool
+    total_memory: float
+    available_memory: float
+    memory_utilization: float
+    weights: float
+    gradients: float
+    optimizer_state: float
+    activations: float
+    communication_buffers: float
+    precision: str
+    optimizer: str
+    activation_checkpointing: str
+    parallelism: dict[str, int]
+    constraint_trace: list[str]
+    total_bytes: float
+    available_bytes: float
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_state_bytes: float
+    activations_bytes: float
+    communication_buffers_bytes: float
+    model_name: str = ""
+    hardware_name: str = ""
+    inputs: dict[str, Any] = {}
+
+    @property
+    def components(self) -> dict[str, float]:
+        """Component name -> bytes, in the seed's order."""
+        return {c: getattr(self, f"{c}_bytes") for c in COMPONENTS}
+
+    @property
+    def dominant(self) -> str:
+        """The largest component (first in the seed's order on a tie)."""
+        comps = self.components
+        return max(comps, key=comps.__getitem__)
+
+
+class TrainingMemoryModel:
+    """Decompose per-accelerator training memory into weights, gradients, optimizer state,
+    activations and communication buffers (MLSys·im's first-order model; Megatron-LM, ZeRO and
+    Korthikanti et al. 2023)."""
+
+    name = "first-order"
+
+    def solve(self, model: Any, hardware: Any, batch_size: int, seq_len: int = 2048, precision: str = "fp16",
+              optimizer: str = "adam", activation_checkpointing: str = "selective", tp_size: int = 1,
+              pp_size: int = 1, dp_size: int = 1, ep_size: int = 1, zero_stage: int = 0,
+              gradient_accumulation_steps: int = 1, trainable_fraction: float = 1.0,
+              communication_buffer_fraction: float = 0.05, sequence_parallel: bool = True) -> TrainingMemoryResult:
+        """Estimate the memory one accelerator needs for one training step.
+
+        ``batch_size`` is the **global** batch (samples per optimizer step across all replicas).
+        ``model`` and ``hardware`` are catalog names/entries or duck-typed objects. With
+        ``tp_size > 1`` and ``sequence_parallel`` (default, as mlsysim 0.3.0) activations are split
+        across the TP group; ``sequence_parallel=False`` keeps them whole (the older seed behaviour).
+        Raises :class:`~trainfit.errors.TrainfitError` (a ``ValueError``) naming a bad argument.
+        """
+        prec_key, bpp = resolve_precision(precision)
+        opt_key, opt_bytes = resolve_optimizer(optimizer)
+        ckpt = resolve_checkpointing(activation_checkpointing)
+        batch_size = _whole_at_least(batch_size, "batch_size")
+        seq_len = _whole_at_least(seq_len, "seq_len")
+        tp = _whole_at_least(tp_size, "tp_size")
+        pp = _whole_at_least(pp_size, "pp_size")
+        dp = _whole_at_least(dp_size, "dp_size")
+        ep = _whole_at_least(ep_size, "ep_size")
+        accum = _whole_at_least(gradient_accumulation_steps, "gradient_accumulation_steps")
+        tf = _fraction(trainable_fraction, "trainable_fraction")
+        cbf = _fraction(communication_buffer_fraction, "communication_buffer_fraction")
+        if _magnitude(zero_stage) not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
+            raise TrainfitError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+        zero = int(_magnitude(zero_stage))
+        shape = model_shape(model)
+        hw_name, available = capacity_bytes(hardware)
+        if ckpt == "none" and shape.heads is None:
+            raise TrainfitError(f"activation_checkpointing 'none' needs the model's attention head count; "
+                                f"{shape.name!r} has none (use 'selective' or 'full')")
+
+        w, g, o = F.model_state_bytes(shape.parameters, bpp, opt_bytes, tp=tp, pp=pp, ep=ep, dp=dp,
+                                      zero_stage=zero, trainable_fraction=tf)
+        mb = F.local_microbatch(batch_size, dp, accum)
+        lps = F.layers_per_stage(shape.layers, pp)
+        hidden = shape.hidden_dim or 4096  # the seed's default for models without a hidden size
+        a = F.activation_bytes(lps, seq_len, mb, hidden, shape.heads, bpp, ckpt, tp=tp,
+                               sequence_parallel=bool(sequence_parallel))
+        c = F.communication_buffer_bytes(g, cbf, pp=pp, microbatch=mb, seq_len=seq_len, hidden=hidden,
+                                         precision_bytes=bpp)
+        total = w + g + o + a + c
+        util = total / available if available > 0 else float("inf")
+        trace = [f"Training Memory: weights={w / GB:.4g} GB, gradients={g / GB:.4g} GB, optimizer={o / GB:.4g} GB, "
+                 f"activations={a / GB:.4g} GB, buffers={c / GB:.4g} GB."]
+        if zero > 0:
+            trace.append(f"ZeRO-{zero}: data-parallel state sharding applied across {dp} ranks.")
+        if shape.is_moe and ep > 1:
+            trace.append("MoE approximation: all parameters, dense ones included, are split evenly across the "
+                         f"{ep} expert-parallel ranks; routing imbalance is not modelled.")
+        inputs = dict(model=shape.name, hardware=hw_name, batch_size=batch_size, seq_len=seq_len, precision=prec_key,
+                      optimizer=opt_key, activation_checkpointing=ckpt, tp_size=tp, pp_size=pp, dp_size=dp,
+                      ep_size=ep, zero_stage=zero, gradient_accumulation_steps=accum, trainable_fraction=tf,
+                      communication_buffer_fraction=cbf, sequence_parallel=bool(sequence_parallel),
+                      local_microbatch=int(mb), layers_per_stage=int(lps))
+        return TrainingMemoryResult(
+            feasible=bool(total <= available), total_memory=total / GB, available_memory=available / GB,
+            memory_utilization=util, weights=w / GB, gradients=g / GB, optimizer_state=o / GB, activations=a / GB,
+            communication_buffers=c / GB, precision=prec_key, optimizer=opt_key, activation_checkpointing=ckpt,
+            parallelism={"dp": dp, "tp": tp, "pp": pp, "ep": ep}, constraint_trace=trace, total_bytes=total,
+            available_bytes=available, weights_bytes=w, gradients_bytes=g, optimizer_state_bytes=o,
+            activations_bytes=a, communication_buffers_bytes=c, model_name=shape.name, hardware_name=hw_name,
+            inputs=inputs)
