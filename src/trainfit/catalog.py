@@ -245,7 +245,8 @@ class Catalog(Generic[T]):
             raise TrainfitError(f"{self.kind} must be a name such as {self.entries[0].slug!r}, got {name!r}")
         hit = self._index.get(squash(name))
         if hit is None:
-            raise unknown_choice(self.kind, name, [e.slug for e in self.entries] + [e.name for e in self.entries], show=8)
+            raise unknown_choice(self.kind, name, [e.slug for e in self.entries], show=8,
+                                 match_against=[e.slug for e in self.entries] + [e.name for e in self.entries])
         return hit
 
     __getitem__ = get

@@ -22,17 +22,19 @@ def close_matches(value: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return [lowered[h] for h in hits]
 
 
-def unknown_choice(what: str, value: object, choices: Iterable[str], *, show: int = 12) -> TrainfitError:
+def unknown_choice(what: str, value: object, choices: Iterable[str], *, show: int = 12,
+                   match_against: Iterable[str] | None = None) -> TrainfitError:
     """Build the error for a value that is not one of ``choices``.
 
     The message lists the accepted values (the first ``show`` of them when there are many) and the
     closest matches, for example ``unknown optimizer 'adan'; accepted: adam, adamw, none, sgd (did
-    you mean 'adam'?)``.
+    you mean 'adam'?)``. ``match_against`` (default: ``choices``) is searched for the close matches,
+    so a catalog can list slugs but also match display names.
     """
     choices = list(choices)
     listed = ", ".join(choices[:show]) + (f", … ({len(choices)} in all)" if len(choices) > show else "")
     msg = f"unknown {what} {value!r}; accepted: {listed}"
-    hints = close_matches(str(value), choices)
+    hints = close_matches(str(value), choices if match_against is None else match_against)
     if hints:
         msg += " (did you mean " + " or ".join(repr(h) for h in hints) + "?)"
     return TrainfitError(msg)

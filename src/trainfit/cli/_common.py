@@ -22,7 +22,9 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-console = Console(highlight=False, soft_wrap=True)
+console = Console(highlight=False)
+if not console.is_terminal:  # piped or captured: don't squeeze tables into 80 columns
+    console = Console(highlight=False, width=140)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
