@@ -15,7 +15,7 @@ Sources:
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,8 +34,16 @@ KORTHIKANTI_SCORES = 5.0
 KORTHIKANTI_LAYER_INPUT = 2.0
 
 
+#: Hidden size assumed for a model that does not state one (MLSys·im's default).
+DEFAULT_HIDDEN = 4096
+
+
 def _is_array(*xs: Any) -> bool:
-    return any(isinstance(x, np.ndarray) for x in xs)
+    # A plain loop: this runs several times per scalar solve, and a generator costs more than the test.
+    for x in xs:
+        if isinstance(x, np.ndarray):
+            return True
+    return False
 
 
 def where(cond: Any, a: Any, b: Any) -> Any:
@@ -128,3 +136,38 @@ def communication_buffer_bytes(gradients: Any, fraction: Any, *, pp: Any = 1, mi
     receive buffer of a micro-batch's hidden states at the stage boundary."""
     pipeline = where(pp > 1, 2 * microbatch * seq_len * hidden * precision_bytes, 0.0)
     return gradients * fraction + pipeline
+
+
+class FirstOrderComponents(NamedTuple):
+    """Per-accelerator bytes of the five first-order components, plus the derived shape."""
+
+    weights: Any
+    gradients: Any
+    optimizer_state: Any
+    activations: Any
+    communication_buffers: Any
+    local_microbatch: Any
+    layers_per_stage: Any
+
+
+def first_order_components(params: Any, layers: Any, hidden: Any, heads: Any, precision_bytes: Any,
+                           optimizer_bytes: Any, checkpointing: Any, batch_size: Any, seq_len: Any, *, tp: Any = 1,
+                           pp: Any = 1, dp: Any = 1, ep: Any = 1, zero_stage: Any = 0, accumulation: Any = 1,
+                           trainable_fraction: Any = 1.0, comm_fraction: Any = 0.05,
+                           sequence_parallel: Any = True) -> FirstOrderComponents:
+    """The whole first-order model in one place: ``TrainingMemoryModel.solve`` (one configuration)
+    and :func:`trainfit.sweep` (numpy arrays, broadcast together) both call this, so the two paths
+    cannot drift apart. Inputs must already be validated; sizes are bytes.
+
+    The total is ``weights + gradients + optimizer_state + activations + communication_buffers``,
+    summed left to right (callers keep that order so scalar and array totals agree to the bit).
+    """
+    w, g, o = model_state_bytes(params, precision_bytes, optimizer_bytes, tp=tp, pp=pp, ep=ep, dp=dp,
+                                zero_stage=zero_stage, trainable_fraction=trainable_fraction)
+    mb = local_microbatch(batch_size, dp, accumulation)
+    lps = layers_per_stage(layers, pp)
+    a = activation_bytes(lps, seq_len, mb, hidden, heads, precision_bytes, checkpointing, tp=tp,
+                         sequence_parallel=sequence_parallel)
+    c = communication_buffer_bytes(g, comm_fraction, pp=pp, microbatch=mb, seq_len=seq_len, hidden=hidden,
+                                   precision_bytes=precision_bytes)
+    return FirstOrderComponents(w, g, o, a, c, mb, lps)

@@ -8,6 +8,7 @@ names and packages the result.
 from __future__ import annotations
 
 import numbers
+from functools import lru_cache
 from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict
@@ -36,18 +37,29 @@ class ModelShape(BaseModel):
     is_moe: bool = False
 
 
+@lru_cache(maxsize=512)
+def _catalog_shape(name: str) -> ModelShape:
+    # Catalog entries never change at run time, so a name resolves once (solve is called in loops).
+    return _spec_shape(get_model(name))
+
+
+def _spec_shape(model: ModelSpec) -> ModelShape:
+    if not model.is_transformer or model.parameters is None:
+        raise TrainfitError(
+            f"model {model.name!r} is a {model.type} without transformer layers; the training-memory "
+            "model covers transformer models (see `trainfit models --family language`)")
+    # The entry was validated when the catalog loaded; skip re-validating the same numbers.
+    return ModelShape.model_construct(name=model.name, parameters=float(model.parameters), layers=model.layers,
+                                      hidden_dim=model.hidden_dim, heads=model.heads, is_moe=model.type == "moe")
+
+
 def model_shape(model: Any) -> ModelShape:
     """Resolve a catalog name, a catalog entry or any object with ``parameters`` and ``layers``
     (an MLSys·im workload, for instance; pint quantities are read through ``.magnitude``)."""
     if isinstance(model, str):
-        model = get_model(model)
+        return _catalog_shape(model)
     if isinstance(model, ModelSpec):
-        if not model.is_transformer or model.parameters is None:
-            raise TrainfitError(
-                f"model {model.name!r} is a {model.type} without transformer layers; the training-memory "
-                "model covers transformer models (see `trainfit models --family language`)")
-        return ModelShape(name=model.name, parameters=model.parameters, layers=model.layers,
-                          hidden_dim=model.hidden_dim, heads=model.heads, is_moe=model.type == "moe")
+        return _spec_shape(model)
     params = getattr(model, "parameters", None)
     layers = getattr(model, "layers", None)
     if params is None or layers is None:
@@ -65,10 +77,16 @@ def model_shape(model: Any) -> ModelShape:
                       is_moe=hasattr(model, "experts") and getattr(model, "experts", None) is not None)
 
 
+@lru_cache(maxsize=512)
+def _catalog_capacity(name: str) -> tuple[str, float]:
+    hw = get_hardware(name)
+    return hw.name, hw.memory.capacity
+
+
 def capacity_bytes(hardware: Any) -> tuple[str, float]:
     """(name, memory capacity in bytes) of a catalog name, entry or any object with ``memory.capacity``."""
     if isinstance(hardware, str):
-        hardware = get_hardware(hardware)
+        return _catalog_capacity(hardware)
     if isinstance(hardware, HardwareSpec):
         return hardware.name, hardware.memory.capacity
     memory = getattr(hardware, "memory", None)
@@ -79,6 +97,8 @@ def capacity_bytes(hardware: Any) -> tuple[str, float]:
 
 
 def _whole_at_least(value: Any, name: str, minimum: int = 1) -> int:
+    if type(value) is int and value >= minimum:  # the common case, without the ABC checks below
+        return value
     v = _magnitude(value)
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or int(v) != v:
         raise TrainfitError(f"{name} must be a whole number >= {minimum}, got {value!r}")
@@ -88,6 +108,8 @@ def _whole_at_least(value: Any, name: str, minimum: int = 1) -> int:
 
 
 def _fraction(value: Any, name: str) -> float:
+    if type(value) is float and 0.0 <= value <= 1.0:  # the common case
+        return value
     v = _magnitude(value)
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (0.0 <= v <= 1.0):
         raise TrainfitError(f"{name} must be in [0, 1], got {value!r}")
@@ -150,6 +172,28 @@ class TrainingMemoryResult(BaseModel):
         return max(comps, key=comps.__getitem__)
 
 
+_RESULT_FIELDS = frozenset(TrainingMemoryResult.model_fields)
+
+
+def _build_result(values: dict[str, Any]) -> TrainingMemoryResult:
+    """A TrainingMemoryResult from values that already have their final types, without validation.
+
+    ``solve`` runs in loops (suggestions, benchmarks against the seed), and pydantic's validation plus
+    ``model_construct``'s bookkeeping cost more than the arithmetic. This fills the instance the way
+    ``model_construct`` does (pydantic 2 layout), falling back to it if that layout ever changes;
+    tests/test_sweep_scalar_speedup.py checks the result equals a validated one.
+    """
+    try:
+        obj = object.__new__(TrainingMemoryResult)
+        object.__setattr__(obj, "__dict__", values)
+        object.__setattr__(obj, "__pydantic_fields_set__", set(values))
+        object.__setattr__(obj, "__pydantic_extra__", None)
+        object.__setattr__(obj, "__pydantic_private__", None)
+        return obj
+    except (AttributeError, TypeError):  # pragma: no cover - a future pydantic layout
+        return TrainingMemoryResult.model_construct(**values)
+
+
 class TrainingMemoryModel:
     """Decompose per-accelerator training memory into weights, gradients, optimizer state,
     activations and communication buffers (MLSys·im's first-order model; Megatron-LM, ZeRO and
@@ -191,15 +235,11 @@ class TrainingMemoryModel:
             raise TrainfitError(f"activation_checkpointing 'none' needs the model's attention head count; "
                                 f"{shape.name!r} has none (use 'selective' or 'full')")
 
-        w, g, o = F.model_state_bytes(shape.parameters, bpp, opt_bytes, tp=tp, pp=pp, ep=ep, dp=dp,
-                                      zero_stage=zero, trainable_fraction=tf)
-        mb = F.local_microbatch(batch_size, dp, accum)
-        lps = F.layers_per_stage(shape.layers, pp)
-        hidden = shape.hidden_dim or 4096  # the seed's default for models without a hidden size
-        a = F.activation_bytes(lps, seq_len, mb, hidden, shape.heads, bpp, ckpt, tp=tp,
-                               sequence_parallel=bool(sequence_parallel))
-        c = F.communication_buffer_bytes(g, cbf, pp=pp, microbatch=mb, seq_len=seq_len, hidden=hidden,
-                                         precision_bytes=bpp)
+        hidden = shape.hidden_dim or F.DEFAULT_HIDDEN  # the seed's default for models without a hidden size
+        w, g, o, a, c, mb, lps = F.first_order_components(
+            shape.parameters, shape.layers, hidden, shape.heads, bpp, opt_bytes, ckpt, batch_size, seq_len, tp=tp,
+            pp=pp, dp=dp, ep=ep, zero_stage=zero, accumulation=accum, trainable_fraction=tf, comm_fraction=cbf,
+            sequence_parallel=bool(sequence_parallel))
         total = w + g + o + a + c
         util = total / available if available > 0 else float("inf")
         trace = [f"Training Memory: weights={w / GB:.4g} GB, gradients={g / GB:.4g} GB, optimizer={o / GB:.4g} GB, "
@@ -214,11 +254,13 @@ class TrainingMemoryModel:
                       ep_size=ep, zero_stage=zero, gradient_accumulation_steps=accum, trainable_fraction=tf,
                       communication_buffer_fraction=cbf, sequence_parallel=bool(sequence_parallel),
                       local_microbatch=int(mb), layers_per_stage=int(lps))
-        return TrainingMemoryResult(
+        # Every field is built above with its final type, so skip pydantic's re-validation (most of the
+        # cost of a solve); tests/test_sweep_scalar_speedup.py checks the result equals a validated one.
+        return _build_result(dict(
             feasible=bool(total <= available), total_memory=total / GB, available_memory=available / GB,
             memory_utilization=util, weights=w / GB, gradients=g / GB, optimizer_state=o / GB, activations=a / GB,
             communication_buffers=c / GB, precision=prec_key, optimizer=opt_key, activation_checkpointing=ckpt,
             parallelism={"dp": dp, "tp": tp, "pp": pp, "ep": ep}, constraint_trace=trace, total_bytes=total,
             available_bytes=available, weights_bytes=w, gradients_bytes=g, optimizer_state_bytes=o,
             activations_bytes=a, communication_buffers_bytes=c, model_name=shape.name, hardware_name=hw_name,
-            inputs=inputs)
+            inputs=inputs))
