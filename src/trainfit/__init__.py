@@ -12,6 +12,7 @@ from .catalog import Hardware, HardwareSpec, Models, ModelSpec, get_hardware, ge
 from .errors import TrainfitError
 from .estimate import Estimate, estimate
 from .memory import TrainingMemoryModel, TrainingMemoryResult
+from .sweep import grid, sweep  # noqa: F401  (vectorised sweeps; the function shadows the module name)
 from .units import PRECISION_BYTES, parse_bytes, resolve_precision
 
 __version__ = "0.1.0"

@@ -7,6 +7,7 @@ names and packages the result.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from functools import lru_cache
 from typing import Any, Optional
@@ -14,6 +15,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict
 
 from . import formulas as F
+from .arch import arch_reference
 from .catalog import HardwareSpec, ModelSpec, get_hardware, get_model
 from .errors import TrainfitError, unknown_choice
 from .units import GB, parse_bytes, resolve_precision
@@ -55,7 +57,15 @@ def _spec_shape(model: ModelSpec) -> ModelShape:
 
 def model_shape(model: Any) -> ModelShape:
     """Resolve a catalog name, a catalog entry or any object with ``parameters`` and ``layers``
-    (an MLSys·im workload, for instance; pint quantities are read through ``.magnitude``)."""
+    (an MLSys·im workload, for instance; pint quantities are read through ``.magnitude``).
+
+    A name that is not in the catalog but is a bundled config (``qwen2.5-7b``), a path to a
+    ``config.json`` (or its directory) or an :class:`~trainfit.arch.ArchSpec` gives the exact
+    parameter count of that architecture (:mod:`trainfit.arch`); catalog names resolve as before."""
+    spec = arch_reference(model)
+    if spec is not None:
+        return ModelShape(name=spec.name, parameters=float(spec.parameters), layers=spec.num_layers,
+                          hidden_dim=spec.hidden_size, heads=spec.num_heads, is_moe=spec.is_moe)
     if isinstance(model, str):
         return _catalog_shape(model)
     if isinstance(model, ModelSpec):
@@ -100,7 +110,7 @@ def _whole_at_least(value: Any, name: str, minimum: int = 1) -> int:
     if type(value) is int and value >= minimum:  # the common case, without the ABC checks below
         return value
     v = _magnitude(value)
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or int(v) != v:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or int(v) != v:
         raise TrainfitError(f"{name} must be a whole number >= {minimum}, got {value!r}")
     if v < minimum:
         raise TrainfitError(f"{name} must be >= {minimum}, got {value!r}")
