@@ -49,6 +49,10 @@ PARAM_GROUPS: tuple[str, ...] = (
 )
 
 
+class UnknownConfigError(TrainfitError):
+    """A name that is neither a bundled config, a catalog model with one, nor an existing path."""
+
+
 def _squash(text: str) -> str:
     return "".join(ch for ch in str(text).lower() if ch.isalnum())
 
@@ -681,7 +685,7 @@ def _locate(name_or_path: Any) -> tuple[str, dict[str, Any]]:
         raise TrainfitError(f"{text}: file not found (expected a config.json, a directory holding one, "
                             f"or a bundled name: {', '.join(slugs)})")
     err = unknown_choice("model config", text, slugs, show=len(slugs))
-    raise TrainfitError(f"{err} — or a path to a config.json")
+    raise UnknownConfigError(f"{err} — or a path to a config.json")
 
 
 def load_bundled(slug: str) -> dict[str, Any]:
@@ -700,17 +704,45 @@ def load_config(name_or_path: Any) -> dict[str, Any]:
     return _locate(name_or_path)[1]
 
 
+@lru_cache(maxsize=None)
+def _bundled_arch(slug: str) -> ArchSpec:
+    return arch_from_config(load_bundled(slug), name=slug)
+
+
 def resolve_arch(name_or_path: Any) -> ArchSpec:
-    """The :class:`ArchSpec` of a name or path (see :func:`load_config`); an ArchSpec passes through."""
+    """The :class:`ArchSpec` of a name or path (see :func:`load_config`); an ArchSpec passes through,
+    a config dict is read with :func:`arch_from_config`."""
     if isinstance(name_or_path, ArchSpec):
         return name_or_path
     if isinstance(name_or_path, Mapping):
         return arch_from_config(name_or_path)
     label, cfg = _locate(name_or_path)
+    if label in bundled_configs():
+        return _bundled_arch(label)  # bundled files never change at run time: read and parse once
     return arch_from_config(cfg, name=label)
 
 
+def arch_reference(model: Any) -> Optional[ArchSpec]:
+    """For :func:`trainfit.memory.model_shape`: the ArchSpec of ``model`` when it is an ArchSpec, a
+    bundled config name or a path to a config.json — but None for a catalog name (the catalog keeps
+    precedence, so catalog figures stay as they are) and for objects that are not names or paths.
+    A name found nowhere raises one error listing catalog and bundled names with the closest match."""
+    if isinstance(model, ArchSpec):
+        return model
+    if not isinstance(model, (str, os.PathLike)):
+        return None
+    from .catalog import Models
+
+    if isinstance(model, str) and model in Models:
+        return None
+    try:
+        return resolve_arch(model)
+    except UnknownConfigError:
+        choices = [e.slug for e in Models] + [e.name for e in Models] + list(bundled_configs())
+        raise unknown_choice("model", model, choices, show=8) from None
+
+
 __all__ = [
-    "ArchSpec", "CONFIG_DIR", "HF_CLASS", "PARAM_GROUPS", "SUPPORTED_TYPES", "arch_from_config",
-    "bundled_configs", "load_bundled", "load_config", "resolve_arch",
+    "ArchSpec", "CONFIG_DIR", "HF_CLASS", "PARAM_GROUPS", "SUPPORTED_TYPES", "UnknownConfigError",
+    "arch_from_config", "arch_reference", "bundled_configs", "load_bundled", "load_config", "resolve_arch",
 ]

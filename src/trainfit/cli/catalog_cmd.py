@@ -6,6 +6,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
+from ..arch import ArchSpec, UnknownConfigError, bundled_configs, resolve_arch
 from ..catalog import Hardware, HardwareSpec, Models, ModelSpec, squash
 from ..errors import TrainfitError, unknown_choice
 from ..units import GB, GiB
@@ -81,25 +82,58 @@ def models_command(
           f"Model catalog ({len(rows)} entries)", output)
 
 
-def find_entry(name: str) -> HardwareSpec | ModelSpec:
-    """Look ``name`` up in both catalogs."""
+def find_entry(name: str) -> HardwareSpec | ModelSpec | ArchSpec:
+    """Look ``name`` up in both catalogs, then among the bundled model configs and config.json paths."""
     hits = [c.get(name) for c in (Models, Hardware) if name in c]
     if not hits:
-        choices = [e.slug for e in Models] + [e.slug for e in Hardware]
-        raise unknown_choice("model or hardware", name, choices, show=10)
+        try:
+            return resolve_arch(name)
+        except UnknownConfigError:
+            choices = [e.slug for e in Models] + [e.slug for e in Hardware] + list(bundled_configs())
+            raise unknown_choice("model or hardware", name, choices, show=10) from None
     return hits[0]
+
+
+def _show_arch(spec: ArchSpec, output: Output) -> None:
+    """An architecture read from a Hugging Face config (bundled or a path), with its exact parameter counts."""
+    data = spec.summary()
+    if output is Output.json:
+        print_json(data)
+        return
+    counts = data.pop("param_counts")
+    lines = [(k, "-" if v is None else str(v)) for k, v in data.items() if k != "parameters"]
+    lines.insert(0, ("parameters", f"{spec.parameters:,} params (exact, {spec.hf_class})"))
+    lines += [(f"param_counts.{k}", f"{v:,} params") for k, v in counts.items()]
+    title = f"{spec.name} — {spec.model_type} architecture"
+    if output is Output.markdown:
+        console.print(f"### {title}\n\n| field | value |\n|---|---|", markup=False)
+        for k, v in lines:
+            console.print(f"| {k} | {v} |", markup=False)
+        return
+    table = Table(title=title, title_justify="left", show_header=False)
+    for k, v in lines:
+        table.add_row(k, v)
+    console.print(table)
 
 
 @app.command("show")
 @guarded
 def show_command(
-    name: str = typer.Argument(..., help="A model or hardware name, key or slug."),
+    name: str = typer.Argument(..., help="A model or hardware name, key or slug; a bundled model config "
+                                         "(qwen2.5-7b) or a path to a config.json."),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text | json | markdown."),
 ) -> None:
-    """Show one catalog entry with every field and its source."""
+    """Show one catalog entry with every field and its source, or the architecture of a bundled
+    model config (``qwen2.5-7b``) or a config.json path, with its exact parameter counts."""
     entry = find_entry(name)
+    if isinstance(entry, ArchSpec):
+        _show_arch(entry, output)
+        return
     data = entry.model_dump(exclude_none=True)
     data = {"qualified_name": entry.qualified_name, **data}
+    if isinstance(entry, ModelSpec) and entry.config:
+        # The catalog's rounded figure stays (seed parity); the bundled config gives the exact count.
+        data["config_parameters"] = resolve_arch(entry.config).parameters
     if output is Output.json:
         print_json(data)
         return
@@ -118,7 +152,8 @@ def show_command(
 
 
 _UNIT_HINT = {"capacity": " bytes", "sram_capacity": " bytes", "bandwidth": " bytes/s", "peak_flops": " FLOP/s",
-              "tdp": " W", "model_size": " bytes", "parameters": " params", "active_parameters": " params"}
+              "tdp": " W", "model_size": " bytes", "parameters": " params", "active_parameters": " params",
+              "config_parameters": " params (exact, from the bundled config)"}
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
