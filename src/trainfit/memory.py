@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from . import formulas as F
 from .arch import arch_reference
-from .catalog import HardwareSpec, ModelSpec, get_hardware, get_model
+from .catalog import HardwareSpec, Models, ModelSpec, get_hardware, get_model
 from .errors import TrainfitError, unknown_choice
 from .units import GB, parse_bytes, resolve_precision
 
@@ -40,8 +40,11 @@ class ModelShape(BaseModel):
 
 
 @lru_cache(maxsize=512)
-def _catalog_shape(name: str) -> ModelShape:
-    # Catalog entries never change at run time, so a name resolves once (solve is called in loops).
+def _catalog_shape(name: str) -> Optional[ModelShape]:
+    # Catalog entries never change at run time, so a name resolves once (solve is called in loops);
+    # None for a name the catalog does not know (a bundled config or a path: see model_shape).
+    if name not in Models:
+        return None
     return _spec_shape(get_model(name))
 
 
@@ -62,12 +65,16 @@ def model_shape(model: Any) -> ModelShape:
     A name that is not in the catalog but is a bundled config (``qwen2.5-7b``), a path to a
     ``config.json`` (or its directory) or an :class:`~trainfit.arch.ArchSpec` gives the exact
     parameter count of that architecture (:mod:`trainfit.arch`); catalog names resolve as before."""
+    if isinstance(model, str):
+        cached = _catalog_shape(model)
+        if cached is not None:
+            return cached
     spec = arch_reference(model)
     if spec is not None:
         return ModelShape(name=spec.name, parameters=float(spec.parameters), layers=spec.num_layers,
                           hidden_dim=spec.hidden_size, heads=spec.num_heads, is_moe=spec.is_moe)
-    if isinstance(model, str):
-        return _catalog_shape(model)
+    if isinstance(model, str):  # arch_reference returns None only for catalog names
+        return _spec_shape(get_model(model))
     if isinstance(model, ModelSpec):
         return _spec_shape(model)
     params = getattr(model, "parameters", None)
