@@ -66,6 +66,18 @@ def maximum(a: Any, b: Any) -> Any:
     return np.maximum(a, b) if _is_array(a, b) else max(a, b)
 
 
+def minimum(a: Any, b: Any) -> Any:
+    return np.minimum(a, b) if _is_array(a, b) else min(a, b)
+
+
+def pipeline_inflight_microbatches(pp: Any, microbatches: Any) -> Any:
+    """Micro-batches whose activations the first pipeline stage holds at its peak under the 1F1B
+    schedule: ``min(pp, m)`` with pipelining, 1 without (Narayanan et al. 2021, PipeDream-Flush /
+    Megatron-LM §2.2; MLSys·im's ``v2_05_experiments.training_memory_plan`` applies the same factor).
+    The seed's ``TrainingMemoryModel`` keeps one micro-batch; the planner multiplies by this."""
+    return where(pp > 1, minimum(pp, microbatches), 1)
+
+
 def model_state_bytes(params: Any, precision_bytes: Any, optimizer_bytes: Any, *, tp: Any = 1, pp: Any = 1,
                       ep: Any = 1, dp: Any = 1, zero_stage: Any = 0, trainable_fraction: Any = 1.0) -> tuple[Any, Any, Any]:
     """Weights, gradients and optimizer state on one accelerator, in bytes.

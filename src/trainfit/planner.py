@@ -1,0 +1,484 @@
+"""The parallel-layout planner: every valid layout for N accelerators, the ones that fit, fastest first.
+
+:func:`plan` enumerates every layout of a model on ``n_gpus`` accelerators:
+
+* tensor parallelism ``tp`` divides the attention-head count and fits inside one node
+  (:data:`~trainfit.steptime.DEFAULT_NODE_SIZE` = 8 accelerators unless told otherwise);
+* pipeline parallelism ``pp`` divides the layer count;
+* expert parallelism ``ep`` divides the expert count (mixture-of-experts models; 1 otherwise);
+* data parallelism ``dp = N / (tp·pp·ep)``, a whole number, so ``dp·tp·pp·ep = N``;
+* ZeRO stage 0–3 (only 0 when ``dp = 1``: there is nothing to shard across);
+* activation checkpointing none / selective / full;
+* micro-batch ``b`` and accumulation ``m`` with ``b · m · dp`` = the global batch exactly.
+
+It evaluates the memory of all of them in one vectorised sweep (:mod:`trainfit.sweep`, the chosen
+memory method; with pipelining the first stage holds ``min(pp, m)`` micro-batches of activations,
+1F1B), keeps those whose total fits under ``capacity · (1 − headroom)``, ranks them by the explicit
+step-time model of :mod:`trainfit.steptime`, and reports the best layouts with their memory and
+time breakdowns, plus the best rejected ones and why they fail. :func:`min_gpus` finds the smallest N
+for which any layout fits. Sizes in bytes, times in seconds.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from . import formulas as F
+from .catalog import HardwareSpec, Models, ModelSpec, get_hardware, get_model
+from .errors import TrainfitError, unknown_choice
+from .memory import model_shape, resolve_checkpointing
+from .steptime import (DEFAULT_MFU, DEFAULT_NODE_SIZE, TIME_COMPONENTS, Network, assumptions, network_for,
+                       step_time)
+from .sweep import SWEEP_METHODS, encode_inputs, evaluate
+from .units import GB, GiB, resolve_precision
+
+DEFAULT_GLOBAL_BATCH = 1024
+DEFAULT_SEQ_LEN = 2048
+DEFAULT_HEADROOM = 0.10
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of ``n`` in increasing order."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One evaluated layout. Memory in bytes per accelerator, times in seconds per optimizer step."""
+
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    zero_stage: int
+    checkpointing: str
+    microbatch: int
+    accumulation: int
+    memory: dict[str, float]
+    total_bytes: float
+    fits: bool
+    time: dict[str, float]
+    step_s: float
+    tokens_per_s: float
+    mfu: float
+    reason: Optional[str] = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "zero_stage": self.zero_stage,
+                "checkpointing": self.checkpointing, "microbatch": self.microbatch,
+                "accumulation": self.accumulation, "memory_bytes": dict(self.memory), "total_bytes": self.total_bytes,
+                "fits": self.fits, "time_s": dict(self.time), "step_s": self.step_s,
+                "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Result of :func:`plan`."""
+
+    model: str
+    hardware: str
+    method: str
+    n_gpus: int
+    global_batch: int
+    seq_len: int
+    precision: str
+    optimizer: str
+    headroom: float
+    capacity_bytes: float
+    searched: int
+    fitting: int
+    top: list[Layout]
+    rejected: list[Layout]
+    candidates: dict[str, list[int]]
+    excluded: list[str]
+    assumptions: list[str]
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.capacity_bytes * (1.0 - self.headroom)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "hardware": self.hardware, "method": self.method, "n_gpus": self.n_gpus,
+                "global_batch": self.global_batch, "seq_len": self.seq_len, "precision": self.precision,
+                "optimizer": self.optimizer, "headroom": self.headroom, "capacity_bytes": self.capacity_bytes,
+                "usable_bytes": self.usable_bytes, "searched": self.searched, "fitting": self.fitting,
+                "top": [x.to_json() for x in self.top], "rejected": [x.to_json() for x in self.rejected],
+                "candidates": self.candidates, "excluded": list(self.excluded),
+                "assumptions": list(self.assumptions), "elapsed_s": self.elapsed_s, "notes": list(self.notes),
+                "units": "bytes per accelerator (GB = 1e9 bytes, GiB = 2^30 bytes where shown); seconds per step"}
+
+
+# ------------------------------------------------------------------------------------------ enumeration
+
+@dataclass(frozen=True)
+class _Space:
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    ep: np.ndarray
+    zero: np.ndarray
+    ckpt: np.ndarray
+    mb: np.ndarray
+    candidates: dict[str, list[int]]
+    excluded: list[str]
+
+    @property
+    def size(self) -> int:
+        return int(self.tp.size)
+
+
+def _enumerate(n: int, global_batch: int, *, heads: Optional[int], layers: int, experts: Optional[int],
+               node_size: int, zero_stages: Sequence[int], ckpt_codes: Sequence[int]) -> _Space:
+    head_divs = divisors(heads) if heads else [1]
+    tps = [t for t in head_divs if t <= node_size and n % t == 0]
+    pps = [p for p in divisors(layers) if n % p == 0]
+    eps = [e for e in divisors(experts) if n % e == 0] if experts else [1]
+    excluded: list[str] = []
+    too_wide = [t for t in head_divs if t > node_size]
+    if too_wide:
+        excluded.append(f"tp {', '.join(map(str, too_wide))}: divides {heads} heads but exceeds a node of {node_size}")
+    if not heads:
+        excluded.append("tp > 1: the model states no attention-head count")
+    rows: list[tuple[int, int, int, int, int]] = []  # tp, pp, ep, dp, micro-batch
+    batch_misses = 0
+    for t in tps:
+        for p in pps:
+            for e in eps:
+                if n % (t * p * e):
+                    continue
+                d = n // (t * p * e)
+                if global_batch % d:
+                    batch_misses += 1
+                    continue
+                rows.extend((t, p, e, d, b) for b in divisors(global_batch // d))
+    if batch_misses:
+        excluded.append(f"{batch_misses} tp x pp x ep combination(s) whose dp does not divide the global batch "
+                        f"{global_batch}")
+    if not rows:
+        empty = np.zeros(0, dtype=np.int64)
+        return _Space(empty, empty, empty, empty, empty, empty, empty,
+                      {"tp": tps, "pp": pps, "ep": eps}, excluded)
+    base = np.asarray(rows, dtype=np.int64)
+    zs = np.asarray(sorted(set(zero_stages)), dtype=np.int64)
+    cs = np.asarray(sorted(set(ckpt_codes)), dtype=np.int64)
+    # Cross every (tp, pp, ep, dp, b) with every ZeRO stage and checkpointing mode.
+    r = np.repeat(np.arange(len(base)), len(zs) * len(cs))
+    z = np.tile(np.repeat(zs, len(cs)), len(base))
+    c = np.tile(cs, len(base) * len(zs))
+    keep = (base[r, 3] > 1) | (z == 0)  # ZeRO shards across dp; with dp = 1 every stage is ZeRO-0
+    r, z, c = r[keep], z[keep], c[keep]
+    return _Space(tp=base[r, 0], pp=base[r, 1], ep=base[r, 2], dp=base[r, 3], mb=base[r, 4], zero=z, ckpt=c,
+                  candidates={"tp": tps, "pp": pps, "ep": eps}, excluded=excluded)
+
+
+# ------------------------------------------------------------------------------------------- evaluation
+
+@dataclass(frozen=True)
+class _Context:
+    model: Any
+    hw: HardwareSpec
+    name: str
+    params: float
+    active_params: float
+    layers: int
+    hidden: int
+    heads: Optional[int]
+    experts: Optional[int]
+    top_k: int
+    moe: bool
+    precision: str
+    precision_bytes: float
+    optimizer: str
+    peak: float
+    net: Network
+
+
+def _context(model: Any, hardware: Any, precision: str, optimizer: str, node_size: int,
+             inter_node_bandwidth: Any) -> _Context:
+    hw = hardware if isinstance(hardware, HardwareSpec) else get_hardware(hardware)
+    shape = model_shape(model)
+    spec: Optional[ModelSpec] = model if isinstance(model, ModelSpec) else (
+        get_model(model) if isinstance(model, str) and model in Models else None)
+    prec, bpp = resolve_precision(precision)
+    net = network_for(hw, node_size=node_size, inter_node_bandwidth=inter_node_bandwidth)
+    experts = spec.experts if spec is not None and spec.experts and spec.experts > 1 else None
+    active = float(spec.active_parameters) if spec is not None and spec.active_parameters else shape.parameters
+    top_k = int(spec.active_experts_per_token) if spec is not None and spec.active_experts_per_token else 1
+    return _Context(model=model, hw=hw, name=shape.name, params=shape.parameters, active_params=active,
+                    layers=shape.layers, hidden=shape.hidden_dim or F.DEFAULT_HIDDEN, heads=shape.heads,
+                    experts=experts, top_k=top_k, moe=experts is not None, precision=prec, precision_bytes=bpp,
+                    optimizer=optimizer, peak=hw.flops(prec), net=net)
+
+
+def _evaluate(ctx: _Context, space: _Space, *, global_batch: int, seq_len: int, method: str, mfu: float,
+              inflight: bool, sweep_options: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Memory (bytes) and time (s) arrays for every layout of ``space``."""
+    ckpt_names = np.asarray(F.CHECKPOINTING)[space.ckpt]
+    acc = global_batch // (space.dp * space.mb)
+    x = encode_inputs(ctx.model, ctx.hw, batch_size=global_batch, seq_len=seq_len, precision=ctx.precision,
+                      optimizer=ctx.optimizer, activation_checkpointing=ckpt_names, tp_size=space.tp,
+                      pp_size=space.pp, dp_size=space.dp, ep_size=space.ep, zero_stage=space.zero,
+                      gradient_accumulation_steps=acc, **sweep_options)
+    res = evaluate(x, method)
+    comps = {k: np.array(v, dtype=float) for k, v in res.components.items()}
+    if inflight and "activations" in comps:
+        comps["activations"] = comps["activations"] * F.pipeline_inflight_microbatches(space.pp, acc)
+    total = None
+    for v in comps.values():
+        total = v if total is None else total + v
+    t = step_time(params=ctx.params, active_params=ctx.active_params, layers=ctx.layers, hidden=ctx.hidden,
+                  seq_len=seq_len, global_batch=global_batch, microbatch=space.mb, tp=space.tp, pp=space.pp,
+                  dp=space.dp, ep=space.ep, zero_stage=space.zero, checkpointing=space.ckpt,
+                  precision_bytes=ctx.precision_bytes, peak_flops=ctx.peak, mfu=mfu, net=ctx.net, top_k=ctx.top_k,
+                  moe=ctx.moe)
+    out = {f"mem_{k}": v for k, v in comps.items()}
+    out.update({f"time_{k}": np.broadcast_to(np.asarray(v, dtype=float), total.shape) for k, v in t.items()})
+    out["total_bytes"] = total
+    out["accumulation"] = acc
+    return out
+
+
+def _layout(space: _Space, arr: dict[str, np.ndarray], i: int, usable: float, capacity: float,
+            headroom: float) -> Layout:
+    memory = {k[4:]: float(v[i]) for k, v in arr.items() if k.startswith("mem_")}
+    times = {k: float(arr[f"time_{k}"][i]) for k in TIME_COMPONENTS}
+    total = float(arr["total_bytes"][i])
+    fits = total <= usable
+    reason = None
+    if not fits:
+        big = max(memory, key=memory.__getitem__)
+        reason = (f"needs {total / GB:.1f} GB > {usable / GB:.1f} GB usable ({capacity / GB:.1f} GB - "
+                  f"{headroom:.0%} headroom); largest: {big.replace('_', ' ')} {memory[big] / GB:.1f} GB")
+    return Layout(tp=int(space.tp[i]), pp=int(space.pp[i]), dp=int(space.dp[i]), ep=int(space.ep[i]),
+                  zero_stage=int(space.zero[i]), checkpointing=F.CHECKPOINTING[int(space.ckpt[i])],
+                  microbatch=int(space.mb[i]), accumulation=int(arr["accumulation"][i]), memory=memory,
+                  total_bytes=total, fits=fits, time=times, step_s=float(arr["time_step"][i]),
+                  tokens_per_s=float(arr["time_tokens_per_s"][i]), mfu=float(arr["time_mfu"][i]), reason=reason)
+
+
+def _validate(n_gpus: Any, global_batch: Any, seq_len: Any, headroom: Any, mfu: Any, top: Any, method: str) -> None:
+    for name, v in (("gpus", n_gpus), ("global batch", global_batch), ("seq", seq_len), ("top", top)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise TrainfitError(f"{name} must be a whole number >= 1, got {v!r}")
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0.0 <= headroom < 1.0:
+        raise TrainfitError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
+    if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0.0 < mfu <= 1.0:
+        raise TrainfitError(f"mfu must be in (0, 1], got {mfu!r}")
+    if method not in SWEEP_METHODS:
+        raise unknown_choice("method", method, list(SWEEP_METHODS))
+
+
+def _choices(values: Optional[Sequence[Any]], allowed: Sequence[Any], what: str, resolve: Any) -> list[Any]:
+    if values is None:
+        return list(allowed)
+    out = []
+    for v in values:
+        r = resolve(v)
+        if r not in allowed:
+            raise unknown_choice(what, v, [str(a) for a in allowed])
+        out.append(r)
+    if not out:
+        raise TrainfitError(f"{what}: give at least one value")
+    return out
+
+
+def _zero_value(v: Any) -> int:
+    try:
+        z = int(str(v).strip())
+    except ValueError:
+        raise unknown_choice("ZeRO stage", v, ["0", "1", "2", "3"]) from None
+    return z
+
+
+def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_GLOBAL_BATCH,
+         seq_len: int = DEFAULT_SEQ_LEN, precision: str = "bf16", optimizer: str = "adam",
+         headroom: float = DEFAULT_HEADROOM, zero_stages: Optional[Sequence[Any]] = None,
+         checkpointing: Optional[Sequence[str]] = None, method: str = "first-order", mfu: float = DEFAULT_MFU,
+         node_size: int = DEFAULT_NODE_SIZE, inter_node_bandwidth: Any = None, inflight: bool = True,
+         top: int = 5, rejected: int = 5, **sweep_options: Any) -> Plan:
+    """Every valid layout of ``model`` on ``n_gpus`` accelerators of ``hardware``, ranked.
+
+    ``global_batch`` in sequences, ``seq_len`` in tokens; ``headroom`` the fraction of memory kept
+    free; ``zero_stages``/``checkpointing`` restrict the search (default: all); ``mfu``, ``node_size``
+    and ``inter_node_bandwidth`` (e.g. ``"400 Gbps"``) set the time model's assumptions;
+    ``inflight=False`` keeps the seed's one-micro-batch activation memory for pipelines.
+    ``sweep_options`` go to the memory method (``trainable_fraction``, ``sequence_parallel``, ...).
+    """
+    _validate(n_gpus, global_batch, seq_len, headroom, mfu, top, method)
+    ctx = _context(model, hardware, precision, optimizer, node_size, inter_node_bandwidth)
+    started = time.perf_counter()  # the search itself; loading the catalogs on first use is not counted
+    zs = _choices(zero_stages, [0, 1, 2, 3], "ZeRO stage", _zero_value)
+    cks = [F.CHECKPOINTING.index(c) for c in _choices(checkpointing, list(F.CHECKPOINTING), "checkpointing",
+                                                        resolve_checkpointing)]
+    notes: list[str] = []
+    if ctx.heads is None and 0 in cks:
+        cks = [c for c in cks if c]
+        notes.append("checkpointing 'none' skipped: the model states no attention-head count")
+    space = _enumerate(int(n_gpus), int(global_batch), heads=ctx.heads, layers=ctx.layers, experts=ctx.experts,
+                       node_size=ctx.net.node_size, zero_stages=zs, ckpt_codes=cks)
+    capacity = float(ctx.hw.memory.capacity)
+    usable = capacity * (1.0 - headroom)
+    top_rows: list[Layout] = []
+    rej_rows: list[Layout] = []
+    fitting = 0
+    if space.size:
+        arr = _evaluate(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), method=method, mfu=mfu,
+                        inflight=inflight, sweep_options=sweep_options)
+        fits = arr["total_bytes"] <= usable
+        fitting = int(fits.sum())
+        # fastest first; ties broken by less memory
+        order = np.lexsort((arr["total_bytes"], arr["time_step"]))
+        good = order[fits[order]][:top]
+        bad = order[~fits[order]][:rejected]
+        top_rows = [_layout(space, arr, int(i), usable, capacity, headroom) for i in good]
+        rej_rows = [_layout(space, arr, int(i), usable, capacity, headroom) for i in bad]
+    else:
+        notes.append("no valid layout: no tp x pp x ep x dp split of the GPUs reaches the global batch exactly")
+    return Plan(model=ctx.name, hardware=ctx.hw.name, method=method, n_gpus=int(n_gpus),
+                global_batch=int(global_batch), seq_len=int(seq_len), precision=ctx.precision,
+                optimizer=ctx.optimizer, headroom=float(headroom), capacity_bytes=capacity, searched=space.size,
+                fitting=fitting, top=top_rows, rejected=rej_rows, candidates=space.candidates,
+                excluded=space.excluded,
+                assumptions=assumptions(mfu=mfu, peak_flops=ctx.peak, precision=ctx.precision, net=ctx.net,
+                                        hardware=ctx.hw.name, moe=ctx.moe, inflight=inflight, headroom=headroom),
+                elapsed_s=time.perf_counter() - started, notes=notes)
+
+
+def min_gpus(model: Any, hardware: Any, *, max_gpus: int = 4096, **options: Any) -> tuple[Optional[Plan], int]:
+    """The smallest N <= ``max_gpus`` for which some layout fits, and its plan; ``(None, searched)``
+    when none does. ``options`` are :func:`plan`'s keyword arguments."""
+    if isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1:
+        raise TrainfitError(f"max gpus must be a whole number >= 1, got {max_gpus!r}")
+    started = time.perf_counter()
+    for n in range(1, max_gpus + 1):
+        p = plan(model, hardware, n, **options)
+        if p.fitting:
+            return (Plan(**{**p.__dict__, "elapsed_s": time.perf_counter() - started,
+                            "notes": p.notes + [f"smallest N that fits: {n} (searched N = 1..{n})"]}), n)
+    return None, max_gpus
+
+
+# ------------------------------------------------------------------------------------------- rendering
+
+def _layout_name(x: Layout) -> str:
+    return f"tp{x.tp} pp{x.pp} dp{x.dp}" + (f" ep{x.ep}" if x.ep > 1 else "")
+
+
+def _mem_cells(x: Layout) -> list[str]:
+    return [f"{x.memory.get(k, 0.0) / GB:,.1f}" for k in x.memory] + [f"{x.total_bytes / GB:,.1f}"]
+
+
+def _time_cells(x: Layout) -> list[str]:
+    return [f"{x.time[k]:.3g}" for k in TIME_COMPONENTS] + [f"{x.step_s:.3g}", f"{x.tokens_per_s:,.0f}",
+                                                             f"{100 * x.mfu:.1f}"]
+
+
+_MEM_HEAD = {"weights": "weights", "gradients": "grads", "optimizer_state": "optimizer", "activations": "activations",
+             "communication_buffers": "buffers"}
+_TIME_HEAD = ["compute", "recompute", "bubble", "TP comm", "PP comm", "DP comm", "EP comm"]
+
+
+def header_lines(p: Plan) -> list[str]:
+    lines = [f"{p.model} on {p.n_gpus} x {p.hardware} — memory method: {p.method}",
+             f"capacity {p.capacity_bytes / GB:.2f} GB ({p.capacity_bytes / GiB:.0f} GiB) per accelerator; usable "
+             f"{p.usable_bytes / GB:.2f} GB with {p.headroom:.0%} headroom",
+             f"global batch {p.global_batch:,} sequences x {p.seq_len:,} tokens = {p.global_batch * p.seq_len:,} "
+             f"tokens per step; {p.precision}; optimizer {p.optimizer}",
+             f"searched {p.searched:,} layouts (tp in {p.candidates['tp']}, pp in {p.candidates['pp']}"
+             + (f", ep in {p.candidates['ep']}" if p.candidates["ep"] != [1] else "")
+             + f", ZeRO 0-3, checkpointing, micro-batch x accumulation): {p.fitting:,} fit, "
+               f"{p.searched - p.fitting:,} do not; search took {p.elapsed_s * 1e3:.0f} ms"]
+    lines += [f"excluded before memory: {e}" for e in p.excluded]
+    lines += p.notes
+    return lines
+
+
+def _table_rows(rows: list[Layout]) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
+    comp_names = list(rows[0].memory) if rows else list(_MEM_HEAD)
+    mem_head = ["#", "layout", "ZeRO", "ckpt", "micro-batch x accum"] + [f"{_MEM_HEAD.get(c, c)} GB" for c in comp_names]
+    mem_head.append("total GB")
+    time_head = ["#"] + [f"{h} s" for h in _TIME_HEAD] + ["step s", "tokens/s", "MFU %"]
+    mem_rows, time_rows = [], []
+    for i, x in enumerate(rows, 1):
+        mem_rows.append([str(i), _layout_name(x), str(x.zero_stage), x.checkpointing,
+                         f"{x.microbatch} x {x.accumulation}"] + _mem_cells(x))
+        time_rows.append([str(i)] + _time_cells(x))
+    return mem_head, mem_rows, time_head, time_rows
+
+
+def plan_renderable(p: Plan) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = [Text(header_lines(p)[0], style="bold")] + [Text(s) for s in header_lines(p)[1:]]
+
+    def tables(rows: list[Layout], title: str) -> None:
+        mh, mr, th, tr = _table_rows(rows)
+        t = Table(title=f"{title} — memory per accelerator", title_justify="left")
+        for h in mh:
+            t.add_column(h, justify="left" if h in ("layout", "ckpt") else "right")
+        for r in mr:
+            t.add_row(*r)
+        parts.append(t)
+        t = Table(title=f"{title} — time per step (seconds)", title_justify="left")
+        for h in th:
+            t.add_column(h, justify="right")
+        for r in tr:
+            t.add_row(*r)
+        parts.append(t)
+
+    if p.top:
+        tables(p.top, "Best layouts, fastest first")
+    else:
+        parts.append(Text("no layout fits" + (" — see the best rejected ones below" if p.rejected else ""),
+                          style="red bold"))
+    if p.rejected:
+        parts.append(Text("Best rejected layouts (fastest first) and why they do not fit:", style="bold"))
+        for i, x in enumerate(p.rejected, 1):
+            parts.append(Text(f"  {i}. {_layout_name(x)}, ZeRO {x.zero_stage}, {x.checkpointing}, micro-batch "
+                              f"{x.microbatch} x {x.accumulation}: {x.reason}; would take {x.step_s:.3g} s/step"))
+    parts.append(Text("Assumptions:", style="bold"))
+    parts += [Text(f"  - {a}", style="dim") for a in p.assumptions]
+    return Group(*parts)
+
+
+def plan_markdown(p: Plan) -> str:
+    lines = [f"### Plan: {p.model} on {p.n_gpus} x {p.hardware}", ""] + [f"- {s}" for s in header_lines(p)[1:]] + [""]
+
+    def md(head: list[str], rows: list[list[str]]) -> None:
+        lines.extend(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)])
+        lines.extend("| " + " | ".join(r) + " |" for r in rows)
+        lines.append("")
+
+    if p.top:
+        mh, mr, th, tr = _table_rows(p.top)
+        lines += ["#### Best layouts, fastest first: memory per accelerator", ""]
+        md(mh, mr)
+        lines += ["#### Time per step (seconds)", ""]
+        md(th, tr)
+    else:
+        lines += ["**No layout fits.**", ""]
+    if p.rejected:
+        lines += ["#### Best rejected layouts", ""]
+        lines += [f"{i}. {_layout_name(x)}, ZeRO {x.zero_stage}, {x.checkpointing}, micro-batch {x.microbatch} x "
+                  f"{x.accumulation}: {x.reason}; would take {x.step_s:.3g} s/step" for i, x in enumerate(p.rejected, 1)]
+        lines.append("")
+    lines += ["#### Assumptions", ""] + [f"- {a}" for a in p.assumptions]
+    return "\n".join(lines)
+
+
+__all__ = ["Layout", "Plan", "divisors", "min_gpus", "plan", "plan_markdown", "plan_renderable"]
