@@ -141,10 +141,12 @@ def test_fields_read_from_configs():
     assert (g.head_dim, g.norms_per_layer, g.attn_logit_softcapping, g.final_logit_softcapping) == (256, 4, 50.0, 30.0)
     assert g.embedding_scale and g.tie_word_embeddings and g.activation == "gelu_pytorch_tanh"
     q = resolve_arch("qwen2.5-7b")
-    assert (q.q_bias, q.k_bias, q.v_bias, q.o_bias, q.num_kv_heads, q.sliding_window) == (True, True, True, False, 4, None)
+    assert (q.q_bias, q.k_bias, q.v_bias, q.o_bias) == (True, True, True, False)
+    assert (q.num_kv_heads, q.sliding_window) == (4, None)
     b = resolve_arch("bert-base")
     assert b.task == "masked_lm" and not b.causal and b.token_type_vocab_size == 2 and b.head_transform
-    assert (b.norm_kind, b.norm_bias, b.pre_norm, b.final_norm, b.attention_dropout) == ("layernorm", True, False, False, 0.1)
+    assert (b.norm_kind, b.norm_bias, b.pre_norm, b.final_norm) == ("layernorm", True, False, False)
+    assert b.attention_dropout == 0.1
     p = resolve_arch("gpt2-xl")
     assert (p.position_table_size, p.intermediate_size, p.mlp_gated, p.fused_qkv) == (1024, 6400, False, True)
     m = resolve_arch("mistral-7b")

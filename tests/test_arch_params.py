@@ -54,6 +54,8 @@ SMALL: list[tuple[str, dict[str, Any]]] = [
     ("mistral", {**T, "num_key_value_heads": 4, "head_dim": 8, "tie_word_embeddings": True}),
     ("qwen2", {**T, "num_key_value_heads": 2, "tie_word_embeddings": True}),
     ("qwen2", {**T, "num_key_value_heads": 4, "head_dim": 32}),
+    ("qwen2", {**T, "num_key_value_heads": 2, "num_hidden_layers": 3, "use_sliding_window": True, "sliding_window": 16,
+               "max_window_layers": 1}),
     ("qwen3", {**T, "num_key_value_heads": 2, "head_dim": 16}),
     ("qwen3", {**T, "num_key_value_heads": 2, "head_dim": 16, "attention_bias": True, "tie_word_embeddings": True}),
     ("gemma", {**T, "num_key_value_heads": 1, "head_dim": 16}),
@@ -92,6 +94,8 @@ SMALL: list[tuple[str, dict[str, Any]]] = [
                    "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40, "decoder_sparse_step": 2,
                    "mlp_only_layers": [3], "qkv_bias": False, "tie_word_embeddings": True}),
     ("qwen2_moe", {**T, "num_key_value_heads": 2, "num_experts": 0}),
+    ("qwen2_moe", {**T, "num_key_value_heads": 2, "num_hidden_layers": 4, "num_experts": 2, "num_experts_per_tok": 1,
+                   "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 3}),
 ]
 
 
@@ -128,3 +132,27 @@ def test_bundled_configs_exact(slug):
     assert spec.layer_param_counts(0)["total"] == numel(layers[0])
     hidden = model.get_input_embeddings().weight.shape[1]
     assert hidden == spec.embedding_dim and model.get_input_embeddings().weight.shape[0] == spec.vocab_size
+
+
+def _hf_layer_types(model_type: str, cfg: dict[str, Any]) -> tuple[str, ...]:
+    from transformers import AutoConfig
+
+    kwargs = dict(cfg)
+    kwargs.pop("model_type", None)
+    config = AutoConfig.for_model(model_type, **kwargs)
+    given = getattr(config, "layer_types", None)
+    if given is not None:
+        return tuple(given)
+    # mistral, phi3, mixtral: the model builds a sliding-window mask for every layer when a window is set
+    sliding = getattr(config, "sliding_window", None) is not None and model_type in ("mistral", "phi3", "mixtral")
+    return tuple("sliding_attention" if sliding else "full_attention" for _ in range(config.num_hidden_layers))
+
+
+@pytest.mark.parametrize("model_type,cfg", SMALL + [(None, s) for s in bundled_configs()],
+                         ids=[f"{t}-{i}" for i, (t, _) in enumerate(SMALL)] + list(bundled_configs()))
+def test_layer_types_follow_transformers(model_type, cfg):
+    if model_type is None:
+        cfg = load_config(cfg)
+        model_type = cfg["model_type"]
+    spec = arch_from_config({"model_type": model_type, **cfg})
+    assert spec.layer_types == _hf_layer_types(model_type, cfg)

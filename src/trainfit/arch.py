@@ -98,7 +98,7 @@ class ArchSpec:
     qk_norm: bool  #: RMSNorm over head_dim on q and k (qwen3)
     fused_qkv: bool  #: one q|k|v projection module (gpt2 c_attn, gpt_neox, phi3) — same count, one matmul output
     attn_logit_softcapping: Optional[float]  #: tanh cap on attention scores (gemma2), None when absent
-    sliding_window: Optional[int]  #: tokens, as configured (None when the config has no window in use)
+    sliding_window: Optional[int]  #: tokens, for the blocks ``layer_types`` marks sliding (None: no window in use)
 
     # --- embeddings and positions
     tie_word_embeddings: bool  #: LM head / MLM decoder shares the token-embedding matrix
@@ -135,6 +135,10 @@ class ArchSpec:
     norm_topk_prob: bool = False  #: top-k routing weights renormalised to sum 1
     router_jitter_noise: float = 0.0  #: multiplicative input jitter in training (mixtral)
     moe_layers: tuple[int, ...] = ()  #: indices of blocks whose MLP is the sparse MoE block
+
+    #: per block, ``full_attention`` or ``sliding_attention`` (window ``sliding_window`` tokens), following
+    #: transformers (a config's own ``layer_types`` where the type reads it, else the type's rule)
+    layer_types: tuple[str, ...] = ()
 
     # --- dropout probabilities as configured (training uses them unless turned off)
     attention_dropout: float = 0.0  #: on the attention probabilities
@@ -181,7 +185,8 @@ class ArchSpec:
         counts["norms"] = self.norms_per_layer * self._norm(h) + (2 * self.head_dim if self.qk_norm else 0)
         if self.is_moe_layer(index):
             counts["experts"] = self.num_experts * 3 * h * self.moe_intermediate_size
-            counts["router"] = self.num_experts * (h + (1 if self.router_bias else 0)) + (h if self.shared_expert_gate else 0)
+            counts["router"] = (self.num_experts * (h + (1 if self.router_bias else 0))
+                                + (h if self.shared_expert_gate else 0))
             counts["shared_experts"] = 3 * h * self.shared_expert_intermediate_size
         else:
             i = self.intermediate_size
@@ -254,6 +259,7 @@ class ArchSpec:
         """A plain dict of every field (raw_config left out) plus ``parameters`` and ``param_counts``."""
         out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "raw_config"}
         out["moe_layers"] = list(self.moe_layers)
+        out["layer_types"] = list(self.layer_types)
         out["parameters"] = self.parameters
         out["param_counts"] = self.param_counts()
         if self.is_moe:
@@ -571,6 +577,30 @@ def _bert(r: _Reader) -> dict[str, Any]:
     )
 
 
+_FULL, _SLIDING = "full_attention", "sliding_attention"
+
+
+def _layer_types(r: _Reader, mt: str, layers: int, window: Optional[int]) -> tuple[str, ...]:
+    """Which blocks use sliding-window attention, by each config class's __post_init__ rule."""
+    given = r.cfg.get("layer_types") if mt in ("qwen2", "qwen3", "qwen2_moe", "gemma2") else None
+    if given is not None:
+        if (not isinstance(given, list) or len(given) != layers
+                or any(x not in (_FULL, _SLIDING) for x in given)):
+            raise r._bad("layer_types", f"a list of {layers} entries, each {_FULL!r} or {_SLIDING!r}", given)
+        return tuple(given)
+    if mt in ("mistral", "phi3", "mixtral"):  # one mask for every layer when a window is set
+        return tuple(_SLIDING if window is not None else _FULL for _ in range(layers))
+    if mt in ("qwen2", "qwen3"):
+        first = r.int("max_window_layers", minimum=0) if r.cfg.get("max_window_layers") is not None else 28
+        return tuple(_SLIDING if window is not None and i >= first else _FULL for i in range(layers))
+    if mt == "qwen2_moe":
+        last = r.int("max_window_layers", minimum=0) if r.cfg.get("max_window_layers") is not None else 28
+        return tuple(_SLIDING if window is not None and (i + 1) % 2 and i < last else _FULL for i in range(layers))
+    if mt == "gemma2":
+        return tuple(_SLIDING if (i + 1) % 2 else _FULL for i in range(layers))
+    return tuple(_FULL for _ in range(layers))
+
+
 def arch_from_config(cfg: Mapping[str, Any], *, name: Optional[str] = None) -> ArchSpec:
     """Read a Hugging Face config dict (the contents of ``config.json``) into an :class:`ArchSpec`.
 
@@ -601,6 +631,7 @@ def arch_from_config(cfg: Mapping[str, Any], *, name: Optional[str] = None) -> A
     masked = mt in ("bert", "roberta")
     if masked and cfg.get("is_decoder"):
         fields["causal"] = True
+    fields["layer_types"] = _layer_types(r, mt, fields["num_layers"], fields["sliding_window"])
     return ArchSpec(name=label, model_type=mt, hf_class=HF_CLASS[mt], task="masked_lm" if masked else "causal_lm",
                     causal=fields.pop("causal", not masked), dtype=_dtype(cfg),
                     raw_config=MappingProxyType(dict(cfg)), **fields)
