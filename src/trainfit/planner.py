@@ -178,8 +178,10 @@ def _enumerate(n: int, global_batch: int, *, heads: Optional[int], layers: int, 
     r = np.repeat(np.arange(len(base)), len(zs) * len(cs))
     z = np.tile(np.repeat(zs, len(cs)), len(base))
     c = np.tile(cs, len(base) * len(zs))
-    keep = (base[r, 3] > 1) | (z == 0)  # ZeRO shards across dp; with dp = 1 every stage is ZeRO-0
-    r, z, c = r[keep], z[keep], c[keep]
+    # ZeRO shards across dp; with dp = 1 every stage is ZeRO-0, so keep one copy, labelled 0.
+    single = base[r, 3] == 1
+    keep = ~single | (z == zs[0])
+    r, z, c = r[keep], np.where(single[keep], 0, z[keep]), c[keep]
     return _Space(tp=base[r, 0], pp=base[r, 1], ep=base[r, 2], dp=base[r, 3], mb=base[r, 4], zero=z, ckpt=c,
                   candidates={"tp": tps, "pp": pps, "ep": eps}, excluded=excluded)
 

@@ -1,0 +1,202 @@
+"""Planner: layout enumeration rules, memory and step-time breakdowns, ranking, --min-gpus, CLI.
+
+References: the issue's layout rules (tp | heads and tp <= node of 8, pp | layers, dp·tp·pp·ep = N, micro-batch ×
+accumulation × dp = global batch); step-time terms 6·P·T/(N·peak·MFU) (Kaplan et al. 2020; Narayanan et al. 2021),
+bubble (p−1)/(m+p−1) (GPipe / Narayanan et al. 2021), ring all-reduce 2(d−1)/d and ZeRO-3 at 1.5× (Rajbhandari et
+al. 2020 §7); 1F1B in-flight activations min(p, m) (MLSys·im v2_05 training_memory_plan, upstream.md §1.8);
+H100 NVLink 4 = 900 GB/s bidirectional = 450 GB/s per direction, PCIe Gen5 x16 = 64 GB/s per direction (datasheet).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from trainfit import Hardware, Models, TrainfitError, TrainingMemoryModel
+from trainfit.cli import app
+from trainfit.planner import divisors, min_gpus, plan
+from trainfit.steptime import network_for
+
+SOLVE = TrainingMemoryModel().solve
+H100 = Hardware.Cloud.H100
+L70 = Models.Language.Llama3_70B  # 70.6e9 params, 80 layers, 64 heads, hidden 8192
+runner = CliRunner()
+
+
+def brute_force_layouts(n, heads, layers, batch, experts=None, node=8):
+    """Count layouts by the issue's rules with plain loops (the oracle for the vectorised enumeration)."""
+    count = 0
+    for tp in range(1, node + 1):
+        if heads % tp or n % tp:
+            continue
+        for pp in range(1, layers + 1):
+            if layers % pp:
+                continue
+            for ep in (range(1, experts + 1) if experts else [1]):
+                if experts and experts % ep:
+                    continue
+                if n % (tp * pp * ep):
+                    continue
+                dp = n // (tp * pp * ep)
+                if batch % dp:
+                    continue
+                for mb in range(1, batch // dp + 1):
+                    if (batch // dp) % mb:
+                        continue
+                    zeros = 4 if dp > 1 else 1
+                    count += zeros * 3
+    return count
+
+
+def test_divisors():
+    assert divisors(1) == [1]
+    assert divisors(80) == [1, 2, 4, 5, 8, 10, 16, 20, 40, 80]
+    assert divisors(64) == [1, 2, 4, 8, 16, 32, 64]
+
+
+@pytest.mark.parametrize("model,n,batch", [("llama-3.1-70b", 1024, 1024), ("llama-3.1-8b", 24, 96),
+                                           ("mixtral-8x7b", 64, 512)])
+def test_enumeration_follows_the_rules_and_counts_every_layout(model, n, batch):
+    m = Models.get(model)
+    p = plan(model, "h100", n, global_batch=batch, top=10_000, rejected=10_000)
+    assert p.searched == brute_force_layouts(n, m.heads, m.layers, batch, experts=m.experts)
+    rows = p.top + p.rejected
+    assert len(rows) == p.searched
+    for x in rows:
+        assert m.heads % x.tp == 0 and x.tp <= 8
+        assert m.layers % x.pp == 0
+        assert x.dp * x.tp * x.pp * x.ep == n
+        assert x.microbatch * x.accumulation * x.dp == batch
+        assert x.dp > 1 or x.zero_stage == 0
+        assert (m.experts or 1) % x.ep == 0
+    assert "exceeds a node of 8" in " ".join(p.excluded)
+
+
+def test_memory_breakdown_is_solve_with_1f1b_inflight_activations():
+    p = plan("llama-3.1-70b", "h100", 64, global_batch=256, seq_len=4096, top=20, rejected=20)
+    assert p.top and p.rejected
+    for x in p.top + p.rejected:
+        r = SOLVE("llama-3.1-70b", "h100", batch_size=256, seq_len=4096, precision="bf16", optimizer="adam",
+                  activation_checkpointing=x.checkpointing, tp_size=x.tp, pp_size=x.pp, dp_size=x.dp, ep_size=x.ep,
+                  zero_stage=x.zero_stage, gradient_accumulation_steps=x.accumulation)
+        assert r.inputs["local_microbatch"] == x.microbatch
+        inflight = min(x.pp, x.accumulation) if x.pp > 1 else 1
+        for comp in ("weights", "gradients", "optimizer_state", "communication_buffers"):
+            assert x.memory[comp] == pytest.approx(getattr(r, f"{comp}_bytes"), rel=1e-12)
+        assert x.memory["activations"] == pytest.approx(r.activations_bytes * inflight, rel=1e-12)
+        assert x.total_bytes == pytest.approx(sum(x.memory.values()), rel=1e-12)
+        assert x.fits == (x.total_bytes <= 0.9 * H100.memory.capacity)
+    assert all(x.fits for x in p.top) and not any(x.fits for x in p.rejected)
+    # the seed's one-micro-batch assumption is available and never needs more memory
+    q = plan("llama-3.1-70b", "h100", 64, global_batch=256, seq_len=4096, inflight=False)
+    assert q.fitting >= p.fitting
+
+
+def test_step_time_terms_by_hand():
+    p = plan("llama-3.1-70b", "h100", 1024, global_batch=1024, seq_len=2048, top=50)
+    tokens = 1024 * 2048
+    compute = 6 * L70.parameters * tokens / (1024 * 989e12 * 0.40)  # H100 dense bf16 989 TFLOP/s, MFU 0.40
+    for x in p.top:
+        assert x.time["compute"] == pytest.approx(compute, rel=1e-12)
+        m = x.accumulation
+        busy = x.time["compute"] + x.time["recompute"]
+        # the bubble is the fraction (p-1)/(m+p-1) of the pipeline's time
+        assert x.time["bubble"] / (busy + x.time["bubble"]) == pytest.approx((x.pp - 1) / (m + x.pp - 1), rel=1e-12)
+        if x.checkpointing == "full":
+            assert x.time["recompute"] == pytest.approx(compute / 3, rel=1e-12)  # 2PT of 6PT
+        if x.checkpointing == "none":
+            assert x.time["recompute"] == 0
+        assert x.step_s == pytest.approx(sum(x.time.values()), rel=1e-12)
+        assert x.tokens_per_s == pytest.approx(tokens / x.step_s, rel=1e-12)
+    steps = [x.step_s for x in p.top]
+    assert steps == sorted(steps)
+
+
+def test_data_parallel_volume_and_links():
+    # 8B on 16 GPUs, tp 1 pp 1 dp 16: DP crosses nodes (16 > 8), so 50 GB/s; ZeRO-0 ring all-reduce 2(d-1)/d x G
+    p = plan("llama-3.1-8b", "h100", 16, global_batch=16, seq_len=1024, checkpointing=["full"], top=10_000,
+             rejected=10_000)
+    grads = Models.Language.Llama3_8B.parameters * 2  # bf16 gradients, bytes
+    by_zero = {x.zero_stage: x for x in p.top + p.rejected if (x.tp, x.pp, x.dp, x.microbatch) == (1, 1, 16, 1)}
+    assert set(by_zero) == {0, 1, 2, 3}
+    ring = 15 / 16
+    assert by_zero[0].time["dp_comm"] == pytest.approx(2 * ring * grads / 50e9, rel=1e-12)
+    assert by_zero[1].time["dp_comm"] == pytest.approx(by_zero[0].time["dp_comm"], rel=1e-12)
+    # m = 1: ZeRO-3 moves 1.5x the all-reduce volume (Rajbhandari et al. 2020 §7)
+    assert by_zero[3].time["dp_comm"] == pytest.approx(1.5 * by_zero[0].time["dp_comm"], rel=1e-12)
+    # within one node (tp 2 x dp 4 = 8 GPUs) the same collective runs over NVLink at 450 GB/s per direction
+    q = plan("llama-3.1-8b", "h100", 8, global_batch=8, seq_len=1024, checkpointing=["full"], zero_stages=[0],
+             top=10_000)
+    x = next(x for x in q.top if (x.tp, x.pp, x.dp, x.microbatch) == (2, 1, 4, 1))
+    assert x.time["dp_comm"] == pytest.approx(2 * 3 / 4 * grads / 2 / 450e9, rel=1e-12)
+
+
+def test_network_assumptions():
+    net = network_for(H100)
+    assert net.intra_node == 450e9 and net.inter_node == 50e9 and net.node_size == 8
+    assert network_for(H100, inter_node_bandwidth="100 Gbps").inter_node == 12.5e9
+    capped = network_for(H100, inter_node_bandwidth="200 GB/s")
+    assert capped.inter_node == 64e9 and "capped by the host link" in capped.inter_source
+    with pytest.raises(TrainfitError, match="node size must be a whole number >= 1"):
+        network_for(H100, node_size=0)
+
+
+def test_rejected_layouts_say_why():
+    p = plan("llama-3.1-70b", "h100", 16)
+    assert p.rejected
+    for x in p.rejected:
+        assert x.reason.startswith("needs ") and "GB usable" in x.reason and "10% headroom" in x.reason
+        assert x.step_s >= 0
+
+
+def test_min_gpus_is_the_smallest_n_that_fits():
+    found, n = min_gpus("llama-3.1-70b", "h100", global_batch=256)
+    assert found is not None and found.n_gpus == n and found.fitting > 0
+    assert plan("llama-3.1-70b", "h100", n - 1, global_batch=256).fitting == 0
+    # lower bound: Adam model states alone are 16 bytes x 70.6e9 params = 1.13 TB; usable 77.3 GB per GPU
+    assert n >= 16 * L70.parameters / (0.9 * H100.memory.capacity)
+    none_found, _ = min_gpus("llama-3.1-405b", "h100", max_gpus=4)
+    assert none_found is None
+
+
+def test_restrictions_and_validation():
+    p = plan("llama-3.1-8b", "h100", 8, zero_stages=["3"], checkpointing=["full"], top=10_000, rejected=10_000)
+    assert {x.zero_stage for x in p.top + p.rejected} == {0, 3}  # ZeRO-0 only where dp = 1
+    assert all(x.dp == 1 for x in p.top + p.rejected if x.zero_stage == 0)
+    assert any(x.dp == 1 for x in p.top + p.rejected)  # dp = 1 layouts are kept, labelled ZeRO-0
+    assert {x.checkpointing for x in p.top + p.rejected} == {"full"}
+    with pytest.raises(TrainfitError, match="unknown ZeRO stage 4; accepted: 0, 1, 2, 3"):
+        plan("llama-3.1-8b", "h100", 8, zero_stages=[4])
+    with pytest.raises(TrainfitError, match="unknown activation_checkpointing 'ful'"):
+        plan("llama-3.1-8b", "h100", 8, checkpointing=["ful"])
+    with pytest.raises(TrainfitError, match="gpus must be a whole number >= 1"):
+        plan("llama-3.1-8b", "h100", 0)
+    with pytest.raises(TrainfitError, match="headroom must be a fraction"):
+        plan("llama-3.1-8b", "h100", 8, headroom=-0.1)
+    with pytest.raises(TrainfitError, match="unknown hardware 'h1000'"):
+        plan("llama-3.1-8b", "h1000", 8)
+    empty = plan("llama-3.1-8b", "h100", 7, global_batch=8)  # 7 GPUs cannot split a batch of 8
+    assert empty.searched == 0 and "no valid layout" in " ".join(empty.notes)
+
+
+def test_cli_plan_text_json_markdown_and_errors():
+    r = runner.invoke(app, ["plan", "llama-3.1-70b", "--hardware", "H100", "--gpus", "1024", "--global-batch", "1024",
+                            "--seq", "2048"])
+    assert r.exit_code == 0, r.output
+    for needle in ("Best layouts, fastest first", "memory per accelerator", "time per step", "Assumptions",
+                   "node = 8 accelerators", "inter-node bandwidth", "MFU 0.4", "(p-1)/(m+p-1)", "GB", "tokens/s"):
+        assert needle in r.output, needle
+    d = json.loads(runner.invoke(app, ["plan", "llama-3.1-70b", "--gpus", "64", "-o", "json"]).stdout)
+    assert d["n_gpus"] == 64 and d["top"] and d["assumptions"] and d["fitting"] <= d["searched"]
+    assert set(d["top"][0]["time_s"]) == {"compute", "recompute", "bubble", "tp_comm", "pp_comm", "dp_comm", "ep_comm"}
+    md = runner.invoke(app, ["plan", "llama-3.1-8b", "--gpus", "8", "-o", "markdown"]).stdout
+    assert "#### Assumptions" in md and "| # | layout |" in md
+    r = runner.invoke(app, ["plan", "llama-3.1-70b", "--min-gpus", "--global-batch", "256"])
+    assert r.exit_code == 0 and "smallest N that fits" in r.output
+    for args, msg in ((["plan", "llama-3.1-8b"], "--gpus N is required"),
+                      (["plan", "llama-3.1-8b", "--gpus", "8", "--zero", "5"], "unknown ZeRO stage '5'"),
+                      (["plan", "llama-3.1-405b", "--min-gpus", "--gpus", "2"], "no layout of llama-3.1-405b fits")):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 1 and msg in r.output and r.output.strip().count("\n") == 0, r.output
