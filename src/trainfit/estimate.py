@@ -135,3 +135,9 @@ def estimate(model: Any, hardware: Any, *, method: str = "first-order", **option
     if fn is None:
         raise unknown_choice("method", method, list(METHODS))
     return fn(model, hardware, **options)
+
+
+# The detailed method (issue 5) registers itself here; imported last because it builds on Estimate.
+from .detailed import detailed as _detailed  # noqa: E402
+
+METHODS["detailed"] = _detailed

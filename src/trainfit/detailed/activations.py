@@ -1,0 +1,513 @@
+"""Activation memory, layer by layer, from the architecture and the recipe.
+
+:func:`walk_forward` plays one training forward pass of a Hugging Face model on a :class:`Tape`:
+embeddings, every block (norms, attention projections, rotary, the attention kernel's saved tensors,
+gated or plain MLP, MoE routing, dropout masks, residual adds) and the head with the loss, in the
+order ``transformers`` 5.x runs them, with the recipe's dtypes, LoRA adapters, checkpointing and
+tensor/sequence/context parallel splits. The tape then knows every saved tensor and every
+temporary's lifetime; :func:`activation_profile` condenses that into byte-vectors (see
+:mod:`trainfit.detailed.graph`) that numpy evaluates for any batch and sequence length.
+
+Kernel facts used (PyTorch 2.x CUDA SDPA):
+
+* flash (16-bit inputs, head_dim <= 256) and memory-efficient attention save q, k, v, the output
+  and an fp32 log-sum-exp per head and token (no s x s matrix); dropout inside them is re-generated
+  from the RNG state, not stored; flash handles GQA natively;
+* eager / math attention materialise the scores: the softmax output (fp32 in Llama-style models,
+  which call ``softmax(dtype=float32)``, and under autocast), the 1-byte dropout mask and the dropped
+  probabilities are saved;
+* ``auto`` picks as CUDA does: flash for 16-bit inputs with head_dim <= 256, else memory-efficient
+  (fp32), else math (memory-efficient cannot take GQA without repeating k/v).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..arch import ArchSpec
+from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd, vsub
+from .layout import block_linears, stage_layers
+from .recipe import Recipe
+
+LLAMA_STYLE_SOFTMAX_FP32 = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe",
+                            "gpt_neox")
+
+
+def attention_kernel(arch: ArchSpec, recipe: Recipe) -> str:
+    """The SDPA kernel the step uses: flash, mem-efficient or math/eager."""
+    if recipe.attention == "eager":
+        return "eager"
+    if recipe.attention == "math":
+        return "math"
+    sixteen = recipe.compute_bytes == 2
+    if recipe.attention == "flash":
+        return "flash"
+    if recipe.attention == "mem-efficient":
+        return "mem-efficient"
+    if sixteen and arch.head_dim <= 256 and arch.attn_logit_softcapping is None:
+        return "flash"
+    if arch.num_kv_heads != arch.num_heads:
+        return "math"
+    return "mem-efficient"
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """Byte-vectors of one block: what it keeps for backward, and what backward re-creates."""
+
+    saved: Vec  #: kept from forward to backward (with checkpointing: the block input only)
+    recompute: Vec  #: what a checkpointed block re-creates in backward (its full saved set); ZERO if not checkpointed
+    transient_bwd: Vec  #: working set of the block's backward beyond its saved tensors (heuristic, see docs)
+
+
+@dataclass(frozen=True)
+class ActivationProfile:
+    """Condensed result of one forward walk. Byte-vectors, see :mod:`trainfit.detailed.graph`."""
+
+    kernel: str
+    saved_total: Vec  #: live for backward when the forward ends
+    embed_saved: Vec
+    layers: tuple[LayerProfile, ...]
+    head_saved: Vec  #: final norm, LM head and loss
+    loss_saved: Vec
+    forward_candidates: tuple[Vec, ...]  #: live bytes at the forward's possible peaks (pareto set)
+    loss_backward: Vec  #: extra bytes of the loss backward (its gradient buffers)
+    weight_copies: Vec  #: autocast 16-bit weight copies alive in the forward
+    weight_copies_saved: Vec  #: ... of which saved for backward
+    per_layer_weight_copies: Vec
+    pieces: tuple[tuple[str, Vec], ...]  #: named parts of the saved total, for the breakdown/explain
+
+
+def _ckpt_layer(recipe: Recipe, index: int) -> bool:
+    if recipe.checkpointing == "full":
+        return True
+    if recipe.checkpointing == "every-k":
+        return index % recipe.checkpoint_every == 0
+    return False
+
+
+class _Walker:
+    def __init__(self, arch: ArchSpec, recipe: Recipe, stage: int = 0):
+        self.a, self.r = arch, recipe
+        self.g = Tape(autocast=recipe.autocast)
+        self.tp = recipe.tp
+        self.sp = recipe.sequence_parallel and recipe.tp > 1
+        self.w = float(recipe.compute_bytes)  # matmul output bytes
+        self.p = float(recipe.param_bytes)  # parameter / residual stream bytes
+        self.full = not recipe.lora  # full fine-tuning: every weight trainable
+        self.kernel = attention_kernel(arch, recipe)
+        self.drop = recipe.dropout
+        self.stage = stage
+        h = arch.hidden_size
+        self.hw = h / self.tp if self.sp else float(h)  # residual-stream width on this rank
+        self.lora_bytes = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}[recipe.lora_dtype]
+        self.qlora = recipe.qlora is not None
+
+    # ---------------------------------------------------------------- helpers
+    def p_drop(self, p: float) -> float:
+        return p if self.drop else 0.0
+
+    def linear(self, x: Tensor, key: str, in_f: int, out_f: int, tp: str, module: str = "",
+               frozen: bool = False, lora: bool = False) -> Tensor:
+        """A projection on this rank: column-parallel splits the output, row-parallel the input."""
+        g, tpd = self.g, self.tp
+        numel = in_f * out_f / (tpd if tp else 1)
+        out_w = out_f / tpd if tp == "col" else float(out_f)
+        trainable = self.full and not frozen
+        src = x
+        if self.sp and tp == "col":
+            # sequence parallel: all-gather the sequence-sharded input (transient; the shard is what is saved)
+            gathered = g.new(tok(in_f), 2.0 if g.autocast else x.dtype, x.rg, "sp all-gather")
+            g.use(x)
+            src = gathered
+            if trainable:
+                g.save(g.cast(x, 2) if g.autocast else x)
+        quant = self.qlora and (not trainable) and bool(module)
+        y = g.matmul_weight(src, key, numel, out_w, trainable and not (self.sp and tp == "col"), self.w, quant)
+        if self.sp and tp == "col" and trainable:
+            y.rg = True
+        if self.sp and tp == "row":
+            y.size = tok(out_f / tpd)  # reduce-scatter to the sequence shard
+        if lora:
+            y = self.lora_branch(x, key, in_f, out_f, y, tp)
+        return y
+
+    def lora_branch(self, x: Tensor, key: str, in_f: int, out_f: int, base: Tensor, tp: str) -> Tensor:
+        """PEFT LoRA: ``base + B(A(x)) * scale``; x cast to the adapter dtype outside autocast."""
+        g, rnk = self.g, self.r.lora_rank
+        xa = x if g.autocast else g.cast(x, self.lora_bytes)
+        out_dtype = 2.0 if g.autocast else self.lora_bytes
+        a = g.matmul_weight(xa, key + ".lora_A", in_f * rnk, rnk, True, out_dtype)
+        b = g.matmul_weight(a, key + ".lora_B", rnk * out_f, base.size[0], True, out_dtype)
+        s = g.mul(b, None, "lora scale")
+        y = g.add(base, s, "lora add")
+        return g.cast(y, base.dtype)
+
+    def norm(self, x: Tensor, name: str, rows: float = 1.0) -> Tensor:
+        a, trainable = self.a, self.full
+        if a.norm_kind == "rmsnorm":
+            return self.g.rmsnorm(x, trainable, gemma=a.model_type in ("gemma", "gemma2"), name=name, rows=rows,
+                                  wdtype=self.p)
+        return self.g.layernorm(x, trainable, name=name, rows=rows)
+
+    def activation(self, x: Tensor) -> Tensor:
+        g, kind = self.g, self.a.activation
+        if kind in ("gelu_new", "gelu_fast", "gelu_python_tanh"):
+            # NewGELUActivation in Python: 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x**3))); pow is fp32 under autocast
+            half = g.mul(x, None, "0.5*x")
+            cube = g.unary_saving_input(x, "pow3", fp32=True)
+            inner = g.add(x, g.mul(cube, None, "0.044715*x^3"))
+            th = g.unary_saving_output(g.mul(inner, None, "scale"), "tanh")
+            one = g.mul(th, None, "1+tanh")
+            return g.mul(half, one, "gelu_new")
+        if kind == "quick_gelu":
+            sig = g.unary_saving_output(g.mul(x, None, "1.702x"), "sigmoid")
+            return g.mul(x, sig, "quick_gelu")
+        if kind == "relu":
+            return g.unary_saving_output(x, "relu")
+        return g.unary_saving_input(x, kind)  # silu, gelu (erf), gelu_pytorch_tanh: saved input
+
+    # ---------------------------------------------------------------- blocks
+    def attention(self, y: Tensor, index: int, cos: Tensor | None, sin: Tensor | None) -> Tensor:
+        a, r, g, tpd = self.a, self.r, self.g, self.tp
+        lins = {lin.role: lin for lin in block_linears(a, index)}
+        targets = r.lora_targets if r.lora else ()
+        heads = a.num_heads / tpd
+        kvh = max(a.num_kv_heads / tpd, 1.0)
+        qw, kvw = heads * a.head_dim, kvh * a.head_dim
+        if a.fused_qkv:
+            L = lins["qkv"]
+            qkv = self.linear(y, f"{index}.qkv", L.in_features, L.out_features, "col", L.module,
+                              lora=L.module in targets)
+            q = k = v = qkv  # views of one storage
+        else:
+            q = self.linear(y, f"{index}.q", a.hidden_size, a.q_size, "col", lins["q"].module, lora=lins["q"].module in targets)
+            k = self.linear(y, f"{index}.k", a.hidden_size, a.kv_size, "col", lins["k"].module, lora=lins["k"].module in targets)
+            v = self.linear(y, f"{index}.v", a.hidden_size, a.kv_size, "col", lins["v"].module, lora=lins["v"].module in targets)
+        if a.qk_norm:
+            q = g.rmsnorm(q, self.full, rows=heads, name="q_norm", wdtype=self.p)
+            k = g.rmsnorm(k, self.full, rows=kvh, name="k_norm", wdtype=self.p)
+        if cos is not None and a.rotary_fraction > 0:
+            q, k = self.rope(q, qw, cos, sin), self.rope(k, kvw, cos, sin)
+        out = self.core_attention(q, k, v, heads, kvh, qw, kvw)
+        L = lins["o"]
+        return self.linear(out, f"{index}.o", L.in_features, L.out_features, "row", L.module, lora=L.module in targets)
+
+    def rope(self, src: Tensor, width: float, cos: Tensor, sin: Tensor) -> Tensor:
+        """``q*cos + rotate_half(q)*sin``: the products save only cos/sin (they need no grad)."""
+        g = self.g
+        dt = max(src.dtype, cos.dtype)
+        a1 = g.new(tok(width), dt, src.rg, "x*cos")
+        half = g.new(tok(width), src.dtype, src.rg, "rotate_half")
+        g.use(src)
+        if src.rg:
+            g.save(cos)
+            g.save(sin)
+        a2 = g.new(tok(width), dt, src.rg, "rot*sin")
+        g.use(half)
+        out = g.new(tok(width), dt, src.rg, "rope")
+        g.use(a1, a2)
+        return out
+
+    def core_attention(self, q: Tensor, k: Tensor, v: Tensor, heads: float, kvh: float, qw: float, kvw: float) -> Tensor:
+        a, r, g = self.a, self.r, self.g
+        p_attn = self.p_drop(a.attention_dropout)
+        selective = r.checkpointing == "selective"
+        if g.autocast:
+            q, k, v = g.cast(q, 2), g.cast(k, 2), g.cast(v, 2)
+        dt = q.dtype
+        if self.kernel in ("flash", "mem-efficient"):
+            out = g.new(tok(qw), dt, True, "attention out")
+            lse = g.new(tok(heads), 4, False, "logsumexp")
+            for t in (q, k, v):
+                g.save(t)
+            if not selective:
+                g.save(out)
+                g.save(lse)
+            g.use(q, k, v, lse)
+            return out
+        # eager / math: materialised scores
+        if kvh != heads:  # repeat_kv / enable_gqa in math: expanded copies
+            k = g.new(tok(qw), dt, k.rg, "k repeated")
+            v = g.new(tok(qw), dt, v.rg, "v repeated")
+        scores = g.new((0.0, 0.0, heads, 0.0), dt, True, "scores")
+        if not selective:
+            g.save(q)
+            g.save(k)
+        g.use(q, k)
+        masked = g.new(scores.size, dt, True, "scaled+masked scores")
+        g.use(scores)
+        fp32 = g.autocast or a.model_type in LLAMA_STYLE_SOFTMAX_FP32
+        probs = g.new(scores.size, 4.0 if fp32 else dt, True, "softmax")
+        g.use(masked)
+        if not selective:
+            g.save(probs)
+        pc = g.cast(probs, dt) if probs.dtype != dt else probs
+        if p_attn > 0:
+            mask = g.new(scores.size, 1, False, "attention dropout mask")
+            dropped = g.new(scores.size, dt, True, "dropped probs")
+            g.use(pc, mask)
+            if not selective:
+                g.save(mask)
+            pc = dropped
+        if not selective:
+            g.save(pc)
+            g.save(v)
+        ctx = g.new(tok(qw), dt, True, "attention out (bhsd)")
+        g.use(pc, v)
+        out = g.new(tok(qw), dt, True, "attention out contiguous")
+        g.use(ctx)
+        if selective:
+            for t in (q, k, v):
+                g.save(t)
+        return out
+
+    def mlp(self, y: Tensor, index: int) -> Tensor:
+        a, r, g = self.a, self.r, self.g
+        targets = r.lora_targets if r.lora else ()
+        lins = {lin.role: lin for lin in block_linears(a, index)}
+        if a.is_moe_layer(index):
+            return self.moe(y, index)
+        if a.mlp_gated:
+            if "gate_up" in lins:
+                L = lins["gate_up"]
+                gu = self.linear(y, f"{index}.gate_up", L.in_features, L.out_features, "col", L.module,
+                                 lora=L.module in targets)
+                act = self.activation(gu)  # saves the gate view: the gate_up storage
+                act.size = tok(a.intermediate_size / self.tp)
+                m = g.mul(act, gu, "act*up")
+                m.size = act.size
+            else:
+                gate = self.linear(y, f"{index}.gate", a.hidden_size, a.intermediate_size, "col", lins["gate"].module,
+                                   lora=lins["gate"].module in targets)
+                up = self.linear(y, f"{index}.up", a.hidden_size, a.intermediate_size, "col", lins["up"].module,
+                                 lora=lins["up"].module in targets)
+                m = g.mul(self.activation(gate), up, "act*up")
+            L = lins["down"]
+            return self.linear(m, f"{index}.down", L.in_features, L.out_features, "row", L.module, lora=L.module in targets)
+        L1, L2 = lins["fc1"], lins["fc2"]
+        f = self.linear(y, f"{index}.fc1", L1.in_features, L1.out_features, "col", L1.module, lora=L1.module in targets)
+        return self.linear(self.activation(f), f"{index}.fc2", L2.in_features, L2.out_features, "row", L2.module,
+                           lora=L2.module in targets)
+
+    def moe(self, y: Tensor, index: int) -> Tensor:
+        """Sparse MoE block (transformers 5 Mixtral/Qwen2-MoE): router softmax in fp32, top-k, each routed
+        token copy through its expert (gathered input, gate/up, activation, product, down, routing weight)."""
+        a, r, g = self.a, self.r, self.g
+        E, k, mi, h = a.num_experts, a.experts_per_token, a.moe_intermediate_size, a.hidden_size
+        logits = self.linear(y, f"{index}.router", h, E, "", "gate")
+        probs = g.unary_saving_output(g.cast(logits, 4), "router softmax")
+        g.use(probs)
+        routed = k * (r.capacity_factor if r.capacity_factor > 0 else 1.0)  # routed token copies per token
+        gathered = g.new(tok(routed * h), y.dtype, y.rg, "routed tokens")
+        g.use(y)
+        numel_expert = 3 * h * mi * E / r.ep / self.tp
+        x = g.cast(gathered, 2) if g.autocast else gathered
+        gu = g.new(tok(routed * 2 * mi / self.tp), self.w, True, "experts gate_up")
+        if self.full:
+            g.save(x)
+        if g.autocast:
+            wc = g.weight_copy(f"{index}.experts", numel_expert, self.full)
+            if x.rg or self.full:
+                g.save(wc)
+        g.use(x)
+        act = g.unary_saving_input(gu, a.activation)
+        act.size = tok(routed * mi / self.tp)
+        m = g.mul(act, gu, "act*up")
+        m.size = act.size
+        d = g.new(tok(routed * h), self.w, True, "experts down")
+        g.save(m)
+        g.use(m)
+        wts = g.new(tok(routed), 4, True, "routing weights")
+        g.save(wts)
+        weighted = g.mul(d, wts, "weighted")
+        out = g.new(tok(h), y.dtype, True, "moe out")
+        g.use(weighted)
+        if a.shared_expert_intermediate_size:
+            si = a.shared_expert_intermediate_size
+            sg = self.linear(y, f"{index}.shared.gate", h, si, "col", "gate_proj")
+            su = self.linear(y, f"{index}.shared.up", h, si, "col", "up_proj")
+            sd = self.linear(g.mul(self.activation(sg), su), f"{index}.shared.down", si, h, "row", "down_proj")
+            gate = g.unary_saving_output(self.linear(y, f"{index}.shared.gate1", h, 1, ""), "sigmoid")
+            out = g.add(out, g.mul(sd, gate))
+        return out
+
+    def block(self, x: Tensor, index: int, cos, sin) -> Tensor:
+        a, g = self.a, self.g
+        p_h = self.p_drop(a.hidden_dropout)
+        if not a.pre_norm:  # post-norm (BERT/RoBERTa, OPT-350m)
+            att = g.dropout(self.attention(x, index, cos, sin), p_h)
+            x = self.norm(g.add(att, x), "attention LayerNorm")
+            m = g.dropout(self.mlp(x, index), p_h)
+            return self.norm(g.add(m, x), "output LayerNorm")
+        y = self.norm(x, "input norm")
+        att = self.attention(y, index, cos, sin)
+        if a.norms_per_layer == 4:
+            att = self.norm(att, "post-attention norm")
+        att = g.dropout(att, p_h)
+        if a.parallel_residual:
+            y2 = self.norm(x, "post-attention norm")
+            m = g.dropout(self.mlp(y2, index), p_h)
+            return g.add(g.add(att, m), x)
+        x = g.add(x, att, "residual")
+        y2 = self.norm(x, "post-attention norm")
+        m = self.mlp(y2, index)
+        if a.norms_per_layer == 4:
+            m = self.norm(m, "post-feedforward norm")
+        m = g.dropout(m, p_h)
+        return g.add(x, m, "residual")
+
+    # ---------------------------------------------------------------- whole model
+    def embeddings(self) -> Tensor:
+        a, g = self.a, self.g
+        g.region = "embed"
+        x = g.new(tok(self.hw if self.sp else a.embedding_dim), self.p, self.full, "token embeddings")
+        if a.embedding_scale:
+            x = g.mul(x, g.new(const(1), self.p, False, "normalizer"), "scaled embeddings")
+        if a.position_table_size:
+            pe = g.new(pos(self.hw), self.p, self.full, "position embeddings")
+            x = g.add(x, pe, "+positions")
+        if a.token_type_vocab_size:
+            x = g.add(x, g.new(tok(self.hw), self.p, self.full, "token-type embeddings"), "+token types")
+        if a.embedding_norm:
+            x = self.norm(x, "embedding LayerNorm")
+        x = g.dropout(x, self.p_drop(a.embedding_dropout))
+        if a.embedding_dim != a.hidden_size:
+            x = self.linear(x, "project_in", a.embedding_dim, a.hidden_size, "")
+        return x
+
+    def head_and_loss(self, x: Tensor) -> None:
+        a, r, g = self.a, self.r, self.g
+        g.region = "head"
+        V = a.vocab_size / self.tp
+        held = None
+        if a.final_norm:
+            x = self.norm(x, "final norm")
+            held = x  # the base model's last_hidden_state stays referenced until the loss is computed
+        if a.head_transform:  # BERT MLM head: dense + act + LayerNorm
+            held = x
+            t = self.linear(x, "head.dense", a.hidden_size, a.hidden_size, "")
+            x = g.layernorm(self.activation(t), self.full, "head LayerNorm")
+        if a.embedding_dim != a.hidden_size:
+            x = self.linear(x, "project_out", a.hidden_size, a.embedding_dim, "")
+        logits = self.linear(x, "lm_head", a.embedding_dim, a.vocab_size, "col", frozen=not self.full)
+        if a.final_logit_softcapping:
+            logits = g.mul(g.unary_saving_output(g.mul(logits, None, "/cap"), "tanh"), None, "*cap")
+        g.region = "loss"
+        if a.task == "causal_lm":
+            # transformers ForCausalLMLoss: logits.float(), labels padded and shifted, cross-entropy
+            up = g.cast(logits, 4)
+            padded = g.new(tok(1), 8, False, "padded labels")
+            target = g.new(tok(1), 8, False, "shifted labels")
+            g.use(padded)
+            lsm = g.unary_saving_output(up, "log_softmax", fp32=True)
+            g.save(target)
+            g.use(lsm, target)
+            bwd = tok(2 * 4 * V)  # nll_loss grad + log_softmax grad, fp32
+        else:
+            # masked LM: CrossEntropyLoss on the logits as they are; under autocast the log-softmax runs
+            # in 16 bit and nll_loss (fp32 policy) saves its fp32 cast of it
+            lsm = g.unary_saving_output(logits, "log_softmax")
+            if g.autocast and lsm.dtype != 4:
+                c = g.cast(lsm, 4)
+                g.save(c)
+                g.use(c)
+                bwd = tok(4 * V)
+            else:
+                bwd = tok(2 * lsm.dtype * V)
+            g.use(lsm)
+        g.use(logits)  # the model output holds the logits until the step drops it
+        if held is not None:
+            g.use(held)
+        g.notes["loss_backward"] = bwd
+
+    def run(self) -> ActivationProfile:
+        a, r, g = self.a, self.r, self.g
+        layers = list(stage_layers(a.num_layers, r.pp, self.stage))
+        x = self.embeddings()
+        cos = sin = None
+        if a.position_embedding == "rotary":
+            g.region = "embed"
+            d = a.head_dim
+            cos = g.new(pos(d), self.p, False, "rotary cos")
+            sin = g.new(pos(d), self.p, False, "rotary sin")
+            g.hold(cos)
+            g.hold(sin)
+        marks: list[tuple[int, bool]] = []
+        for i in layers:
+            g.region = f"layer{i}"
+            ck = _ckpt_layer(r, i)
+            if ck:
+                g.checkpoint_input(x)
+                g.checkpointing = True
+            start = len(g.tensors)
+            x = self.block(x, i, cos, sin)
+            g.checkpointing = False
+            marks.append((start, ck))
+        if r.pp == 1:
+            self.head_and_loss(x)
+            loss_bwd = g.notes["loss_backward"]
+        else:
+            g.region = "stage output"
+            g.save(x)  # sent to the next stage; kept until its gradient comes back
+            loss_bwd = tok(2 * self.hw * self.w)  # received gradient + send buffer
+        g.finish()
+        for t in (cos, sin):
+            if t is not None:
+                t.saved = True
+        timeline = g.timeline()
+        # a checkpoint input is marked saved when its region starts: recount it in the region before
+        cands = pareto(timeline)
+        saved_total = g.saved_bytes()
+        wc = ZERO
+        wcs = ZERO
+        for t in g.tensors:
+            if t.held and t.size[3] and t.size[0] == 0:
+                wc = vadd(wc, t.bytes)
+                if t.saved:
+                    wcs = vadd(wcs, t.bytes)
+        lay = []
+        per_layer_wc = ZERO
+        for (i, (start, ck)) in zip(layers, marks):
+            reg = f"layer{i}"
+            saved = g.saved_bytes(reg)
+            rec = ZERO
+            if ck:
+                rec = ZERO
+                for t in g.tensors:
+                    if t.region == reg and (t.would_save or (t.held and t.size[0] == 0)):
+                        rec = vadd(rec, t.bytes)
+            biggest = ZERO
+            for t in g.tensors:
+                if t.region == reg and t.size[0] * t.dtype > biggest[0]:
+                    biggest = t.bytes
+            res = tok(2 * self.hw * self.p)  # gradient of the residual stream, in and out
+            lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=vadd(res, vadd(biggest, biggest))))
+            if i == layers[-1]:
+                for t in g.tensors:
+                    if t.region == reg and t.held and t.size[0] == 0 and t.size[3]:
+                        per_layer_wc = vadd(per_layer_wc, t.bytes)
+        embed_saved = g.saved_bytes("embed")
+        head_saved = vadd(g.saved_bytes("head"), g.saved_bytes("stage output"))
+        loss_saved = g.saved_bytes("loss")
+        layer_total = ZERO
+        for lp in lay:
+            layer_total = vadd(layer_total, lp.saved)
+        pieces = (("embeddings", embed_saved), ("blocks", layer_total), ("head", head_saved), ("loss", loss_saved))
+        return ActivationProfile(kernel=self.kernel, saved_total=saved_total, embed_saved=embed_saved, layers=tuple(lay),
+                                 head_saved=head_saved, loss_saved=loss_saved, forward_candidates=tuple(cands),
+                                 loss_backward=loss_bwd, weight_copies=wc, weight_copies_saved=wcs,
+                                 per_layer_weight_copies=per_layer_wc, pieces=pieces)
+
+
+@lru_cache(maxsize=512)
+def activation_profile(arch: ArchSpec, recipe: Recipe, stage: int = 0) -> ActivationProfile:
+    """Walk one forward pass of ``arch`` under ``recipe`` (pipeline ``stage``) and condense it."""
+    return _Walker(arch, recipe, stage).run()
+
+
+def walk(arch: ArchSpec, recipe: Recipe, stage: int = 0) -> Tape:
+    """The raw tape of one forward walk (for inspection and tests)."""
+    w = _Walker(arch, recipe, stage)
+    w.run()
+    return w.g

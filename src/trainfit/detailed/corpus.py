@@ -1,0 +1,68 @@
+"""Reading measured training steps (``../shared/groundtruth/dev-cases.jsonl``, the ``trainfit
+measure`` corpus ``validation/corpus-measured.jsonl``) into the detailed method's inputs, so tests
+and the validation report compare like with like."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from ..arch import ArchSpec, arch_from_config, load_config
+from .recipe import Recipe, make_recipe
+
+_RAISED = re.compile(r"(\w+) raised from \d+ to (\d+)")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every JSON object of a .jsonl file (blank lines skipped)."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if line:
+                out.append(json.loads(line))
+    return out
+
+
+def case_config(case: dict[str, Any], configs_dir: Optional[Path] = None) -> dict[str, Any]:
+    """The config dict a case was measured with (position tables enlarged as its notes say)."""
+    if isinstance(case.get("config"), dict):
+        cfg = dict(case["config"])
+    else:
+        name = case.get("model") or case.get("inputs", {}).get("model")
+        path = configs_dir / f"{name}.json" if configs_dir is not None else None
+        cfg = json.loads(path.read_text()) if path is not None and path.is_file() else load_config(name)
+    notes = list(case.get("notes") or []) + list(case.get("build_notes") or [])
+    for note in notes:
+        m = _RAISED.search(str(note))
+        if m:
+            cfg[m.group(1)] = int(m.group(2))
+    return cfg
+
+
+def case_arch(case: dict[str, Any], configs_dir: Optional[Path] = None) -> ArchSpec:
+    return arch_from_config(case_config(case, configs_dir), name=str(case.get("model", "config")))
+
+
+def case_recipe(case: dict[str, Any]) -> Recipe:
+    """The recipe of a measured case (field names of dev-cases.jsonl and of ``trainfit measure``)."""
+    ck = case.get("checkpointing", "full" if case.get("ckpt") else "none")
+    attn = str(case.get("attn", case.get("attn_implementation", "sdpa")))
+    lora = int(case.get("lora_r") or 0)
+    targets = tuple(case.get("lora_targets") or ("q_proj", "v_proj"))
+    return make_recipe(micro_batch=int(case["batch"]), seq_len=int(case["seq"]), precision=case["precision"],
+                       optimizer=case["optimizer"], opt_impl=case.get("opt_impl", "foreach"),
+                       checkpointing=ck, attention="auto" if attn == "sdpa" else attn,
+                       dropout=bool(case.get("dropout", True)), lora_rank=lora, lora_targets=targets,
+                       overheads=False)
+
+
+def single_gpu(case: dict[str, Any]) -> bool:
+    """Whether a case ran on one GPU (every dev case does; multi-GPU cases name a world size)."""
+    return int(case.get("world_size", 1) or 1) == 1
+
+
+def iter_cases(path: Path, configs_dir: Optional[Path] = None) -> Iterator[tuple[dict[str, Any], ArchSpec, Recipe]]:
+    for case in read_jsonl(path):
+        yield case, case_arch(case, configs_dir), case_recipe(case)

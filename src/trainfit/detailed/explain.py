@@ -1,0 +1,121 @@
+"""``--explain``: every component of a detailed estimate with its formula, the numbers put in and
+the source, so a user can audit each byte."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..arch import ArchSpec
+from .activations import walk
+from .graph import Vec
+from .overheads import Overhead
+from .phases import PhaseResult, inflight_microbatches
+from .recipe import Recipe
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Line:
+    component: str
+    bytes: float
+    formula: str
+    source: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"component": self.component, "bytes": self.bytes, "formula": self.formula, "source": self.source}
+
+
+def _vec(v: Vec) -> str:
+    parts = []
+    if v[0]:
+        parts.append(f"{v[0]:,.1f} B x tokens")
+    if v[1]:
+        parts.append(f"{v[1]:,.1f} B x positions")
+    if v[2]:
+        parts.append(f"{v[2]:,.1f} B x batch*seq^2")
+    if v[3]:
+        parts.append(f"{v[3]:,.0f} B")
+    return " + ".join(parts) or "0"
+
+
+def _dtype_name(b: float) -> str:
+    return {4: "fp32", 2: "16-bit", 1: "8-bit", 8: "int64"}.get(int(b), f"{b} B")
+
+
+def layer_saved_tensors(arch: ArchSpec, recipe: Recipe, layer: int | None = None) -> list[tuple[str, str, Vec]]:
+    """(tensor, dtype, bytes-vector) of every tensor one block saves for backward (the last block of the
+    stage by default); with checkpointing, what its recomputation saves."""
+    tape = walk(arch, recipe)
+    regions = sorted({t.region for t in tape.tensors if t.region.startswith("layer")}, key=lambda r: int(r[5:]))
+    reg = f"layer{layer}" if layer is not None else (regions[-1] if regions else "")
+    return [(t.name, _dtype_name(t.dtype), t.bytes) for t in tape.tensors
+            if t.region == reg and (t.saved or t.would_save) and any(t.bytes)]
+
+
+def explain(arch: ArchSpec, recipe: Recipe, res: PhaseResult, overheads: list[Overhead]) -> list[Line]:
+    """One :class:`Line` per component of the peak phase, then the overheads."""
+    st, pr, sh = res.states, res.profile, res.shape
+    phase = res.peak_phase if isinstance(res.peak_phase, str) else "forward"
+    comp = res.phases[phase]
+    pb, T = recipe.param_bytes, sh.tokens
+    state_dtype = 4 if recipe.master_weights else pb
+    lines: list[Line] = []
+    add = lines.append
+    add(Line("parameters", comp["parameters"],
+             f"{st.n_tensors} tensors, {st.n_params:,} elements; each tensor ceil(numel x {pb} B / 512) x 512"
+             + (f"; frozen base {recipe.qlora} packed (4-bit + absmax per 64 + fp32 per 64x256)" if recipe.qlora else "")
+             + (f"; LoRA r={recipe.lora_rank} on {', '.join(recipe.lora_targets)} in {recipe.lora_dtype}" if recipe.lora else "")
+             + (f"; / tp {recipe.tp}" if recipe.tp > 1 else "") + (f"; / dp {recipe.dp} (ZeRO-3)" if recipe.zero_stage >= 3 and recipe.dp > 1 else ""),
+             "tensor inventory of the transformers model (detailed/layout.py); CUDA caching allocator 512-byte blocks"))
+    add(Line("master_weights", comp["master_weights"],
+             f"{st.n_trainable:,} trainable x 4 B fp32 master copy" if recipe.master_weights else
+             ("fp32 gradient copy" if recipe.fp32_grads else "none: parameters are the optimizer's weights"),
+             "DeepSpeed/Megatron mixed precision (ZeRO paper §3, K=12)"))
+    g = comp["gradients"]
+    add(Line("gradients", g,
+             f"{st.n_trainable:,} trainable x {pb if not recipe.lora else recipe.lora_dtype} per element "
+             f"({'all present' if phase == 'optimizer' else 'produced so far in backward' if phase == 'backward' else 'kept across micro-batches' if g else 'none: set_to_none after the step'})"
+             + (f"; / dp {recipe.dp} (ZeRO-2+)" if recipe.zero_stage >= 2 and recipe.dp > 1 else ""),
+             "param.grad has the parameter's dtype; zero_grad(set_to_none=True)"))
+    opt = recipe.optimizer
+    desc = {"adam": f"2 x trainable x {state_dtype} B (exp_avg, exp_avg_sq)", "adamw": f"2 x trainable x {state_dtype} B (exp_avg, exp_avg_sq)",
+            "sgd": "none", "sgd-momentum": f"trainable x {state_dtype} B (momentum_buffer)",
+            "adam8bit": "2 x 1 B per element + fp32 absmax per 256 (tensors >= 4096 elements; fp32 below)",
+            "adafactor": "fp32 row + column second moments per matrix, full vector for 1-D", "none": "none"}[opt]
+    add(Line("optimizer_state", comp["optimizer_state"],
+             desc + (f" + {st.n_trainable_tensors} step counters x 512 B" if st.step_counters else ""),
+             "torch.optim / bitsandbytes state layout"))
+    tdesc = {"foreach": f"sqrt(exp_avg_sq) for all {st.n_trainable:,} trainable elements x {state_dtype} B at once",
+             "fused": "none (one fused kernel)", "forloop": f"2 x largest tensor ({st.largest_tensor:,} elements) x {state_dtype} B"}
+    add(Line("optimizer_temporaries", comp["optimizer_temporaries"],
+             tdesc[recipe.opt_impl] if opt in ("adam", "adamw") else ("2 x largest tensor x 4 B" if opt == "adafactor" else "none"),
+             "torch.optim.adam _multi_tensor_adam / _single_tensor_adam / _fused_adam"))
+    layer_total = pr.pieces[1][1]
+    L = max(len(pr.layers), 1)
+    per_layer = pr.layers[-1].saved if pr.layers else (0, 0, 0, 0)
+    saved = "; ".join(f"{n} ({d}) {_vec(v)}" for n, v, d in
+                      [(n, v, d) for n, d, v in layer_saved_tensors(arch, recipe)][:40])
+    add(Line("activations", comp["activations"],
+             f"saved for backward at the {phase} peak; tokens = micro-batch x seq / cp = {T:,.0f}; "
+             f"embeddings {_vec(pr.pieces[0][1])}; {L} blocks {_vec(layer_total)} (last block {_vec(per_layer)}); "
+             f"head {_vec(pr.pieces[2][1])}; loss {_vec(pr.pieces[3][1])}; kernel {pr.kernel}"
+             + (f"; x {inflight_microbatches(recipe):g} in-flight micro-batches ({recipe.pp_schedule})" if recipe.pp > 1 else "")
+             + f". Last block saves: {saved}",
+             "forward walk of the transformers 5 model (detailed/activations.py) with PyTorch autograd saving rules"))
+    tmp = comp["temporaries"]
+    if phase == "forward":
+        tf = "live non-saved tensors at the forward's peak (at the loss: logits, their fp32 upcast, the held last hidden state, padded labels)"
+    elif phase == "backward":
+        tf = (f"loss backward: {_vec(pr.loss_backward)} (nll_loss and log_softmax gradients) or a block's backward working set")
+    else:
+        tf = "none"
+    add(Line("temporaries", tmp, tf, "forward walk lifetimes (detailed/graph.py timeline)"))
+    comm = res.comm.get(phase, {})
+    add(Line("communication_buffers", comp["communication_buffers"],
+             "; ".join(f"{k} {v:,.0f} B" for k, v in comm.items()) or "none (single GPU)",
+             "PyTorch DDP reducer buckets / DeepSpeed ZeRO buckets / FSDP all-gather and reduce-scatter"))
+    add(Line("inputs", comp["inputs"], f"16 B x {T:,.0f} tokens (int64 input ids and labels)", "the step's inputs"))
+    for o in overheads:
+        add(Line(o.name, float(o.bytes), o.formula, o.assumption))
+    return lines

@@ -1,0 +1,305 @@
+"""A tiny symbolic autograd tape: which tensors a forward pass creates, which it saves for backward,
+and how long the others live — without running anything.
+
+Each tensor's size is a vector of element counts ``(per local token, per local position,
+per B·S_q·S_kv attention score, constant)`` times its element width, so one walk through a model
+gives byte formulas that numpy evaluates for any batch and sequence length (scalars or arrays).
+
+The saving rules are PyTorch's (``tools/autograd/derivatives.yaml``): an op saves an input only
+when the gradient of *another* input needs it and that input requires grad (``mul`` saves ``b``
+for ``a``'s gradient and ``a`` for ``b``'s); ``add``/casts/views save nothing; matmuls save the
+input for the weight gradient and the weight for the input gradient; norms and activations save
+what their backward formulas read. Autocast (CUDA policy) casts matmul/SDPA inputs to 16 bit and
+norms/pow/softmax/log-softmax to fp32, and caches the 16-bit copy of each trainable leaf weight
+until the autocast region ends.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+Vec = tuple[float, float, float, float]  # element counts: per token, per position, per score, constant
+ZERO: Vec = (0.0, 0.0, 0.0, 0.0)
+END = 10**9  # "until the end of the forward pass"
+
+
+def vadd(a: Vec, b: Vec) -> Vec:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
+
+
+def vsub(a: Vec, b: Vec) -> Vec:
+    return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3])
+
+
+def vscale(a: Vec, k: float) -> Vec:
+    return (a[0] * k, a[1] * k, a[2] * k, a[3] * k)
+
+
+def vbytes(v: Vec, tokens, positions, scores):
+    """Bytes of a byte-vector for numeric (or numpy) tokens, positions and score counts."""
+    return v[0] * tokens + v[1] * positions + v[2] * scores + v[3]
+
+
+@dataclass(eq=False)
+class Tensor:
+    """One tensor of the walk. ``size`` counts elements (see :data:`Vec`); ``dtype`` is bytes/element."""
+
+    size: Vec
+    dtype: float
+    rg: bool  #: requires grad
+    name: str = ""
+    region: str = ""
+    created: int = 0
+    last: int = 0
+    saved: bool = False  #: kept for backward
+    would_save: bool = False  #: saved by an op inside a checkpointed region (recomputed in backward)
+    held: bool = False  #: alive until the forward ends (autocast weight cache, outputs held by the caller)
+
+    @property
+    def bytes(self) -> Vec:
+        return vscale(self.size, self.dtype)
+
+
+def tok(width: float) -> Vec:
+    return (float(width), 0.0, 0.0, 0.0)
+
+
+def pos(width: float) -> Vec:
+    return (0.0, float(width), 0.0, 0.0)
+
+
+def const(n: float) -> Vec:
+    return (0.0, 0.0, 0.0, float(n))
+
+
+def promote(a: float, b: float) -> float:
+    return max(a, b)
+
+
+@dataclass
+class Tape:
+    """Records tensors in creation order; see the module docstring."""
+
+    autocast: bool = False
+    region: str = ""
+    checkpointing: bool = False  #: inside a checkpointed region: saves are discarded (recomputed later)
+    t: int = 0
+    tensors: list[Tensor] = field(default_factory=list)
+    notes: dict[str, Vec] = field(default_factory=dict)  #: named byte vectors (e.g. the loss backward)
+    cache: dict[str, Tensor] = field(default_factory=dict)  #: autocast weight cache
+
+    # ------------------------------------------------------------------ primitives
+    def new(self, size: Vec, dtype: float, rg: bool, name: str = "") -> Tensor:
+        self.t += 1
+        x = Tensor(size, dtype, rg, name, self.region, self.t, self.t)
+        self.tensors.append(x)
+        return x
+
+    def use(self, *xs: Optional[Tensor]) -> None:
+        for x in xs:
+            if x is not None:
+                x.last = max(x.last, self.t)
+
+    def save(self, x: Optional[Tensor]) -> None:
+        if x is None:
+            return
+        if self.checkpointing:
+            x.would_save = True
+        else:
+            x.saved = True
+
+    def hold(self, x: Tensor) -> None:
+        x.held = True
+
+    # ------------------------------------------------------------------ ops
+    def cast(self, x: Tensor, dtype: float) -> Tensor:
+        if x.dtype == dtype:
+            return x
+        y = self.new(x.size, dtype, x.rg, f"{x.name}->{int(dtype * 8)}b")
+        self.use(x)
+        return y
+
+    def mul(self, a: Tensor, b: Optional[Tensor] = None, name: str = "mul") -> Tensor:
+        """``a * b`` (``b`` None: a Python scalar, nothing saved)."""
+        if b is None:
+            y = self.new(a.size, a.dtype, a.rg, name)
+            self.use(a)
+            return y
+        size = a.size if sum(a.size) >= sum(b.size) else b.size
+        y = self.new(size, promote(a.dtype, b.dtype), a.rg or b.rg, name)
+        if a.rg:
+            self.save(b)
+        if b.rg:
+            self.save(a)
+        self.use(a, b)
+        return y
+
+    def add(self, a: Tensor, b: Tensor, name: str = "add") -> Tensor:
+        size = a.size if sum(a.size) >= sum(b.size) else b.size
+        y = self.new(size, promote(a.dtype, b.dtype), a.rg or b.rg, name)
+        self.use(a, b)
+        return y
+
+    def unary_saving_input(self, x: Tensor, name: str, fp32: bool = False) -> Tensor:
+        """silu, gelu, tanh-gelu, pow, ...: backward reads the input."""
+        if fp32 and self.autocast:
+            x = self.cast(x, 4)
+        y = self.new(x.size, x.dtype, x.rg, name)
+        if x.rg:
+            self.save(x)
+        self.use(x)
+        return y
+
+    def unary_saving_output(self, x: Tensor, name: str, fp32: bool = False) -> Tensor:
+        """relu, tanh, sigmoid, rsqrt, softmax, log-softmax: backward reads the output."""
+        if fp32 and self.autocast:
+            x = self.cast(x, 4)
+        y = self.new(x.size, x.dtype, x.rg, name)
+        if x.rg:
+            self.save(y)
+        self.use(x)
+        return y
+
+    def weight_copy(self, key: str, numel: float, trainable: bool) -> Tensor:
+        """Autocast's 16-bit copy of a weight: cached (and kept until the forward ends) for trainable
+        leaves; made afresh at every use for frozen ones (autocast caches only leaves that require grad)."""
+        if trainable and key in self.cache:
+            return self.cache[key]
+        w = self.new(const(numel), 2, trainable, f"{key}(16-bit copy)")
+        w.region = self.region
+        if trainable:
+            self.cache[key] = w
+            self.hold(w)
+        return w
+
+    def matmul_weight(self, x: Tensor, key: str, numel: float, out_width: float, trainable: bool, out_dtype: float,
+                      quantised: bool = False) -> Tensor:
+        """``x @ W.T (+ b)``: saves x for W's gradient (W trainable) and W for x's gradient (x requires grad)."""
+        if self.autocast:
+            x = self.cast(x, 2)
+            out_dtype = 2
+        if quantised:
+            w = self.new(const(numel), 2, False, f"{key}(dequantised)")  # transient, re-made in backward
+        elif self.autocast:
+            w = self.weight_copy(key, numel, trainable)
+        else:
+            w = None  # the parameter itself: no new memory
+        y = self.new(tok(out_width), out_dtype, x.rg or trainable, key)
+        if trainable:
+            self.save(x)
+        if x.rg and w is not None and not quantised:
+            self.save(w)
+        self.use(x, w)
+        return y
+
+    def dropout(self, x: Tensor, p: float) -> Tensor:
+        """Fused CUDA dropout: a 1-byte mask saved; a no-op at p = 0."""
+        if p <= 0:
+            return x
+        y = self.new(x.size, x.dtype, x.rg, "dropout")
+        m = self.new(x.size, 1, False, "dropout mask")
+        if x.rg:
+            self.save(m)
+        self.use(x, m)
+        return y
+
+    def layernorm(self, x: Tensor, trainable: bool, name: str = "layernorm", rows: float = 1.0) -> Tensor:
+        """``native_layer_norm`` (fp32 under autocast): saves its input, mean and rstd (``rows``
+        normalised rows per token)."""
+        if self.autocast:
+            x = self.cast(x, 4)
+        rg = x.rg or trainable
+        y = self.new(x.size, x.dtype, rg, name)
+        stats = self.new(tok(2 * rows), 4, False, "mean,rstd")
+        if rg:
+            self.save(x)
+            self.save(stats)
+        self.use(x, stats)
+        return y
+
+    def rmsnorm(self, x: Tensor, trainable: bool, gemma: bool = False, name: str = "rmsnorm",
+                rows: float = 1.0, wdtype: float = 4.0) -> Tensor:
+        """Hugging Face RMSNorm: ``w * (x.float() * rsqrt(mean(x.float()**2) + eps)).to(x.dtype)``;
+        Gemma's: ``(x.float() * rsqrt(...)) * (1 + w.float())``, then cast back."""
+        xf = self.cast(x, 4)
+        sq = self.unary_saving_input(xf, "pow")
+        var = self.new(tok(rows), 4, xf.rg, "mean")
+        self.use(sq)
+        rs = self.unary_saving_output(var, "rsqrt")
+        hs = self.mul(xf, rs, "normed")
+        weight = Tensor(const(0), wdtype, trainable, "norm weight")  # the parameter: no new memory
+        if gemma:
+            out = self.mul(hs, Tensor(const(0), 4, trainable, "1+w"), name)
+            return self.cast(out, x.dtype)
+        hs2 = self.cast(hs, x.dtype)
+        return self.mul(hs2, weight, name)
+
+    def checkpoint_input(self, x: Tensor) -> None:
+        """A checkpointed region's input stays alive (non-reentrant checkpoint keeps its arguments)."""
+        x.saved = True
+
+    # ------------------------------------------------------------------ results
+    def finish(self) -> None:
+        for x in self.tensors:
+            if x.held:
+                x.last = max(x.last, self.t)
+
+    def saved_bytes(self, region: Optional[str] = None, prefix: bool = False) -> Vec:
+        tot = ZERO
+        for x in self.tensors:
+            if x.saved and (region is None or (x.region.startswith(region) if prefix else x.region == region)):
+                tot = vadd(tot, x.bytes)
+        return tot
+
+    def would_save_bytes(self, region: str) -> Vec:
+        tot = ZERO
+        for x in self.tensors:
+            if (x.would_save or x.saved) and x.region == region:
+                tot = vadd(tot, x.bytes)
+        return tot
+
+    def timeline(self) -> list[Vec]:
+        """Live bytes after each op: every saved tensor created so far plus every other tensor between
+        its creation and its last use (held ones until the forward ends)."""
+        n = self.t + 1
+        delta_start: list[Vec] = [ZERO] * (n + 2)
+        delta_end: list[Vec] = [ZERO] * (n + 2)
+        for x in self.tensors:
+            b = x.bytes
+            delta_start[x.created] = vadd(delta_start[x.created], b)
+            if not x.saved:
+                end = min(x.last, n)
+                delta_end[end + 1] = vadd(delta_end[end + 1], b)
+        live = ZERO
+        out = []
+        for i in range(n + 1):
+            live = vsub(vadd(live, delta_start[i]), delta_end[i])
+            out.append(live)
+        return out
+
+
+def pareto(vectors: list[Vec]) -> list[Vec]:
+    """Drop vectors that another one bounds in every component (they can never be the maximum)."""
+    uniq = sorted(set(vectors), key=lambda v: (-v[0], -v[2], -v[1], -v[3]))
+    keep: list[Vec] = []
+    for v in uniq:
+        if not any(all(k[i] >= v[i] for i in range(4)) for k in keep):
+            keep.append(v)
+    return keep
+
+
+def max_bytes(vectors: list[Vec], tokens, positions, scores):
+    """The largest of ``vectors`` in bytes (element-wise for numpy inputs)."""
+    vals = [vbytes(v, tokens, positions, scores) for v in vectors]
+    if not vals:
+        return 0.0
+    if any(isinstance(v, np.ndarray) for v in vals):
+        return np.maximum.reduce(np.broadcast_arrays(*vals))
+    return max(vals)
+
+
+def argmax_vector(vectors: list[Vec], tokens, positions, scores) -> Vec:
+    vals = [vbytes(v, tokens, positions, scores) for v in vectors]
+    return vectors[int(np.argmax(vals))]

@@ -1,0 +1,167 @@
+"""Every parameter tensor of a model, by name, shape and role — the inventory the exact state bytes,
+LoRA targets, tensor-parallel splits and pipeline stages are computed from.
+
+The tensors are those ``transformers`` builds for :attr:`ArchSpec.hf_class` (tied weights once);
+``tests/test_detailed_states.py`` checks that their sizes add up to :attr:`ArchSpec.parameters`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional
+
+from ..arch import ArchSpec
+
+#: HF module names of each projection role, by model type (what ``--lora-targets`` matches).
+_NAMES = {
+    "default": dict(q="q_proj", k="k_proj", v="v_proj", o="o_proj", qkv="qkv_proj", gate="gate_proj",
+                    up="up_proj", down="down_proj", gate_up="gate_up_proj", fc1="fc1", fc2="fc2"),
+    "gpt2": dict(qkv="c_attn", o="c_proj", fc1="c_fc", fc2="c_proj"),
+    "gpt_neox": dict(qkv="query_key_value", o="dense", fc1="dense_h_to_4h", fc2="dense_4h_to_h"),
+    "opt": dict(q="q_proj", k="k_proj", v="v_proj", o="out_proj", fc1="fc1", fc2="fc2"),
+    "bert": dict(q="query", k="key", v="value", o="dense", fc1="dense", fc2="dense"),
+    "roberta": dict(q="query", k="key", v="value", o="dense", fc1="dense", fc2="dense"),
+}
+
+
+def module_name(arch: ArchSpec, role: str) -> str:
+    """The transformers module name of a projection role (``q``, ``o``, ``fc1`` ...) in ``arch``."""
+    names = {**_NAMES["default"], **_NAMES.get(arch.model_type, {})}
+    return names[role]
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    """One parameter tensor. ``numel`` elements; ``layer`` is the block index (None outside blocks);
+    ``module`` the projection's HF name (LoRA targets match it); ``tp`` how tensor parallelism splits
+    it: ``"col"``/``"row"`` (split), ``"vocab"`` (vocab-parallel embedding/head) or ``""`` (replicated)."""
+
+    name: str
+    shape: tuple[int, ...]
+    group: str
+    layer: Optional[int] = None
+    module: str = ""
+    tp: str = ""
+    expert: bool = False
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One projection of a block, as the activation graph sees it: in/out features, bias, role."""
+
+    role: str
+    module: str
+    in_features: int
+    out_features: int
+    bias: bool
+    tp: str  # "col" (output split) or "row" (input split)
+
+
+def block_linears(arch: ArchSpec, index: int) -> list[Linear]:
+    """The attention and (dense) MLP projections of block ``index``, in forward order."""
+    h, q, kv, i = arch.hidden_size, arch.q_size, arch.kv_size, arch.intermediate_size
+    out: list[Linear] = []
+    if arch.fused_qkv:
+        out.append(Linear("qkv", module_name(arch, "qkv"), h, q + 2 * kv, arch.q_bias, "col"))
+    else:
+        out += [Linear("q", module_name(arch, "q"), h, q, arch.q_bias, "col"),
+                Linear("k", module_name(arch, "k"), h, kv, arch.k_bias, "col"),
+                Linear("v", module_name(arch, "v"), h, kv, arch.v_bias, "col")]
+    out.append(Linear("o", module_name(arch, "o"), q, h, arch.o_bias, "row"))
+    if arch.is_moe_layer(index):
+        return out
+    if arch.mlp_gated:
+        if arch.model_type == "phi3":
+            out.append(Linear("gate_up", module_name(arch, "gate_up"), h, 2 * i, arch.mlp_bias, "col"))
+        else:
+            out += [Linear("gate", module_name(arch, "gate"), h, i, arch.mlp_bias, "col"),
+                    Linear("up", module_name(arch, "up"), h, i, arch.mlp_bias, "col")]
+        out.append(Linear("down", module_name(arch, "down"), i, h, arch.mlp_bias, "row"))
+    else:
+        out += [Linear("fc1", module_name(arch, "fc1"), h, i, arch.mlp_bias, "col"),
+                Linear("fc2", module_name(arch, "fc2"), i, h, arch.mlp_bias, "row")]
+    return out
+
+
+def _norm_tensors(arch: ArchSpec, name: str, layer: Optional[int], width: int) -> list[ParamTensor]:
+    if not arch.norm_affine:
+        return []
+    out = [ParamTensor(f"{name}.weight", (width,), "norms", layer)]
+    if arch.norm_bias:
+        out.append(ParamTensor(f"{name}.bias", (width,), "norms", layer))
+    return out
+
+
+@lru_cache(maxsize=256)
+def param_tensors(arch: ArchSpec) -> tuple[ParamTensor, ...]:
+    """Every parameter tensor of the model (tied weights once), embeddings first, head last."""
+    h, e, V = arch.hidden_size, arch.embedding_dim, arch.vocab_size
+    out: list[ParamTensor] = [ParamTensor("embed_tokens.weight", (V, e), "embeddings", tp="vocab")]
+    if arch.token_type_vocab_size:
+        out.append(ParamTensor("token_type_embeddings.weight", (arch.token_type_vocab_size, h), "embeddings"))
+    if e != h:
+        out += [ParamTensor("project_in.weight", (h, e), "embeddings"), ParamTensor("project_out.weight", (e, h), "embeddings")]
+    if arch.position_table_size:
+        out.append(ParamTensor("position_embeddings.weight", (arch.position_table_size, h), "position"))
+    if arch.embedding_norm:
+        out += _norm_tensors(arch, "embeddings.LayerNorm", None, h)
+    for li in range(arch.num_layers):
+        for n in range(arch.norms_per_layer):
+            out += _norm_tensors(arch, f"layers.{li}.norm{n}", li, h)
+        if arch.qk_norm:
+            out += [ParamTensor(f"layers.{li}.q_norm.weight", (arch.head_dim,), "norms", li),
+                    ParamTensor(f"layers.{li}.k_norm.weight", (arch.head_dim,), "norms", li)]
+        for lin in block_linears(arch, li):
+            group = "attention" if lin.role in ("q", "k", "v", "o", "qkv") else "mlp"
+            out.append(ParamTensor(f"layers.{li}.{lin.role}.weight", (lin.out_features, lin.in_features), group, li,
+                                   lin.module, lin.tp))
+            if lin.bias:
+                out.append(ParamTensor(f"layers.{li}.{lin.role}.bias", (lin.out_features,), group, li, lin.module,
+                                       "col" if lin.tp == "col" else ""))
+        if arch.is_moe_layer(li):
+            E, mi = arch.num_experts, arch.moe_intermediate_size
+            out.append(ParamTensor(f"layers.{li}.router.weight", (E, h), "router", li, "gate"))
+            if arch.router_bias:
+                out.append(ParamTensor(f"layers.{li}.router.bias", (E,), "router", li, "gate"))
+            out += [ParamTensor(f"layers.{li}.experts.gate_up_proj", (E, 2 * mi, h), "experts", li, "experts", "col", True),
+                    ParamTensor(f"layers.{li}.experts.down_proj", (E, h, mi), "experts", li, "experts", "row", True)]
+            si = arch.shared_expert_intermediate_size
+            if si:
+                out += [ParamTensor(f"layers.{li}.shared_expert.{n}.weight", shp, "shared_experts", li, n, tp)
+                        for n, shp, tp in (("gate_proj", (si, h), "col"), ("up_proj", (si, h), "col"),
+                                           ("down_proj", (h, si), "row"))]
+            if arch.shared_expert_gate:
+                out.append(ParamTensor(f"layers.{li}.shared_expert_gate.weight", (1, h), "router", li))
+    if arch.final_norm:
+        out += _norm_tensors(arch, "norm", None, h)
+    if arch.head_transform:
+        out += [ParamTensor("head.transform.dense.weight", (h, h), "head"),
+                ParamTensor("head.transform.dense.bias", (h,), "head")]
+        out += [ParamTensor("head.transform.LayerNorm.weight", (h,), "head"),
+                ParamTensor("head.transform.LayerNorm.bias", (h,), "head")]
+    if not arch.tie_word_embeddings:
+        out.append(ParamTensor("lm_head.weight", (V, e), "head", module="lm_head", tp="vocab"))
+    if arch.head_bias:
+        out.append(ParamTensor("head.bias", (V,), "head", tp="vocab"))
+        if not arch.tie_word_embeddings:
+            out.append(ParamTensor("head.decoder.bias", (V,), "head", tp="vocab"))
+    return tuple(out)
+
+
+def lora_linears(arch: ArchSpec, targets: tuple[str, ...], index: int) -> list[Linear]:
+    """Projections of block ``index`` that LoRA adapts (module-name match, as PEFT's ``target_modules``)."""
+    return [lin for lin in block_linears(arch, index) if lin.module in targets]
+
+
+def stage_layers(num_layers: int, pp: int, stage: int = 0) -> range:
+    """Blocks held by pipeline ``stage`` (Megatron-style even split, the remainder on the first stages)."""
+    base, extra = divmod(num_layers, pp)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (1 if stage < extra else 0))

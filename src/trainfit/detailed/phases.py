@@ -1,0 +1,223 @@
+"""The peak of one steady-state training step: the largest of the forward, backward and optimizer
+phases' own peaks (never a sum of separate maxima).
+
+What is live in each phase (``zero_grad(set_to_none=True)`` after the step, so no gradients in the
+forward unless accumulating or pipelining):
+
+* **forward**: parameters, master weights, optimizer state, the inputs, persistent communication
+  buffers, plus the forward walk's largest live set (saved activations so far + temporaries: in
+  practice the loss, where the logits, their fp32 upcast and the log-softmax coexist);
+* **backward**: the same states plus, at each point, the activations not yet consumed, the
+  gradients produced so far and the working set of the op running: the loss backward at the start
+  (two fp32 vocabulary-wide buffers), each block's backward (recomputed activations when
+  checkpointed), and the embeddings at the end, when every gradient exists;
+* **optimizer**: parameters, gradients, master weights, optimizer state and the step's temporaries.
+
+Every byte count here is a scalar or a numpy array (batch and sequence may be arrays).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..arch import ArchSpec
+from .activations import ActivationProfile, activation_profile
+from .graph import Vec, ZERO, tok, vadd, vbytes, vsub
+from .layout import block_linears
+from .recipe import Recipe
+from .states import StateBytes, state_bytes
+
+PHASES = ("forward", "backward", "optimizer")
+COMPONENTS = ("parameters", "master_weights", "gradients", "optimizer_state", "optimizer_temporaries",
+              "activations", "temporaries", "communication_buffers", "inputs")
+INPUT_BYTES_PER_TOKEN = 16  #: int64 input ids and labels
+
+
+def _is_array(*xs: Any) -> bool:
+    return any(isinstance(x, np.ndarray) for x in xs)
+
+
+def inflight_microbatches(recipe: Recipe):
+    """Micro-batches whose activations the first pipeline stage holds at once: 1F1B keeps ``pp``
+    (fewer if the step has fewer micro-batches); the interleaved schedule ``pp·(1 + (pp-1)/(pp·v))``
+    (Narayanan et al. 2021; Korthikanti et al. 2022 §4.2.3); GPipe all of them."""
+    p, m = recipe.pp, recipe.accumulation
+    if p == 1:
+        return 1.0
+    if recipe.pp_schedule == "gpipe":
+        return float(m)
+    if recipe.pp_schedule == "interleaved":
+        return p * (1.0 + (p - 1) / (p * recipe.pp_virtual))
+    return float(min(p, m))
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """Numbers the byte-vectors are evaluated at (scalars or arrays)."""
+
+    tokens: Any  #: tokens one rank holds in a micro-batch (micro_batch · seq / cp)
+    positions: Any  #: sequence positions on this rank (seq / cp)
+    scores: Any  #: attention-score elements per head (micro_batch · seq/cp · seq)
+
+    def bytes(self, v: Vec) -> Any:
+        return vbytes(v, self.tokens, self.positions, self.scores)
+
+
+def step_shape(recipe: Recipe, micro_batch: Any = None, seq_len: Any = None) -> StepShape:
+    b = recipe.micro_batch if micro_batch is None else micro_batch
+    s = recipe.seq_len if seq_len is None else seq_len
+    sl = s / recipe.cp
+    return StepShape(tokens=b * sl, positions=sl, scores=b * sl * s)
+
+
+def _select(cands: list[dict[str, Any]]) -> dict[str, Any]:
+    """The candidate with the largest total (element-wise for arrays)."""
+    totals = [sum(c.values()) for c in cands]
+    if not _is_array(*totals):
+        return cands[int(np.argmax(totals))]
+    stacked = np.stack(np.broadcast_arrays(*totals))
+    idx = np.argmax(stacked, axis=0)
+    out = {}
+    for k in cands[0]:
+        vals = np.stack(np.broadcast_arrays(*[np.asarray(c[k], dtype=float) + 0 * stacked[0] for c in cands]))
+        out[k] = np.take_along_axis(vals, idx[None], axis=0)[0]
+    return out
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    """Per-phase component bytes at each phase's peak, the step's peak and where it happens."""
+
+    phases: dict[str, dict[str, Any]]
+    peaks: dict[str, Any]
+    peak: Any
+    peak_phase: Any  #: phase name (scalar inputs) or an array of indices into :data:`PHASES`
+    states: StateBytes
+    profile: ActivationProfile
+    shape: StepShape
+    comm: dict[str, Any]
+
+
+def comm_buffers(arch: ArchSpec, recipe: Recipe, st: StateBytes) -> dict[str, dict[str, float]]:
+    """Communication buffers by phase (bytes), each with its source:
+
+    * DDP (dp > 1, no ZeRO): the reducer's flat buckets hold a second copy of every gradient for
+      the whole run unless ``gradient_as_bucket_view`` (PyTorch DDP docs);
+    * ZeRO-1/2 (DeepSpeed): the contiguous reduce bucket (``reduce_bucket_size`` = 5e8 elements,
+      gradient dtype) in backward and the all-gather bucket (5e8 elements, parameter dtype) after the step;
+    * ZeRO-3 / FSDP: the unsharded parameters of the block being computed and of ``fsdp_prefetch``
+      blocks fetched ahead (compute dtype), and in backward the unsharded gradients of one block
+      before the reduce-scatter (gradient dtype).
+    """
+    out = {p: {} for p in PHASES}
+    if recipe.dp <= 1:
+        return out
+    gb = recipe.param_bytes
+    z = recipe.zero_stage
+    if z == 0:
+        if not recipe.ddp_bucket_view:
+            for p in PHASES:
+                out[p]["DDP gradient buckets"] = float(st.trainable_params)
+        return out
+    if z in (1, 2):
+        bucket = min(recipe.zero_bucket_elems, st.n_trainable)
+        out["backward"]["ZeRO reduce bucket"] = bucket * gb
+        out["optimizer"]["ZeRO all-gather bucket"] = min(recipe.zero_bucket_elems, st.n_params) * gb
+        return out
+    cb = recipe.compute_bytes if not recipe.autocast else 2
+    layer = st.largest_layer_params
+    gather = (1 + recipe.fsdp_prefetch) * layer * cb
+    out["forward"]["ZeRO-3/FSDP all-gather (unsharded blocks)"] = gather
+    out["backward"]["ZeRO-3/FSDP all-gather (unsharded blocks)"] = gather
+    out["backward"]["ZeRO-3/FSDP reduce-scatter (one block's gradients)"] = layer * gb
+    return out
+
+
+def compute_phases(arch: ArchSpec, recipe: Recipe, micro_batch: Any = None, seq_len: Any = None) -> PhaseResult:
+    """Each phase's peak and its components, in bytes, on the busiest rank (pipeline stage 0)."""
+    st = state_bytes(arch, recipe)
+    pr = activation_profile(arch, recipe)
+    sh = step_shape(recipe, micro_batch, seq_len)
+    B = sh.bytes
+    inflight = inflight_microbatches(recipe)
+    grads_present = recipe.accumulation > 1 or recipe.pp > 1
+    comm = comm_buffers(arch, recipe, st)
+    opt_state = float(st.opt_states + st.step_counters)
+    base = dict(parameters=float(st.params), master_weights=float(st.master + st.fp32_grads), optimizer_state=opt_state,
+                optimizer_temporaries=0.0, inputs=INPUT_BYTES_PER_TOKEN * sh.tokens)
+    saved_total = B(pr.saved_total)
+    extra_inflight = (inflight - 1.0) * saved_total
+
+    # forward: the walk's largest live set
+    fwd_cands = []
+    for v in pr.forward_candidates:
+        live = B(v)
+        act = saved_total if not _is_array(live, saved_total) else saved_total
+        fwd_cands.append({"activations": _min(live, act) + extra_inflight, "temporaries": live - _min(live, act)})
+    fwd = _select(fwd_cands)
+    forward = {**base, "gradients": float(st.grads) if grads_present else 0.0, **fwd,
+               "communication_buffers": float(sum(comm["forward"].values()))}
+
+    # backward
+    g_all = float(st.grads)
+    g_head = float(st.grads_head)
+    g_layers = float(st.grads - st.grads_head - st.grads_embed)
+    n_layers = max(len(pr.layers), 1)
+    head_loss = vadd(pr.head_saved, pr.loss_saved)
+    bwd_cands = [{"activations": saved_total + extra_inflight, "temporaries": B(pr.loss_backward),
+                  "gradients": g_all if grads_present else 0.0}]
+    # a tied LM head's weight gradient waits in autograd's input buffer until the embedding's own
+    # contribution arrives (one AccumulateGrad for both uses): held from the head to the embeddings
+    tied = float(st.grads_embed) if arch.tie_word_embeddings and recipe.pp == 1 else 0.0
+    lins = block_linears(arch, 0)
+    first_op_grad = (lins[-1].in_features * lins[-1].out_features / recipe.tp * recipe.param_bytes
+                     if not recipe.lora and lins else 0.0)
+    later = ZERO
+    order = list(range(len(pr.layers) - 1, -1, -1))
+    picks = {order[0], order[-1]} if order else set()
+    for pos_, i in enumerate(order):
+        lp = pr.layers[i]
+        if i in picks:
+            remaining = vsub(vsub(pr.saved_total, head_loss), later)
+            # a block's weight gradients appear op by op (last op first): at the working set's peak
+            # the first op's gradient exists, the rest of the block's not yet
+            done = g_head + g_layers * pos_ / n_layers + first_op_grad
+            bwd_cands.append({"activations": B(vadd(remaining, lp.recompute)) + extra_inflight,
+                              "temporaries": B(lp.transient_bwd) + tied,
+                              "gradients": g_all if grads_present else done})
+        later = vadd(later, lp.saved)
+    # the embeddings' backward, last: every other gradient exists; the embedding gradient is built
+    # (dense, like the table) from the incoming gradient; tied, it is summed with the held head part
+    h_res = arch.hidden_size / (recipe.tp if recipe.sequence_parallel and recipe.tp > 1 else 1)
+    g_emb = float(st.grads_embed)
+    bwd_cands.append({"activations": B(pr.embed_saved) + extra_inflight,
+                      "temporaries": B(tok(h_res * recipe.param_bytes)) + (3 * g_emb if tied else g_emb),
+                      "gradients": g_all if grads_present else g_all - g_emb})
+    bwd = _select(bwd_cands)
+    backward = {**base, **bwd, "communication_buffers": float(sum(comm["backward"].values()))}
+
+    optimizer = {**base, "gradients": g_all, "optimizer_temporaries": float(st.opt_temp),
+                 "activations": 0.0 * sh.tokens, "temporaries": 0.0 * sh.tokens,
+                 "communication_buffers": float(sum(comm["optimizer"].values()))}
+    phases = {"forward": _order(forward), "backward": _order(backward), "optimizer": _order(optimizer)}
+    peaks = {p: sum(c.values()) for p, c in phases.items()}
+    vals = [peaks[p] for p in PHASES]
+    if _is_array(*vals):
+        stacked = np.stack(np.broadcast_arrays(*vals))
+        peak = stacked.max(axis=0)
+        phase = stacked.argmax(axis=0)
+    else:
+        peak = max(vals)
+        phase = PHASES[int(np.argmax(vals))]
+    return PhaseResult(phases=phases, peaks=peaks, peak=peak, peak_phase=phase, states=st, profile=pr, shape=sh,
+                       comm=comm)
+
+
+def _min(a: Any, b: Any) -> Any:
+    return np.minimum(a, b) if _is_array(a, b) else min(a, b)
+
+
+def _order(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: d.get(k, 0.0) for k in COMPONENTS}

@@ -1,0 +1,224 @@
+"""Model states, exact to the byte: parameters, master weights, gradients, optimizer state and the
+optimizer step's temporaries, on one rank.
+
+How PyTorch allocates them (torch 2.x ``torch.optim``; PEFT; bitsandbytes; DeepSpeed/FSDP):
+
+* every tensor is its own allocation, rounded up to the caching allocator's 512-byte block;
+* gradients have the parameter's dtype and exist for trainable parameters only; with
+  ``zero_grad(set_to_none=True)`` they are freed after the step (present in the forward only while
+  accumulating);
+* Adam/AdamW keep ``exp_avg`` and ``exp_avg_sq`` (``zeros_like(param)``: the parameter's dtype, or
+  fp32 with fp32 master weights) and a 0-d fp32 ``step`` per tensor (counted: the tracker sees it;
+  on a real GPU only fused/capturable Adam keeps it on the device); SGD with momentum keeps one
+  buffer; plain SGD none; 8-bit Adam (bitsandbytes) two uint8 states plus one fp32 absmax per
+  256-element block for tensors of >= 4096 elements, fp32 states below; Adafactor a row and a column
+  second-moment vector per matrix (the full vector for 1-D tensors);
+* the step's temporaries: foreach Adam computes ``sqrt(exp_avg_sq)`` for the whole parameter list
+  at once (one temporary the size of all trainable parameters, state dtype); the for-loop
+  implementation does it one tensor at a time (two temporaries of the largest tensor: the sqrt and
+  the division); fused Adam needs none; SGD none; Adafactor materialises one full-size fp32
+  second-moment estimate per tensor (two of the largest);
+* ZeRO-1/2/3 (DeepSpeed) and FSDP shard flat buffers evenly over ``dp``: stage 1 the optimizer
+  state (and master weights), 2 also gradients, 3 also parameters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..arch import ArchSpec
+from .layout import ParamTensor, block_linears, param_tensors, stage_layers
+from .recipe import Recipe
+
+BLOCK = 512  #: CUDA caching allocator: every allocation is a multiple of 512 bytes
+STEP_COUNTER_BYTES = BLOCK  #: one 0-d fp32 tensor, rounded to a block
+BNB_MIN_8BIT_SIZE = 4096  #: bitsandbytes keeps 32-bit states for smaller tensors
+BNB_BLOCK = 256  #: bitsandbytes blockwise quantisation block of the optimizer states
+NF4_BLOCK, NF4_BLOCK2 = 64, 256  #: QLoRA: 4-bit weights in blocks of 64, absmax double-quantised in blocks of 256
+
+
+def rounded(nbytes: float) -> int:
+    """Bytes the caching allocator hands out for a tensor of ``nbytes`` (multiple of 512)."""
+    n = int(-(-nbytes // 1))
+    return -(-n // BLOCK) * BLOCK
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Model-state bytes on one rank (every figure already sharded as the recipe says)."""
+
+    params: int  #: parameters as stored (trainable and frozen; quantised bases at their packed size)
+    trainable_params: int  #: bytes of the trainable parameters alone
+    frozen_params: int
+    n_params: int  #: parameter elements on this rank (before ZeRO-3 sharding)
+    n_trainable: int
+    master: int  #: fp32 master copy (``bf16-master`` recipes)
+    grads: int  #: gradients at the end of backward
+    fp32_grads: int  #: DeepSpeed/Megatron fp32 gradient copy (``fp32_grads`` recipes)
+    opt_states: int  #: optimizer moments / buffers
+    step_counters: int  #: Adam-family 0-d step tensors
+    opt_temp: int  #: temporaries at the optimizer step's peak
+    largest_layer_params: int  #: elements of the largest block (ZeRO-3/FSDP gathers one at a time)
+    largest_tensor: int  #: elements of the largest trainable tensor
+    n_tensors: int
+    n_trainable_tensors: int
+    grads_embed: int = 0  #: gradient bytes of the embeddings (produced last in backward)
+    grads_head: int = 0  #: gradient bytes of the final norm and head (produced first)
+    compute_copy_params: int = 0  #: elements a ZeRO-3/FSDP rank gathers over a step (all on this stage)
+
+
+def _tp_numel(t: ParamTensor, tp: int, ep: int) -> int:
+    n = t.numel
+    if t.expert and ep > 1:
+        n = -(-n // ep)
+    if tp > 1 and t.tp:
+        n = -(-n // tp)
+    return n
+
+
+def _stage_filter(arch: ArchSpec, recipe: Recipe):
+    layers = set(stage_layers(arch.num_layers, recipe.pp, 0))
+    single = recipe.pp == 1
+
+    def keep(t: ParamTensor) -> bool:
+        if t.layer is not None:
+            return t.layer in layers
+        if t.group in ("embeddings", "position"):
+            return True
+        return single  # final norm and head live on the last stage
+    return keep
+
+
+def lora_tensors(arch: ArchSpec, recipe: Recipe) -> list[tuple[str, tuple[int, int]]]:
+    """(name, shape) of every LoRA A and B matrix (PEFT: A is r×in, B is out×r)."""
+    if not recipe.lora:
+        return []
+    out = []
+    r = recipe.lora_rank
+    for li in stage_layers(arch.num_layers, recipe.pp, 0):
+        for lin in block_linears(arch, li):
+            if lin.module in recipe.lora_targets:
+                out.append((f"layers.{li}.{lin.role}.lora_A", (r, lin.in_features)))
+                out.append((f"layers.{li}.{lin.role}.lora_B", (lin.out_features, r)))
+    return out
+
+
+def quantised_bytes(numel: int, kind: str) -> int:
+    """Packed size of a frozen weight under QLoRA: nf4 = 4 bits + one uint8 absmax per 64 weights +
+    one fp32 absmax per 256 of those (double quantisation); int8 = 1 byte + one fp32 scale per row
+    (the row count is approximated by sqrt(numel))."""
+    if kind == "nf4":
+        return rounded(numel / 2) + rounded(numel / NF4_BLOCK) + rounded(4 * numel / (NF4_BLOCK * NF4_BLOCK2))
+    return rounded(numel) + rounded(4 * int(numel ** 0.5))
+
+
+def _adam8bit_state(n: int) -> int:
+    if n < BNB_MIN_8BIT_SIZE:
+        return 2 * rounded(4 * n)
+    return 2 * (rounded(n) + rounded(4 * -(-n // BNB_BLOCK)))
+
+
+def _adafactor_state(shape: tuple[int, ...]) -> int:
+    if len(shape) >= 2:
+        rows = 1
+        for d in shape[:-1]:
+            rows *= d
+        cols = 1
+        for d in shape[:-2] + shape[-1:]:
+            cols *= d
+        return rounded(4 * rows) + rounded(4 * cols)
+    return rounded(4 * shape[0])
+
+
+@lru_cache(maxsize=1024)
+def state_bytes(arch: ArchSpec, recipe: Recipe) -> StateBytes:
+    """Exact model-state bytes of ``arch`` trained with ``recipe`` on one rank (pipeline stage 0)."""
+    keep = _stage_filter(arch, recipe)
+    tp, ep, dp, zero = recipe.tp, recipe.ep, recipe.dp, recipe.zero_stage
+    pb = recipe.param_bytes
+    state_b = 4 if recipe.master_weights else pb
+    tensors = [t for t in param_tensors(arch) if keep(t)]
+    lora = lora_tensors(arch, recipe)
+    frozen_base = recipe.lora
+    # (shape, numel on this rank, element bytes, trainable)
+    items: list[tuple[tuple[int, ...], int, float, bool]] = []
+    part: list[str] = []  # embed | layers | head, for gradients produced along the backward pass
+    quantised = 0
+    for t in tensors:
+        n = _tp_numel(t, tp, ep)
+        part.append("layers" if t.layer is not None else ("embed" if t.group in ("embeddings", "position") else "head"))
+        if frozen_base and recipe.qlora and t.module and t.layer is not None and t.shape and len(t.shape) >= 2:
+            quantised += quantised_bytes(n, recipe.qlora)
+            items.append((t.shape, n, 0.0, False))
+            continue
+        items.append((t.shape, n, pb, not frozen_base))
+    lora_b = {"fp32": 4, "bf16": 2, "fp16": 2}[recipe.lora_dtype]
+    for _, shape in lora:
+        items.append((shape, shape[0] * shape[1], lora_b, True))
+        part.append("layers")
+    grads_part = {"embed": 0, "layers": 0, "head": 0}
+    for (s_, n_, b_, tr_), p_ in zip(items, part):
+        if tr_:
+            grads_part[p_] += rounded(n_ * b_)
+
+    def stored(n: int, b: float) -> int:
+        return rounded(n * b)
+
+    train = [(s, n, b) for s, n, b, tr in items if tr]
+    params_b = sum(stored(n, b) for _, n, b, tr in items if b) + quantised
+    train_b = sum(stored(n, b) for _, n, b in train)
+    n_train = sum(n for _, n, _ in train)
+    n_all = sum(n for _, n, _, _ in items)
+    # state dtype follows the trainable parameter (LoRA adapters may differ from the base)
+    st_b = (lambda b: 4 if recipe.master_weights else b)
+    opt = recipe.optimizer
+    if opt in ("adam", "adamw"):
+        states = sum(2 * stored(n, st_b(b)) for _, n, b in train)
+    elif opt == "sgd-momentum":
+        states = sum(stored(n, st_b(b)) for _, n, b in train)
+    elif opt == "adam8bit":
+        states = sum(_adam8bit_state(n) for _, n, _ in train)
+    elif opt == "adafactor":
+        states = sum(_adafactor_state(s) for s, _, _ in train)
+    else:  # sgd, none
+        states = 0
+    steps = STEP_COUNTER_BYTES * len(train) if opt in ("adam", "adamw", "adam8bit", "adafactor") else 0
+    master = sum(stored(n, 4) for _, n, b in train if b < 4) if recipe.master_weights else 0
+    grads = train_b  # backward fills .grad for every trainable tensor, whatever the optimizer
+    fp32g = sum(stored(n, 4) for _, n, _ in train) if recipe.fp32_grads else 0
+    largest = max((n for _, n, _ in train), default=0)
+    largest_b = max((n * st_b(b) for _, n, b in train), default=0)
+    if opt in ("adam", "adamw"):
+        temp = {"foreach": sum(stored(n, st_b(b)) for _, n, b in train), "fused": 0,
+                "forloop": 2 * rounded(largest_b)}[recipe.opt_impl]
+    elif opt == "adafactor":
+        temp = 2 * rounded(4 * largest)
+    else:
+        temp = 0
+    # the largest block (ZeRO-3 / FSDP gather one block at a time)
+    per_layer: dict[int, int] = {}
+    for t in tensors:
+        if t.layer is not None:
+            per_layer[t.layer] = per_layer.get(t.layer, 0) + _tp_numel(t, tp, ep)
+    largest_layer = max(per_layer.values(), default=0)
+    emb = sum(_tp_numel(t, tp, ep) for t in tensors if t.layer is None)
+    largest_layer = max(largest_layer, emb)
+    if zero >= 1 and dp > 1:
+        states, steps, master, temp, fp32g = (_shard(x, dp) for x in (states, steps, master, temp, fp32g))
+    if zero >= 2 and dp > 1:
+        grads = _shard(grads, dp)
+        grads_part = {k: _shard(v, dp) for k, v in grads_part.items()}
+    if zero >= 3 and dp > 1:
+        params_b = _shard(params_b, dp)
+        train_b = _shard(train_b, dp)
+    return StateBytes(params=params_b, trainable_params=train_b, frozen_params=params_b - train_b, n_params=n_all,
+                      n_trainable=n_train, master=master, grads=grads, fp32_grads=fp32g, opt_states=states,
+                      step_counters=steps, opt_temp=temp, largest_layer_params=largest_layer,
+                      largest_tensor=largest, n_tensors=len(items), n_trainable_tensors=len(train),
+                      grads_embed=grads_part["embed"], grads_head=grads_part["head"],
+                      compute_copy_params=n_all)
+
+
+def _shard(nbytes: int, dp: int) -> int:
+    """One rank's share of a flat buffer padded to a multiple of ``dp``."""
+    return -(-nbytes // dp)
