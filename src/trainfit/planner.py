@@ -29,7 +29,7 @@ import numpy as np
 from . import formulas as F
 from .catalog import HardwareSpec, Models, ModelSpec, get_hardware, get_model
 from .errors import TrainfitError, unknown_choice
-from .memory import model_shape, resolve_checkpointing
+from .memory import model_shape, resolve_checkpointing, resolve_optimizer
 from .steptime import (DEFAULT_MFU, DEFAULT_NODE_SIZE, TIME_COMPONENTS, Network, assumptions, network_for,
                        step_time)
 from .sweep import SWEEP_METHODS, encode_inputs, evaluate
@@ -215,6 +215,7 @@ def _context(model: Any, hardware: Any, precision: str, optimizer: str, node_siz
     spec: Optional[ModelSpec] = model if isinstance(model, ModelSpec) else (
         get_model(model) if isinstance(model, str) and model in Models else None)
     prec, bpp = resolve_precision(precision)
+    optimizer = resolve_optimizer(optimizer)[0]
     net = network_for(hw, node_size=node_size, inter_node_bandwidth=inter_node_bandwidth)
     experts = spec.experts if spec is not None and spec.experts and spec.experts > 1 else None
     active = float(spec.active_parameters) if spec is not None and spec.active_parameters else shape.parameters
@@ -364,6 +365,8 @@ def min_gpus(model: Any, hardware: Any, *, max_gpus: int = 4096, **options: Any)
     when none does. ``options`` are :func:`plan`'s keyword arguments."""
     if isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1:
         raise TrainfitError(f"max gpus must be a whole number >= 1, got {max_gpus!r}")
+    _context(model, hardware, options.get("precision", "bf16"), options.get("optimizer", "adam"),
+             options.get("node_size", DEFAULT_NODE_SIZE), options.get("inter_node_bandwidth"))  # load catalogs
     started = time.perf_counter()
     for n in range(1, max_gpus + 1):
         p = plan(model, hardware, n, **options)

@@ -63,7 +63,7 @@ def frontier_command(
         d["plot"] = str(saved) if saved else None
         print_json(d)
     elif output is Output.markdown:
-        console.print(frontier_markdown(f), markup=False)
+        typer.echo(frontier_markdown(f))  # plain stdout: markdown must not be re-wrapped
     else:
         console.print(frontier_renderable(f))
     if saved and output is not Output.json:
@@ -132,6 +132,6 @@ def plan_command(
     if output is Output.json:
         print_json(p.to_json())
     elif output is Output.markdown:
-        console.print(plan_markdown(p), markup=False)
+        typer.echo(plan_markdown(p))
     else:
         console.print(plan_renderable(p))
