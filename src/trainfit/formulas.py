@@ -48,7 +48,7 @@ def _is_array(*xs: Any) -> bool:
 
 def where(cond: Any, a: Any, b: Any) -> Any:
     """``a if cond else b`` for scalars, ``np.where`` for arrays (keeps the scalar path cheap)."""
-    if _is_array(cond, a, b):
+    if isinstance(cond, np.ndarray) or isinstance(a, np.ndarray) or isinstance(b, np.ndarray):  # inlined: hot
         return np.where(cond, a, b)
     return a if cond else b
 

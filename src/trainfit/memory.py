@@ -48,6 +48,20 @@ def _catalog_shape(name: str) -> Optional[ModelShape]:
     return _spec_shape(get_model(name))
 
 
+#: id(entry) -> (entry, shape); holding the entry keeps its id from being reused while cached.
+_SPEC_SHAPES: dict[int, tuple[ModelSpec, ModelShape]] = {}
+
+
+def _spec_shape_cached(model: ModelSpec) -> ModelShape:
+    hit = _SPEC_SHAPES.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    shape = _spec_shape(model)
+    if len(_SPEC_SHAPES) < 4096:
+        _SPEC_SHAPES[id(model)] = (model, shape)
+    return shape
+
+
 def _spec_shape(model: ModelSpec) -> ModelShape:
     if not model.is_transformer or model.parameters is None:
         raise TrainfitError(
@@ -76,7 +90,7 @@ def model_shape(model: Any) -> ModelShape:
     if isinstance(model, str):  # arch_reference returns None only for catalog names
         return _spec_shape(get_model(model))
     if isinstance(model, ModelSpec):
-        return _spec_shape(model)
+        return _spec_shape_cached(model)
     params = getattr(model, "parameters", None)
     layers = getattr(model, "layers", None)
     if params is None or layers is None:
