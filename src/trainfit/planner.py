@@ -152,6 +152,11 @@ def _enumerate(n: int, global_batch: int, *, heads: Optional[int], layers: int, 
         excluded.append(f"tp {', '.join(map(str, too_wide))}: divides {heads} heads but exceeds a node of {node_size}")
     if not heads:
         excluded.append("tp > 1: the model states no attention-head count")
+    for name, values, what in (("tp", [t for t in head_divs if t <= node_size and n % t], f"{heads} heads"),
+                               ("pp", [p for p in divisors(layers) if n % p], f"{layers} layers"),
+                               ("ep", [e for e in divisors(experts) if n % e] if experts else [], f"{experts} experts")):
+        if values:
+            excluded.append(f"{name} {', '.join(map(str, values))}: divides {what} but not the {n} GPUs")
     rows: list[tuple[int, int, int, int, int]] = []  # tp, pp, ep, dp, micro-batch
     batch_misses = 0
     for t in tps:
