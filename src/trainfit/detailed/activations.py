@@ -29,8 +29,9 @@ from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd, vsub
 from .layout import block_linears, stage_layers
 from .recipe import Recipe
 
-LLAMA_STYLE_SOFTMAX_FP32 = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe",
-                            "gpt_neox")
+#: eager attention of these types runs the softmax in the scores' dtype; every other type calls
+#: ``softmax(..., dtype=torch.float32).to(query.dtype)`` (an fp32 softmax output is saved)
+SOFTMAX_IN_SCORE_DTYPE = ("gpt2", "bert", "roberta")
 
 
 def attention_kernel(arch: ArchSpec, recipe: Recipe) -> str:
@@ -235,9 +236,17 @@ class _Walker:
             g.save(q)
             g.save(k)
         g.use(q, k)
+        if a.attn_logit_softcapping:  # gemma2: scores/cap -> tanh (output saved) -> *cap
+            scaled = g.new(scores.size, dt, True, "scores/cap")
+            g.use(scores)
+            th = g.new(scores.size, dt, True, "tanh(scores)")
+            g.use(scaled)
+            if not selective:
+                g.save(th)
+            scores = th
         masked = g.new(scores.size, dt, True, "scaled+masked scores")
         g.use(scores)
-        fp32 = g.autocast or a.model_type in LLAMA_STYLE_SOFTMAX_FP32
+        fp32 = g.autocast or a.model_type not in SOFTMAX_IN_SCORE_DTYPE
         probs = g.new(scores.size, 4.0 if fp32 else dt, True, "softmax")
         g.use(masked)
         if not selective:
