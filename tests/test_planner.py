@@ -12,6 +12,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from trainfit import Hardware, Models, TrainfitError, TrainingMemoryModel
@@ -72,6 +74,16 @@ def test_enumeration_follows_the_rules_and_counts_every_layout(model, n, batch):
         assert x.dp > 1 or x.zero_stage == 0
         assert (m.experts or 1) % x.ep == 0
     assert "exceeds a node of 8" in " ".join(p.excluded)
+
+
+@settings(max_examples=25, deadline=None)
+@given(model=st.sampled_from(["llama-3.1-8b", "mixtral-8x7b", "gpt2-xl", "llama-3.1-405b"]),
+       n=st.integers(1, 96), batch=st.integers(1, 256))
+def test_property_enumeration_count_equals_brute_force(model, n, batch):
+    m = Models.get(model)
+    p = plan(model, "h100", n, global_batch=batch, top=1, rejected=0)
+    assert p.searched == brute_force_layouts(n, m.heads, m.layers, batch, experts=m.experts)
+    assert p.fitting <= p.searched and len(p.top) == min(1, p.fitting)
 
 
 def test_memory_breakdown_is_solve_with_1f1b_inflight_activations():
@@ -173,6 +185,8 @@ def test_restrictions_and_validation():
         plan("llama-3.1-8b", "h100", 8, checkpointing=["ful"])
     with pytest.raises(TrainfitError, match="gpus must be a whole number >= 1"):
         plan("llama-3.1-8b", "h100", 0)
+    with pytest.raises(TrainfitError, match="rejected must be a whole number >= 0"):
+        plan("llama-3.1-8b", "h100", 8, rejected=-1)
     with pytest.raises(TrainfitError, match="headroom must be a fraction"):
         plan("llama-3.1-8b", "h100", 8, headroom=-0.1)
     with pytest.raises(TrainfitError, match="unknown hardware 'h1000'"):

@@ -326,6 +326,8 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
     ``sweep_options`` go to the memory method (``trainable_fraction``, ``sequence_parallel``, ...).
     """
     _validate(n_gpus, global_batch, seq_len, headroom, mfu, top, method)
+    if isinstance(rejected, bool) or not isinstance(rejected, int) or rejected < 0:
+        raise TrainfitError(f"rejected must be a whole number >= 0, got {rejected!r}")
     ctx = _context(model, hardware, precision, optimizer, node_size, inter_node_bandwidth)
     started = time.perf_counter()  # the search itself; loading the catalogs on first use is not counted
     zs = _choices(zero_stages, [0, 1, 2, 3], "ZeRO stage", _zero_value)
