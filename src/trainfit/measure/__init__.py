@@ -1,0 +1,228 @@
+"""``trainfit measure``: the measured peak memory of one real PyTorch training step, without a GPU.
+
+The model is built from a Hugging Face config on the ``meta`` device, given fake CPU tensors
+(``FakeTensorMode``: shapes and dtypes, no data, no memory), and one warm-up step plus one measured
+step run: ``loss = model(input_ids, labels=input_ids, use_cache=False).loss`` (outputs dropped),
+``loss.backward()``, ``optimizer.step()``, ``optimizer.zero_grad(set_to_none=True)``. Every
+allocation and free is tracked by PyTorch's ``MemTracker`` (two fixes, :mod:`.tracker`) under
+CUDA semantics (:mod:`.emulation`), so the peak means ``torch.cuda.max_memory_allocated()`` of a
+steady-state step on one sm80/sm90 GPU -- not counting the CUDA context, library workspaces,
+kernel-internal scratch, allocator fragmentation or multi-GPU buffers (docs/measure.md).
+
+Needs the ``measure`` extra (torch, transformers, peft): ``pip install 'trainfit[measure]'``.
+"""
+from __future__ import annotations
+
+import gc
+import time
+import warnings
+from typing import Any, Mapping, Optional, Sequence
+
+from ..errors import TrainfitError, unknown_choice
+from ..estimate import Estimate
+from ._deps import require
+
+PRECISIONS = ("fp32", "amp-bf16", "bf16")
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
+OPT_IMPLS = ("foreach", "fused", "forloop")
+CHECKPOINTING = ("none", "full")
+ATTN = ("sdpa", "eager")
+TASKS = ("clm", "mlm")
+
+#: MemTracker category -> Estimate component. Buffers (model state that is not a parameter, e.g.
+#: rotary tables) and "other" (tensors made outside the step: the input batch) go to ``other``.
+COMPONENT_OF = {"parameter": "parameters", "gradient": "gradients", "optstate": "optimizer_state",
+                "activation": "activations", "temp": "temporaries", "buffer": "other", "other": "other"}
+COMPONENTS = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
+
+
+def components_of(breakdown: Mapping[str, int]) -> dict[str, float]:
+    """Map a MemTracker breakdown (bytes by category) onto the Estimate components (bytes)."""
+    out = dict.fromkeys(COMPONENTS, 0.0)
+    for cat, b in breakdown.items():
+        if cat in COMPONENT_OF:
+            out[COMPONENT_OF[cat]] += float(b)
+    return out
+
+
+def _check(name: str, value: Any, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise unknown_choice(name, value, choices)
+    return value
+
+
+def _resolve_config(model_or_config: Any) -> tuple[str, dict[str, Any]]:
+    if isinstance(model_or_config, Mapping):
+        cfg = dict(model_or_config)
+        return str(cfg.get("_name_or_path") or cfg.get("model_type") or "config"), cfg
+    from ..arch import load_config
+
+    return str(model_or_config), load_config(model_or_config)
+
+
+def make_optimizer(params: list[Any], optimizer: str, opt_impl: str) -> Any:
+    """The optimizer of the recipe. ``foreach`` is what PyTorch picks by default for CUDA tensors
+    (on the CPU it would pick the for-loop), so it is passed explicitly. AdamW: weight decay 0.01;
+    Adam: none; SGD: no momentum; sgd-momentum: 0.9. Learning rates do not affect memory."""
+    torch = require("torch")
+    impl = {"foreach": {"foreach": True}, "fused": {"fused": True}, "forloop": {"foreach": False}}[opt_impl]
+    if not params:
+        raise TrainfitError("nothing to train: the model has no parameter that requires grad")
+    if optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, **impl)
+    if optimizer == "adam":
+        return torch.optim.Adam(params, lr=1e-4, weight_decay=0.0, **impl)
+    if optimizer == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.0, **impl)
+    return torch.optim.SGD(params, lr=1e-3, momentum=0.9, **impl)
+
+
+def _train_step(model: Any, inputs: dict[str, Any], opt: Any, tracker: Any, task: str, autocast: Optional[Any]) -> None:
+    """One step, each phase recorded by the tracker. Outputs other than the loss are dropped at once."""
+    torch = require("torch")
+    tracker.new_step()
+    holder: dict[str, Any] = {}
+    kwargs = dict(inputs)
+    if task == "clm":
+        kwargs["use_cache"] = False
+    with tracker.phase("forward"):
+        if autocast is not None:
+            with torch.autocast("cpu", dtype=autocast):
+                holder["loss"] = model(**kwargs).loss
+        else:
+            holder["loss"] = model(**kwargs).loss
+    with tracker.phase("backward"):
+        holder["loss"].backward()
+        holder.clear()
+    with tracker.phase("optimizer"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def run_steps(model: Any, inputs: dict[str, Any], opt: Any, *, task: str, precision: str, warmup: int,
+              cuda: bool) -> tuple[Any, Any]:
+    """Run ``warmup`` + 1 steps under a fixed MemTracker (and CUDA semantics when ``cuda``);
+    returns (tracker, emulation). Tensors must already exist (fake or real)."""
+    torch = require("torch")
+    from .emulation import CudaSemantics
+    from .tracker import make_tracker
+
+    tracker = make_tracker(round_to_cuda_blocks=cuda)
+    tracker.track_external(model, *inputs.values())
+    autocast = torch.bfloat16 if precision == "amp-bf16" else None
+    emulation = CudaSemantics(enabled=cuda)
+    with emulation, tracker, warnings.catch_warnings():
+        # MemTracker warns when a module's backward hook outlives the module object; harmless here.
+        warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
+        for _ in range(warmup + 1):
+            gc.collect()
+            _train_step(model, inputs, opt, tracker, task, autocast)
+    return tracker, emulation
+
+
+def measure(model_or_config: Any, batch: int, seq: int, *, precision: str = "fp32", optimizer: str = "adamw",
+            opt_impl: Optional[str] = None, checkpointing: str = "none", lora_r: int = 0,
+            lora_targets: Optional[Sequence[str]] = None, attn: str = "sdpa", dropout: bool = True,
+            task: Optional[str] = None, warmup: int = 1, hardware: Any = None, semantics: str = "cuda") -> Estimate:
+    """Measure the peak memory (bytes) of one steady-state training step of ``model_or_config``.
+
+    ``model_or_config``: a bundled config name, a catalog model naming one, a path to a
+    ``config.json``, or a config dict. ``batch`` sequences of ``seq`` tokens. ``precision``:
+    fp32 | amp-bf16 (fp32 weights, bf16 autocast) | bf16 (pure bf16 weights, grads, states).
+    ``optimizer``: adamw | adam | sgd | sgd-momentum; ``opt_impl``: foreach | fused | forloop
+    (default: PyTorch's default on the emulated device, foreach on CUDA, the for-loop on the CPU).
+    ``checkpointing``: none | full. ``lora_r`` > 0 trains LoRA adapters only. ``attn``: sdpa | eager.
+    ``dropout`` False zeroes the config's dropout probabilities. ``task``: clm | mlm (default: mlm for
+    BERT/RoBERTa, clm otherwise). ``semantics``: "cuda" (the GPU's allocations, the default) or
+    "cpu" (plain CPU semantics, to compare with a real CPU run).
+
+    Returns an :class:`~trainfit.estimate.Estimate` with ``method="measured"``, ``total_bytes`` =
+    the peak, ``components`` = the breakdown at the peak, and ``extra`` holding ``peak_phase``,
+    ``phases`` (start/peak/end bytes and breakdowns), ``tracker_breakdown`` (MemTracker's own
+    categories), ``first_step``, ``sdpa_kernels``, ``static``, parameter counts and timings.
+    """
+    t0 = time.perf_counter()
+    _check("precision", precision, PRECISIONS)
+    _check("optimizer", optimizer, OPTIMIZERS)
+    if opt_impl is None:  # what PyTorch picks by default on the device being emulated
+        opt_impl = "foreach" if semantics == "cuda" else "forloop"
+    _check("optimizer implementation", opt_impl, OPT_IMPLS)
+    _check("checkpointing", checkpointing, CHECKPOINTING)
+    _check("attention implementation", attn, ATTN)
+    _check("semantics", semantics, ("cuda", "cpu"))
+    if task is not None:
+        _check("task", task, TASKS)
+    for name, v in (("batch", batch), ("seq", seq)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise TrainfitError(f"{name} must be a positive integer, got {v!r}")
+    if not isinstance(lora_r, int) or lora_r < 0:
+        raise TrainfitError(f"lora rank must be a non-negative integer, got {lora_r!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise TrainfitError(f"warmup must be a non-negative integer, got {warmup!r}")
+    label, cfg = _resolve_config(model_or_config)
+    hw_name, capacity = None, None
+    if hardware is not None:
+        from ..memory import capacity_bytes
+
+        hw_name, capacity = capacity_bytes(hardware)
+
+    torch = require("torch")
+    require("transformers")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .fake import build_model, count_params, make_inputs, to_fake
+
+    built = build_model(cfg, seq=seq, task=task, precision=precision, attn=attn, dropout=dropout,
+                        checkpointing=checkpointing, lora_r=lora_r,
+                        lora_targets=list(lora_targets) if lora_targets else None)
+    model = built.model
+    n_params, n_trainable = count_params(model)
+    fake_mode = FakeTensorMode()
+    to_fake(model, fake_mode)
+    t_build = time.perf_counter() - t0
+    with fake_mode:
+        inputs = make_inputs(built.config.vocab_size, batch, seq, built.task, built.model_type)
+        opt = make_optimizer([p for p in model.parameters() if p.requires_grad], optimizer, opt_impl)
+        tracker, emulation = run_steps(model, inputs, opt, task=built.task, precision=precision, warmup=warmup,
+                                       cuda=semantics == "cuda")
+    elapsed = time.perf_counter() - t0
+    step = tracker.steps[-1]
+    first = tracker.steps[0]
+    peak = step.peak
+    end_bw = step.phases["backward"].end.by_category
+    components = components_of(peak.by_category)
+    total = float(peak.total)
+    feasible = None if capacity is None else total <= capacity
+    param_dtype = str(next(iter(model.parameters())).dtype).replace("torch.", "")
+    inputs_echo = {"model": label, "batch": batch, "seq": seq, "precision": precision, "optimizer": optimizer,
+                   "opt_impl": opt_impl, "checkpointing": checkpointing, "lora_r": lora_r,
+                   "lora_targets": (list(lora_targets) if lora_targets else (["q_proj", "v_proj"] if lora_r else None)),
+                   "attn": attn, "dropout": dropout, "task": built.task, "warmup": warmup, "semantics": semantics}
+    extra = {
+        "peak_phase": step.peak_phase,
+        "phases": {n: p.as_dict() for n, p in step.phases.items()},
+        "tracker_breakdown": peak.as_dict(),
+        "first_step": {"peak_bytes": first.peak.total, "peak_phase": first.peak_phase,
+                       "peak_breakdown": first.peak.as_dict()},
+        "static": {"param_bytes": peak.by_category["parameter"],
+                   "optimizer_state_bytes": step.phases["forward"].start.by_category["optstate"],
+                   "grad_bytes_end_of_backward": end_bw["gradient"]},
+        "sdpa_kernels": dict(emulation.sdpa.counts),
+        "arch": built.model_type, "n_params": n_params, "n_trainable_params": n_trainable,
+        "param_dtype": param_dtype, "build_notes": built.notes,
+        "timings_s": {"build": round(t_build, 2), "total": round(elapsed, 2)},
+        "versions": {"torch": torch.__version__, "transformers": require("transformers").__version__},
+    }
+    notes = list(built.notes) + [
+        "peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
+        "excludes CUDA context, library workspaces, kernel scratch, fragmentation, multi-GPU buffers"
+        if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run"]
+    return Estimate(method="measured", model=label, hardware=hw_name or "none", feasible=feasible,
+                    total_bytes=total, available_bytes=capacity,
+                    utilization=None if capacity is None else total / capacity,
+                    components=components, dominant=max(components, key=lambda k: components[k]),
+                    inputs=inputs_echo, notes=notes, extra=extra)
+
+
+__all__ = ["measure", "components_of", "make_optimizer", "run_steps", "COMPONENTS", "COMPONENT_OF",
+           "PRECISIONS", "OPTIMIZERS", "OPT_IMPLS", "CHECKPOINTING", "ATTN"]

@@ -1,0 +1,168 @@
+"""Building the model to measure: a Hugging Face model from a config, on the ``meta`` device (no
+weights, no memory), optionally wrapped with PEFT LoRA and gradient checkpointing, then given fake
+CPU tensors (``FakeTensorMode``) for every parameter and buffer, tied weights kept tied.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from ..errors import TrainfitError
+from ._deps import require
+
+#: model_type -> (task, the config key of a learned position table or None, offset of that table)
+#: A learned table (GPT-2, BERT, OPT) must hold ``seq`` positions; rotary models need no table.
+MLM_TYPES = ("bert", "roberta")
+_POSITION_KEY = {"gpt2": ("n_positions", 0), "bert": ("max_position_embeddings", 0),
+                 "roberta": ("max_position_embeddings", 2), "opt": ("max_position_embeddings", 0)}
+_DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "hidden_dropout_prob",
+                 "attention_probs_dropout_prob", "attention_dropout", "hidden_dropout", "dropout",
+                 "activation_dropout", "classifier_dropout", "resid_dropout", "embed_dropout", "mlp_dropout",
+                 "ffn_dropout", "emb_pdrop")
+
+PRECISIONS = ("fp32", "amp-bf16", "bf16")
+TASKS = ("clm", "mlm")
+
+
+@dataclass
+class BuiltModel:
+    """The model (meta tensors until :func:`to_fake`), its config and what was changed to build it."""
+
+    model: Any
+    config: Any
+    task: str
+    model_type: str
+    notes: list[str] = field(default_factory=list)
+
+
+def default_task(model_type: str) -> str:
+    """Masked LM for BERT-style encoders, causal LM for everything else."""
+    return "mlm" if model_type in MLM_TYPES else "clm"
+
+
+def prepare_config(cfg: Mapping[str, Any], *, seq: int, attn: str, dropout: bool) -> tuple[Any, list[str]]:
+    """A transformers config object from a config dict, with the position table enlarged to fit
+    ``seq`` when needed and dropout switched off when ``dropout`` is False."""
+    transformers = require("transformers")
+    d = copy.deepcopy(dict(cfg))
+    model_type = d.pop("model_type", None)
+    if model_type is None:
+        raise TrainfitError("config has no 'model_type'; give a Hugging Face config.json")
+    if model_type not in transformers.CONFIG_MAPPING:
+        raise TrainfitError(f"transformers {transformers.__version__} does not know model_type {model_type!r}")
+    notes: list[str] = []
+    if model_type in _POSITION_KEY:
+        key, offset = _POSITION_KEY[model_type]
+        have = d.get(key)
+        if have is None:
+            have = getattr(transformers.CONFIG_MAPPING[model_type](), key)
+        if seq + offset > have:
+            d[key] = seq + offset
+            notes.append(f"{key} raised from {have} to {seq + offset} to fit seq")
+    for k in ("architectures", "auto_map", "transformers_version", "_name_or_path", "torch_dtype", "dtype"):
+        d.pop(k, None)
+    config = transformers.CONFIG_MAPPING[model_type](**d)
+    if not dropout:
+        for k in _DROPOUT_KEYS:
+            if isinstance(getattr(config, k, None), (int, float)) and not isinstance(getattr(config, k), bool):
+                setattr(config, k, 0.0)
+    config._attn_implementation = attn
+    return config, notes
+
+
+def build_model(cfg: Mapping[str, Any], *, seq: int, task: Optional[str] = None, precision: str = "fp32",
+                attn: str = "sdpa", dropout: bool = True, checkpointing: str = "none", lora_r: int = 0,
+                lora_targets: Optional[list[str]] = None, device: str = "meta") -> BuiltModel:
+    """Build the training model on ``device`` ("meta" for measuring; "cpu" for a real run in tests).
+
+    ``precision`` bf16 stores parameters in bf16; fp32 and amp-bf16 keep fp32 parameters. LoRA
+    (PEFT): rank ``lora_r``, alpha 2r, dropout 0, targets ``lora_targets`` (default q_proj, v_proj);
+    the base model is frozen. ``checkpointing`` "full" is HF gradient checkpointing on every layer,
+    non-reentrant.
+    """
+    torch = require("torch")
+    transformers = require("transformers")
+    config, notes = prepare_config(cfg, seq=seq, attn=attn, dropout=dropout)
+    model_type = config.model_type
+    task = task or default_task(model_type)
+    if task not in TASKS:
+        from ..errors import unknown_choice
+        raise unknown_choice("task", task, TASKS)
+    auto = transformers.AutoModelForMaskedLM if task == "mlm" else transformers.AutoModelForCausalLM
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    try:
+        with torch.device(device):
+            # dtype at construction (not .to() afterwards): buffers computed in fp32 on purpose
+            # (rotary inv_freq) stay fp32, as they do when a bf16 model is loaded
+            model = auto.from_config(config, attn_implementation=attn, dtype=dtype)
+    except ValueError as exc:
+        raise TrainfitError(f"transformers cannot build a {task} model for model_type {model_type!r}: "
+                            f"{str(exc).splitlines()[0]}") from None
+    if checkpointing == "full":
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise TrainfitError(f"{type(model).__name__} does not support gradient checkpointing")
+        # transformers >= 5 names it activation_checkpointing_enable (gradient_* is its deprecated alias);
+        # for models fed input_ids it also makes the embedding output require grad.
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:  # pragma: no cover - transformers 4.x
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora_r:
+        peft = require("peft")
+        targets = list(lora_targets or ["q_proj", "v_proj"])
+        lcfg = peft.LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, target_modules=targets,
+                               bias="none")
+        try:
+            model = peft.get_peft_model(model, lcfg)
+        except ValueError as exc:
+            names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                            if isinstance(m, torch.nn.Linear)})
+            raise TrainfitError(f"LoRA targets {','.join(targets)} not found in {model_type} "
+                                f"(linear layers: {', '.join(names)})") from None
+    model.train()
+    return BuiltModel(model=model, config=config, task=task, model_type=model_type, notes=notes)
+
+
+def to_fake(model: Any, fake_mode: Any) -> None:
+    """Give every parameter and buffer of ``model`` (built on meta) a fake CPU tensor of the same
+    shape, dtype and requires_grad, in place. A tensor shared by several modules (tied weights)
+    gets one fake tensor shared the same way."""
+    torch = require("torch")
+    memo: dict[int, Any] = {}
+    with fake_mode:
+        for module in model.modules():
+            for name, p in list(module._parameters.items()):
+                if p is None:
+                    continue
+                if id(p) not in memo:
+                    memo[id(p)] = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cpu"),
+                                                     requires_grad=p.requires_grad)
+                module._parameters[name] = memo[id(p)]
+            for name, b in list(module._buffers.items()):
+                if b is None:
+                    continue
+                if id(b) not in memo:
+                    memo[id(b)] = torch.empty(b.shape, dtype=b.dtype, device="cpu")
+                module._buffers[name] = memo[id(b)]
+
+
+def count_params(model: Any) -> tuple[int, int]:
+    """(all, trainable) parameter counts, each shared tensor once."""
+    seen: dict[int, Any] = {}
+    for p in model.parameters():
+        seen[id(p)] = p
+    return (sum(p.numel() for p in seen.values()),
+            sum(p.numel() for p in seen.values() if p.requires_grad))
+
+
+def make_inputs(vocab_size: int, batch: int, seq: int, task: str, model_type: str) -> dict[str, Any]:
+    """Full-length, unpadded token batches: ``input_ids`` and ``labels`` (separate int64 tensors;
+    for BERT-style models also ``token_type_ids`` zeros). No attention mask. Created under whatever
+    fake mode is active."""
+    torch = require("torch")
+    ids = torch.randint(0, vocab_size, (batch, seq), dtype=torch.long)
+    out = {"input_ids": ids, "labels": ids.clone()}
+    if task == "mlm" and model_type in MLM_TYPES:
+        out["token_type_ids"] = torch.zeros(batch, seq, dtype=torch.long)
+    return out

@@ -1,0 +1,213 @@
+"""PyTorch's ``MemTracker`` with the two fixes the measurement needs, 512-byte rounding and phases.
+
+``torch.distributed._tools.mem_tracker.MemTracker`` (a ``TorchDispatchMode``) sees every tensor
+an op returns and every storage freed, and sorts them into categories (parameter, buffer,
+gradient, activation, temp, optstate, other). Used as is, it is wrong in two ways for training
+steps (see ``../shared/groundtruth/README.md``):
+
+1. It registers gradient hooks on *every* parameter of every module it sees; PyTorch refuses a hook
+   on a tensor that does not require grad, so frozen parameters (LoRA) raise. We hook only
+   parameters that require grad.
+2. Its ``ModTracker`` registers an "all inputs' grads" hook per module whose closure holds the
+   autograd nodes of those inputs; the hook is stored on the same nodes, a reference cycle that keeps
+   graphs (and their saved tensors) alive until Python's cyclic GC happens to run -- about +1 % with
+   LoRA and checkpointing. Our module tracker uses an "any" hook there, which holds no nodes; it only
+   changes when the per-module post-backward snapshot is taken, never the totals.
+
+It also rounds every allocation up to 512 bytes when asked (the CUDA caching allocator's block
+size; MemTracker rounds only tensors on a CUDA device, and ours are CPU fake tensors), and records
+the start, peak and end of named phases (forward, backward, optimizer).
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+from ._deps import require
+from .emulation import cuda_block_bytes
+
+#: MemTracker category names, in the order reported.
+CATEGORIES = ("parameter", "buffer", "gradient", "activation", "temp", "optstate", "other")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Bytes by MemTracker category at one moment; ``total`` is their sum."""
+
+    by_category: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_category.values())
+
+    def as_dict(self) -> dict[str, int]:
+        return {**self.by_category, "total": self.total}
+
+
+@dataclass
+class PhaseRecord:
+    """Start, peak and end of one phase of a step."""
+
+    name: str
+    start: Snapshot
+    peak: Snapshot
+    end: Snapshot
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"start_bytes": self.start.total, "peak_bytes": self.peak.total,
+                "peak_breakdown": self.peak.as_dict(), "end_bytes": self.end.total,
+                "end_breakdown": self.end.as_dict()}
+
+
+@dataclass
+class StepRecord:
+    phases: dict[str, PhaseRecord] = field(default_factory=dict)
+
+    @property
+    def peak_phase(self) -> str:
+        # the first phase reaching the highest peak (ties go to the earlier phase)
+        best = max(p.peak.total for p in self.phases.values())
+        return next(n for n, p in self.phases.items() if p.peak.total == best)
+
+    @property
+    def peak(self) -> Snapshot:
+        return self.phases[self.peak_phase].peak
+
+
+def _classes() -> tuple[Any, Any, Any]:
+    require("torch")
+    from torch.distributed._tools import mem_tracker as mt
+    from torch.distributed._tools.mod_tracker import ModTracker
+
+    return mt, mt.MemTracker, ModTracker
+
+
+def make_tracker(round_to_cuda_blocks: bool) -> Any:
+    """A fixed MemTracker (see the module docstring); ``round_to_cuda_blocks`` rounds every storage to 512 bytes."""
+    torch = require("torch")
+    from torch.autograd.graph import register_multi_grad_hook
+    from torch.utils._pytree import tree_flatten
+
+    mt, MemTracker, ModTracker = _classes()
+
+    class _LeakFreeModTracker(ModTracker):
+        def _fw_pre_hook(self, mod: Any, input: Any) -> None:
+            # As ModTracker._fw_pre_hook, but the post-backward marker is an "any" multi-grad hook:
+            # the "all" variant captures the inputs' autograd nodes in a closure stored on those
+            # same nodes (a cycle that keeps graphs alive until the cyclic GC runs).
+            if torch._dynamo.eval_frame._is_in_optimized_module():
+                return
+            name = self._get_mod_name(mod)
+            w_mod = weakref.ref(mod)
+            self._get_append_fn(w_mod, name, False)()
+            if self._user_pre_fw_hook is not None:
+                self._user_pre_fw_hook(mod, input)
+            args, _ = tree_flatten(input)
+            tensors = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            if not self.is_bw:
+                if tensors:
+                    register_multi_grad_hook(tensors, self._get_pop_fn(w_mod, name, True), mode="any")
+                else:
+                    self._post_bw_callbacks_to_enqueue.append(self._get_pop_fn(w_mod, name, True))
+
+    class _RoundedWeakRefInfo(mt._WeakRefInfo):
+        def _calculate_mem_consumed(self) -> int:
+            return cuda_block_bytes(self.size * self.element_size)
+
+    class FixedMemTracker(MemTracker):
+        def __init__(self) -> None:
+            super().__init__()
+            self._mod_tracker = _LeakFreeModTracker()
+            self._round = round_to_cuda_blocks
+            self._rounding_ctx: Any = None
+            self.steps: list[StepRecord] = []
+
+        # fix 1: gradient hooks only on parameters that require grad
+        def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> tuple[int, int]:
+            out = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+            if install_grad_hooks:
+                for param in module.parameters():
+                    if param.requires_grad and self._param_to_grad_hook_handles.get(param, None) is None:
+                        self._param_to_grad_hook_handles[param] = (
+                            param.register_hook(self._on_grad),
+                            param.register_post_accumulate_grad_hook(lambda p: self._on_grad(p.grad)),
+                        )
+            return out
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            # Only the global peak: MemTracker also walks every module's stats on every op, which
+            # costs O(modules x ops) time and is not used here.
+            for dev, dev_snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < dev_snap[mt._TOTAL_KEY]:
+                    self._peak_mem[dev] = dev_snap[mt._TOTAL_KEY]
+                    self._peak_mem_snap[dev] = dict(dev_snap)
+
+        def _on_grad(self, grad: Any) -> None:
+            self._update_and_maybe_create_winfos(grad, mt._MemRefType.GRAD)
+
+        # 512-byte rounding: MemTracker builds its per-storage records through the module-level class
+        # _WeakRefInfo, which rounds only CUDA tensors; swap in a rounding one while we track.
+        @contextlib.contextmanager
+        def _rounding(self) -> Iterator[None]:
+            if not self._round or mt._WeakRefInfo is _RoundedWeakRefInfo:
+                yield
+                return
+            saved = mt._WeakRefInfo
+            mt._WeakRefInfo = _RoundedWeakRefInfo
+            try:
+                yield
+            finally:
+                mt._WeakRefInfo = saved
+
+        def track_external(self, *external: Any) -> None:
+            with self._rounding():
+                super().track_external(*external)
+
+        def __enter__(self) -> "FixedMemTracker":
+            if self._depth == 0:
+                self._rounding_ctx = self._rounding()
+                self._rounding_ctx.__enter__()
+            return super().__enter__()
+
+        def __exit__(self, *args: Any) -> None:
+            super().__exit__(*args)
+            if self._depth == 0 and self._rounding_ctx is not None:
+                self._rounding_ctx.__exit__(None, None, None)
+                self._rounding_ctx = None
+
+        # snapshots and phases
+        def _snap(self, kind: str = "current") -> Snapshot:
+            raw = self.get_tracker_snapshot(kind)
+            out = dict.fromkeys(CATEGORIES, 0)
+            for dev_snap in raw.values():
+                for key, value in dev_snap.items():
+                    if isinstance(key, mt._MemRefType):
+                        out[key.value.lower()] += int(value)
+            return Snapshot(out)
+
+        def _reset_peak(self) -> None:
+            self._peak_mem_snap = self.get_tracker_snapshot("current")
+            self._peak_mem = {dev: snap[mt._TOTAL_KEY] for dev, snap in self._peak_mem_snap.items()}
+
+        def current(self) -> Snapshot:
+            return self._snap("current")
+
+        def new_step(self) -> StepRecord:
+            self.steps.append(StepRecord())
+            self.reset_mod_stats()
+            return self.steps[-1]
+
+        @contextlib.contextmanager
+        def phase(self, name: str) -> Iterator[None]:
+            start = self._snap("current")
+            self._reset_peak()
+            yield
+            end = self._snap("current")
+            peak = self._snap("peak")
+            if peak.total < end.total:  # frees never raise the peak; an unseen allocation would
+                peak = end
+            self.steps[-1].phases[name] = PhaseRecord(name, start, peak if peak.total >= start.total else start, end)
+
+    return FixedMemTracker()
