@@ -1,0 +1,303 @@
+import marimo
+
+__generated_with = "0.25.2"
+app = marimo.App(width="full", app_title="trainfit · Training Gauntlet")
+
+
+@app.cell
+def _():
+    # The notebook is layout only: every number comes from trainfit.labs / trainfit.estimate and every
+    # table row, chart and report from the same renderers as the CLI (see trainfit.app.views).
+    import io
+    import json
+
+    import marimo as mo
+
+    import trainfit
+    from trainfit import labs
+    from trainfit.app import views
+    from trainfit.errors import TrainfitError
+    from trainfit.estimate import METHODS
+    from trainfit.frontier import frontier as trainfit_frontier
+    from trainfit.frontier import frontier_markdown
+    from trainfit.frontier import plot_frontier as plot_trainfit_frontier
+    from trainfit.formulas import OPTIMIZER_BYTES
+    from trainfit.labs.plots import plot_frontier, plot_memory_stack
+    from trainfit.labs.report import frontier_summary
+    from trainfit.planner import plan as trainfit_plan
+    from trainfit.planner import plan_markdown
+    from trainfit.render import estimate_markdown
+    from trainfit.units import PRECISION_BYTES
+    return (METHODS, OPTIMIZER_BYTES, PRECISION_BYTES, TrainfitError, estimate_markdown, frontier_markdown,
+            frontier_summary, io, json, labs, mo, plan_markdown, plot_frontier, plot_memory_stack,
+            plot_trainfit_frontier, trainfit, trainfit_frontier, trainfit_plan, views)
+
+
+@app.cell
+def _(mo):
+    mo.md("""
+    # 🏋️ Training Gauntlet
+    ### Will this training run fit, and which strategy should I use?
+
+    Pick a deployment **track**, **predict** which memory component dominates, move the **batch** slider and
+    compare the training **strategies**; then read the **plan** and download it. *Free mode* runs the same
+    engine on any catalog model and accelerator. Lab sizes are decimal **MB (10^6 bytes)**; free mode reports
+    **GB (10^9 bytes)** and **GiB (2^30 bytes)**.
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    view = mo.ui.tabs({"① Memory stack": "", "② Batch frontier": "", "③ Plan & report": "",
+                       "Free mode: any model × hardware": ""}, label="View")
+    return (view,)
+
+
+@app.cell
+def _(TrainfitError, labs, mo, views):
+    # The starting track may come from the URL (?track=tinyml): any id or alias the CLI accepts.
+    _options = views.track_options()
+    _wanted = mo.query_params().get("track") or ""
+    track_note = ""
+    try:
+        _tid = labs.load_lab_data().resolve_track_id(_wanted)
+    except TrainfitError as _exc:
+        _tid, track_note = next(iter(_options.values())), str(_exc)
+    track = mo.ui.radio(_options, value=next(k for k, v in _options.items() if v == _tid),
+                        label="**Track**", inline=True)
+    return track, track_note
+
+
+@app.cell
+def _(labs, track):
+    profile = labs.load_training_profile(track.value)
+    return (profile,)
+
+
+@app.cell
+def _(mo, profile, views):
+    # Recreated when the track changes: the strategies and the batch range are the track's.
+    _strategies = views.strategy_options(profile)
+    strategy = mo.ui.dropdown(_strategies, value=next(iter(_strategies)), label="**Strategy**")
+    batch = mo.ui.slider(profile.batch_min, profile.batch_max, step=profile.batch_step,
+                         value=profile.default_batch_size, show_value=False, include_input=True,
+                         label=f"**Batch size** (samples, {profile.batch_min}–{profile.batch_max})")
+    return batch, strategy
+
+
+@app.cell
+def _(mo, views):
+    prediction = mo.ui.radio(list(views.COMPONENTS), value=None, inline=True,
+                             label="**Predict** the dominant memory component of the selected strategy")
+    physics = mo.ui.switch(value=False, label="Show the physical model (TrainingMemoryModel) side by side")
+    return physics, prediction
+
+
+@app.cell
+def _(batch, labs, profile, strategy):
+    # One call gathers everything the views show (the same object the CLI's report renders).
+    report = labs.lab_report(profile, strategy_id=strategy.value, batch_size=batch.value)
+    selected = next(s for s in report.stacks if s.strategy_id == report.plan.selected_id)
+    return report, selected
+
+
+@app.cell
+def _(METHODS, OPTIMIZER_BYTES, PRECISION_BYTES, mo, views):
+    _models, _hardware = views.model_options(), views.hardware_options()
+    free_task = mo.ui.radio(["Memory estimate", "Frontier: largest batch and longest sequence",
+                             "Plan: best layouts on N accelerators"], value="Memory estimate", inline=True,
+                            label="**Compute**")
+    free = mo.ui.dictionary({
+        "model": mo.ui.dropdown(_models, value=next(k for k, v in _models.items() if v == "llama-3.1-8b"),
+                                label="Model", searchable=True),
+        "hardware": mo.ui.dropdown(_hardware, value=next(k for k, v in _hardware.items() if v == "h100"),
+                                   label="Accelerator", searchable=True),
+        "method": mo.ui.dropdown(list(METHODS), value="first-order", label="Memory method"),
+        "batch": mo.ui.number(start=1, stop=1 << 20, step=1, value=8, label="Global batch (samples)"),
+        "seq": mo.ui.number(start=1, stop=1 << 20, step=1, value=2048, label="Sequence length (tokens)"),
+        "precision": mo.ui.dropdown(list(PRECISION_BYTES), value="fp16", label="Precision"),
+        "optimizer": mo.ui.dropdown(list(OPTIMIZER_BYTES), value="adam", label="Optimizer"),
+        "checkpointing": mo.ui.dropdown(["none", "selective", "full"], value="selective",
+                                        label="Activation checkpointing"),
+        "tp": mo.ui.number(start=1, stop=4096, step=1, value=1, label="Tensor parallel"),
+        "pp": mo.ui.number(start=1, stop=4096, step=1, value=1, label="Pipeline parallel"),
+        "dp": mo.ui.number(start=1, stop=1 << 20, step=1, value=1, label="Data parallel"),
+        "zero": mo.ui.dropdown(["0", "1", "2", "3"], value="0", label="ZeRO stage"),
+        "accum": mo.ui.number(start=1, stop=4096, step=1, value=1, label="Gradient accumulation"),
+        "trainable_fraction": mo.ui.number(start=0.0, stop=1.0, step=0.01, value=1.0, label="Trainable fraction"),
+        "gpus": mo.ui.number(start=1, stop=4096, step=1, value=8, label="Accelerators for the plan (N)"),
+    })
+    return free, free_task
+
+
+@app.cell
+def _(frontier_summary, io, json, mo, plot_frontier, plot_memory_stack, prediction, physics, profile, report,
+      selected, views):
+    # View builders: the layout cell calls only the visible one (charts cost a few hundred ms each).
+    def _png(draw, *args):
+        return mo.image(io.BytesIO(views.plot_png(draw, *args)), style={"max-width": "1100px", "width": "100%"})
+
+    _p, _plan, _fr = profile, report.plan, report.frontier
+    scenario = mo.md(
+        f"**{_p.label}** · {_p.workload_label} · model **{_p.model_name}** ({_p.model_params_m:,.6g} M parameters, "
+        f"lab figure) on **{_p.hardware_name}** ({_p.memory_capacity_mb:,.0f} MB device memory) · "
+        f"track budget **{_p.training_memory_budget_mb:,.6g} MB** · throughput floor "
+        f"**{_p.throughput_budget_samples_s:g} samples/s** · quality floor {_p.quality_floor_pct:g} %"
+    )
+
+    def stack_view():
+        _kind, _text = views.prediction_feedback(prediction.value, selected)
+        _figs = views.key_figures([
+            ("sel-strategy", "selected strategy", selected.strategy_label),
+            ("sel-batch", "batch (samples)", f"{selected.batch_size}"),
+            ("sel-total-mb", "total memory (MB)", f"{selected.total_mb:,.2f}"),
+            ("sel-budget-mb", "budget (MB)", f"{selected.budget_mb:,.2f}"),
+            ("sel-util-pct", "budget used (%)", f"{selected.memory_utilization_pct:.1f}"),
+            ("sel-throughput", "throughput (samples/s)", f"{selected.throughput_samples_s:,.2f}"),
+            ("sel-dominant", "dominant component", selected.dominant_component),
+            ("sel-feasible", "feasible", "yes" if selected.feasible else "no"),
+        ], testid="selected-figures")
+        _verdict = mo.callout(mo.md("**Fits** the track's memory budget and throughput floor." if selected.feasible
+                                    else "**Does not fit:** " + "; ".join(selected.violations)),
+                              kind="success" if selected.feasible else "danger")
+        _parts = [mo.Html(_figs), _verdict, mo.callout(mo.md(_text), kind=_kind),
+                  _png(plot_memory_stack, _p, list(report.stacks)),
+                  mo.md("**Every strategy at this batch** (MB = 10^6 bytes; red rows do not fit; the selected one "
+                        "is marked blue):"),
+                  mo.Html(views.TABLE_CSS + views.stack_table(report.stacks, selected.strategy_id))]
+        if physics.value:
+            _disagree = [v for v in report.physics if not v.agree]
+            _parts += [mo.md(f"**Physical model** — `TrainingMemoryModel` on {_p.hardware_name} "
+                             f"({_p.memory_capacity_mb:,.0f} MB) with each strategy's precision, optimizer, "
+                             f"checkpointing and trainable fraction; red rows are where the lab heuristic and the "
+                             f"physics disagree about what fits ({len(_disagree)} of {len(report.physics)}):"),
+                       mo.Html(views.TABLE_CSS + views.physics_table(report.physics))]
+            _parts += [mo.md(f"- *{v.strategy_id}*: {v.note}") for v in _disagree]
+        return mo.vstack(_parts)
+
+    def frontier_view():
+        return mo.vstack([
+            mo.Html(views.key_figures([
+                ("fr-strategy", "strategy", _fr.strategy_label),
+                ("fr-max-feasible", "largest feasible batch",
+                 "none" if _fr.max_feasible_batch is None else str(_fr.max_feasible_batch)),
+                ("fr-first-infeasible", "first infeasible batch above it",
+                 "none" if _fr.first_infeasible_batch is None else str(_fr.first_infeasible_batch)),
+                ("fr-current", f"your batch {selected.batch_size}", "feasible" if selected.feasible else "not feasible"),
+            ], testid="frontier-figures")),
+            mo.md(frontier_summary(_fr) + ". Small batches can fail the throughput floor, large ones the memory "
+                  "budget."),
+            _png(plot_frontier, _p, _fr),
+            mo.accordion({"Every batch of the range (MB = 10^6 bytes, samples/s)":
+                          mo.Html(views.TABLE_CSS + views.frontier_table(_fr))}),
+        ])
+
+    def plan_view():
+        _name = f"training-plan-{_p.track_id}-{_plan.selected_id}-b{_plan.batch_size}"
+        _md = report.to_markdown()
+        return mo.vstack([
+            mo.callout(mo.Html(f'<div data-testid="plan-memo"><strong>Memo.</strong> '
+                               f'{views.html.escape(_plan.memo_summary)}</div>'),
+                       kind="success" if _plan.feasible else "danger"),
+            mo.Html(views.key_figures([
+                ("plan-selected", "selected plan", _plan.selected_label),
+                ("plan-feasible", "feasible", "yes" if _plan.feasible else "no"),
+                ("plan-total-mb", "total memory (MB)", f"{_plan.total_memory_mb:,.2f}"),
+                ("plan-dominant", "dominant component", _plan.dominant_component),
+                ("plan-max-batch", "largest feasible batch",
+                 "none" if _plan.max_feasible_batch is None else str(_plan.max_feasible_batch)),
+            ], testid="plan-figures")),
+            mo.md(f"- **Training happens at:** {_plan.training_location}\n"
+                  f"- **Validation happens at:** {_plan.validation_location}\n"
+                  f"- **Convergence risk:** {_plan.convergence_risk}\n"
+                  f"- **Hidden cost:** {_plan.hidden_cost}\n"
+                  f"- **Deployment handoff:** {_plan.deployment_handoff}\n"
+                  f"- **Residual risk:** {_plan.residual_risk}"),
+            mo.hstack([
+                mo.vstack([mo.md("**Rejected alternatives** (same batch)"),
+                           mo.Html('<ul data-testid="rejected">' + "".join(
+                               f"<li>{views.html.escape(r)}</li>" for r in _plan.rejected_alternatives) + "</ul>")]),
+                mo.vstack([mo.md("**Validation tests** before the handoff"),
+                           mo.Html('<ul data-testid="validation-tests">' + "".join(
+                               f"<li>{views.html.escape(t)}</li>" for t in _p.validation_tests) + "</ul>")]),
+            ], justify="start", gap=4, align="start"),
+            mo.hstack([
+                mo.download(data=_md.encode(), filename=f"{_name}.md", mimetype="text/markdown",
+                            label="Download the report (markdown)"),
+                mo.download(data=(json.dumps(report.to_dict(), indent=2) + "\n").encode(),
+                            filename=f"{_name}.json", mimetype="application/json",
+                            label="Download the report (JSON)"),
+            ], justify="start"),
+            mo.accordion({"The full report (the same markdown as `trainfit lab plan --output markdown`)": mo.md(_md)}),
+        ])
+    return frontier_view, plan_view, scenario, stack_view
+
+
+@app.cell
+def _(TrainfitError, estimate_markdown, free, free_task, frontier_markdown, io, mo, plan_markdown, trainfit,
+      trainfit_frontier, trainfit_plan, plot_trainfit_frontier, views):
+    def free_view():
+        _v = free.value
+        _is_plan = free_task.value.startswith("Plan")
+        _rows = [free_task,
+                 mo.hstack([free["model"], free["hardware"], free["method"]], justify="start", wrap=True),
+                 mo.hstack([free["batch"], free["seq"], free["precision"], free["optimizer"],
+                            free["trainable_fraction"]], justify="start", wrap=True)]
+        if _is_plan:
+            _rows += [mo.hstack([free["gpus"]], justify="start"),
+                      mo.md("The planner searches tensor/pipeline/data parallelism, ZeRO stages, checkpointing "
+                            "and micro-batching itself.")]
+        else:
+            _rows += [mo.hstack([free["checkpointing"], free["tp"], free["pp"], free["dp"], free["zero"],
+                                 free["accum"]], justify="start", wrap=True)]
+        _controls = mo.vstack(_rows)
+        _img = {"max-width": "1100px", "width": "100%"}
+        _opts = views.estimate_options(_v)
+        try:
+            if free_task.value.startswith("Frontier"):
+                _strategy = {k: v for k, v in _opts.items() if k not in ("batch_size", "seq_len")}
+                _f = trainfit_frontier(_v["model"], _v["hardware"], method=_v["method"], seq_len=_opts["seq_len"],
+                                       **_strategy)
+                _result = mo.vstack([mo.image(io.BytesIO(views.plot_png(plot_trainfit_frontier, _f)), style=_img),
+                                     mo.Html(f'<div data-testid="free-frontier">'
+                                             f'{mo.md(frontier_markdown(_f)).text}</div>')])
+            elif _is_plan:
+                _pl = trainfit_plan(_v["model"], _v["hardware"], int(_v["gpus"]), global_batch=_opts["batch_size"],
+                                    seq_len=_opts["seq_len"], precision=_v["precision"], optimizer=_v["optimizer"],
+                                    method=_v["method"], trainable_fraction=_opts["trainable_fraction"])
+                _result = mo.Html(f'<div data-testid="free-plan">{mo.md(plan_markdown(_pl)).text}</div>')
+            else:
+                _e = trainfit.estimate(_v["model"], _v["hardware"], method=_v["method"], **_opts)
+                _result = mo.vstack([mo.image(io.BytesIO(views.plot_estimate_png(_e)), style=_img),
+                                     mo.Html(f'<div data-testid="free-estimate">'
+                                             f'{mo.md(estimate_markdown(_e)).text}</div>')])
+        except TrainfitError as _exc:
+            _result = mo.callout(mo.Html(f'<div data-testid="free-error"><strong>Cannot compute:</strong> '
+                                         f'{views.html.escape(str(_exc))}</div>'), kind="danger")
+        return mo.vstack([mo.md("Any catalog model on any catalog accelerator, with the options of "
+                                "`trainfit estimate`, `trainfit frontier` and `trainfit plan` "
+                                "(sizes in GB = 10^9 bytes and GiB = 2^30 bytes)."), _controls, _result])
+    return (free_view,)
+
+
+@app.cell
+def _(batch, free_view, frontier_view, mo, physics, plan_view, prediction, scenario, stack_view, strategy, track,
+      track_note, view):
+    _tab = view.value or ""
+    if _tab.startswith("Free"):
+        _body = free_view()
+    else:
+        _controls = [track, scenario, mo.hstack([strategy, batch], justify="start", gap=2, wrap=True)]
+        if _tab.startswith("①"):
+            _controls += [mo.hstack([prediction, physics], justify="space-between", wrap=True)]
+        if track_note:
+            _controls.insert(0, mo.callout(mo.md(f"URL track ignored: {track_note}"), kind="warn"))
+        _build = frontier_view if _tab.startswith("②") else plan_view if _tab.startswith("③") else stack_view
+        _body = mo.vstack([*_controls, _build()])
+    mo.vstack([view, _body])
+    return
+
+
+if __name__ == "__main__":
+    app.run()

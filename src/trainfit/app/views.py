@@ -1,0 +1,235 @@
+"""Browser-free building blocks of the Training Gauntlet app: option lists, HTML tables, plots.
+
+The notebook (``training_gauntlet.py``) stays a thin layout over these functions so they can be
+tested without a browser. Nothing here computes a memory figure: the track lab's numbers come from
+:mod:`trainfit.labs` (the table rows are the lab report's own :func:`~trainfit.labs.report.stack_rows`
+and :func:`~trainfit.labs.report.physics_rows`), the free mode's from :func:`trainfit.estimate` and
+:func:`trainfit.render.estimate_markdown`, the charts from :mod:`trainfit.labs.plots`. Units: the lab
+speaks decimal MB (1e6 bytes); the free mode GB (1e9 bytes) and GiB (2^30 bytes).
+
+Every table carries ``data-testid`` (the table) and ``data-col`` (each cell) attributes so the browser
+test can read the displayed numbers back.
+"""
+from __future__ import annotations
+
+import html
+import re
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import TrainfitError
+from ..labs import (TrackProfile, TrainingFrontierResult, TrainingMemoryStackResult, TrainingTrackProfile,
+                    list_tracks)
+from ..labs.report import PHYSICS_HEADER, STACK_HEADER, physics_rows, stack_rows
+
+#: The lab's five components, in the seed's order (the prediction choices).
+COMPONENTS = ("weights", "gradients", "optimizer state", "activations", "data batch")
+
+#: Machine-readable column keys for the lab report's table headers (``data-col`` attributes).
+STACK_COLS = ("strategy", "batch", "weights_mb", "gradients_mb", "optimizer_mb", "activations_mb", "data_batch_mb",
+              "total_mb", "budget_mb", "memory_utilization_pct", "throughput_samples_s", "dominant_component",
+              "feasible", "violations")
+PHYSICS_COLS = ("strategy", "engine", "settings", "physics_total_mb", "physics_activations_mb", "capacity_mb",
+                "physics_fit", "lab_total_mb", "lab_budget_mb", "lab_memory", "agree")
+FRONTIER_HEADER = ("batch", "total MB", "samples/s", "feasible")
+FRONTIER_COLS = ("batch_size", "total_mb", "throughput_samples_s", "feasible")
+
+# Check the header keys line up with the report's headers (fail at import, not with a wrong column).
+assert len(STACK_COLS) == len(STACK_HEADER) and len(PHYSICS_COLS) == len(PHYSICS_HEADER)
+
+
+def track_options(tracks: Optional[Sequence[TrackProfile]] = None) -> dict[str, str]:
+    """Radio options ``'📱 iPhone — mobile, phone' -> 'iphone'`` for the canonical tracks (file order).
+    The aliases are shown so a student sees which names the CLI also accepts."""
+    out: dict[str, str] = {}
+    for t in tracks if tracks is not None else list_tracks():
+        aliases = ", ".join(t.aliases[:2])
+        out[f"{t.display} ({aliases})" if aliases else t.display] = t.track_id
+    return out
+
+
+def strategy_options(profile: TrainingTrackProfile) -> dict[str, str]:
+    """Dropdown options ``label -> strategy_id`` in the variant's order."""
+    return {f"{s.label} [{s.strategy_id}]": s.strategy_id for s in profile.strategy_options}
+
+
+def model_options() -> dict[str, str]:
+    """Free-mode dropdown ``'Llama-3.1-8B (llama-3.1-8b, 8.03 B params)' -> slug`` for every catalog model."""
+    from .. import Models
+
+    out: dict[str, str] = {}
+    for m in Models:
+        size = f", {m.parameters / 1e9:,.3g} B params" if m.parameters else ""
+        out[f"{m.name} ({m.slug}{size})"] = m.slug
+    return out
+
+
+def hardware_options() -> dict[str, str]:
+    """Free-mode dropdown ``'NVIDIA H100 (h100, 85.9 GB)' -> slug`` for every catalog accelerator (GB = 1e9 B)."""
+    from .. import Hardware
+
+    return {f"{h.name} ({h.slug}, {h.memory.capacity / 1e9:,.4g} GB)": h.slug for h in Hardware}
+
+
+def _cell_html(text: Any) -> str:
+    """Escape a table cell; the report's ``**bold**`` becomes <strong>."""
+    return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(str(text)))
+
+
+def html_table(header: Sequence[str], cols: Sequence[str], rows: Sequence[Sequence[Any]], *, testid: str,
+               row_keys: Optional[Sequence[str]] = None, row_classes: Optional[Sequence[str]] = None,
+               numeric: Sequence[str] = ()) -> str:
+    """A plain HTML table: ``data-testid`` on the table, ``data-row`` on rows, ``data-col`` on cells."""
+    out = [f'<table class="tf-table" data-testid="{html.escape(testid)}"><thead><tr>']
+    out += [f'<th data-col="{c}"{" class=num" if c in numeric else ""}>{html.escape(h)}</th>'
+            for h, c in zip(header, cols)]
+    out.append("</tr></thead><tbody>")
+    for i, row in enumerate(rows):
+        key = f' data-row="{html.escape(row_keys[i])}"' if row_keys else ""
+        cls = f' class="{row_classes[i]}"' if row_classes and row_classes[i] else ""
+        out.append(f"<tr{key}{cls}>")
+        out += [f'<td data-col="{c}"{" class=num" if c in numeric else ""}>{_cell_html(v)}</td>'
+                for v, c in zip(row, cols)]
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+#: Table styling: red tint for rows that do not fit, a marker for the selected strategy.
+TABLE_CSS = """<style>
+.tf-table{border-collapse:collapse;font-size:0.85rem;margin:0.4rem 0}
+.tf-table th,.tf-table td{border:1px solid #d0d0d0;padding:3px 7px;text-align:left;vertical-align:top}
+.tf-table th{background:#f3f4f6;font-weight:600}
+.tf-table td.num,.tf-table th.num{text-align:right;font-variant-numeric:tabular-nums}
+.tf-table tr.tf-bad td{background:#fde8e8;color:#8b0000}
+.tf-table tr.tf-ok td{background:#ecf8ef}
+.tf-table tr.tf-selected td{font-weight:600}
+.tf-table tr.tf-selected td:first-child{border-left:4px solid #0072B2}
+</style>"""
+
+_STACK_NUMERIC = STACK_COLS[1:11]
+
+
+def stack_table(stacks: Sequence[TrainingMemoryStackResult], selected_id: str) -> str:
+    """Every strategy's lab stack (the report's rows; MB = 1e6 bytes), infeasible rows red."""
+    classes = [("tf-ok" if s.feasible else "tf-bad") + (" tf-selected" if s.strategy_id == selected_id else "")
+               for s in stacks]
+    return html_table(STACK_HEADER, STACK_COLS, stack_rows(list(stacks)), testid="stack-table",
+                      row_keys=[s.strategy_id for s in stacks], row_classes=classes, numeric=_STACK_NUMERIC)
+
+
+def physics_table(views: Sequence[Any]) -> str:
+    """The lab heuristic beside the physical engine (the report's rows); disagreements red."""
+    classes = ["" if v.agree else "tf-bad" for v in views]
+    return html_table(PHYSICS_HEADER, PHYSICS_COLS, physics_rows(list(views)), testid="physics-table",
+                      row_keys=[v.strategy_id for v in views], row_classes=classes,
+                      numeric=("physics_total_mb", "physics_activations_mb", "capacity_mb", "lab_total_mb",
+                               "lab_budget_mb"))
+
+
+def frontier_table(frontier: TrainingFrontierResult) -> str:
+    """One row per batch of the track's range (MB = 1e6 bytes)."""
+    rows = [[p.batch_size, f"{p.total_mb:,.2f}", f"{p.throughput_samples_s:,.2f}", "yes" if p.feasible else "no"]
+            for p in frontier.points]
+    classes = ["tf-ok" if p.feasible else "tf-bad" for p in frontier.points]
+    return html_table(FRONTIER_HEADER, FRONTIER_COLS, rows, testid="frontier-table",
+                      row_keys=[str(p.batch_size) for p in frontier.points], row_classes=classes,
+                      numeric=FRONTIER_COLS[:3])
+
+
+def key_figures(items: Sequence[tuple[str, str, str]], testid: str) -> str:
+    """A row of labelled figures ``(key, label, value)``; each value in ``<span data-testid=key>``."""
+    cells = "".join(
+        f'<div class="tf-fig"><div class="tf-fig-label">{html.escape(label)}</div>'
+        f'<div class="tf-fig-value" data-testid="{html.escape(key)}">{html.escape(value)}</div></div>'
+        for key, label, value in items)
+    return (f'<div data-testid="{html.escape(testid)}" style="display:flex;flex-wrap:wrap;gap:0.6rem 1.6rem;'
+            f'margin:0.3rem 0">{cells}</div>'
+            '<style>.tf-fig-label{font-size:0.75rem;color:#555}.tf-fig-value{font-size:1.05rem;font-weight:600;'
+            'font-variant-numeric:tabular-nums}</style>')
+
+
+def prediction_feedback(prediction: Optional[str], stack: TrainingMemoryStackResult) -> tuple[str, str]:
+    """``(kind, text)`` for a callout: did the student's predicted dominant component match the lab?"""
+    actual = stack.dominant_component
+    share = 100.0 * stack.components[actual] / stack.total_mb if stack.total_mb else 0.0
+    fact = (f"**{actual}** dominates '{stack.strategy_label}' at batch {stack.batch_size}: "
+            f"{stack.components[actual]:,.3f} MB of {stack.total_mb:,.2f} MB ({share:.0f} %).")
+    if not prediction:
+        return "neutral", "Make a prediction above, then check it here."
+    if prediction == actual:
+        return "success", f"Correct — {fact}"
+    return "warn", f"Not quite: you predicted **{prediction}**, but {fact}"
+
+
+def plot_png(draw: Callable[..., Path], *args: Any) -> bytes:
+    """Run one of :mod:`trainfit.labs.plots`' drawing functions into a temporary PNG; return its bytes."""
+    with tempfile.TemporaryDirectory(prefix="trainfit-app-") as tmp:
+        path = Path(tmp) / "plot.png"
+        draw(*args, path)
+        return path.read_bytes()
+
+
+def estimate_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of :func:`trainfit.estimate` from the free mode's control values (the CLI's
+    option names -> the library's)."""
+    return {
+        "batch_size": int(values["batch"]), "seq_len": int(values["seq"]), "precision": values["precision"],
+        "optimizer": values["optimizer"], "activation_checkpointing": values["checkpointing"],
+        "tp_size": int(values["tp"]), "pp_size": int(values["pp"]), "dp_size": int(values["dp"]),
+        "zero_stage": int(values["zero"]), "gradient_accumulation_steps": int(values["accum"]),
+        "trainable_fraction": float(values["trainable_fraction"]),
+    }
+
+
+#: Free-mode component colours (Okabe–Ito, as the lab plots).
+ESTIMATE_COLOURS = {"weights": "#0072B2", "gradients": "#56B4E9", "optimizer_state": "#E69F00",
+                    "activations": "#D55E00", "communication_buffers": "#CC79A7"}
+
+
+def plot_estimate_png(est: Any) -> bytes:
+    """One horizontal stacked bar of an :class:`~trainfit.estimate.Estimate`'s components (GB = 1e9
+    bytes) with the device capacity as a dashed line; the total is labelled red when it does not fit."""
+    import io
+
+    from ..render import label
+    from ..units import GB, GiB
+
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise TrainfitError("the free-mode chart needs matplotlib: pip install 'trainfit[plot]'") from None
+    fig = Figure(figsize=(9.0, 2.6), layout="constrained")  # no pyplot: no global state between sessions
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    left = 0.0
+    for name, b in est.components.items():
+        ax.barh([0], [b / GB], left=left, height=0.5, color=ESTIMATE_COLOURS.get(name, "#999999"),
+                edgecolor="white", linewidth=0.5, label=f"{label(name)} {b / GB:,.2f} GB")
+        left += b / GB
+    fits = est.feasible is not False
+    colour = "#006400" if fits else "#B00000"
+    text = f"total {est.total_bytes / GB:,.2f} GB ({est.total_bytes / GiB:,.2f} GiB)"
+    if est.available_bytes:
+        cap = est.available_bytes / GB
+        ax.axvline(cap, color="black", linestyle="--", linewidth=1.6,
+                   label=f"capacity {cap:,.1f} GB ({est.available_bytes / GiB:,.0f} GiB)")
+        if not fits:  # the part that does not fit, hatched red
+            ax.barh([0], [left - cap], left=cap, height=0.62, fill=False, hatch="///", edgecolor="#B00000",
+                    linewidth=1.4, label=f"over capacity by {left - cap:,.2f} GB")
+        text += f" — {'fits' if fits else 'DOES NOT FIT'}: {100 * (est.utilization or 0):.0f} % of capacity"
+    ax.text(0.01, 0.9, text, transform=ax.transAxes, fontsize=10, color=colour, fontweight="bold", va="top",
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.9, "pad": 1.5})
+    ax.set_ylim(-0.45, 0.62)
+    ax.set_xlim(0, max(left, (est.available_bytes or 0) / GB) * 1.08 or 1)
+    ax.set_yticks([])
+    ax.set_xlabel("memory per device (GB, 1 GB = 10^9 bytes)")
+    ax.set_title(f"{est.model} on {est.hardware} — method {est.method}", fontsize=10.5)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8.5, frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=130)
+    return buf.getvalue()
