@@ -340,7 +340,11 @@ def plot_frontier(f: Frontier, path: str | Path) -> Path:
             ax.axhline(f.usable_bytes / GB, color="black", lw=1, ls="--", label=f"usable ({f.headroom:.0%} headroom)")
         edge = f.max_microbatch if c.over == "batch" else f.max_seq_len
         if edge:
-            ax.axvline(edge, color="#DD8452", lw=1.6, ls=":", label=f"frontier {edge:,}")
+            unit = "samples" if c.over == "batch" else "tokens"
+            ax.axvline(edge, color="#DD8452", lw=1.6, ls=":", label=f"largest that fits: {edge:,} {unit}")
+            i = int(np.searchsorted(c.x, edge))
+            if i < len(c.x) and c.x[i] == edge:
+                ax.plot([edge], [c.total_bytes[i] / GB], "o", color="#DD8452", ms=6, zorder=5)
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(_count_formatter())
         ax.set_xlim(xs.min(), xs.max())
