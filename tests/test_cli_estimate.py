@@ -18,7 +18,7 @@ def run(*args: str):
 
 
 def test_text_output_has_components_units_verdict_and_method():
-    r = run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024")
+    r = run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "--method", "first-order")
     assert r.exit_code == 0, r.output
     for needle in ("method: first-order", "optimizer state", "GB", "GiB", "165.790", "DOES NOT FIT", "dominant",
                    "what to change first"):
@@ -26,7 +26,7 @@ def test_text_output_has_components_units_verdict_and_method():
 
 
 def test_json_contract():
-    r = run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "--output", "json")
+    r = run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "--output", "json", "--method", "first-order")
     assert r.exit_code == 0
     d = json.loads(r.stdout)
     for key in ("method", "feasible", "total_bytes", "available_bytes", "utilization", "components", "dominant", "inputs"):
@@ -41,20 +41,23 @@ def test_json_contract():
 
 
 def test_suggestions_fit_when_applied():
-    d = json.loads(run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "-o", "json").stdout)
+    d = json.loads(run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "-o", "json",
+                       "--method", "first-order").stdout)
     first = d["suggestions"][0]
     assert first["feasible"] is True and first["total_bytes"] <= d["available_bytes"]
 
 
 def test_markdown_output():
-    r = run("estimate", "gpt2-xl", "h100", "--batch", "4", "--seq", "1024", "--precision", "bf16", "-o", "markdown")
+    r = run("estimate", "gpt2-xl", "h100", "--batch", "4", "--seq", "1024", "--precision", "bf16", "-o", "markdown",
+            "--method", "first-order")
     assert r.exit_code == 0 and "| component | GB | GiB | share |" in r.output and "FITS" in r.output
 
 
 def test_require_fit_exit_codes():
-    assert run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "--require-fit").exit_code == 2
+    fo = ("--method", "first-order")
+    assert run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "--require-fit", *fo).exit_code == 2
     assert run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "--dp", "8", "--zero", "3",
-               "--require-fit").exit_code == 0
+               "--require-fit", *fo).exit_code == 0
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -108,5 +111,5 @@ def test_estimate_help_documents_options_with_units():
 
 def test_python_dash_m_entry_point():
     p = subprocess.run([sys.executable, "-m", "trainfit", "estimate", "llama-3.1-8b", "h100", "-b", "8", "-s", "1024",
-                        "-o", "json"], capture_output=True, text=True, check=False)
+                        "-o", "json", "--method", "first-order"], capture_output=True, text=True, check=False)
     assert p.returncode == 0 and json.loads(p.stdout)["total_bytes"] == pytest.approx(165.790222016e9)

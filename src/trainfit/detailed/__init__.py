@@ -18,7 +18,7 @@ from typing import Any, Optional
 from ..arch import ArchSpec, arch_reference, resolve_arch
 from ..errors import TrainfitError
 from ..estimate import Estimate, Suggestion
-from ..memory import capacity_bytes
+from ..memory import _fraction, _whole_at_least, capacity_bytes
 from .explain import explain
 from .overheads import overheads
 from .phases import PHASES, PhaseResult, compute_phases
@@ -51,6 +51,15 @@ def model_arch(model: Any) -> ArchSpec:
 def recipe_from_options(**options: Any) -> Recipe:
     """Build a recipe from ``estimate`` options: first-order names (``batch_size`` is the global batch,
     ``tp_size``...) or recipe field names. The micro-batch is ``ceil(batch / (dp · accumulation))``."""
+    for name in ("batch_size", "seq_len", "tp_size", "pp_size", "dp_size", "ep_size", "gradient_accumulation_steps"):
+        if options.get(name) is not None:
+            _whole_at_least(options[name], name)
+    for name in ("trainable_fraction", "communication_buffer_fraction"):
+        if options.get(name) is not None:
+            _fraction(options[name], name)
+    if options.get("zero_stage") is not None and (isinstance(options["zero_stage"], bool)
+                                                  or options["zero_stage"] not in (0, 1, 2, 3)):
+        raise TrainfitError(f"zero_stage must be 0, 1, 2 or 3, got {options['zero_stage']!r}")
     opts = {_RENAMES.get(k, k): v for k, v in options.items() if v is not None and k not in _IGNORED}
     tf = opts.pop("trainable_fraction", 1.0)
     if tf not in (1, 1.0) and not opts.get("lora_rank"):

@@ -146,7 +146,7 @@ def make_recipe(**kw: Any) -> Recipe:
     opt = _choice(r.optimizer, "optimizer", OPTIMIZERS, {"adamw8bit": "adam8bit", "adam-8bit": "adam8bit",
                                                           "sgdm": "sgd-momentum", "momentum": "sgd-momentum"})
     impl = _choice(r.opt_impl, "opt_impl", OPT_IMPLS, {"for-loop": "forloop", "loop": "forloop"})
-    ckpt = _choice(r.checkpointing, "checkpointing", CHECKPOINTING, {"every_k": "every-k", "true": "full",
+    ckpt = _choice(r.checkpointing, "activation_checkpointing", CHECKPOINTING, {"every_k": "every-k", "true": "full",
                                                                        "false": "none", "off": "none"})
     attn = _choice(r.attention, "attention kernel", ATTENTION, {"sdpa": "auto", "efficient": "mem-efficient",
                                                                "flash-attention": "flash", "flash2": "flash"})
@@ -157,7 +157,7 @@ def make_recipe(**kw: Any) -> Recipe:
                                                   "cp", "pp", "pp_virtual", "dp", "ep", "fsdp_prefetch")}
     _whole(r.lora_rank, "lora_rank", 0)
     if r.zero not in (0, 1, 2, 3) or isinstance(r.zero, bool):
-        raise TrainfitError(f"zero must be 0, 1, 2 or 3, got {r.zero!r}")
+        raise TrainfitError(f"zero_stage must be 0, 1, 2 or 3, got {r.zero!r}")
     if qlora and not r.lora_rank:
         raise TrainfitError("qlora needs a LoRA rank (--lora R): the quantised base is frozen")
     if not (isinstance(r.capacity_factor, numbers.Real) and r.capacity_factor >= 0):
