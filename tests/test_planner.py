@@ -214,3 +214,25 @@ def test_cli_plan_text_json_markdown_and_errors():
                       (["plan", "llama-3.1-405b", "--min-gpus", "--gpus", "2"], "no layout of llama-3.1-405b fits")):
         r = runner.invoke(app, args)
         assert r.exit_code == 1 and msg in r.output and r.output.strip().count("\n") == 0, r.output
+
+
+def test_other_memory_methods_are_taken_as_they_report():
+    """Only the first-order model gets the 1F1B in-flight factor added; any other method (the detailed one
+    counts its own pipeline schedule) is used as reported. Checked with first-order registered under a new name."""
+    from trainfit.estimate import METHODS, first_order
+
+    METHODS["first-order-as-reported-test"] = first_order
+    try:
+        p = plan("llama-3.1-70b", "h100", 16, global_batch=32, seq_len=2048, method="first-order-as-reported-test",
+                 zero_stages=[3], checkpointing=["full"], top=100, rejected=100)
+        assert any("no vectorised version" in n for n in p.notes)
+        assert any("'first-order-as-reported-test' method" in a for a in p.assumptions)
+        piped = [x for x in p.top + p.rejected if x.pp > 1 and x.accumulation > 1]
+        assert piped
+        for x in piped:
+            r = SOLVE("llama-3.1-70b", "h100", batch_size=32, seq_len=2048, precision="bf16",
+                      activation_checkpointing="full", tp_size=x.tp, pp_size=x.pp, dp_size=x.dp,
+                      zero_stage=x.zero_stage, gradient_accumulation_steps=x.accumulation)
+            assert x.memory["activations"] == pytest.approx(r.activations_bytes, rel=1e-12)
+    finally:
+        del METHODS["first-order-as-reported-test"]

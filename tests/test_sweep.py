@@ -212,8 +212,8 @@ def test_unknown_input_missing_batch_and_shape_mismatch_are_clear():
 
 def test_methods_plug_in_by_name():
     assert "first-order" in SWEEP_METHODS
-    with pytest.raises(TrainfitError, match="unknown method 'detailed'; accepted: first-order"):
-        sweep("llama-3.1-8b", "h100", batch_size=8, method="detailed")
+    with pytest.raises(TrainfitError, match="unknown method 'detialed'; accepted: first-order, detailed"):
+        sweep("llama-3.1-8b", "h100", batch_size=8, method="detialed")
 
     @register_sweep_method("weights-only-test")
     def weights_only(x):
@@ -235,3 +235,31 @@ def test_encoded_inputs_carry_codes_and_resolved_models():
     assert [s.name for s in x.model_shapes] == ["Llama-3.1-8B", "Llama-3.1-70B"]
     np.testing.assert_array_equal(x.model_index, [0, 1, 0])
     np.testing.assert_array_equal(x.precision_bytes, [2.0, 4.0, 2.0])  # PRECISION_MAP widths (upstream.md §1.6)
+
+
+def test_scalar_only_methods_run_element_by_element():
+    """A method of estimate.METHODS without a vectorised version (the detailed method today) still sweeps:
+    each distinct configuration goes through the scalar method once. Checked with a copy of first-order
+    registered under another name: it must reproduce the vectorised first-order sweep."""
+    from trainfit.estimate import METHODS, first_order
+    from trainfit.sweep import available_methods, is_vectorised
+
+    calls = []
+
+    def counted(model, hardware, **kw):
+        calls.append(kw["batch_size"])
+        return first_order(model, hardware, **kw)
+
+    METHODS["first-order-scalar-test"] = counted
+    try:
+        assert "first-order-scalar-test" in available_methods() and not is_vectorised("first-order-scalar-test")
+        kw = dict(batch_size=np.array([1, 8, 8, 64]), seq_len=np.array([[512], [4096]]), precision="bf16")
+        slow = sweep("llama-3.1-8b", "h100", method="first-order-scalar-test", **kw)
+        fast = sweep("llama-3.1-8b", "h100", **kw)
+        assert slow.shape == fast.shape == (2, 4)
+        for key in fast:
+            np.testing.assert_array_equal(slow[key], fast[key], err_msg=key)
+        assert len(calls) == 6  # the repeated batch 8 is evaluated once per sequence length
+    finally:
+        del METHODS["first-order-scalar-test"]
+    assert "detailed" in available_methods()  # registered by the detailed estimator (issue 5)

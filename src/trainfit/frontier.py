@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .errors import TrainfitError, unknown_choice
-from .sweep import DEFAULTS, SweepResult, sweep
+from .sweep import DEFAULTS, SweepResult, is_vectorised, sweep
 from .units import GB, GiB
 
 #: Search caps: 2^24 samples per micro-batch, 2^24 tokens per sequence (16.7 M).
@@ -98,11 +98,13 @@ class Frontier:
         }
 
 
-def largest_feasible(fits: Callable[[np.ndarray], np.ndarray], limit: int) -> tuple[int, bool]:
+def largest_feasible(fits: Callable[[np.ndarray], np.ndarray], limit: int,
+                     candidates: int = _CANDIDATES) -> tuple[int, bool]:
     """Largest integer ``x`` in [1, limit] with ``fits(x)``, for a monotone ``fits`` (true up to a point).
 
     ``fits`` maps an int64 array of candidates to a bool array. Returns ``(x, capped)``: ``(0, False)``
-    when 1 does not fit, ``(limit, True)`` when ``limit`` fits.
+    when 1 does not fit, ``(limit, True)`` when ``limit`` fits. Each refinement evaluates up to
+    ``candidates`` evenly spaced points (3 makes it a bisection, for methods that are not vectorised).
     """
     powers = 1 << np.arange(int(math.log2(limit)) + 1, dtype=np.int64)
     powers = np.unique(np.append(powers[powers <= limit], limit))
@@ -114,7 +116,7 @@ def largest_feasible(fits: Callable[[np.ndarray], np.ndarray], limit: int) -> tu
     first_bad = int(np.argmin(ok))
     lo, hi = int(powers[first_bad - 1]), int(powers[first_bad])  # fits(lo), not fits(hi)
     while hi - lo > 1:
-        cands = np.unique(np.linspace(lo, hi, min(hi - lo + 1, _CANDIDATES)).astype(np.int64))
+        cands = np.unique(np.linspace(lo, hi, min(hi - lo + 1, max(3, candidates))).astype(np.int64))
         ok = np.asarray(fits(cands))
         first_bad = int(np.argmin(ok))  # cands[-1] == hi does not fit, so a False exists
         lo, hi = int(cands[first_bad - 1]), int(cands[first_bad])
@@ -174,8 +176,10 @@ def frontier(model: Any, hardware: Any, *, method: str = "first-order", over: tu
     def run_seq(seqs: np.ndarray) -> SweepResult:
         return sweep(model, hardware, method=method, seq_len=seqs, batch_size=global_for_seq, **strategy)
 
-    max_mb, mb_capped = largest_feasible(lambda v: run_batch(v)["total_bytes"] <= usable, max_microbatch)
-    max_s, s_capped = largest_feasible(lambda v: run_seq(v)["total_bytes"] <= usable, max_seq_len)
+    # a method without a vectorised version runs element by element: bisect instead of 4,096-way steps
+    k = _CANDIDATES if is_vectorised(method) else 3
+    max_mb, mb_capped = largest_feasible(lambda v: run_batch(v)["total_bytes"] <= usable, max_microbatch, k)
+    max_s, s_capped = largest_feasible(lambda v: run_seq(v)["total_bytes"] <= usable, max_seq_len, k)
 
     def curve(name: str, xs: np.ndarray, res: SweepResult) -> Curve:
         total = np.asarray(res["total_bytes"])

@@ -32,7 +32,7 @@ from .errors import TrainfitError, unknown_choice
 from .memory import model_shape, resolve_checkpointing, resolve_optimizer
 from .steptime import (DEFAULT_MFU, DEFAULT_NODE_SIZE, TIME_COMPONENTS, Network, assumptions, network_for,
                        step_time)
-from .sweep import SWEEP_METHODS, encode_inputs, evaluate
+from .sweep import available_methods, encode_inputs, evaluate, is_vectorised
 from .units import GB, GiB, resolve_precision
 
 DEFAULT_GLOBAL_BATCH = 1024
@@ -242,7 +242,9 @@ def _evaluate(ctx: _Context, space: _Space, *, global_batch: int, seq_len: int, 
                       gradient_accumulation_steps=acc, **sweep_options)
     res = evaluate(x, method)
     comps = {k: np.array(v, dtype=float) for k, v in res.components.items()}
-    if inflight and "activations" in comps:
+    # Only the first-order model keeps one micro-batch per stage; other methods (the detailed one) count
+    # the in-flight micro-batches of their pipeline schedule themselves.
+    if inflight and method == "first-order" and "activations" in comps:
         comps["activations"] = comps["activations"] * F.pipeline_inflight_microbatches(space.pp, acc)
     total = None
     for v in comps.values():
@@ -285,8 +287,8 @@ def _validate(n_gpus: Any, global_batch: Any, seq_len: Any, headroom: Any, mfu: 
         raise TrainfitError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
     if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0.0 < mfu <= 1.0:
         raise TrainfitError(f"mfu must be in (0, 1], got {mfu!r}")
-    if method not in SWEEP_METHODS:
-        raise unknown_choice("method", method, list(SWEEP_METHODS))
+    if method not in available_methods():
+        raise unknown_choice("method", method, available_methods())
 
 
 def _choices(values: Optional[Sequence[Any]], allowed: Sequence[Any], what: str, resolve: Any) -> list[Any]:
@@ -355,6 +357,8 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
         bad = order[~fits[order]][:rejected]
         top_rows = [_layout(space, arr, int(i), usable, capacity, headroom) for i in good]
         rej_rows = [_layout(space, arr, int(i), usable, capacity, headroom) for i in bad]
+        if not is_vectorised(method):
+            notes.append(f"the {method!r} memory method has no vectorised version: it ran layout by layout")
     else:
         notes.append("no valid layout: no tp x pp x ep x dp split of the GPUs reaches the global batch exactly")
     return Plan(model=ctx.name, hardware=ctx.hw.name, method=method, n_gpus=int(n_gpus),
@@ -363,7 +367,8 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
                 fitting=fitting, top=top_rows, rejected=rej_rows, candidates=space.candidates,
                 excluded=space.excluded,
                 assumptions=assumptions(mfu=mfu, peak_flops=ctx.peak, precision=ctx.precision, net=ctx.net,
-                                        hardware=ctx.hw.name, moe=ctx.moe, inflight=inflight, headroom=headroom),
+                                        hardware=ctx.hw.name, moe=ctx.moe, inflight=inflight, headroom=headroom,
+                                        method=method),
                 elapsed_s=time.perf_counter() - started, notes=notes)
 
 
@@ -389,17 +394,34 @@ def _layout_name(x: Layout) -> str:
     return f"tp{x.tp} pp{x.pp} dp{x.dp}" + (f" ep{x.ep}" if x.ep > 1 else "")
 
 
-def _mem_cells(x: Layout) -> list[str]:
-    return [f"{x.memory.get(k, 0.0) / GB:,.1f}" for k in x.memory] + [f"{x.total_bytes / GB:,.1f}"]
+def _mem_columns(rows: list[Layout], most: int = 6) -> list[str]:
+    """Component columns: all of them when there are few (first-order has five), else the largest
+    five over the rows shown plus 'other' (the JSON output always has every component)."""
+    names: list[str] = []
+    for x in rows:
+        names += [k for k in x.memory if k not in names]
+    if len(names) <= most:
+        return names
+    size = {k: sum(x.memory.get(k, 0.0) for x in rows) for k in names}
+    keep = sorted(names, key=lambda k: -size[k])[:most - 1]
+    return [k for k in names if k in keep] + ["other"]
 
 
-def _time_cells(x: Layout) -> list[str]:
-    return [f"{x.time[k]:.3g}" for k in TIME_COMPONENTS] + [f"{x.step_s:.3g}", f"{x.tokens_per_s:,.0f}",
-                                                             f"{100 * x.mfu:.1f}"]
+def _mem_cells(x: Layout, columns: list[str]) -> list[str]:
+    named = [c for c in columns if c != "other"]
+    cells = [f"{x.memory.get(k, 0.0) / GB:,.1f}" for k in named]
+    if "other" in columns:
+        cells.append(f"{sum(v for k, v in x.memory.items() if k not in named) / GB:,.1f}")
+    return cells + [f"{x.total_bytes / GB:,.1f}"]
+
+
+def _time_cells(x: Layout, parts: tuple[str, ...]) -> list[str]:
+    return [f"{x.time[k]:.3g}" for k in parts] + [f"{x.step_s:.3g}", f"{x.tokens_per_s:,.0f}", f"{100 * x.mfu:.1f}"]
 
 
 _MEM_HEAD = {"weights": "weights", "gradients": "grads", "optimizer_state": "optimizer", "activations": "activations",
-             "communication_buffers": "buffers"}
+             "communication_buffers": "buffers", "parameters": "params", "optimizer_temporaries": "opt temps",
+             "allocator_reserve": "reserve", "other": "other"}
 _TIME_HEAD = ["compute", "recompute", "bubble", "TP comm", "PP comm", "DP comm", "EP comm"]
 
 
@@ -419,15 +441,18 @@ def header_lines(p: Plan) -> list[str]:
 
 
 def _table_rows(rows: list[Layout]) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
-    comp_names = list(rows[0].memory) if rows else list(_MEM_HEAD)
+    comp_names = _mem_columns(rows) if rows else list(_MEM_HEAD)
     mem_head = ["#", "layout", "ZeRO", "ckpt", "micro-batch x accum"] + [f"{_MEM_HEAD.get(c, c)} GB" for c in comp_names]
     mem_head.append("total GB")
-    time_head = ["#"] + [f"{h} s" for h in _TIME_HEAD] + ["step s", "tokens/s", "MFU %"]
+    # EP communication only exists with expert parallelism; drop the all-zero column otherwise
+    parts = TIME_COMPONENTS if any(x.ep > 1 for x in rows) else tuple(t for t in TIME_COMPONENTS if t != "ep_comm")
+    time_head = ["#"] + [f"{h} s" for h, t in zip(_TIME_HEAD, TIME_COMPONENTS) if t in parts]
+    time_head += ["step s", "tokens/s", "MFU %"]
     mem_rows, time_rows = [], []
     for i, x in enumerate(rows, 1):
         mem_rows.append([str(i), _layout_name(x), str(x.zero_stage), x.checkpointing,
-                         f"{x.microbatch} x {x.accumulation}"] + _mem_cells(x))
-        time_rows.append([str(i)] + _time_cells(x))
+                         f"{x.microbatch} x {x.accumulation}"] + _mem_cells(x, comp_names))
+        time_rows.append([str(i)] + _time_cells(x, parts))
     return mem_head, mem_rows, time_head, time_rows
 
 

@@ -141,7 +141,7 @@ def step_time(*, params: Any, active_params: Any, layers: Any, hidden: Any, seq_
 
 
 def assumptions(*, mfu: float, peak_flops: float, precision: str, net: Network, hardware: str, moe: bool,
-                inflight: bool, headroom: float) -> list[str]:
+                inflight: bool, headroom: float, method: str = "first-order") -> list[str]:
     """Every assumption of the planner's time and memory model, with the numbers used."""
     lines = [
         f"compute = 6 x P x tokens / (N x peak x MFU): peak {peak_flops / 1e12:g} TFLOP/s ({hardware}, {precision} "
@@ -159,9 +159,11 @@ def assumptions(*, mfu: float, peak_flops: float, precision: str, net: Network, 
         "DP over local gradients G: ZeRO-0/1 2(d-1)/d x G per step; ZeRO-2 (m+1)(d-1)/d x G; "
         "ZeRO-3 3m(d-1)/d x G (weights gathered for every forward and backward)",
         "PP: activations forward and gradients backward at each stage boundary, 2 x m x b x S x h x bytes / t",
-        "memory: trainfit's first-order model per accelerator (MLSys·im TrainingMemoryModel), with "
-        + ("the first pipeline stage holding min(p, m) micro-batches of activations (1F1B)" if inflight
-           else "one micro-batch of activations per stage (the seed's assumption)")
+        ("memory: trainfit's first-order model per accelerator (MLSys·im TrainingMemoryModel), with "
+         + ("the first pipeline stage holding min(p, m) micro-batches of activations (1F1B)" if inflight
+            else "one micro-batch of activations per stage (the seed's assumption)")
+         if method == "first-order" else
+         f"memory: trainfit's {method!r} method per accelerator, as it reports it (its own pipeline accounting)")
         + f"; a layout fits when its total <= capacity x (1 - {headroom:g}) headroom",
     ]
     if moe:

@@ -18,7 +18,8 @@ or catalog entries); they are validated once per distinct value and encoded as n
 
 Methods plug in by name: :data:`SWEEP_METHODS` maps a method name to a vectorised function
 ``fn(SweepInputs) -> SweepOutput``; :func:`register_sweep_method` adds one. ``"first-order"`` is
-built in. :func:`grid` builds the outer product of 1-D axes (``sweep(m, h, **grid(batch_size=[...],
+built in. A method of :data:`trainfit.estimate.METHODS` without a vectorised version (``"detailed"``
+today) still works: it runs element by element, once per distinct configuration, at its scalar speed. :func:`grid` builds the outer product of 1-D axes (``sweep(m, h, **grid(batch_size=[...],
 seq_len=[...]))``), computed without materialising inputs that an output does not depend on.
 """
 from __future__ import annotations
@@ -96,11 +97,13 @@ class SweepInputs:
 
 
 class SweepOutput(NamedTuple):
-    """What a vectorised method returns: component name -> bytes (summed left to right into the
-    total, as the scalar path does), and any extra per-element arrays."""
+    """What a vectorised method returns: component name -> bytes, any extra per-element arrays and,
+    optionally, the total. Without a total the components are summed left to right (as the scalar
+    first-order path does); a method whose peak is not the sum of its components gives its own."""
 
     components: dict[str, np.ndarray]
     extra: dict[str, np.ndarray]
+    total: Optional[np.ndarray] = None
 
 
 SweepMethod = Callable[[SweepInputs], SweepOutput]
@@ -171,6 +174,66 @@ class SweepResult(Mapping):
     def at(self, index: Any) -> dict[str, Any]:
         """One configuration's outputs as plain Python numbers."""
         return {k: v[index].item() if hasattr(v[index], "item") else v[index] for k, v in self.arrays.items()}
+
+
+def _scalar_method(name: str) -> SweepMethod:
+    """Any method of :data:`trainfit.estimate.METHODS` without a vectorised version, run element by
+    element (each distinct configuration once). Correct but at the scalar method's speed; a method
+    becomes fast by registering a vectorised function under the same name."""
+
+    def run(x: SweepInputs) -> SweepOutput:
+        from .estimate import METHODS
+
+        fn = METHODS[name]
+        shape = x.shape
+        total = np.empty(shape, dtype=np.float64)
+        columns: dict[str, np.ndarray] = {}
+        seen: dict[tuple[Any, ...], Any] = {}
+        for idx in np.ndindex(shape):
+            kw = _decode(x, idx)
+            key = (int(np.broadcast_to(x.model_index, shape)[idx]), int(np.broadcast_to(x.hardware_index, shape)[idx]),
+                   *(v for k, v in kw.items() if k not in ("model", "hardware")))
+            est = seen.get(key)
+            if est is None:
+                try:
+                    est = fn(kw.pop("model"), kw.pop("hardware"), **kw)
+                except TrainfitError as exc:
+                    where = f" (sweep element {idx if len(idx) != 1 else idx[0]})" if shape else ""
+                    raise TrainfitError(f"{exc}{where}") from None
+                seen[key] = est
+            total[idx] = est.total_bytes
+            for comp, b in est.components.items():
+                if comp not in columns:
+                    columns[comp] = np.zeros(shape, dtype=np.float64)
+                columns[comp][idx] = b
+        mb = F.local_microbatch(x.batch_size, x.dp_size, x.gradient_accumulation_steps)
+        lps = F.layers_per_stage(x.layers, x.pp_size)
+        return SweepOutput(columns, {"local_microbatch": mb, "layers_per_stage": lps}, total)
+
+    return run
+
+
+def available_methods() -> list[str]:
+    """Every method a sweep can run: the vectorised ones, then scalar-only ones from ``estimate``."""
+    from .estimate import METHODS
+
+    return list(SWEEP_METHODS) + [m for m in METHODS if m not in SWEEP_METHODS]
+
+
+def is_vectorised(method: str) -> bool:
+    """True when ``method`` has a registered vectorised sweep function (else it runs element by element)."""
+    return method in SWEEP_METHODS
+
+
+def _method_fn(method: str) -> SweepMethod:
+    fn = SWEEP_METHODS.get(method)
+    if fn is not None:
+        return fn
+    from .estimate import METHODS
+
+    if method in METHODS:
+        return _scalar_method(method)
+    raise unknown_choice("method", method, available_methods())
 
 
 # ------------------------------------------------------------------------------------------- validation
@@ -383,13 +446,12 @@ def _distinct(value: Any, scalar_types: tuple[type, ...]) -> list[Any]:
 
 def evaluate(x: SweepInputs, method: str = "first-order") -> SweepResult:
     """Run a registered vectorised method on encoded inputs and add total, utilisation and verdict."""
-    fn = SWEEP_METHODS.get(method)
-    if fn is None:
-        raise unknown_choice("method", method, list(SWEEP_METHODS))
+    fn = _method_fn(method)
     out = fn(x)
-    total: Any = None
-    for arr in out.components.values():  # left to right, as the scalar path sums them
-        total = arr if total is None else total + arr
+    total: Any = out.total
+    if total is None:
+        for arr in out.components.values():  # left to right, as the scalar path sums them
+            total = arr if total is None else total + arr
     avail = x.available_bytes
     positive = avail > 0
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -416,8 +478,7 @@ def sweep(model: Any, hardware: Any, *, method: str = "first-order", **inputs: A
     >>> r["total_bytes"].shape
     (2,)
     """
-    if method not in SWEEP_METHODS:
-        raise unknown_choice("method", method, list(SWEEP_METHODS))
+    _method_fn(method)  # an unknown method fails before any work
     return evaluate(encode_inputs(model, hardware, **inputs), method)
 
 
@@ -439,8 +500,11 @@ def grid(**axes: Any) -> dict[str, np.ndarray]:
 
 def solve_like(result: SweepResult, index: Any) -> dict[str, Any]:
     """The solve arguments of one sweep element (decoded), e.g. to rerun it through ``solve``."""
-    x = result.inputs
-    shape = result.shape
+    return _decode(result.inputs, index)
+
+
+def _decode(x: SweepInputs, index: Any) -> dict[str, Any]:
+    shape = x.shape
 
     def pick(a: Any) -> Any:
         return np.broadcast_to(a, shape)[index].item()
@@ -457,5 +521,6 @@ def solve_like(result: SweepResult, index: Any) -> dict[str, Any]:
         sequence_parallel=bool(pick(x.sequence_parallel)))
 
 
-__all__ = ["DEFAULTS", "INPUTS", "SWEEP_METHODS", "SweepInputs", "SweepOutput", "SweepResult", "encode_inputs",
-           "evaluate", "first_order_sweep", "grid", "register_sweep_method", "solve_like", "sweep"]
+__all__ = ["DEFAULTS", "INPUTS", "SWEEP_METHODS", "SweepInputs", "SweepOutput", "SweepResult", "available_methods",
+           "encode_inputs", "evaluate", "first_order_sweep", "grid", "is_vectorised", "register_sweep_method",
+           "solve_like", "sweep"]

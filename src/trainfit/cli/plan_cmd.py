@@ -8,7 +8,7 @@ import typer
 
 from ..frontier import frontier, frontier_markdown, frontier_renderable, plot_frontier
 from ..errors import TrainfitError
-from ..sweep import SWEEP_METHODS
+from ..sweep import available_methods
 from ._common import Output, app, console, guarded, print_json
 
 
@@ -43,7 +43,8 @@ def frontier_command(
     no_sequence_parallel: bool = typer.Option(False, "--no-sequence-parallel",
                                               help="With --tp > 1, keep activations unsharded."),
     headroom: float = typer.Option(0.0, "--headroom", help="Fraction of memory kept free, in [0, 1) (default 0)."),
-    method: str = typer.Option("first-order", "--method", help="Memory model: " + ", ".join(SWEEP_METHODS) + "."),
+    method: str = typer.Option("first-order", "--method", help="Memory model: " + ", ".join(available_methods()) + " (first-order is vectorised; others run "
+                                     "configuration by configuration)."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Save the curves to FILE (.png, .svg or .pdf; needs "
                                        "matplotlib: pip install 'trainfit[plot]')."),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text | json | markdown."),
@@ -104,7 +105,8 @@ def plan_command(
                                           "assumption) instead of 1F1B's min(pp, accumulation)."),
     top: int = typer.Option(5, "--top", help="Layouts to show."),
     rejected: int = typer.Option(5, "--rejected", help="Best rejected layouts to show."),
-    method: str = typer.Option("first-order", "--method", help="Memory model: " + ", ".join(SWEEP_METHODS) + "."),
+    method: str = typer.Option("first-order", "--method", help="Memory model: " + ", ".join(available_methods()) + " (first-order is vectorised; others run "
+                                     "configuration by configuration)."),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text | json | markdown."),
 ) -> None:
     """Every valid TP/PP/DP/EP/ZeRO/checkpointing/micro-batch layout on N accelerators, ranked by step time.
