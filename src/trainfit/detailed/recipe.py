@@ -154,7 +154,8 @@ def make_recipe(**kw: Any) -> Recipe:
     lora_dtype = _choice(r.lora_dtype, "lora adapter dtype", ("fp32", "bf16", "fp16"), {"float32": "fp32", "bfloat16": "bf16"})
     sched = _choice(r.pp_schedule, "pipeline schedule", PP_SCHEDULES, {"interleave": "interleaved", "1f1b-interleaved": "interleaved"})
     ints = {k: _whole(getattr(r, k), k) for k in ("micro_batch", "seq_len", "accumulation", "checkpoint_every", "tp",
-                                                  "cp", "pp", "pp_virtual", "dp", "ep", "fsdp_prefetch")}
+                                                  "cp", "pp", "pp_virtual", "dp", "ep")}
+    ints["fsdp_prefetch"] = _whole(r.fsdp_prefetch, "fsdp_prefetch", 0)
     _whole(r.lora_rank, "lora_rank", 0)
     if r.zero not in (0, 1, 2, 3) or isinstance(r.zero, bool):
         raise TrainfitError(f"zero_stage must be 0, 1, 2 or 3, got {r.zero!r}")

@@ -201,8 +201,10 @@ def state_bytes(arch: ArchSpec, recipe: Recipe) -> StateBytes:
         if t.layer is not None:
             per_layer[t.layer] = per_layer.get(t.layer, 0) + _tp_numel(t, tp, ep)
     largest_layer = max(per_layer.values(), default=0)
-    emb = sum(_tp_numel(t, tp, ep) for t in tensors if t.layer is None)
-    largest_layer = max(largest_layer, emb)
+    # outside the blocks, FSDP/ZeRO-3 gather the embeddings and the head as their own units
+    emb = sum(_tp_numel(t, tp, ep) for t in tensors if t.layer is None and t.group in ("embeddings", "position"))
+    head = sum(_tp_numel(t, tp, ep) for t in tensors if t.layer is None and t.group not in ("embeddings", "position"))
+    largest_layer = max(largest_layer, emb, head)
     if zero >= 1 and dp > 1:
         states, steps, master, temp, fp32g = (_shard(x, dp) for x in (states, steps, master, temp, fp32g))
     if zero >= 2 and dp > 1:
@@ -210,6 +212,10 @@ def state_bytes(arch: ArchSpec, recipe: Recipe) -> StateBytes:
         grads_part = {k: _shard(v, dp) for k, v in grads_part.items()}
     if zero >= 3 and dp > 1:
         params_b = _shard(params_b, dp)
+        if recipe.fp32_grads:
+            # DeepSpeed ZeRO-3 reduce-scatters 16-bit gradients straight into the fp32 gradient partition
+            grads = 0
+            grads_part = {k: 0 for k in grads_part}
         train_b = _shard(train_b, dp)
     return StateBytes(params=params_b, trainable_params=train_b, frozen_params=params_b - train_b, n_params=n_all,
                       n_trainable=n_train, master=master, grads=grads, fp32_grads=fp32g, opt_states=states,
