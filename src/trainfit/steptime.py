@@ -40,7 +40,7 @@ Times in seconds, sizes in bytes, rates in bytes/s or FLOP/s.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
