@@ -153,14 +153,17 @@ def test_prediction_feedback() -> None:
     assert views.prediction_feedback(None, stack)[0] == "neutral"
 
 
-def test_free_mode_options_are_the_cli_options() -> None:
+@pytest.mark.parametrize("method, fraction", [("first-order", "0.5"), ("detailed", "1.0")])
+def test_free_mode_options_are_the_cli_options(method: str, fraction: str) -> None:
     """The free mode's controls map to the same estimate as `trainfit estimate` with those flags."""
     values = {"batch": 16, "seq": 1024, "precision": "bf16", "optimizer": "adamw", "checkpointing": "full",
-              "tp": 2, "pp": 1, "dp": 4, "zero": "2", "accum": 2, "trainable_fraction": 0.5}
-    est = trainfit.estimate("llama-3.1-8b", "h100", **views.estimate_options(values))
-    r = runner.invoke(cli, ["estimate", "llama-3.1-8b", "h100", "--batch", "16", "--seq", "1024", "--precision",
-                            "bf16", "--optimizer", "adamw", "--checkpointing", "full", "--tp", "2", "--dp", "4",
-                            "--zero", "2", "--accum", "2", "--trainable-fraction", "0.5", "--output", "json"])
+              "tp": 2, "pp": 1, "dp": 4, "zero": "2", "accum": 2, "trainable_fraction": float(fraction),
+              "sequence_parallel": True}
+    est = trainfit.estimate("llama-3.1-8b", "h100", method=method, **views.estimate_options(values))
+    r = runner.invoke(cli, ["estimate", "llama-3.1-8b", "h100", "--method", method, "--batch", "16", "--seq", "1024",
+                            "--precision", "bf16", "--optimizer", "adamw", "--checkpointing", "full", "--tp", "2",
+                            "--dp", "4", "--zero", "2", "--accum", "2", "--trainable-fraction", fraction,
+                            "--output", "json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["total_bytes"] == est.total_bytes
 

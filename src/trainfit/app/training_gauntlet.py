@@ -21,14 +21,12 @@ def _():
     from trainfit.frontier import frontier as trainfit_frontier
     from trainfit.frontier import frontier_markdown
     from trainfit.frontier import plot_frontier as plot_trainfit_frontier
-    from trainfit.formulas import OPTIMIZER_BYTES
     from trainfit.labs.plots import plot_frontier, plot_memory_stack
     from trainfit.labs.report import frontier_summary
     from trainfit.planner import plan as trainfit_plan
     from trainfit.planner import plan_markdown
     from trainfit.render import estimate_markdown
-    from trainfit.units import PRECISION_BYTES
-    return (METHODS, OPTIMIZER_BYTES, PRECISION_BYTES, TrainfitError, estimate_markdown, frontier_markdown,
+    return (METHODS, TrainfitError, estimate_markdown, frontier_markdown,
             frontier_summary, io, json, labs, mo, plan_markdown, plot_frontier, plot_memory_stack,
             plot_trainfit_frontier, trainfit, trainfit_frontier, trainfit_plan, views)
 
@@ -103,7 +101,7 @@ def _(batch, labs, profile, strategy):
 
 
 @app.cell
-def _(METHODS, OPTIMIZER_BYTES, PRECISION_BYTES, mo, views):
+def _(METHODS, mo, views):
     _models, _hardware = views.model_options(), views.hardware_options()
     free_task = mo.ui.radio(["Memory estimate", "Frontier: largest batch and longest sequence",
                              "Plan: best layouts on N accelerators"], value="Memory estimate", inline=True,
@@ -116,8 +114,8 @@ def _(METHODS, OPTIMIZER_BYTES, PRECISION_BYTES, mo, views):
         "method": mo.ui.dropdown(list(METHODS), value="first-order", label="Memory method"),
         "batch": mo.ui.number(start=1, stop=1 << 20, step=1, value=8, label="Global batch (samples)"),
         "seq": mo.ui.number(start=1, stop=1 << 20, step=1, value=2048, label="Sequence length (tokens)"),
-        "precision": mo.ui.dropdown(list(PRECISION_BYTES), value="fp16", label="Precision"),
-        "optimizer": mo.ui.dropdown(list(OPTIMIZER_BYTES), value="adam", label="Optimizer"),
+        "precision": mo.ui.dropdown(views.precision_choices(), value="fp16", label="Precision"),
+        "optimizer": mo.ui.dropdown(views.optimizer_choices(), value="adam", label="Optimizer"),
         "checkpointing": mo.ui.dropdown(["none", "selective", "full"], value="selective",
                                         label="Activation checkpointing"),
         "tp": mo.ui.number(start=1, stop=4096, step=1, value=1, label="Tensor parallel"),
@@ -126,6 +124,7 @@ def _(METHODS, OPTIMIZER_BYTES, PRECISION_BYTES, mo, views):
         "zero": mo.ui.dropdown(["0", "1", "2", "3"], value="0", label="ZeRO stage"),
         "accum": mo.ui.number(start=1, stop=4096, step=1, value=1, label="Gradient accumulation"),
         "trainable_fraction": mo.ui.number(start=0.0, stop=1.0, step=0.01, value=1.0, label="Trainable fraction"),
+        "sequence_parallel": mo.ui.checkbox(value=True, label="Sequence parallelism (with TP > 1)"),
         "gpus": mo.ui.number(start=1, stop=4096, step=1, value=8, label="Accelerators for the plan (N)"),
     })
     return free, free_task
@@ -250,7 +249,7 @@ def _(TrainfitError, estimate_markdown, free, free_task, frontier_markdown, io, 
                             "and micro-batching itself.")]
         else:
             _rows += [mo.hstack([free["checkpointing"], free["tp"], free["pp"], free["dp"], free["zero"],
-                                 free["accum"]], justify="start", wrap=True)]
+                                 free["accum"], free["sequence_parallel"]], justify="start", wrap=True)]
         _controls = mo.vstack(_rows)
         _img = {"max-width": "1100px", "width": "100%"}
         _opts = views.estimate_options(_v)

@@ -73,6 +73,23 @@ def hardware_options() -> dict[str, str]:
     return {f"{h.name} ({h.slug}, {h.memory.capacity / 1e9:,.4g} GB)": h.slug for h in Hardware}
 
 
+def precision_choices() -> list[str]:
+    """Precisions of both methods: the first-order table, then the detailed method's extra recipes
+    (``amp-bf16``, ``bf16-master``, …; a method that does not know one says so in one line)."""
+    from ..detailed.recipe import PRECISIONS
+    from ..units import PRECISION_BYTES
+
+    return list(dict.fromkeys([*PRECISION_BYTES, *PRECISIONS]))
+
+
+def optimizer_choices() -> list[str]:
+    """Optimizers of both methods (first-order's, then the detailed method's extras)."""
+    from ..detailed.recipe import OPTIMIZERS
+    from ..formulas import OPTIMIZER_BYTES
+
+    return list(dict.fromkeys([*OPTIMIZER_BYTES, *OPTIMIZERS]))
+
+
 def _cell_html(text: Any) -> str:
     """Escape a table cell; the report's ``**bold**`` becomes <strong>."""
     return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(str(text)))
@@ -181,12 +198,19 @@ def estimate_options(values: Mapping[str, Any]) -> dict[str, Any]:
         "tp_size": int(values["tp"]), "pp_size": int(values["pp"]), "dp_size": int(values["dp"]),
         "zero_stage": int(values["zero"]), "gradient_accumulation_steps": int(values["accum"]),
         "trainable_fraction": float(values["trainable_fraction"]),
+        # the CLI passes this explicitly (--no-sequence-parallel turns it off); the methods' own defaults differ
+        "sequence_parallel": bool(values.get("sequence_parallel", True)),
     }
 
 
-#: Free-mode component colours (Okabe–Ito, as the lab plots).
-ESTIMATE_COLOURS = {"weights": "#0072B2", "gradients": "#56B4E9", "optimizer_state": "#E69F00",
-                    "activations": "#D55E00", "communication_buffers": "#CC79A7"}
+#: Free-mode component colours (Okabe–Ito first, as the lab plots; then muted extras for the
+#: detailed method's components). Unknown names take the next unused colour of ``_SPARE``.
+ESTIMATE_COLOURS = {"weights": "#0072B2", "parameters": "#0072B2", "master_weights": "#004C7A",
+                    "gradients": "#56B4E9", "optimizer_state": "#E69F00", "optimizer_temporaries": "#F5C46B",
+                    "activations": "#D55E00", "temporaries": "#F0A07A", "communication_buffers": "#CC79A7",
+                    "inputs": "#009E73", "cuda_context": "#666666", "workspaces": "#999999",
+                    "allocator_reserve": "#C8C8C8"}
+_SPARE = ("#332288", "#117733", "#44AA99", "#88CCEE", "#DDCC77", "#AA4499", "#882255")
 
 
 def plot_estimate_png(est: Any) -> bytes:
@@ -206,8 +230,11 @@ def plot_estimate_png(est: Any) -> bytes:
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     left = 0.0
+    spare = iter(_SPARE * 4)
     for name, b in est.components.items():
-        ax.barh([0], [b / GB], left=left, height=0.5, color=ESTIMATE_COLOURS.get(name, "#999999"),
+        if b <= 0:  # keep the legend to what takes memory
+            continue
+        ax.barh([0], [b / GB], left=left, height=0.5, color=ESTIMATE_COLOURS.get(name) or next(spare),
                 edgecolor="white", linewidth=0.5, label=f"{label(name)} {b / GB:,.2f} GB")
         left += b / GB
     fits = est.feasible is not False
