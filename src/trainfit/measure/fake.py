@@ -5,6 +5,7 @@ CPU tensors (``FakeTensorMode``) for every parameter and buffer, tied weights ke
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
@@ -114,7 +115,9 @@ def build_model(cfg: Mapping[str, Any], *, seq: int, task: Optional[str] = None,
         lcfg = peft.LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, target_modules=targets,
                                bias="none")
         try:
-            model = peft.get_peft_model(model, lcfg)
+            with warnings.catch_warnings():  # peft calls transformers' deprecated is_gradient_checkpointing
+                warnings.simplefilter("ignore", FutureWarning)
+                model = peft.get_peft_model(model, lcfg)
         except ValueError as exc:
             names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
                             if isinstance(m, torch.nn.Linear)})
