@@ -524,3 +524,9 @@ def _decode(x: SweepInputs, index: Any) -> dict[str, Any]:
 __all__ = ["DEFAULTS", "INPUTS", "SWEEP_METHODS", "SweepInputs", "SweepOutput", "SweepResult", "available_methods",
            "encode_inputs", "evaluate", "first_order_sweep", "grid", "is_vectorised", "register_sweep_method",
            "solve_like", "sweep"]
+
+
+# The detailed method's vectorised form (issue 5); imported last: it builds on SweepOutput.
+from .detailed.vectorised import detailed_sweep as _detailed_sweep  # noqa: E402
+
+SWEEP_METHODS["detailed"] = _detailed_sweep

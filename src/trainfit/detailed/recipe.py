@@ -81,7 +81,7 @@ class Recipe:
     qlora: Optional[str] = None  #: frozen base quantised: nf4 (bitsandbytes 4-bit, double quant) or int8
     # distribution
     tp: int = 1
-    sequence_parallel: bool = False
+    sequence_parallel: bool = True  #: with tp > 1 (as the first-order method; --no-sequence-parallel turns it off)
     cp: int = 1
     pp: int = 1
     pp_schedule: str = "1f1b"
