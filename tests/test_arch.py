@@ -191,14 +191,14 @@ runner = CliRunner()
 
 
 def test_cli_estimate_with_bundled_name_and_path(tmp_path):
-    r = runner.invoke(app, ["estimate", "qwen2.5-7b", "h100", "-o", "json"])
+    r = runner.invoke(app, ["estimate", "qwen2.5-7b", "h100", "-o", "json", "--method", "first-order"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     # first-order fp16 weights: 2 bytes per parameter (formulas.py), on the exact count
     assert d["components"]["weights"] == 2 * 7_615_616_512
     path = tmp_path / "config.json"
     path.write_text(json.dumps(load_config("llama-3.2-1b")))
-    r = runner.invoke(app, ["estimate", str(path), "h100", "-o", "json"])
+    r = runner.invoke(app, ["estimate", str(path), "h100", "-o", "json", "--method", "first-order"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["components"]["weights"] == 2 * 1_235_814_400
 
