@@ -1,0 +1,91 @@
+"""Measure every case of validation/corpus.yaml with `trainfit measure`; write corpus-measured.jsonl.
+
+    python validation/run_corpus.py                  # all cases -> validation/corpus-measured.jsonl
+    python validation/run_corpus.py --only 0 5       # some cases (by index), to stdout-only check
+    python validation/run_corpus.py --out other.jsonl
+
+One JSON object per line: the case (its index, model, resolved config name, recipe), the measured
+peak in bytes (``peak_bytes`` = total_bytes of the measurement), ``peak_phase``, the breakdown at the
+peak (``components``, trainfit's names, and ``tracker_breakdown``, MemTracker's categories), the
+phases, the SDPA kernels used, parameter counts and versions. Sizes are bytes.
+The output is written to a temporary file and moved into place only when every case succeeded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+RECIPE_KEYS = ("precision", "optimizer", "opt_impl", "checkpointing", "lora_r", "lora_targets", "attn", "dropout",
+               "task", "warmup")
+
+
+def load_cases(path: Path) -> list[dict]:
+    data = yaml.safe_load(path.read_text())
+    cases = data["cases"]
+    for i, c in enumerate(cases):
+        unknown = set(c) - {"model", "batch", "seq", *RECIPE_KEYS}
+        if unknown or not {"model", "batch", "seq"} <= set(c):
+            raise SystemExit(f"{path}: case {i}: needs model, batch, seq; unknown keys: {sorted(unknown)}")
+    return cases
+
+
+def model_ref(model: str) -> str:
+    """A path relative to this directory when the file exists here, else a bundled config name."""
+    local = HERE / model
+    return str(local) if local.suffix == ".json" and local.exists() else model
+
+
+def run_case(i: int, case: dict) -> dict:
+    from trainfit.measure import measure
+
+    recipe = {k: case[k] for k in RECIPE_KEYS if k in case}
+    t = time.perf_counter()
+    est = measure(model_ref(case["model"]), case["batch"], case["seq"], **recipe)
+    x = est.extra
+    return {**est.inputs, "index": i, "model": case["model"], "arch": x["arch"],
+            "peak_bytes": int(est.total_bytes), "peak_phase": x["peak_phase"],
+            "components": {k: int(v) for k, v in est.components.items()},
+            "tracker_breakdown": x["tracker_breakdown"], "phases": x["phases"], "static": x["static"],
+            "first_step": x["first_step"], "sdpa_kernels": x["sdpa_kernels"], "n_params": x["n_params"],
+            "n_trainable_params": x["n_trainable_params"], "param_dtype": x["param_dtype"],
+            "notes": x["build_notes"], "versions": x["versions"], "method": est.method,
+            "seconds": round(time.perf_counter() - t, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", type=Path, default=HERE / "corpus.yaml")
+    ap.add_argument("--out", type=Path, default=HERE / "corpus-measured.jsonl")
+    ap.add_argument("--only", type=int, nargs="*", help="case indices to run (prints; does not write --out)")
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    cases = load_cases(args.corpus)
+    picked = args.only if args.only else list(range(len(cases)))
+    rows = []
+    for i in picked:
+        row = run_case(i, cases[i])
+        rows.append(row)
+        print(f"{i:>3} {row['arch']:<9} {row['model']:<32} b{row['batch']:<3} s{row['seq']:<5} {row['precision']:<8} "
+              f"{row['optimizer']:<12} ckpt={row['checkpointing']:<4} lora={row['lora_r']:<2} "
+              f"{row['peak_bytes'] / 1e9:8.3f} GB  {row['peak_phase']:<9} {row['seconds']:6.1f}s", flush=True)
+    if args.only:
+        return 0
+    tmp = args.out.with_suffix(".jsonl.tmp")
+    with tmp.open("w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, sort_keys=False) + "\n")
+    os.replace(tmp, args.out)
+    print(f"wrote {len(rows)} cases to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
