@@ -132,3 +132,18 @@ def test_vectorised_over_batch_and_sequence():
 def test_bad_recipe_values(kw, needle):
     with pytest.raises(TrainfitError, match=needle):
         make_recipe(**kw)
+
+
+def test_pipeline_reports_the_busier_of_first_and_last_stage():
+    """1F1B: the first stage holds p micro-batches of its blocks' activations; the last holds one but also
+    the head, the logits and the loss (large for a 128k vocabulary)."""
+    from trainfit.detailed.phases import _compute_stage
+
+    arch = resolve_arch("llama-3.1-8b")
+    r = make_recipe(pp=4, accumulation=8, micro_batch=1, seq_len=8192, precision="bf16", checkpointing="full")
+    first, last = _compute_stage(arch, r, 0), _compute_stage(arch, r, 3)
+    assert last.states.params != first.states.params  # the head lives on the last stage, the embeddings on the first
+    both = compute_phases(arch, r)
+    assert both.peak == max(first.peak, last.peak) and both.stage == (3 if last.peak > first.peak else 0)
+    r1 = make_recipe(pp=4, accumulation=8, micro_batch=1, seq_len=1024, precision="bf16")
+    assert compute_phases(arch, r1).peak == max(_compute_stage(arch, r1, 0).peak, _compute_stage(arch, r1, 3).peak)

@@ -198,16 +198,22 @@ class _Walker:
         """``q*cos + rotate_half(q)*sin``: the products save only cos/sin (they need no grad)."""
         g = self.g
         dt = max(src.dtype, cos.dtype)
-        a1 = g.new(tok(width), dt, src.rg, "x*cos")
-        half = g.new(tok(width), src.dtype, src.rg, "rotate_half")
+        frac = self.a.rotary_fraction
+        rw = width * frac  # partial rotary (GPT-NeoX): only the first part of each head rotates
+        a1 = g.new(tok(rw), dt, src.rg, "x*cos")
+        half = g.new(tok(rw), src.dtype, src.rg, "rotate_half")
         g.use(src)
         if src.rg:
             g.save(cos)
             g.save(sin)
-        a2 = g.new(tok(width), dt, src.rg, "rot*sin")
+        a2 = g.new(tok(rw), dt, src.rg, "rot*sin")
         g.use(half)
-        out = g.new(tok(width), dt, src.rg, "rope")
+        out = g.new(tok(rw), dt, src.rg, "rope")
         g.use(a1, a2)
+        if frac < 1:
+            full = g.new(tok(width), dt, src.rg, "cat(rotated, pass)")
+            g.use(out, src)
+            out = full
         return out
 
     def core_attention(self, q: Tensor, k: Tensor, v: Tensor, heads: float, kvh: float, qw: float, kvw: float) -> Tensor:
@@ -231,6 +237,10 @@ class _Walker:
         if kvh != heads:  # repeat_kv / enable_gqa in math: expanded copies
             k = g.new(tok(qw), dt, k.rg, "k repeated")
             v = g.new(tok(qw), dt, v.rg, "v repeated")
+        # views into a fused q|k|v output cannot be reshaped for the batched matmul without a copy:
+        # the matmul saves the contiguous copy, not the fused storage
+        q, k, v = (self.own(t, w, n) for t, w, n in ((q, qw, "q"), (k, qw if kvh != heads else kvw, "k"),
+                                                     (v, qw if kvh != heads else kvw, "v")))
         scores = g.new((0.0, 0.0, heads, 0.0), dt, True, "scores")
         if not selective:
             g.save(q)
@@ -270,6 +280,14 @@ class _Walker:
             for t in (q, k, v):
                 g.save(t)
         return out
+
+    def own(self, t: Tensor, width: float, name: str) -> Tensor:
+        """``t`` itself, or a contiguous copy when ``t`` is a view into a wider (fused) storage."""
+        if t.size[0] <= width + 1e-9:
+            return t
+        c = self.g.new(tok(width), t.dtype, t.rg, f"{name} contiguous copy")
+        self.g.use(t)
+        return c
 
     def mlp(self, y: Tensor, index: int) -> Tensor:
         a, r, g = self.a, self.r, self.g
@@ -433,11 +451,17 @@ class _Walker:
     def run(self) -> ActivationProfile:
         a, r, g = self.a, self.r, self.g
         layers = list(stage_layers(a.num_layers, r.pp, self.stage))
-        x = self.embeddings()
+        first, last = self.stage == 0, self.stage == r.pp - 1
+        if first:
+            x = self.embeddings()
+        else:
+            g.region = "embed"
+            x = g.new(tok(self.hw), self.p, True, "activations received from the previous stage")
+            g.save(x)  # kept until its gradient is sent back
         cos = sin = None
         if a.position_embedding == "rotary":
             g.region = "embed"
-            d = a.head_dim
+            d = a.head_dim * a.rotary_fraction
             cos = g.new(pos(d), self.p, False, "rotary cos")
             sin = g.new(pos(d), self.p, False, "rotary sin")
             g.hold(cos)
@@ -453,7 +477,7 @@ class _Walker:
             x = self.block(x, i, cos, sin)
             g.checkpointing = False
             marks.append((start, ck))
-        if r.pp == 1:
+        if last:
             self.head_and_loss(x)
             loss_bwd = g.notes["loss_backward"]
         else:

@@ -98,6 +98,7 @@ class PhaseResult:
     profile: ActivationProfile
     shape: StepShape
     comm: dict[str, Any]
+    stage: Any = 0  #: pipeline stage reported (0 = first, pp-1 = last)
 
 
 def comm_buffers(arch: ArchSpec, recipe: Recipe, st: StateBytes) -> dict[str, dict[str, float]]:
@@ -136,12 +137,31 @@ def comm_buffers(arch: ArchSpec, recipe: Recipe, st: StateBytes) -> dict[str, di
 
 
 def compute_phases(arch: ArchSpec, recipe: Recipe, micro_batch: Any = None, seq_len: Any = None) -> PhaseResult:
-    """Each phase's peak and its components, in bytes, on the busiest rank (pipeline stage 0)."""
-    st = state_bytes(arch, recipe)
-    pr = activation_profile(arch, recipe)
+    """Each phase's peak and its components, in bytes, on the busiest rank. With pipelining, the first
+    stage (most in-flight micro-batches) and the last (the head and the loss) are both worked out and
+    the larger peak is reported (``stage`` 0 or pp-1 in :attr:`PhaseResult.stage`)."""
+    first = _compute_stage(arch, recipe, 0, micro_batch, seq_len)
+    if recipe.pp == 1:
+        return first
+    last = _compute_stage(arch, recipe, recipe.pp - 1, micro_batch, seq_len)
+    if not _is_array(first.peak, last.peak):
+        return first if first.peak >= last.peak else last
+    pick = np.asarray(last.peak) > np.asarray(first.peak)
+    phases = {p: {k: np.where(pick, last.phases[p][k], first.phases[p][k]) for k in COMPONENTS} for p in PHASES}
+    peaks = {p: np.where(pick, last.peaks[p], first.peaks[p]) for p in PHASES}
+    return PhaseResult(phases=phases, peaks=peaks, peak=np.where(pick, last.peak, first.peak),
+                       peak_phase=np.where(pick, last.peak_phase, first.peak_phase), states=first.states,
+                       profile=first.profile, shape=first.shape, comm=first.comm, stage=np.where(pick, last.stage, 0))
+
+
+def _compute_stage(arch: ArchSpec, recipe: Recipe, stage: int, micro_batch: Any = None, seq_len: Any = None) -> PhaseResult:
+    st = state_bytes(arch, recipe, stage)
+    pr = activation_profile(arch, recipe, stage)
     sh = step_shape(recipe, micro_batch, seq_len)
     B = sh.bytes
-    inflight = inflight_microbatches(recipe)
+    # 1F1B: the first stage holds the most micro-batches, the last only the one it is working on
+    inflight = inflight_microbatches(recipe) if stage == 0 else (float(recipe.accumulation)
+                                                                 if recipe.pp_schedule == "gpipe" else 1.0)
     grads_present = recipe.accumulation > 1 or recipe.pp > 1
     comm = comm_buffers(arch, recipe, st)
     opt_state = float(st.opt_states + st.step_counters)
@@ -171,6 +191,7 @@ def compute_phases(arch: ArchSpec, recipe: Recipe, micro_batch: Any = None, seq_
     # a tied LM head's weight gradient waits in autograd's input buffer until the embedding's own
     # contribution arrives (one AccumulateGrad for both uses): held from the head to the embeddings
     tied = float(st.grads_embed) if arch.tie_word_embeddings and recipe.pp == 1 else 0.0
+    g_emb = float(st.grads_embed) if stage == 0 else 0.0
     lins = block_linears(arch, 0)
     first_op_grad = (lins[-1].in_features * lins[-1].out_features / recipe.tp * recipe.param_bytes
                      if not recipe.lora and lins else 0.0)
@@ -191,7 +212,6 @@ def compute_phases(arch: ArchSpec, recipe: Recipe, micro_batch: Any = None, seq_
     # the embeddings' backward, last: every other gradient exists; the embedding gradient is built
     # (dense, like the table) from the incoming gradient; tied, it is summed with the held head part
     h_res = arch.hidden_size / (recipe.tp if recipe.sequence_parallel and recipe.tp > 1 else 1)
-    g_emb = float(st.grads_embed)
     bwd_cands.append({"activations": B(pr.embed_saved) + extra_inflight,
                       "temporaries": B(tok(h_res * recipe.param_bytes)) + (3 * g_emb if tied else g_emb),
                       "gradients": g_all if grads_present else g_all - g_emb})
@@ -212,7 +232,7 @@ def compute_phases(arch: ArchSpec, recipe: Recipe, micro_batch: Any = None, seq_
         peak = max(vals)
         phase = PHASES[int(np.argmax(vals))]
     return PhaseResult(phases=phases, peaks=peaks, peak=peak, peak_phase=phase, states=st, profile=pr, shape=sh,
-                       comm=comm)
+                       comm=comm, stage=stage)
 
 
 def _min(a: Any, b: Any) -> Any:

@@ -76,26 +76,29 @@ def _tp_numel(t: ParamTensor, tp: int, ep: int) -> int:
     return n
 
 
-def _stage_filter(arch: ArchSpec, recipe: Recipe):
-    layers = set(stage_layers(arch.num_layers, recipe.pp, 0))
-    single = recipe.pp == 1
+def _stage_filter(arch: ArchSpec, recipe: Recipe, stage: int = 0):
+    """Which tensors pipeline ``stage`` holds: its blocks; the embeddings on the first stage; the final
+    norm and head on the last (with a tied head, the last stage keeps its own copy of the embedding
+    table, as Megatron does)."""
+    layers = set(stage_layers(arch.num_layers, recipe.pp, stage))
+    first, last = stage == 0, stage == recipe.pp - 1
 
     def keep(t: ParamTensor) -> bool:
         if t.layer is not None:
             return t.layer in layers
         if t.group in ("embeddings", "position"):
-            return True
-        return single  # final norm and head live on the last stage
+            return first or (last and arch.tie_word_embeddings and t.name == "embed_tokens.weight")
+        return last
     return keep
 
 
-def lora_tensors(arch: ArchSpec, recipe: Recipe) -> list[tuple[str, tuple[int, int]]]:
+def lora_tensors(arch: ArchSpec, recipe: Recipe, stage: int = 0) -> list[tuple[str, tuple[int, int]]]:
     """(name, shape) of every LoRA A and B matrix (PEFT: A is r×in, B is out×r)."""
     if not recipe.lora:
         return []
     out = []
     r = recipe.lora_rank
-    for li in stage_layers(arch.num_layers, recipe.pp, 0):
+    for li in stage_layers(arch.num_layers, recipe.pp, stage):
         for lin in block_linears(arch, li):
             if lin.module in recipe.lora_targets:
                 out.append((f"layers.{li}.{lin.role}.lora_A", (r, lin.in_features)))
@@ -131,14 +134,14 @@ def _adafactor_state(shape: tuple[int, ...]) -> int:
 
 
 @lru_cache(maxsize=1024)
-def state_bytes(arch: ArchSpec, recipe: Recipe) -> StateBytes:
-    """Exact model-state bytes of ``arch`` trained with ``recipe`` on one rank (pipeline stage 0)."""
-    keep = _stage_filter(arch, recipe)
+def state_bytes(arch: ArchSpec, recipe: Recipe, stage: int = 0) -> StateBytes:
+    """Exact model-state bytes of ``arch`` trained with ``recipe`` on one rank of pipeline ``stage``."""
+    keep = _stage_filter(arch, recipe, stage)
     tp, ep, dp, zero = recipe.tp, recipe.ep, recipe.dp, recipe.zero_stage
     pb = recipe.param_bytes
     state_b = 4 if recipe.master_weights else pb
     tensors = [t for t in param_tensors(arch) if keep(t)]
-    lora = lora_tensors(arch, recipe)
+    lora = lora_tensors(arch, recipe, stage)
     frozen_base = recipe.lora
     # (shape, numel on this rank, element bytes, trainable)
     items: list[tuple[tuple[int, ...], int, float, bool]] = []
