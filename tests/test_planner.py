@@ -235,3 +235,22 @@ def test_other_memory_methods_are_taken_as_they_report():
             assert x.memory["activations"] == pytest.approx(r.activations_bytes, rel=1e-12)
     finally:
         del METHODS["first-order-as-reported-test"]
+
+
+def test_lazy_evaluation_for_slower_methods_gives_the_exhaustive_ranking():
+    """Methods other than first-order get their memory evaluated in order of step time until the ranking is
+    settled (ties included). The top and rejected lists must be exactly those of the exhaustive search."""
+    from trainfit.estimate import METHODS, first_order
+
+    METHODS["first-order-lazy-test"] = first_order
+    try:
+        kw = dict(global_batch=256, seq_len=4096, method="first-order-lazy-test", top=4, rejected=3)
+        lazy = plan("llama-3.1-70b", "h100", 64, **kw)
+        full = plan("llama-3.1-70b", "h100", 64, exhaustive=True, **kw)
+        assert full.evaluated == full.searched and lazy.evaluated < lazy.searched
+        assert [x.to_json() for x in lazy.top] == [x.to_json() for x in full.top]
+        assert [x.to_json() for x in lazy.rejected] == [x.to_json() for x in full.rejected]
+        assert lazy.fitting <= full.fitting
+        assert any("fastest layouts only" in n for n in lazy.notes)
+    finally:
+        del METHODS["first-order-lazy-test"]

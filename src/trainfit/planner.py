@@ -97,7 +97,7 @@ class Plan:
     headroom: float
     capacity_bytes: float
     searched: int
-    fitting: int
+    fitting: int  #: layouts that fit, among those whose memory was evaluated
     top: list[Layout]
     rejected: list[Layout]
     candidates: dict[str, list[int]]
@@ -105,6 +105,7 @@ class Plan:
     assumptions: list[str]
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
+    evaluated: int = 0  #: layouts whose memory was evaluated (all of them unless the search stopped early)
 
     @property
     def usable_bytes(self) -> float:
@@ -114,7 +115,8 @@ class Plan:
         return {"model": self.model, "hardware": self.hardware, "method": self.method, "n_gpus": self.n_gpus,
                 "global_batch": self.global_batch, "seq_len": self.seq_len, "precision": self.precision,
                 "optimizer": self.optimizer, "headroom": self.headroom, "capacity_bytes": self.capacity_bytes,
-                "usable_bytes": self.usable_bytes, "searched": self.searched, "fitting": self.fitting,
+                "usable_bytes": self.usable_bytes, "searched": self.searched, "evaluated": self.evaluated,
+                "fitting": self.fitting,
                 "top": [x.to_json() for x in self.top], "rejected": [x.to_json() for x in self.rejected],
                 "candidates": self.candidates, "excluded": list(self.excluded),
                 "assumptions": list(self.assumptions), "elapsed_s": self.elapsed_s, "notes": list(self.notes),
@@ -231,9 +233,24 @@ def _context(model: Any, hardware: Any, precision: str, optimizer: str, node_siz
                     optimizer=optimizer, peak=hw.flops(prec), net=net)
 
 
-def _evaluate(ctx: _Context, space: _Space, *, global_batch: int, seq_len: int, method: str, mfu: float,
-              inflight: bool, sweep_options: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Memory (bytes) and time (s) arrays for every layout of ``space``."""
+def _subset(space: _Space, idx: np.ndarray) -> _Space:
+    return _Space(tp=space.tp[idx], pp=space.pp[idx], dp=space.dp[idx], ep=space.ep[idx], zero=space.zero[idx],
+                  ckpt=space.ckpt[idx], mb=space.mb[idx], candidates=space.candidates, excluded=space.excluded)
+
+
+def _times(ctx: _Context, space: _Space, *, global_batch: int, seq_len: int, mfu: float) -> dict[str, np.ndarray]:
+    """Step-time arrays (seconds) for every layout of ``space``; cheap, independent of memory."""
+    t = step_time(params=ctx.params, active_params=ctx.active_params, layers=ctx.layers, hidden=ctx.hidden,
+                  seq_len=seq_len, global_batch=global_batch, microbatch=space.mb, tp=space.tp, pp=space.pp,
+                  dp=space.dp, ep=space.ep, zero_stage=space.zero, checkpointing=space.ckpt,
+                  precision_bytes=ctx.precision_bytes, peak_flops=ctx.peak, mfu=mfu, net=ctx.net, top_k=ctx.top_k,
+                  moe=ctx.moe)
+    return {f"time_{k}": np.broadcast_to(np.asarray(v, dtype=float), space.tp.shape) for k, v in t.items()}
+
+
+def _memory(ctx: _Context, space: _Space, *, global_batch: int, seq_len: int, method: str, inflight: bool,
+            sweep_options: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Memory arrays (bytes per accelerator) for every layout of ``space``, from the chosen method."""
     ckpt_names = np.asarray(F.CHECKPOINTING)[space.ckpt]
     acc = global_batch // (space.dp * space.mb)
     x = encode_inputs(ctx.model, ctx.hw, batch_size=global_batch, seq_len=seq_len, precision=ctx.precision,
@@ -246,19 +263,52 @@ def _evaluate(ctx: _Context, space: _Space, *, global_batch: int, seq_len: int, 
     # the in-flight micro-batches of their pipeline schedule themselves.
     if inflight and method == "first-order" and "activations" in comps:
         comps["activations"] = comps["activations"] * F.pipeline_inflight_microbatches(space.pp, acc)
-    total = None
-    for v in comps.values():
-        total = v if total is None else total + v
-    t = step_time(params=ctx.params, active_params=ctx.active_params, layers=ctx.layers, hidden=ctx.hidden,
-                  seq_len=seq_len, global_batch=global_batch, microbatch=space.mb, tp=space.tp, pp=space.pp,
-                  dp=space.dp, ep=space.ep, zero_stage=space.zero, checkpointing=space.ckpt,
-                  precision_bytes=ctx.precision_bytes, peak_flops=ctx.peak, mfu=mfu, net=ctx.net, top_k=ctx.top_k,
-                  moe=ctx.moe)
+        total = None
+        for v in comps.values():
+            total = v if total is None else total + v
+    else:
+        total = np.array(res["total_bytes"], dtype=float)  # the method's own total (a peak, not always a sum)
     out = {f"mem_{k}": v for k, v in comps.items()}
-    out.update({f"time_{k}": np.broadcast_to(np.asarray(v, dtype=float), total.shape) for k, v in t.items()})
     out["total_bytes"] = total
-    out["accumulation"] = acc
     return out
+
+
+def _rank(ctx: _Context, space: _Space, times: dict[str, np.ndarray], usable: float, *, top: int, rejected: int,
+          exhaustive: bool, **memory_args: Any) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+    """Memory for the layouts needed to rank: all of them (``exhaustive``), or in order of step time until
+    the fastest ``top`` fitting and ``rejected`` non-fitting layouts are known, ties included (for slow
+    methods; the layouts never evaluated are all slower). Returns (arrays over all layouts, NaN where not
+    evaluated; the evaluated mask; how many were evaluated)."""
+    n = space.size
+    step = times["time_step"]
+    arr: dict[str, np.ndarray] = {"total_bytes": np.full(n, np.nan)}
+    done = np.zeros(n, dtype=bool)
+
+    def fill(idx: np.ndarray) -> None:
+        part = _memory(ctx, _subset(space, idx), **memory_args)
+        for k, v in part.items():
+            if k not in arr:
+                arr[k] = np.zeros(n)
+            arr[k][idx] = v
+        done[idx] = True
+
+    if exhaustive:
+        fill(np.arange(n))
+        return arr, done, n
+    order = np.argsort(step, kind="stable")
+    pos, chunk = 0, max(8, 2 * (top + rejected))
+    while pos < n:
+        fill(order[pos:pos + chunk])
+        pos = min(n, pos + chunk)
+        chunk *= 2
+        seen = order[:pos]
+        ok = arr["total_bytes"][seen] <= usable
+        if ok.sum() >= top and (~ok).sum() >= rejected and pos < n:
+            cut = max(step[seen[ok]][top - 1] if top else -np.inf,
+                      step[seen[~ok]][rejected - 1] if rejected else -np.inf)
+            if step[order[pos]] > cut:  # every later layout is strictly slower: the ranking is settled
+                break
+    return arr, done, pos
 
 
 def _layout(space: _Space, arr: dict[str, np.ndarray], i: int, usable: float, capacity: float,
@@ -318,13 +368,15 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
          headroom: float = DEFAULT_HEADROOM, zero_stages: Optional[Sequence[Any]] = None,
          checkpointing: Optional[Sequence[str]] = None, method: str = "first-order", mfu: float = DEFAULT_MFU,
          node_size: int = DEFAULT_NODE_SIZE, inter_node_bandwidth: Any = None, inflight: bool = True,
-         top: int = 5, rejected: int = 5, **sweep_options: Any) -> Plan:
+         top: int = 5, rejected: int = 5, exhaustive: Optional[bool] = None, **sweep_options: Any) -> Plan:
     """Every valid layout of ``model`` on ``n_gpus`` accelerators of ``hardware``, ranked.
 
     ``global_batch`` in sequences, ``seq_len`` in tokens; ``headroom`` the fraction of memory kept
     free; ``zero_stages``/``checkpointing`` restrict the search (default: all); ``mfu``, ``node_size``
     and ``inter_node_bandwidth`` (e.g. ``"400 Gbps"``) set the time model's assumptions;
     ``inflight=False`` keeps the seed's one-micro-batch activation memory for pipelines.
+    ``exhaustive`` evaluates the memory of every layout (default for first-order, which takes
+    milliseconds); otherwise memory is evaluated in order of step time until the ranking is settled.
     ``sweep_options`` go to the memory method (``trainable_fraction``, ``sequence_parallel``, ...).
     """
     _validate(n_gpus, global_batch, seq_len, headroom, mfu, top, method)
@@ -346,17 +398,28 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
     top_rows: list[Layout] = []
     rej_rows: list[Layout] = []
     fitting = 0
+    evaluated = 0
+    if exhaustive is None:
+        exhaustive = method == "first-order"  # milliseconds for every layout; other methods cost more
     if space.size:
-        arr = _evaluate(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), method=method, mfu=mfu,
-                        inflight=inflight, sweep_options=sweep_options)
-        fits = arr["total_bytes"] <= usable
+        times = _times(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), mfu=mfu)
+        mem, done, evaluated = _rank(ctx, space, times, usable, top=top, rejected=rejected, exhaustive=exhaustive,
+                                     global_batch=int(global_batch), seq_len=int(seq_len), method=method,
+                                     inflight=inflight, sweep_options=sweep_options)
+        arr = {**times, **mem, "accumulation": global_batch // (space.dp * space.mb)}
+        fits = done & (mem["total_bytes"] <= usable)
+        misses = done & ~fits
         fitting = int(fits.sum())
         # fastest first; ties broken by less memory
-        order = np.lexsort((arr["total_bytes"], arr["time_step"]))
+        order = np.lexsort((np.nan_to_num(mem["total_bytes"], nan=np.inf), times["time_step"]))
         good = order[fits[order]][:top]
-        bad = order[~fits[order]][:rejected]
+        bad = order[misses[order]][:rejected]
         top_rows = [_layout(space, arr, int(i), usable, capacity, headroom) for i in good]
         rej_rows = [_layout(space, arr, int(i), usable, capacity, headroom) for i in bad]
+        if evaluated < space.size:
+            notes.append(f"memory evaluated for the {evaluated:,} fastest layouts only (method {method!r}); the "
+                         f"other {space.size - evaluated:,} are all slower, so the ranking is exact, but the fit "
+                         "count covers the evaluated ones (--exhaustive evaluates every layout)")
         if not is_vectorised(method):
             notes.append(f"the {method!r} memory method has no vectorised version: it ran layout by layout")
     else:
@@ -364,7 +427,7 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
     return Plan(model=ctx.name, hardware=ctx.hw.name, method=method, n_gpus=int(n_gpus),
                 global_batch=int(global_batch), seq_len=int(seq_len), precision=ctx.precision,
                 optimizer=ctx.optimizer, headroom=float(headroom), capacity_bytes=capacity, searched=space.size,
-                fitting=fitting, top=top_rows, rejected=rej_rows, candidates=space.candidates,
+                fitting=fitting, evaluated=evaluated, top=top_rows, rejected=rej_rows, candidates=space.candidates,
                 excluded=space.excluded,
                 assumptions=assumptions(mfu=mfu, peak_flops=ctx.peak, precision=ctx.precision, net=ctx.net,
                                         hardware=ctx.hw.name, moe=ctx.moe, inflight=inflight, headroom=headroom,
@@ -434,7 +497,9 @@ def header_lines(p: Plan) -> list[str]:
              f"searched {p.searched:,} layouts (tp in {p.candidates['tp']}, pp in {p.candidates['pp']}"
              + (f", ep in {p.candidates['ep']}" if p.candidates["ep"] != [1] else "")
              + f", ZeRO 0-3, checkpointing, micro-batch x accumulation): {p.fitting:,} fit, "
-               f"{p.searched - p.fitting:,} do not; search took {p.elapsed_s * 1e3:.0f} ms"]
+               f"{p.evaluated - p.fitting:,} do not"
+             + (f", {p.searched - p.evaluated:,} slower ones not evaluated" if p.evaluated < p.searched else "")
+             + f"; search took {p.elapsed_s * 1e3:.0f} ms"]
     lines += [f"excluded before memory: {e}" for e in p.excluded]
     lines += p.notes
     return lines

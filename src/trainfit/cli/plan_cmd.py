@@ -103,6 +103,9 @@ def plan_command(
     no_inflight: bool = typer.Option(False, "--no-inflight",
                                      help="Keep one micro-batch of activations per pipeline stage (the seed's "
                                           "assumption) instead of 1F1B's min(pp, accumulation)."),
+    exhaustive: bool = typer.Option(False, "--exhaustive",
+                                    help="Evaluate the memory of every layout. First-order always does (it takes "
+                                         "milliseconds); slower methods otherwise stop once the ranking is settled."),
     top: int = typer.Option(5, "--top", help="Layouts to show."),
     rejected: int = typer.Option(5, "--rejected", help="Best rejected layouts to show."),
     method: str = typer.Option("first-order", "--method", help="Memory model: " + ", ".join(available_methods()) + " (first-order is vectorised; others run "
@@ -118,7 +121,7 @@ def plan_command(
 
     opts = dict(global_batch=global_batch, seq_len=seq, precision=precision, optimizer=optimizer, headroom=headroom,
                 zero_stages=_split(zero), checkpointing=_split(checkpointing), method=method, mfu=mfu,
-                node_size=node_size, inter_node_bandwidth=inter_node, inflight=not no_inflight, top=top,
+                node_size=node_size, inter_node_bandwidth=inter_node, inflight=not no_inflight, exhaustive=True if exhaustive else None, top=top,
                 rejected=rejected)
     if min_gpus_flag:
         limit = 4096 if gpus is None else gpus
