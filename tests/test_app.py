@@ -195,3 +195,14 @@ def test_notebook_runs_as_a_script_and_every_view_builds() -> None:
     assert round(defs["selected"].total_mb, 2) == 163.81 and defs["selected"].feasible is False
     for name in ("stack_view", "frontier_view", "plan_view", "free_view"):
         assert "<" in defs[name]().text  # renders to HTML without raising
+
+
+def test_student_notes_follow_the_prediction_and_reflection() -> None:
+    stack = all_memory_stacks(load_training_profile("iphone"), 8)[0]  # activations dominate (upstream §4.5)
+    assert views.student_notes(None, stack, "  ") == ("", {})
+    md, data = views.student_notes("weights", stack, "Too big for the phone.")
+    assert data["prediction_correct"] is False and data["actual_dominant_component"] == "activations"
+    assert "## Predictions" in md and "(not correct)" in md and md.rstrip().endswith("Too big for the phone.")
+    md, data = views.student_notes("activations", stack, "")
+    assert data["prediction_correct"] is True and "- none written" in md
+    json.dumps(data)  # plain JSON types

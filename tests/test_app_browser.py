@@ -242,9 +242,19 @@ def test_app_in_headless_chromium(app_url: Callable[[], str]) -> None:
             assert page.get_by_test_id("rejected").locator("li").all_inner_texts() == list(plan.rejected_alternatives)
             assert page.get_by_test_id("validation-tests").locator("li").all_inner_texts() == \
                 list(cloud.validation_tests)
+            # The student's reflection goes into the download after the library's report, with the prediction.
+            note = "Selective recomputation fits only up to batch 19; measure batch 16 first."
+            box = page.locator("marimo-text-area[data-label*='Reflection'] textarea")
+            box.fill(note)
+            box.blur()  # marimo sends a text area's value when it loses focus
+            status = page.get_by_test_id("notes-status").filter(has_text=f"({len(note)} characters)")
+            status.wait_for(timeout=TIMEOUT_MS)
             with page.expect_download(timeout=TIMEOUT_MS) as dl:
                 page.get_by_text("Download the report (markdown)").click()
-            assert Path(dl.value.path()).read_text() == report.to_markdown()
+            downloaded = Path(dl.value.path()).read_text()
+            assert downloaded.startswith(report.to_markdown())  # the CLI's report, unchanged
+            assert "predicted **activations**, lab result **activations** (correct)" in downloaded
+            assert downloaded.rstrip().endswith(note)
             _shoot(page, "plan")
 
             laps.append(('step 7', time.monotonic()))
@@ -269,7 +279,8 @@ def test_app_in_headless_chromium(app_url: Callable[[], str]) -> None:
             # 8. The planner one click away: same inputs, 8 accelerators.
             page.get_by_role("radio", name=re.compile("^Plan: best layouts")).click()
             page.get_by_test_id("free-plan").wait_for(timeout=TIMEOUT_MS)
-            best = layout_plan("llama-3.1-8b", "h100", 8, global_batch=8, seq_len=1024, precision="fp16", optimizer="adam")
+            best = layout_plan("llama-3.1-8b", "h100", 8, global_batch=8, seq_len=1024, precision="fp16",
+                               optimizer="adam")
             summary = page.get_by_test_id("free-plan").inner_text()
             assert f"{best.fitting} fit, {best.searched - best.fitting} do not" in summary
             assert f"Plan: {best.model} on 8 x {best.hardware}" in summary
@@ -278,7 +289,8 @@ def test_app_in_headless_chromium(app_url: Callable[[], str]) -> None:
             browser.close()
 
     laps.append(("end", time.monotonic()))
-    print("browser test timings (s): " + ", ".join(f"{a[0]}→{b[0]} {b[1] - a[1]:.1f}" for a, b in zip(laps, laps[1:])))
+    print("browser test timings (s): "
+          + ", ".join(f"{a[0]}→{b[0]} {b[1] - a[1]:.1f}" for a, b in zip(laps, laps[1:])))
     # Offline: every request went to the app itself.
     assert requests, "the browser made no requests"
     outside = sorted({u for u in requests if not u.startswith(url.rstrip("/")) and

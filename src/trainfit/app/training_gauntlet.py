@@ -89,7 +89,10 @@ def _(mo, views):
     prediction = mo.ui.radio(list(views.COMPONENTS), value=None, inline=True,
                              label="**Predict** the dominant memory component of the selected strategy")
     physics = mo.ui.switch(value=False, label="Show the physical model (TrainingMemoryModel) side by side")
-    return physics, prediction
+    reflection = mo.ui.text_area(placeholder="Your reflection: why this strategy, what would change your mind, "
+                                             "what you would measure first…",
+                                 label="**Reflection** (goes into the downloaded report)", full_width=True, rows=3)
+    return physics, prediction, reflection
 
 
 @app.cell
@@ -131,8 +134,8 @@ def _(METHODS, mo, views):
 
 
 @app.cell
-def _(frontier_summary, io, json, mo, plot_frontier, plot_memory_stack, prediction, physics, profile, report,
-      selected, views):
+def _(frontier_summary, io, json, mo, plot_frontier, plot_memory_stack, prediction, physics, profile, reflection,
+      report, selected, views):
     # View builders: the layout cell calls only the visible one (charts cost a few hundred ms each).
     def _png(draw, *args):
         return mo.image(io.BytesIO(views.plot_png(draw, *args)), style={"max-width": "1100px", "width": "100%"})
@@ -183,7 +186,8 @@ def _(frontier_summary, io, json, mo, plot_frontier, plot_memory_stack, predicti
                  "none" if _fr.max_feasible_batch is None else str(_fr.max_feasible_batch)),
                 ("fr-first-infeasible", "first infeasible batch above it",
                  "none" if _fr.first_infeasible_batch is None else str(_fr.first_infeasible_batch)),
-                ("fr-current", f"your batch {selected.batch_size}", "feasible" if selected.feasible else "not feasible"),
+                ("fr-current", f"your batch {selected.batch_size}",
+                 "feasible" if selected.feasible else "not feasible"),
             ], testid="frontier-figures")),
             mo.md(frontier_summary(_fr) + ". Small batches can fail the throughput floor, large ones the memory "
                   "budget."),
@@ -195,6 +199,12 @@ def _(frontier_summary, io, json, mo, plot_frontier, plot_memory_stack, predicti
     def plan_view():
         _name = f"training-plan-{_p.track_id}-{_plan.selected_id}-b{_plan.batch_size}"
         _md = report.to_markdown()
+        _notes_md, _notes = views.student_notes(prediction.value, selected, reflection.value)
+        _json = report.to_dict()
+        if _notes:
+            _json["student"] = _notes
+        _status = (f"Added to the downloads: your prediction and reflection ({len(_notes['reflection'])} characters)."
+                   if _notes else "Nothing of yours in the downloads yet: make a prediction or write a reflection.")
         return mo.vstack([
             mo.callout(mo.Html(f'<div data-testid="plan-memo"><strong>Memo.</strong> '
                                f'{views.html.escape(_plan.memo_summary)}</div>'),
@@ -221,10 +231,12 @@ def _(frontier_summary, io, json, mo, plot_frontier, plot_memory_stack, predicti
                            mo.Html('<ul data-testid="validation-tests">' + "".join(
                                f"<li>{views.html.escape(t)}</li>" for t in _p.validation_tests) + "</ul>")]),
             ], justify="start", gap=4, align="start"),
+            reflection,
+            mo.Html(f'<span data-testid="notes-status" style="font-size:0.8rem;color:#555">{_status}</span>'),
             mo.hstack([
-                mo.download(data=_md.encode(), filename=f"{_name}.md", mimetype="text/markdown",
+                mo.download(data=(_md + _notes_md).encode(), filename=f"{_name}.md", mimetype="text/markdown",
                             label="Download the report (markdown)"),
-                mo.download(data=(json.dumps(report.to_dict(), indent=2) + "\n").encode(),
+                mo.download(data=(json.dumps(_json, indent=2) + "\n").encode(),
                             filename=f"{_name}.json", mimetype="application/json",
                             label="Download the report (JSON)"),
             ], justify="start"),

@@ -181,6 +181,30 @@ def prediction_feedback(prediction: Optional[str], stack: TrainingMemoryStackRes
     return "warn", f"Not quite: you predicted **{prediction}**, but {fact}"
 
 
+def student_notes(prediction: Optional[str], stack: TrainingMemoryStackResult, reflection: str) -> tuple[str, dict]:
+    """The student's own part of the downloaded report, as upstream's lab report keeps it: the
+    prediction (and whether it matched the lab's dominant component) and the reflection text.
+    Returns ``(markdown appended after the library's report, JSON added under "student")``; both
+    empty when the student entered nothing."""
+    reflection = (reflection or "").strip()
+    if not prediction and not reflection:
+        return "", {}
+    data: dict[str, Any] = {"predicted_dominant_component": prediction or None,
+                            "actual_dominant_component": stack.dominant_component,
+                            "prediction_correct": (prediction == stack.dominant_component) if prediction else None,
+                            "strategy_id": stack.strategy_id, "batch_size": stack.batch_size,
+                            "reflection": reflection}
+    lines = ["", "## Predictions", ""]
+    if prediction:
+        verdict = "correct" if data["prediction_correct"] else "not correct"
+        lines.append(f"- Dominant memory component of `{stack.strategy_id}` at batch {stack.batch_size}: predicted "
+                     f"**{prediction}**, lab result **{stack.dominant_component}** ({verdict}).")
+    else:
+        lines.append("- no prediction made")
+    lines += ["", "## Reflections", "", reflection or "- none written", ""]
+    return "\n".join(lines), data
+
+
 def plot_png(draw: Callable[..., Path], *args: Any) -> bytes:
     """Run one of :mod:`trainfit.labs.plots`' drawing functions into a temporary PNG; return its bytes."""
     with tempfile.TemporaryDirectory(prefix="trainfit-app-") as tmp:
