@@ -71,8 +71,9 @@ def warm_up() -> None:
 
 def serve(port: int = DEFAULT_PORT, *, open_browser: bool = True, out: TextIO = sys.stdout,
           on_ready: Optional[Callable[[str], None]] = None) -> None:
-    """Serve the lab until interrupted. Prints ``trainfit app: http://127.0.0.1:PORT/`` once the
-    socket is bound, then opens the default browser on it unless ``open_browser`` is false."""
+    """Serve the lab until interrupted. Prints ``trainfit app: Training Gauntlet lab at
+    http://127.0.0.1:PORT/`` once the socket listens, then opens the default browser on it unless
+    ``open_browser`` is false; ``on_ready(url)`` is called at the same moment (for embedding)."""
     require_marimo()
     import marimo
     import uvicorn
@@ -89,6 +90,7 @@ def serve(port: int = DEFAULT_PORT, *, open_browser: bool = True, out: TextIO = 
     if on_ready is not None:
         on_ready(url)
     if open_browser:
-        # After a short delay so the server is accepting when the browser connects.
-        threading.Timer(1.0, webbrowser.open, args=(url,)).start()
+        # In a thread: some browsers' launchers block. The socket already listens, so the request waits
+        # in its backlog until uvicorn accepts it.
+        threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
     server.run(sockets=[sock])
