@@ -19,7 +19,7 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..datafile import DATA_DIR, node_at, read_yaml, validate_entries
+from ..datafile import DATA_DIR, NodeRef, node_at, read_yaml, validate_entries
 from ..errors import TrainfitError, unknown_choice
 from .schemas import LabTrackVariant, TrackProfile
 
@@ -184,12 +184,12 @@ class LabData:
         return tuple(v for v in self.variants if v.lab_id == lab_id)
 
 
-def _line(node: yaml.Node | None, path: tuple[Any, ...]) -> str:
+def _line(node: NodeRef | None, path: tuple[Any, ...]) -> str:
     sub = node_at(node, path)
-    return str(sub.start_mark.line + 1) if sub is not None else "?"
+    return str(sub.line()) if sub is not None else "?"
 
 
-def _check_refs(path: Path, root: yaml.Node | None, kind: str, ref: str, where: tuple[Any, ...], entry: str) -> None:
+def _check_refs(path: Path, root: NodeRef | None, kind: str, ref: str, where: tuple[Any, ...], entry: str) -> None:
     """A ``Hardware.…``/``Models.…`` reference must resolve in the trainfit catalog."""
     from ..catalog import get_hardware, get_model
 
@@ -200,7 +200,7 @@ def _check_refs(path: Path, root: yaml.Node | None, kind: str, ref: str, where: 
                             f"{kind} reference does not resolve: {exc}") from None
 
 
-def parse_lab_data(path: Path, data: Any, root: yaml.Node | None) -> LabData:
+def parse_lab_data(path: Path, data: Any, root: NodeRef | None) -> LabData:
     """Validate the plain ``data`` of a tracks file (``root`` is its YAML node tree, for line numbers)."""
     if not isinstance(data, dict):
         raise TrainfitError(f"{path}: line 1: expected a mapping with keys 'tracks' and 'variants'")
