@@ -146,7 +146,7 @@ def collect() -> list[dict[str, Any]]:
         for case in read_jsonl(path):
             if not single_gpu(case) or ("peak_bytes" not in case and "total_bytes" not in case):
                 continue
-            arch = case_arch(case, GT / "configs")
+            arch = case_arch(case, GT / "configs", path.parent)
             res = compute_phases(arch, case_recipe(case))
             meas = float(case.get("peak_bytes", case.get("total_bytes")))
             rows.append({"source": source, "case": label(case), "measured": meas,

@@ -151,14 +151,15 @@ def detailed(model: Any, hardware: Any, **options: Any) -> Estimate:
              f"optimizer {res.peaks['optimizer'] / 2**30:.2f} GiB)",
              f"attention kernel: {res.profile.kernel}"]
     if recipe.pp > 1:
-        notes.append("pipeline: the first stage is reported (embeddings + its blocks, the most in-flight micro-batches)")
+        notes.append(f"pipeline: stage {int(res.stage)} of {recipe.pp} reported, the busier of the first (embeddings, "
+                     "most in-flight micro-batches) and the last (head and loss)")
     if recipe.overheads:
         notes.append("total includes CUDA context, workspaces and allocator reserve (--no-overheads leaves them out)")
     extra: dict[str, Any] = {
         "peak_allocated_bytes": float(res.peak), "peak_phase": phase,
         "phases": {p: float(v) for p, v in res.peaks.items()},
         "overheads_bytes": float(sum(o.bytes for o in ovh)), "overheads_included": recipe.overheads,
-        "attention_kernel": res.profile.kernel,
+        "attention_kernel": res.profile.kernel, "pipeline_stage": int(res.stage),
     }
     if want_explain:
         extra["explain"] = [ln.as_dict() for ln in explain(arch, recipe, res, ovh)]

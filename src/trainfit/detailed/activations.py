@@ -389,8 +389,13 @@ class _Walker:
         a, g = self.a, self.g
         g.region = "embed"
         x = g.new(tok(self.hw if self.sp else a.embedding_dim), self.p, self.full, "token embeddings")
-        if a.embedding_scale:
-            x = g.mul(x, g.new(const(1), self.p, False, "normalizer"), "scaled embeddings")
+        if a.embedding_scale:  # Gemma: the scale is inside the embedding module
+            x = g.mul(x, g.new(const(1), self.p, False, "embed_scale"), "scaled embeddings")
+        # transformers' activation_checkpointing_enable makes the embedding module's output require grad
+        # (for frozen tables too: PEFT); that output is then a leaf the graph keeps until backward
+        if not self.full and self.r.checkpointing in ("full", "every-k"):
+            x.rg = True
+            g.save(x)
         if a.position_table_size:
             pe = g.new(pos(self.hw), self.p, self.full, "position embeddings")
             x = g.add(x, pe, "+positions")
@@ -499,26 +504,29 @@ class _Walker:
                 wc = vadd(wc, t.bytes)
                 if t.saved:
                     wcs = vadd(wcs, t.bytes)
+        by_region: dict[str, list[Tensor]] = {}
+        for t in g.tensors:
+            by_region.setdefault(t.region, []).append(t)
         lay = []
         per_layer_wc = ZERO
         for (i, (start, ck)) in zip(layers, marks):
-            reg = f"layer{i}"
-            saved = g.saved_bytes(reg)
+            ts = by_region.get(f"layer{i}", [])
+            saved = ZERO
             rec = ZERO
-            if ck:
-                rec = ZERO
-                for t in g.tensors:
-                    if t.region == reg and (t.would_save or (t.held and t.size[0] == 0)):
-                        rec = vadd(rec, t.bytes)
             biggest = ZERO
-            for t in g.tensors:
-                if t.region == reg and t.size[0] * t.dtype > biggest[0]:
-                    biggest = t.bytes
+            for t in ts:
+                b = t.bytes
+                if t.saved:
+                    saved = vadd(saved, b)
+                if ck and (t.would_save or (t.held and t.size[0] == 0)):
+                    rec = vadd(rec, b)
+                if t.size[0] * t.dtype > biggest[0]:
+                    biggest = b
             res = tok(2 * self.hw * self.p)  # gradient of the residual stream, in and out
             lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=vadd(res, vadd(biggest, biggest))))
             if i == layers[-1]:
-                for t in g.tensors:
-                    if t.region == reg and t.held and t.size[0] == 0 and t.size[3]:
+                for t in ts:
+                    if t.held and t.size[0] == 0 and t.size[3]:
                         per_layer_wc = vadd(per_layer_wc, t.bytes)
         embed_saved = g.saved_bytes("embed")
         head_saved = vadd(g.saved_bytes("head"), g.saved_bytes("stage output"))

@@ -25,14 +25,19 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def case_config(case: dict[str, Any], configs_dir: Optional[Path] = None) -> dict[str, Any]:
-    """The config dict a case was measured with (position tables enlarged as its notes say)."""
+def case_config(case: dict[str, Any], configs_dir: Optional[Path] = None, base_dir: Optional[Path] = None) -> dict[str, Any]:
+    """The config dict a case was measured with (position tables enlarged as its notes say): the case's
+    own ``config``, ``configs_dir/<model>.json``, a ``.json`` path relative to ``base_dir`` (the corpus
+    file's folder), or a bundled config name."""
     if isinstance(case.get("config"), dict):
         cfg = dict(case["config"])
     else:
-        name = case.get("model") or case.get("inputs", {}).get("model")
-        path = configs_dir / f"{name}.json" if configs_dir is not None else None
-        cfg = json.loads(path.read_text()) if path is not None and path.is_file() else load_config(name)
+        name = str(case.get("model") or case.get("inputs", {}).get("model"))
+        candidates = [configs_dir / f"{name}.json"] if configs_dir is not None else []
+        if name.endswith(".json") and base_dir is not None:
+            candidates.append(base_dir / name)
+        path = next((p for p in candidates if p.is_file()), None)
+        cfg = json.loads(path.read_text()) if path is not None else load_config(name)
     notes = list(case.get("notes") or []) + list(case.get("build_notes") or [])
     for note in notes:
         m = _RAISED.search(str(note))
@@ -41,8 +46,8 @@ def case_config(case: dict[str, Any], configs_dir: Optional[Path] = None) -> dic
     return cfg
 
 
-def case_arch(case: dict[str, Any], configs_dir: Optional[Path] = None) -> ArchSpec:
-    return arch_from_config(case_config(case, configs_dir), name=str(case.get("model", "config")))
+def case_arch(case: dict[str, Any], configs_dir: Optional[Path] = None, base_dir: Optional[Path] = None) -> ArchSpec:
+    return arch_from_config(case_config(case, configs_dir, base_dir), name=str(case.get("model", "config")))
 
 
 def case_recipe(case: dict[str, Any]) -> Recipe:
@@ -65,4 +70,4 @@ def single_gpu(case: dict[str, Any]) -> bool:
 
 def iter_cases(path: Path, configs_dir: Optional[Path] = None) -> Iterator[tuple[dict[str, Any], ArchSpec, Recipe]]:
     for case in read_jsonl(path):
-        yield case, case_arch(case, configs_dir), case_recipe(case)
+        yield case, case_arch(case, configs_dir, path.parent), case_recipe(case)
