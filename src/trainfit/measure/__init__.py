@@ -55,9 +55,16 @@ def _resolve_config(model_or_config: Any) -> tuple[str, dict[str, Any]]:
     if isinstance(model_or_config, Mapping):
         cfg = dict(model_or_config)
         return str(cfg.get("_name_or_path") or cfg.get("model_type") or "config"), cfg
+    from pathlib import Path
+
     from ..arch import load_config
 
-    return str(model_or_config), load_config(model_or_config)
+    cfg = load_config(model_or_config)
+    label = str(model_or_config)
+    if "/" in label or label.endswith(".json"):  # a path: name it by its file (or its directory for config.json)
+        path = Path(label)
+        label = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    return label, cfg
 
 
 def make_optimizer(params: list[Any], optimizer: str, opt_impl: str) -> Any:

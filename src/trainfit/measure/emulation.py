@@ -75,12 +75,12 @@ def select_sdpa_kernel(*, dtype: Any, q_shape: tuple[int, ...], k_shape: tuple[i
 
 
 def _bool_mask_to_additive(mask: Any, dtype: Any) -> Any:
-    # ATen's convert_boolean_attn_mask: True = attend -> 0, False -> -inf, in the query's dtype.
+    # ATen's convert_boolean_attn_mask: where(!mask, -inf, 0) in the query's dtype (True = attend).
     torch = require("torch")
     if mask is None or mask.dtype != torch.bool:
         return mask
-    return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device),
-                       torch.full((), float("-inf"), dtype=dtype, device=mask.device))
+    return torch.where(mask.logical_not(), float("-inf"),
+                       torch.scalar_tensor(0.0, dtype=dtype, device=mask.device))
 
 
 def _efficient_mask(mask: Any, q: Any, k: Any) -> Any:

@@ -1,0 +1,69 @@
+"""trainfit.measure.measure(): the recipe is built as documented (LoRA, position tables, dropout, phases)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainfit.errors import TrainfitError
+from trainfit.measure import COMPONENTS, components_of, measure
+
+GROUNDTRUTH = Path(__file__).resolve().parents[1].parent / "shared" / "groundtruth"
+
+
+def _cfg(name: str) -> dict:
+    return json.loads((GROUNDTRUTH / "configs" / f"{name}.json").read_text())
+
+
+def test_components_cover_every_tracker_category_once():
+    bd = {"parameter": 1, "buffer": 2, "gradient": 4, "activation": 8, "temp": 16, "optstate": 32, "other": 64}
+    comp = components_of(bd)
+    assert list(comp) == list(COMPONENTS) and sum(comp.values()) == 127
+    assert comp["other"] == 66 and comp["temporaries"] == 16 and comp["optimizer_state"] == 32
+
+
+def test_lora_trains_only_the_adapters():
+    # LoRA adds r * (d_in + d_out) parameters per target: llama-tiny has 2 layers, q_proj and v_proj
+    # are 256 -> 256 (4 KV heads x 64), so r = 8 gives 2 * 2 * 8 * (256 + 256) = 16,384 trainable parameters
+    est = measure(_cfg("llama-tiny"), 1, 64, lora_r=8)
+    assert est.extra["n_trainable_params"] == 2 * 2 * 8 * (256 + 256)
+    assert est.inputs["lora_targets"] == ["q_proj", "v_proj"]
+    # optimizer state: AdamW's two fp32 moments per trainable parameter plus a 4-byte step per tensor
+    # (8 adapter tensors), each storage rounded to 512 bytes
+    assert est.extra["static"]["optimizer_state_bytes"] == 2 * 16384 * 4 + 8 * 512
+
+
+def test_position_table_is_enlarged_to_fit_seq_like_the_ground_truth():
+    est = measure(_cfg("gpt2-tiny"), 1, 1024, precision="bf16")
+    # same note as the ground truth's GPT-2 cases at seq 2048 ("n_positions raised from 1024 to 2048 to fit seq")
+    assert est.extra["build_notes"] == ["n_positions raised from 512 to 1024 to fit seq"]
+
+
+def test_no_dropout_removes_the_dropout_masks():
+    with_do = measure(_cfg("gpt2-tiny"), 2, 128, precision="bf16")
+    without = measure(_cfg("gpt2-tiny"), 2, 128, precision="bf16", dropout=False)
+    # GPT-2 tiny has 2 layers x (attention-output + MLP dropout) + the embedding dropout = 5 bool masks of
+    # batch x seq x 256 bytes saved for backward (attention dropout is inside the flash kernel)
+    act = lambda e: e.extra["phases"]["forward"]["end_breakdown"]["activation"]  # noqa: E731
+    assert act(with_do) - act(without) == 5 * 2 * 128 * 256
+
+
+def test_phases_chain_and_the_step_is_steady():
+    est = measure(_cfg("llama-tiny"), 2, 64, precision="amp-bf16", optimizer="sgd-momentum")
+    ph = est.extra["phases"]
+    assert ph["forward"]["end_bytes"] == ph["backward"]["start_bytes"]
+    assert ph["backward"]["end_bytes"] == ph["optimizer"]["start_bytes"]
+    assert ph["optimizer"]["end_bytes"] == ph["forward"]["start_bytes"]  # nothing leaks into the next step
+    assert est.total_bytes == max(p["peak_bytes"] for p in ph.values())
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(precision="fp8"), "unknown precision"),
+    (dict(semantics="tpu"), "unknown semantics"),
+    (dict(lora_r=-1), "lora rank"),
+    (dict(task="seq2seq"), "unknown task"),
+])
+def test_bad_options_raise_one_line(kwargs, needle):
+    with pytest.raises(TrainfitError, match=needle):
+        measure(_cfg("gpt2-tiny"), 1, 8, **kwargs)
