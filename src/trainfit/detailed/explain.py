@@ -68,6 +68,8 @@ def explain(arch: ArchSpec, recipe: Recipe, res: PhaseResult, overheads: list[Ov
              + (f"; LoRA r={recipe.lora_rank} on {', '.join(recipe.lora_targets)} in {recipe.lora_dtype}" if recipe.lora else "")
              + (f"; / tp {recipe.tp}" if recipe.tp > 1 else "") + (f"; / dp {recipe.dp} (ZeRO-3)" if recipe.zero_stage >= 3 and recipe.dp > 1 else ""),
              "tensor inventory of the transformers model (detailed/layout.py); CUDA caching allocator 512-byte blocks"))
+    add(Line("buffers", comp["buffers"], "rotary inv_freq + original_inv_freq (fp32), Gemma embed_scale, "
+             "BERT/RoBERTa position_ids + token_type_ids (int64 x max positions)", "transformers register_buffer"))
     add(Line("master_weights", comp["master_weights"],
              f"{st.n_trainable:,} trainable x 4 B fp32 master copy" if recipe.master_weights else
              ("fp32 gradient copy" if recipe.fp32_grads else "none: parameters are the optimizer's weights"),

@@ -30,7 +30,7 @@ from .recipe import Recipe
 from .states import StateBytes, state_bytes
 
 PHASES = ("forward", "backward", "optimizer")
-COMPONENTS = ("parameters", "master_weights", "gradients", "optimizer_state", "optimizer_temporaries",
+COMPONENTS = ("parameters", "buffers", "master_weights", "gradients", "optimizer_state", "optimizer_temporaries",
               "activations", "temporaries", "communication_buffers", "inputs")
 INPUT_BYTES_PER_TOKEN = 16  #: int64 input ids and labels
 
@@ -165,7 +165,7 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, stage: int, micro_batch: Any 
     grads_present = recipe.accumulation > 1 or recipe.pp > 1
     comm = comm_buffers(arch, recipe, st)
     opt_state = float(st.opt_states + st.step_counters)
-    base = dict(parameters=float(st.params), master_weights=float(st.master + st.fp32_grads), optimizer_state=opt_state,
+    base = dict(parameters=float(st.params), buffers=float(st.buffers), master_weights=float(st.master + st.fp32_grads), optimizer_state=opt_state,
                 optimizer_temporaries=0.0, inputs=INPUT_BYTES_PER_TOKEN * sh.tokens)
     saved_total = B(pr.saved_total)
     extra_inflight = (inflight - 1.0) * saved_total

@@ -65,6 +65,7 @@ class StateBytes:
     grads_embed: int = 0  #: gradient bytes of the embeddings (produced last in backward)
     grads_head: int = 0  #: gradient bytes of the final norm and head (produced first)
     compute_copy_params: int = 0  #: elements a ZeRO-3/FSDP rank gathers over a step (all on this stage)
+    buffers: int = 0  #: non-parameter model state (rotary inv_freq tables, BERT position/token-type ids)
 
 
 def _tp_numel(t: ParamTensor, tp: int, ep: int) -> int:
@@ -225,7 +226,21 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, stage: int = 0) -> StateBytes:
                       step_counters=steps, opt_temp=temp, largest_layer_params=largest_layer,
                       largest_tensor=largest, n_tensors=len(items), n_trainable_tensors=len(train),
                       grads_embed=grads_part["embed"], grads_head=grads_part["head"],
-                      compute_copy_params=n_all)
+                      compute_copy_params=n_all, buffers=model_buffers(arch, recipe) if stage == 0 else 0)
+
+
+def model_buffers(arch: ArchSpec, recipe: Recipe) -> int:
+    """Registered buffers transformers keeps on the device: rotary ``inv_freq`` and
+    ``original_inv_freq`` (fp32, head_dim·fraction/2 each), Gemma's 0-d ``embed_scale``, and BERT/RoBERTa's
+    ``position_ids`` and ``token_type_ids`` (int64, one row of max_position_embeddings)."""
+    out = 0
+    if arch.position_embedding == "rotary" and arch.rotary_fraction > 0:
+        out += 2 * rounded(4 * arch.head_dim * arch.rotary_fraction / 2)
+    if arch.embedding_scale:
+        out += rounded(recipe.param_bytes)
+    if arch.token_type_vocab_size:
+        out += 2 * rounded(8 * arch.max_position_embeddings)
+    return out
 
 
 def _shard(nbytes: int, dp: int) -> int:
