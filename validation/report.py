@@ -213,7 +213,7 @@ def render(rows: list[dict[str, Any]]) -> str:
         s = stats(rows, m)
         if not s["n"]:
             continue
-        out.append(f"| {m} | {s['n']} | {100 * s['median']:.2f} % | {100 * s['p95']:.2f} % | {100 * s['worst']:.2f} % | "
+        out.append(f"| {m} | {s['n']} | {100 * s['median']:.3f} % | {100 * s['p95']:.3f} % | {100 * s['worst']:.3f} % | "
                    f"{100 * s['mean_signed']:+.1f} % | {100 * s['within_3']:.0f} % | {100 * s['within_10']:.0f} % |")
     out += ["", "Issue 5 targets for the detailed method over all single-GPU cases: median <= 3 %, p95 <= 8 %, "
             "worst <= 12 %.", ""]

@@ -121,7 +121,18 @@ def _detail_lines(est, explain: bool) -> list[str]:
         return []
     pk = x["peak_allocated_bytes"]
     phases = ", ".join(f"{p} {v / GiB:.2f}" for p, v in x["phases"].items())
-    out = [f"peak allocated (torch.cuda.max_memory_allocated): {pk / GB:.3f} GB ({pk / GiB:.3f} GiB) in the "
+    i = est.inputs
+    recipe = [f"checkpointing {i['checkpointing']}" + (f" (1 in {i['checkpoint_every']})" if i["checkpointing"] == "every-k" else ""),
+              f"optimizer {i['optimizer']} ({i['opt_impl']})", f"attention {i['attention']}"]
+    if i.get("lora_rank"):
+        recipe.append(f"LoRA r={i['lora_rank']} on {','.join(i['lora_targets'])}" + (f", {i['qlora']} base" if i.get("qlora") else ""))
+    if not i.get("dropout", True):
+        recipe.append("no dropout")
+    par = [f"{k} {i[k]}" for k in ("tp", "cp", "pp", "dp", "ep") if i.get(k, 1) > 1]
+    if i.get("zero_stage", i.get("zero", 0)):
+        par.append(f"ZeRO-{i.get('zero')}")
+    out = ["recipe: " + ", ".join(recipe + par)]
+    out += [f"peak allocated (torch.cuda.max_memory_allocated): {pk / GB:.3f} GB ({pk / GiB:.3f} GiB) in the "
            f"{x['peak_phase']} phase; phase peaks GiB: {phases}; attention kernel {x['attention_kernel']}",
            ("overheads included in the total: " + f"{x['overheads_bytes'] / GiB:.3f} GiB" if x["overheads_included"]
             else "overheads left out (--no-overheads): the total is the allocated peak")]

@@ -328,6 +328,10 @@ class _Walker:
         routed = k * (r.capacity_factor if r.capacity_factor > 0 else 1.0)  # routed token copies per token
         gathered = g.new(tok(routed * h), y.dtype, y.rg, "routed tokens")
         g.use(y)
+        if r.ep > 1:  # expert parallel: all-to-all send and receive buffers of the routed tokens (transient)
+            a2a = g.new(tok(2 * routed * h), self.w, False, "all-to-all buffers")
+            g.use(gathered)
+            g.use(a2a)
         numel_expert = 3 * h * mi * E / r.ep / self.tp
         x = g.cast(gathered, 2) if g.autocast else gathered
         gu = g.new(tok(routed * 2 * mi / self.tp), self.w, True, "experts gate_up")

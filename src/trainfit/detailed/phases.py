@@ -125,7 +125,7 @@ def comm_buffers(arch: ArchSpec, recipe: Recipe, st: StateBytes) -> dict[str, di
     if z in (1, 2):
         bucket = min(recipe.zero_bucket_elems, st.n_trainable)
         out["backward"]["ZeRO reduce bucket"] = bucket * gb
-        out["optimizer"]["ZeRO all-gather bucket"] = min(recipe.zero_bucket_elems, st.n_params) * gb
+        out["optimizer"]["ZeRO all-gather bucket"] = min(recipe.zero_bucket_elems, st.n_trainable) * gb
         return out
     cb = recipe.compute_bytes if not recipe.autocast else 2
     layer = st.largest_layer_params
