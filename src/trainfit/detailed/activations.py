@@ -17,7 +17,8 @@ Kernel facts used (PyTorch 2.x CUDA SDPA):
   which call ``softmax(dtype=float32)``, and under autocast), the 1-byte dropout mask and the dropped
   probabilities are saved;
 * ``auto`` picks as CUDA does: flash for 16-bit inputs with head_dim <= 256, else memory-efficient
-  (fp32), else math (memory-efficient cannot take GQA without repeating k/v).
+  (fp32), else math (memory-efficient cannot take GQA without repeating k/v); models that soft-cap
+  attention scores (Gemma-2) run eager, as transformers does.
 """
 from __future__ import annotations
 
@@ -45,7 +46,9 @@ def attention_kernel(arch: ArchSpec, recipe: Recipe) -> str:
         return "flash"
     if recipe.attention == "mem-efficient":
         return "mem-efficient"
-    if sixteen and arch.head_dim <= 256 and arch.attn_logit_softcapping is None:
+    if arch.attn_logit_softcapping is not None:
+        return "eager"  # SDPA cannot soft-cap the scores: transformers runs Gemma-2 with eager attention
+    if sixteen and arch.head_dim <= 256:
         return "flash"
     if arch.num_kv_heads != arch.num_heads:
         return "math"
