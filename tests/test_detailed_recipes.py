@@ -147,3 +147,23 @@ def test_pipeline_reports_the_busier_of_first_and_last_stage():
     assert both.peak == max(first.peak, last.peak) and both.stage == (3 if last.peak > first.peak else 0)
     r1 = make_recipe(pp=4, accumulation=8, micro_batch=1, seq_len=1024, precision="bf16")
     assert compute_phases(arch, r1).peak == max(_compute_stage(arch, r1, 0).peak, _compute_stage(arch, r1, 3).peak)
+
+
+@pytest.mark.parametrize("model,kw", [
+    ("llama-3.2-1b", {}), ("gpt2-small", {"attention": "eager"}), ("llama-3.2-1b", {"lora_rank": 8, "checkpointing": "full"}),
+    ("qwen2.5-0.5b", {"checkpointing": "every-k", "checkpoint_every": 3, "precision": "bf16"}),
+    ("mixtral-8x7b", {"precision": "bf16", "tp": 2}), ("bert-base", {"precision": "fp32", "checkpointing": "selective"}),
+])
+def test_replayed_blocks_match_a_full_walk(model, kw):
+    """Blocks of one kind are walked once and replayed; the result equals walking every block."""
+    from trainfit.detailed.activations import _Walker
+
+    arch = resolve_arch(model)
+    r = make_recipe(micro_batch=2, seq_len=1024, **kw)
+    fast, full = _Walker(arch, r).run(), _Walker(arch, r, replay=False).run()
+    sh = step_shape(r)
+    ev = lambda v: vbytes(v, sh.tokens, sh.positions, sh.scores)  # noqa: E731
+    assert ev(fast.saved_total) == pytest.approx(ev(full.saved_total), rel=1e-12)
+    assert max(ev(v) for v in fast.forward_candidates) == pytest.approx(max(ev(v) for v in full.forward_candidates), rel=1e-12)
+    for a, b in zip(fast.layers, full.layers):
+        assert ev(a.saved) == pytest.approx(ev(b.saved), rel=1e-12) and ev(a.recompute) == pytest.approx(ev(b.recompute), rel=1e-12)

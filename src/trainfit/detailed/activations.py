@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Optional
 
 from ..arch import ArchSpec
 from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd, vsub
@@ -82,6 +83,20 @@ class ActivationProfile:
     pieces: tuple[tuple[str, Vec], ...]  #: named parts of the saved total, for the breakdown/explain
 
 
+@dataclass(frozen=True)
+class _BlockStats:
+    """Totals of one walked block, replayed for the blocks of the same kind."""
+
+    saved: Vec
+    held: Vec
+    recompute: Vec
+    biggest: Vec
+    out_size: Vec
+    out_dtype: float
+    out_rg: bool
+    input_saved: bool
+
+
 def _ckpt_layer(recipe: Recipe, index: int) -> bool:
     if recipe.checkpointing == "full":
         return True
@@ -91,8 +106,9 @@ def _ckpt_layer(recipe: Recipe, index: int) -> bool:
 
 
 class _Walker:
-    def __init__(self, arch: ArchSpec, recipe: Recipe, stage: int = 0):
+    def __init__(self, arch: ArchSpec, recipe: Recipe, stage: int = 0, replay: bool = True):
         self.a, self.r = arch, recipe
+        self.replay = replay
         self.g = Tape(autocast=recipe.autocast)
         self.tp = recipe.tp
         self.sp = recipe.sequence_parallel and recipe.tp > 1
@@ -391,6 +407,37 @@ class _Walker:
         m = g.dropout(m, p_h)
         return g.add(x, m, "residual")
 
+    # ---------------------------------------------------------------- replaying identical blocks
+    def _stats(self, ts: list[Tensor], out: Tensor, input_saved: bool) -> "_BlockStats":
+        saved = held = rec = biggest = ZERO
+        for t in ts:
+            if t is out:
+                continue
+            b = t.bytes
+            if t.saved:
+                saved = vadd(saved, b)
+            elif t.held:
+                held = vadd(held, b)
+            if t.would_save or (t.held and t.size[0] == 0):
+                rec = vadd(rec, b)
+            if t.size[0] * t.dtype > biggest[0]:
+                biggest = b
+        return _BlockStats(saved, held, rec, biggest, out.size, out.dtype, out.rg, input_saved)
+
+    def _replay(self, rep: "_BlockStats", x: Tensor) -> Tensor:
+        g = self.g
+        if any(rep.saved):
+            agg = g.new(rep.saved, 1.0, False, "block (replayed): saved tensors")
+            agg.saved = True
+        if any(rep.held):
+            h = g.new(rep.held, 1.0, False, "block (replayed): cached 16-bit weights")
+            h.held = True
+        if rep.input_saved:
+            x.saved = True  # e.g. a pre-norm block's first norm saves the residual stream it reads
+        out = g.new(rep.out_size, rep.out_dtype, rep.out_rg, "block output")
+        g.use(x)
+        return out
+
     # ---------------------------------------------------------------- whole model
     def embeddings(self) -> Tensor:
         a, g = self.a, self.g
@@ -478,17 +525,31 @@ class _Walker:
             sin = g.new(pos(d), self.p, False, "rotary sin")
             g.hold(cos)
             g.hold(sin)
-        marks: list[tuple[int, bool]] = []
-        for i in layers:
+        # Blocks of the same kind allocate alike: the first block and the last are walked op by op, and
+        # so is the first block of each kind after the first; the others replay that block's totals (its
+        # saved tensors, weight copies and output), which gives the same saved bytes and, since the last
+        # block is walked, the same forward peak at a fraction of the cost for deep models.
+        marks: list[tuple[int, bool, Optional[_BlockStats]]] = []
+        reps: dict[tuple[bool, bool], _BlockStats] = {}
+        for k, i in enumerate(layers):
             g.region = f"layer{i}"
             ck = _ckpt_layer(r, i)
+            kind = (a.is_moe_layer(i), ck)
             if ck:
                 g.checkpoint_input(x)
-                g.checkpointing = True
+            rep = reps.get(kind)
+            if rep is not None and self.replay and 0 < k < len(layers) - 1:
+                x = self._replay(rep, x)
+                marks.append((len(g.tensors), ck, rep))
+                continue
+            g.checkpointing = ck
             start = len(g.tensors)
+            x_in = x
             x = self.block(x, i, cos, sin)
             g.checkpointing = False
-            marks.append((start, ck))
+            marks.append((start, ck, None))
+            if k > 0 and kind not in reps:
+                reps[kind] = self._stats(g.tensors[start:], x, x_in.saved)
         if last:
             self.head_and_loss(x)
             loss_bwd = g.notes["loss_backward"]
@@ -516,7 +577,7 @@ class _Walker:
             by_region.setdefault(t.region, []).append(t)
         lay = []
         per_layer_wc = ZERO
-        for (i, (start, ck)) in zip(layers, marks):
+        for (i, (start, ck, rep)) in zip(layers, marks):
             ts = by_region.get(f"layer{i}", [])
             saved = ZERO
             rec = ZERO
@@ -525,10 +586,12 @@ class _Walker:
                 b = t.bytes
                 if t.saved:
                     saved = vadd(saved, b)
-                if ck and (t.would_save or (t.held and t.size[0] == 0)):
+                if rep is None and ck and ((t.would_save and not t.saved) or (t.held and t.size[0] == 0)):
                     rec = vadd(rec, b)
-                if t.size[0] * t.dtype > biggest[0]:
+                if rep is None and t.size[0] * t.dtype > biggest[0]:
                     biggest = b
+            if rep is not None:
+                rec, biggest = (rep.recompute if ck else ZERO), rep.biggest
             res = tok(2 * self.hw * self.p)  # gradient of the residual stream, in and out
             lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=vadd(res, vadd(biggest, biggest))))
             if i == layers[-1]:
@@ -554,8 +617,8 @@ def activation_profile(arch: ArchSpec, recipe: Recipe, stage: int = 0) -> Activa
     return _Walker(arch, recipe, stage).run()
 
 
-def walk(arch: ArchSpec, recipe: Recipe, stage: int = 0) -> Tape:
-    """The raw tape of one forward walk (for inspection and tests)."""
-    w = _Walker(arch, recipe, stage)
+def walk(arch: ArchSpec, recipe: Recipe, stage: int = 0, replay: bool = True) -> Tape:
+    """The raw tape of one forward walk (for inspection and tests); ``replay=False`` walks every block."""
+    w = _Walker(arch, recipe, stage, replay)
     w.run()
     return w.g
