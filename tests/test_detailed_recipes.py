@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainfit.arch import arch_from_config, resolve_arch
+from trainfit.arch import resolve_arch
 from trainfit.detailed.activations import activation_profile, attention_kernel
 from trainfit.detailed.graph import vbytes
 from trainfit.detailed.phases import comm_buffers, compute_phases, inflight_microbatches, step_shape

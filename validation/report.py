@@ -19,7 +19,6 @@ llm-analysis). LoRA: trainable fraction for the first-order models; llm-analysis
 """
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 from pathlib import Path

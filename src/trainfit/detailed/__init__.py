@@ -13,7 +13,7 @@ a maximum over the forward, backward and optimizer phases, and labelled fixed ov
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from ..arch import ArchSpec, arch_reference, resolve_arch
 from ..errors import TrainfitError

@@ -27,7 +27,7 @@ from functools import lru_cache
 from typing import Optional
 
 from ..arch import ArchSpec
-from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd, vsub
+from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd
 from .layout import block_linears, stage_layers
 from .recipe import Recipe
 

@@ -8,7 +8,7 @@ Option names follow ``trainfit measure`` (``--precision amp-bf16``, ``--opt-impl
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from ..errors import TrainfitError, unknown_choice
@@ -97,7 +97,6 @@ class Recipe:
     fp32_grads: bool = False  #: keep an fp32 copy of the gradients (DeepSpeed ZeRO-2/3, Megatron main_grad)
     ddp_bucket_view: bool = False  #: DDP gradient_as_bucket_view (grads live in the buckets: no second copy)
     overheads: bool = True  #: add CUDA context, workspaces and the allocator reserve to the total
-    extras: dict[str, Any] = field(default_factory=dict, compare=False)
 
     # ---------------------------------------------------------------- derived
     @property
@@ -132,7 +131,7 @@ class Recipe:
         return make_recipe(**{**self.as_dict(), **changes})
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extras"}
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def make_recipe(**kw: Any) -> Recipe:
@@ -140,7 +139,7 @@ def make_recipe(**kw: Any) -> Recipe:
     fields = Recipe.__dataclass_fields__
     bad = [k for k in kw if k not in fields]
     if bad:
-        raise unknown_choice("recipe option", bad[0], sorted(k for k in fields if k != "extras"))
+        raise unknown_choice("recipe option", bad[0], sorted(fields))
     r = Recipe(**kw)
     prec = _choice(r.precision, "precision", tuple(PRECISIONS), PRECISION_ALIASES)
     opt = _choice(r.optimizer, "optimizer", OPTIMIZERS, {"adamw8bit": "adam8bit", "adam-8bit": "adam8bit",
