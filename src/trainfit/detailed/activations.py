@@ -153,9 +153,11 @@ class _Walker:
         return y
 
     def lora_branch(self, x: Tensor, key: str, in_f: int, out_f: int, base: Tensor, tp: str) -> Tensor:
-        """PEFT LoRA: ``base + B(A(x)) * scale``; x cast to the adapter dtype outside autocast."""
+        """PEFT LoRA: ``base + B(A(x)) * scale``, x first cast to the adapter dtype."""
         g, rnk = self.g, self.r.lora_rank
-        xa = x if g.autocast else g.cast(x, self.lora_bytes)
+        # PEFT casts the input to the adapter's dtype, under autocast too (which then casts it back to 16
+        # bit for the matmul: a 16-bit input such as the attention output gets a second, saved copy)
+        xa = g.cast(x, self.lora_bytes)
         out_dtype = 2.0 if g.autocast else self.lora_bytes
         a = g.matmul_weight(xa, key + ".lora_A", in_f * rnk, rnk, True, out_dtype)
         b = g.matmul_weight(a, key + ".lora_B", rnk * out_f, base.size[0], True, out_dtype)
