@@ -34,6 +34,8 @@ from .recipe import Recipe
 #: eager attention of these types runs the softmax in the scores' dtype; every other type calls
 #: ``softmax(..., dtype=torch.float32).to(query.dtype)`` (an fp32 softmax output is saved)
 SOFTMAX_IN_SCORE_DTYPE = ("gpt2", "bert", "roberta")
+#: types whose apply_rotary_pos_emb builds q and k with torch.cat (partial rotary): head-major q/k
+ROPE_BY_CAT = ("phi3", "gpt_neox")
 
 
 def attention_kernel(arch: ArchSpec, recipe: Recipe) -> str:
@@ -253,6 +255,12 @@ class _Walker:
                 g.save(out)
                 g.save(lse)
             g.use(q, k, v, lse)
+            if self.kernel == "flash" and self.a.model_type in ROPE_BY_CAT:
+                # flash allocates its output like q; a head-major q (rotary applied with torch.cat) gives a
+                # head-major output, so `transpose(1, 2).contiguous()` copies it before the output projection
+                copy = g.new(tok(qw), dt, True, "attention out contiguous")
+                g.use(out)
+                return copy
             return out
         # eager / math: materialised scores
         if kvh != heads:  # repeat_kv / enable_gqa in math: expanded copies
