@@ -158,3 +158,26 @@ def test_transformers_takes_the_real_data_path_for_fake_inputs():
         inputs = make_inputs(cfg["vocab_size"], 2, 64, "clm", "gpt2")
         built.model(**inputs, use_cache=False)
     assert seen == [(True, True)] * cfg["n_layer"]
+
+
+def test_foreach_is_the_default_and_holds_a_parameter_sized_temporary():
+    # PyTorch picks foreach for CUDA tensors (for-loop on the CPU). torch/optim/adam.py: foreach Adam
+    # keeps torch._foreach_sqrt(exp_avg_sqs) -- one temporary per parameter, all at once; the for-loop
+    # keeps sqrt and its quotient for one parameter at a time (2 x the largest tensor, here the
+    # 5000 x 256 fp32 embedding, 512-byte rounded); fused keeps none.
+    import json
+
+    from trainfit.measure import measure
+
+    cfg = json.loads((GROUNDTRUTH / "configs" / "llama-tiny.json").read_text())
+    extra_opt = {}
+    for impl in (None, "forloop", "fused"):
+        est = measure(cfg, 1, 32, opt_impl=impl)
+        x = est.extra
+        extra_opt[impl] = x["phases"]["optimizer"]["peak_breakdown"]["optstate"] - x["static"]["optimizer_state_bytes"]
+        if impl is None:
+            assert est.inputs["opt_impl"] == "foreach"
+            params = x["static"]["param_bytes"]
+    assert extra_opt[None] == params
+    assert extra_opt["forloop"] == 2 * cuda_block_bytes(5000 * 256 * 4)
+    assert extra_opt["fused"] == 0
