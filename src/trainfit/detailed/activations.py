@@ -246,6 +246,11 @@ class _Walker:
         if g.autocast:
             q, k, v = g.cast(q, 2), g.cast(k, 2), g.cast(v, 2)
         dt = q.dtype
+        if r.cp > 1:
+            # context parallel: every rank attends over the whole sequence, so the other ranks' keys and
+            # values are gathered for the kernel (all-gather CP; a ring holds fewer at once)
+            kv_all = g.new(tok(2 * kvw * (r.cp - 1)), dt, False, "context-parallel gathered k, v")
+            g.use(kv_all)
         if self.kernel in ("flash", "mem-efficient"):
             out = g.new(tok(qw), dt, True, "attention out")
             lse = g.new(tok(heads), 4, False, "logsumexp")
