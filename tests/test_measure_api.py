@@ -67,3 +67,19 @@ def test_phases_chain_and_the_step_is_steady():
 def test_bad_options_raise_one_line(kwargs, needle):
     with pytest.raises(TrainfitError, match=needle):
         measure(_cfg("gpt2-tiny"), 1, 8, **kwargs)
+
+
+MIXTRAL_TINY = {"model_type": "mixtral", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000, "num_local_experts": 4,
+                "num_experts_per_tok": 2, "max_position_embeddings": 512}
+
+
+def test_moe_in_bf16_measures_and_fp32_fails_with_one_line():
+    # transformers runs MoE experts through grouped_mm, whose fake (meta) kernel accepts bf16 only
+    est = measure(MIXTRAL_TINY, 1, 32, precision="bf16")
+    # every parameter is a bf16 storage: 2 bytes per parameter, each tensor rounded up to 512 bytes
+    assert est.components["parameters"] >= 2 * est.extra["n_params"]
+    assert est.extra["arch"] == "mixtral"
+    with pytest.raises(TrainfitError, match="could not run on fake tensors") as info:
+        measure(MIXTRAL_TINY, 1, 32, precision="fp32")
+    assert "\n" not in str(info.value)

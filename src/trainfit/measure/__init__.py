@@ -14,6 +14,7 @@ Needs the ``measure`` extra (torch, transformers, peft): ``pip install 'trainfit
 from __future__ import annotations
 
 import gc
+import logging
 import time
 import warnings
 from typing import Any, Mapping, Optional, Sequence
@@ -118,13 +119,24 @@ def run_steps(model: Any, inputs: dict[str, Any], opt: Any, *, task: str, precis
     tracker.track_external(model, *inputs.values())
     autocast = torch.bfloat16 if precision == "amp-bf16" else None
     emulation = CudaSemantics(enabled=cuda)
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)  # a refused meta kernel is reported once, as a TrainfitError, by measure()
+    try:
+        _steps(model, inputs, opt, task, autocast, warmup, tracker, emulation)
+    finally:
+        fake_log.setLevel(level)
+    return tracker, emulation
+
+
+def _steps(model: Any, inputs: dict[str, Any], opt: Any, task: str, autocast: Any, warmup: int, tracker: Any,
+           emulation: Any) -> None:
     with emulation, tracker, warnings.catch_warnings():
         # MemTracker warns when a module's backward hook outlives the module object; harmless here.
         warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
         for _ in range(warmup + 1):
             gc.collect()
             _train_step(model, inputs, opt, tracker, task, autocast)
-    return tracker, emulation
 
 
 def measure(model_or_config: Any, batch: int, seq: int, *, precision: str = "fp32", optimizer: str = "adamw",
@@ -190,8 +202,14 @@ def measure(model_or_config: Any, batch: int, seq: int, *, precision: str = "fp3
     with fake_mode:
         inputs = make_inputs(built.config.vocab_size, batch, seq, built.task, built.model_type)
         opt = make_optimizer([p for p in model.parameters() if p.requires_grad], optimizer, opt_impl)
-        tracker, emulation = run_steps(model, inputs, opt, task=built.task, precision=precision, warmup=warmup,
-                                       cuda=semantics == "cuda")
+        try:
+            tracker, emulation = run_steps(model, inputs, opt, task=built.task, precision=precision, warmup=warmup,
+                                           cuda=semantics == "cuda")
+        except (RuntimeError, NotImplementedError, TypeError) as exc:
+            # e.g. an op whose fake (meta) kernel refuses this dtype: MoE experts' grouped_mm wants bf16
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise TrainfitError(f"the {built.model_type} training step could not run on fake tensors with this "
+                                f"recipe ({type(exc).__name__}: {first})") from None
     elapsed = time.perf_counter() - t0
     step = tracker.steps[-1]
     first = tracker.steps[0]
