@@ -12,9 +12,9 @@ from typing import Any, Mapping, Optional
 from ..errors import TrainfitError
 from ._deps import require
 
-#: model_type -> (task, the config key of a learned position table or None, offset of that table)
-#: A learned table (GPT-2, BERT, OPT) must hold ``seq`` positions; rotary models need no table.
 MLM_TYPES = ("bert", "roberta")
+#: model_type -> (config key of its learned position table, positions the table reserves before the first
+#: token: RoBERTa starts at padding_idx + 1 = 2). Rotary models have no table to enlarge.
 _POSITION_KEY = {"gpt2": ("n_positions", 0), "bert": ("max_position_embeddings", 0),
                  "roberta": ("max_position_embeddings", 2), "opt": ("max_position_embeddings", 0)}
 _DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "hidden_dropout_prob",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 from ._deps import require
 from .emulation import cuda_block_bytes
