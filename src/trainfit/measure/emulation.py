@@ -116,7 +116,7 @@ def _math_sdpa(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float, is_caus
         v = v.repeat_interleave(rep, dim=-3)
     attn = torch.matmul(q, k.transpose(-2, -1) * factor)
     if attn_mask is not None:
-        attn = attn.add(attn_mask)
+        attn.add_(attn_mask)  # in place, as ATen does for plain (non-subclass) tensors
     attn = torch.ops.aten._safe_softmax(attn, -1)
     if dropout_p > 0.0:
         attn = fused_dropout(attn, dropout_p, True)
