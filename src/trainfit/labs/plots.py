@@ -60,6 +60,10 @@ def plot_memory_stack(profile: TrainingTrackProfile, stacks: Sequence[TrainingMe
         heights = [s.components[name] for s in stacks]
         ax.bar(xs, heights, 0.6, bottom=bottoms, color=colour, label=name, edgecolor="white", linewidth=0.5)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
+    over = [(i, s) for i, s in enumerate(stacks) if s.total_mb > s.budget_mb]
+    for k, (i, s) in enumerate(over):  # the part above the budget turns red
+        ax.bar(i, s.total_mb - s.budget_mb, 0.6, bottom=s.budget_mb, facecolor=(0.85, 0.0, 0.0, 0.30),
+               edgecolor="#B00000", hatch="//", linewidth=1.2, label="over budget" if k == 0 else None)
     for i, s in enumerate(stacks):
         ax.hlines(s.budget_mb, i - 0.42, i + 0.42, colors="black", linestyles="--", linewidth=1.6,
                   label="memory budget" if i == 0 else None)
