@@ -169,7 +169,12 @@ def test_free_mode_options_are_the_cli_options(method: str, fraction: str) -> No
 
 
 def test_model_and_hardware_options_list_the_catalogs() -> None:
-    assert sorted(views.model_options().values()) == sorted(m.slug for m in trainfit.Models)
+    from trainfit.arch import bundled_configs
+    listed = set(views.model_options().values())
+    # every catalog transformer and every bundled config is offered; CNNs/SSMs (no memory method) are not
+    assert {m.slug for m in trainfit.Models if m.is_transformer} <= listed
+    assert {"qwen2.5-7b", "gemma-2-9b", "llama-3.2-1b"} <= listed and len(listed) >= len(bundled_configs())
+    assert not listed & {m.slug for m in trainfit.Models if not m.is_transformer}
     assert sorted(views.hardware_options().values()) == sorted(h.slug for h in trainfit.Hardware)
 
 

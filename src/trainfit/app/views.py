@@ -56,13 +56,18 @@ def strategy_options(profile: TrainingTrackProfile) -> dict[str, str]:
 
 
 def model_options() -> dict[str, str]:
-    """Free-mode dropdown ``'Llama-3.1-8B (llama-3.1-8b, 8.03 B params)' -> slug`` for every catalog model."""
+    """Free-mode dropdown ``'Llama-3.1-8B (llama-3.1-8b, 8.03 B params)' -> name``: the catalog's transformer
+    models (the memory methods cover transformers), then the bundled configs the catalog does not hold."""
     from .. import Models
+    from ..arch import bundled_configs, resolve_arch
 
     out: dict[str, str] = {}
     for m in Models:
-        size = f", {m.parameters / 1e9:,.3g} B params" if m.parameters else ""
-        out[f"{m.name} ({m.slug}{size})"] = m.slug
+        if m.is_transformer:
+            out[f"{m.name} ({m.slug}, {m.parameters / 1e9:,.3g} B params)"] = m.slug
+    for name in bundled_configs():
+        if name not in Models:
+            out[f"{name} (bundled config, {resolve_arch(name).parameters / 1e9:,.3g} B params)"] = name
     return out
 
 
