@@ -113,3 +113,20 @@ def test_python_dash_m_entry_point():
     p = subprocess.run([sys.executable, "-m", "trainfit", "estimate", "llama-3.1-8b", "h100", "-b", "8", "-s", "1024",
                         "-o", "json", "--method", "first-order"], capture_output=True, text=True, check=False)
     assert p.returncode == 0 and json.loads(p.stdout)["total_bytes"] == pytest.approx(165.790222016e9)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["show"], "Missing argument"),
+    (["estimate", "llama-3.1-8b", "h100", "--batch", "abc"], "--batch"),
+    (["estimate", "llama-3.1-8b", "h100", "--bogus"], "No such option"),
+])
+def test_usage_errors_are_one_line_exit_1(args, needle):
+    # Click's own usage errors would exit 2 with a usage box; 2 means "does not fit" here (issue 2 §10).
+    p = subprocess.run([sys.executable, "-m", "trainfit", *args], capture_output=True, text=True, check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 1 and lines[0].startswith("trainfit: error:") and needle in lines[0]
+
+
+def test_bare_command_prints_help_and_succeeds():
+    p = subprocess.run([sys.executable, "-m", "trainfit"], capture_output=True, text=True, check=False)
+    assert p.returncode == 0 and "estimate" in p.stdout and "Usage" in p.stdout
