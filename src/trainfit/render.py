@@ -36,6 +36,14 @@ def _inputs_line(est: Estimate) -> str:
     return ", ".join(f"{lbl} {i[k]}" for k, lbl in keys if k in i)
 
 
+def shown_components(est: Estimate) -> dict[str, float]:
+    """Components worth a table row: all of the seed's five, and the detailed/measured ones that are
+    not zero for this recipe (JSON keeps every key)."""
+    if est.method == "first-order":
+        return dict(est.components)
+    return {k: v for k, v in est.components.items() if v != 0}
+
+
 def verdict(est: Estimate) -> str:
     if est.feasible is None or est.available_bytes is None:
         return f"peak {est.total_bytes / GB:.2f} GB ({est.total_bytes / GiB:.2f} GiB)"
@@ -51,7 +59,7 @@ def estimate_table(est: Estimate) -> Group:
     table.add_column("GB", justify="right")
     table.add_column("GiB", justify="right")
     table.add_column("share", justify="right")
-    for name, b in est.components.items():
+    for name, b in shown_components(est).items():
         style = "bold" if name == est.dominant else None
         table.add_row(label(name), f"{b / GB:,.3f}", f"{b / GiB:,.3f}", _pct(b, est.total_bytes), style=style)
     table.add_row("total", f"{est.total_bytes / GB:,.3f}", f"{est.total_bytes / GiB:,.3f}", "100.0 %", style="bold",
@@ -73,7 +81,7 @@ def estimate_markdown(est: Estimate) -> str:
     """The same content as a markdown document."""
     lines = [f"### {est.model} on {est.hardware}", "", f"Method: `{est.method}`. Inputs: {_inputs_line(est)}.", "",
              "| component | GB | GiB | share |", "|---|---:|---:|---:|"]
-    for name, b in est.components.items():
+    for name, b in shown_components(est).items():
         bold = "**" if name == est.dominant else ""
         lines.append(f"| {bold}{label(name)}{bold} | {b / GB:,.3f} | {b / GiB:,.3f} | {_pct(b, est.total_bytes)} |")
     lines.append(f"| **total** | **{est.total_bytes / GB:,.3f}** | **{est.total_bytes / GiB:,.3f}** | 100.0 % |")
