@@ -115,3 +115,16 @@ def test_bad_recipe_is_one_line(args, needle):
     assert r.exit_code == 1, r.output
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("trainfit: error:") and needle in lines[0], r.stderr
+
+
+def test_suggestions_are_real_recipes_that_fit_when_applied():
+    # A suggestion is a re-run of the same method with one change; applying it from the CLI must give the
+    # same total and fit. Llama-3.1-8B at 8 x 1024 on one H100 does not fit (amp-bf16 AdamW, ~205 GB).
+    base = js("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "-o", "json")
+    assert base["feasible"] is False
+    fits = [s for s in base["suggestions"] if s["feasible"]]
+    assert fits and all(s["total_bytes"] <= base["available_bytes"] for s in fits)
+    dp4 = next(s for s in fits if "--dp 4 --zero 3" in s["change"])
+    applied = js("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "--dp", "4", "--zero", "3",
+                 "-o", "json")
+    assert applied["feasible"] is True and applied["total_bytes"] == pytest.approx(dp4["total_bytes"], rel=1e-12)

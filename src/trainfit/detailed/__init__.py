@@ -101,6 +101,13 @@ def _suggest(arch: ArchSpec, recipe: Recipe, available: float, limit: int = 3) -
         tries.append(("LoRA rank 16 on q/v (--lora 16)", {"lora_rank": 16}))
     if recipe.dp > 1 and recipe.zero_stage < 3:
         tries.append((f"ZeRO-3 over the {recipe.dp} data-parallel ranks (--zero 3)", {"zero": 3}))
+    for n in (2, 4, 8):  # more GPUs at the same global batch: the micro-batch splits across them
+        dp, m = recipe.dp * n, -(-mb // n)
+        tries.append((f"{n}x more data-parallel GPUs with ZeRO-3 (--dp {dp} --zero 3), micro-batch {m}",
+                      {"dp": dp, "zero": 3, "micro_batch": m}))
+    for n in (2, 4, 8):
+        if recipe.tp * n <= 8:
+            tries.append((f"tensor parallelism {recipe.tp * n} (--tp {recipe.tp * n})", {"tp": recipe.tp * n}))
     out = []
     for label, change in tries:
         try:
@@ -111,8 +118,9 @@ def _suggest(arch: ArchSpec, recipe: Recipe, available: float, limit: int = 3) -
         tot = _total(arch, r2, res)[0]
         out.append(Suggestion(change=label, total_bytes=float(tot), feasible=bool(tot <= available)))
     fit = [s for s in out if s.feasible]
-    return (sorted(fit, key=lambda s: s.total_bytes)[:limit] if fit
-            else sorted(out, key=lambda s: s.total_bytes)[:limit])
+    # fitting changes in the order tried (the least disruptive first, as first-order does);
+    # when none fits, the biggest savings
+    return fit[:limit] if fit else sorted(out, key=lambda s: s.total_bytes)[:limit]
 
 
 def _total(arch: ArchSpec, recipe: Recipe, res: PhaseResult):
