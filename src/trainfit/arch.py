@@ -342,6 +342,13 @@ _ALIASES: dict[str, dict[str, str]] = {
 }
 
 
+def _split_heads(r: "_Reader", hidden: int, heads: int) -> int:
+    """Head size when the config leaves it implicit: hidden_size must split evenly across the heads."""
+    if hidden % heads:
+        raise TrainfitError(f"{r.where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+    return hidden // heads
+
+
 class _Reader:
     """Typed access to one config dict with the type's defaults; errors name the config and key."""
 
@@ -401,9 +408,7 @@ def _heads(r: _Reader, hidden: int, default_head_dim: Optional[int] = None) -> t
         raise TrainfitError(f"{r.where}: num_key_value_heads {kv} must divide num_attention_heads {heads}")
     head_dim = r.opt_int("head_dim") or default_head_dim
     if head_dim is None:
-        if hidden % heads:
-            raise TrainfitError(f"{r.where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
-        head_dim = hidden // heads
+        head_dim = _split_heads(r, hidden, heads)
     return heads, kv, head_dim
 
 
@@ -497,8 +502,7 @@ def _gpt2(r: _Reader) -> dict[str, Any]:
 def _gpt_neox(r: _Reader) -> dict[str, Any]:
     h = r.int("hidden_size")
     heads = r.int("num_attention_heads")
-    if h % heads:
-        raise TrainfitError(f"{r.where}: hidden_size {h} is not a multiple of num_attention_heads {heads}")
+    _split_heads(r, h, heads)
     rope = r.cfg.get("rope_parameters") or r.cfg.get("rope_scaling") or {}
     fraction = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
     if fraction is None:
@@ -525,8 +529,7 @@ def _gpt_neox(r: _Reader) -> dict[str, Any]:
 def _opt(r: _Reader) -> dict[str, Any]:
     h = r.int("hidden_size")
     heads = r.int("num_attention_heads")
-    if h % heads:
-        raise TrainfitError(f"{r.where}: hidden_size {h} is not a multiple of num_attention_heads {heads}")
+    _split_heads(r, h, heads)
     maxpos = r.int("max_position_embeddings")
     pre = r.bool("do_layer_norm_before")
     bias = r.bool("enable_bias")
@@ -556,8 +559,7 @@ def _bert(r: _Reader) -> dict[str, Any]:
         raise TrainfitError(f"{r.where}: position_embedding_type {kind!r} is not supported; accepted: 'absolute'")
     h = r.int("hidden_size")
     heads = r.int("num_attention_heads")
-    if h % heads:
-        raise TrainfitError(f"{r.where}: hidden_size {h} is not a multiple of num_attention_heads {heads}")
+    _split_heads(r, h, heads)
     maxpos = r.int("max_position_embeddings")
     p = r.float("hidden_dropout_prob", prob=True)
     return dict(

@@ -274,8 +274,9 @@ def frontier_renderable(f: Frontier) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    parts: list[Any] = [Text(summary_lines(f)[0], style="bold"), Text(summary_lines(f)[1], style="dim")]
-    parts += [Text(s, style="green bold" if "none" not in s else "red bold") for s in summary_lines(f)[2:]]
+    summary = summary_lines(f)
+    parts: list[Any] = [Text(summary[0], style="bold"), Text(summary[1], style="dim")]
+    parts += [Text(s, style="green bold" if "none" not in s else "red bold") for s in summary[2:]]
     for c in (f.batch_curve, f.seq_curve):
         if c is None:
             continue
