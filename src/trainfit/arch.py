@@ -721,6 +721,12 @@ def _locate(name_or_path: Any) -> tuple[str, dict[str, Any]]:
     raise UnknownConfigError(f"{err} — or a path to a config.json")
 
 
+def locate_config(name_or_path: Any) -> tuple[str, dict[str, Any]]:
+    """(label, config dict) of a bundled name, a catalog name naming a bundled config, or a path; the
+    label is the bundled slug or the path of the config file."""
+    return _locate(name_or_path)
+
+
 def load_bundled(slug: str) -> dict[str, Any]:
     """The bundled config ``data/configs/<slug>.json`` (a fresh dict)."""
     return _read_json(CONFIG_DIR / f"{slug}.json")
@@ -777,5 +783,6 @@ def arch_reference(model: Any) -> Optional[ArchSpec]:
 
 __all__ = [
     "ArchSpec", "CONFIG_DIR", "HF_CLASS", "PARAM_GROUPS", "SUPPORTED_TYPES", "UnknownConfigError",
-    "arch_from_config", "arch_reference", "bundled_configs", "load_bundled", "load_config", "resolve_arch",
+    "arch_from_config", "arch_reference", "bundled_configs", "load_bundled", "load_config", "locate_config",
+    "resolve_arch",
 ]

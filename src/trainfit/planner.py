@@ -27,13 +27,16 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from . import formulas as F
-from .catalog import HardwareSpec, Models, ModelSpec, get_hardware, get_model
+from . import fields as V
+from .catalog import HardwareSpec
 from .errors import TrainfitError, unknown_choice
-from .memory import model_shape, resolve_checkpointing, resolve_optimizer
+from .engine import get_method, is_vectorised, split_options, sweep
+from .first_order import storage_bytes
+from .refs import resolve_device, resolve_model
 from .steptime import (DEFAULT_MFU, DEFAULT_NODE_SIZE, TIME_COMPONENTS, Network, assumptions, network_for,
                        step_time)
-from .sweep import available_methods, encode_inputs, evaluate, is_vectorised
-from .units import GB, GiB, resolve_precision
+from .training_setup import DEFAULTS, OPTIMIZER_ALIASES, OPTIMIZERS, PRECISION_ALIASES, PRECISIONS
+from .units import GB
 
 DEFAULT_GLOBAL_BATCH = 1024
 DEFAULT_SEQ_LEN = 2048
@@ -217,12 +220,15 @@ class _Context:
 
 def _context(model: Any, hardware: Any, precision: str, optimizer: str, node_size: int,
              inter_node_bandwidth: Any) -> _Context:
-    hw = hardware if isinstance(hardware, HardwareSpec) else get_hardware(hardware)
-    shape = model_shape(model)
-    spec: Optional[ModelSpec] = model if isinstance(model, ModelSpec) else (
-        get_model(model) if isinstance(model, str) and model in Models else None)
-    prec, bpp = resolve_precision(precision)
-    optimizer = resolve_optimizer(optimizer)[0]
+    hw = resolve_device(hardware).spec
+    if hw is None:
+        raise TrainfitError(f"the planner needs a catalog accelerator (its FLOP/s and links), got {hardware!r}")
+    ref = resolve_model(model)
+    shape = ref.require_shape("planner")
+    spec = ref.spec
+    prec = V.choice(precision, "precision", tuple(PRECISIONS), PRECISION_ALIASES)
+    bpp = storage_bytes(prec)
+    optimizer = V.choice(optimizer, "optimizer", OPTIMIZERS, OPTIMIZER_ALIASES)
     net = network_for(hw, node_size=node_size, inter_node_bandwidth=inter_node_bandwidth)
     experts = spec.experts if spec is not None and spec.experts and spec.experts > 1 else None
     active = float(spec.active_parameters) if spec is not None and spec.active_parameters else shape.parameters
@@ -230,7 +236,7 @@ def _context(model: Any, hardware: Any, precision: str, optimizer: str, node_siz
     return _Context(model=model, hw=hw, name=shape.name, params=shape.parameters, active_params=active,
                     layers=shape.layers, hidden=shape.hidden_dim or F.DEFAULT_HIDDEN, heads=shape.heads,
                     experts=experts, top_k=top_k, moe=experts is not None, precision=prec, precision_bytes=bpp,
-                    optimizer=optimizer, peak=hw.flops(prec), net=net)
+                    optimizer=optimizer, peak=hw.flops(PRECISIONS[prec].flops), net=net)
 
 
 def _subset(space: _Space, idx: np.ndarray) -> _Space:
@@ -249,15 +255,13 @@ def _times(ctx: _Context, space: _Space, *, global_batch: int, seq_len: int, mfu
 
 
 def _memory(ctx: _Context, space: _Space, *, global_batch: int, seq_len: int, method: str, inflight: bool,
-            sweep_options: dict[str, Any]) -> dict[str, np.ndarray]:
+            options: dict[str, Any]) -> dict[str, np.ndarray]:
     """Memory arrays (bytes per accelerator) for every layout of ``space``, from the chosen method."""
     ckpt_names = np.asarray(F.CHECKPOINTING)[space.ckpt]
     acc = global_batch // (space.dp * space.mb)
-    x = encode_inputs(ctx.model, ctx.hw, batch_size=global_batch, seq_len=seq_len, precision=ctx.precision,
-                      optimizer=ctx.optimizer, activation_checkpointing=ckpt_names, tp_size=space.tp,
-                      pp_size=space.pp, dp_size=space.dp, ep_size=space.ep, zero_stage=space.zero,
-                      gradient_accumulation_steps=acc, **sweep_options)
-    res = evaluate(x, method)
+    res = sweep(ctx.model, ctx.hw, method=method, batch=global_batch, seq_len=seq_len, precision=ctx.precision,
+                optimizer=ctx.optimizer, checkpointing=ckpt_names, tp=space.tp, pp=space.pp, dp=space.dp,
+                ep=space.ep, zero=space.zero, accumulation=acc, **options)
     comps = {k: np.array(v, dtype=float) for k, v in res.components.items()}
     # Only the first-order model keeps one micro-batch per stage; other methods (the detailed one) count
     # the in-flight micro-batches of their pipeline schedule themselves.
@@ -337,8 +341,7 @@ def _validate(n_gpus: Any, global_batch: Any, seq_len: Any, headroom: Any, mfu: 
         raise TrainfitError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
     if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0.0 < mfu <= 1.0:
         raise TrainfitError(f"mfu must be in (0, 1], got {mfu!r}")
-    if method not in available_methods():
-        raise unknown_choice("method", method, available_methods())
+    get_method(method)
 
 
 def _choices(values: Optional[Sequence[Any]], allowed: Sequence[Any], what: str, resolve: Any) -> list[Any]:
@@ -364,11 +367,11 @@ def _zero_value(v: Any) -> int:
 
 
 def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_GLOBAL_BATCH,
-         seq_len: int = DEFAULT_SEQ_LEN, precision: str = "bf16", optimizer: str = "adam",
+         seq_len: int = DEFAULT_SEQ_LEN, precision: str = DEFAULTS["precision"], optimizer: str = DEFAULTS["optimizer"],
          headroom: float = DEFAULT_HEADROOM, zero_stages: Optional[Sequence[Any]] = None,
          checkpointing: Optional[Sequence[str]] = None, method: str = "first-order", mfu: float = DEFAULT_MFU,
          node_size: int = DEFAULT_NODE_SIZE, inter_node_bandwidth: Any = None, inflight: bool = True,
-         top: int = 5, rejected: int = 5, exhaustive: Optional[bool] = None, **sweep_options: Any) -> Plan:
+         top: int = 5, rejected: int = 5, exhaustive: Optional[bool] = None, **options: Any) -> Plan:
     """Every valid layout of ``model`` on ``n_gpus`` accelerators of ``hardware``, ranked.
 
     ``global_batch`` in sequences, ``seq_len`` in tokens; ``headroom`` the fraction of memory kept
@@ -377,7 +380,8 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
     ``inflight=False`` keeps the seed's one-micro-batch activation memory for pipelines.
     ``exhaustive`` evaluates the memory of every layout (default for first-order, which takes
     milliseconds); otherwise memory is evaluated in order of step time until the ranking is settled.
-    ``sweep_options`` go to the memory method (``trainable_fraction``, ``sequence_parallel``, ...).
+    ``options`` are the other training-setup fields (``sequence_parallel``, ``lora_rank``, ...), the same for
+    every layout, and the memory method's own options.
     """
     _validate(n_gpus, global_batch, seq_len, headroom, mfu, top, method)
     if isinstance(rejected, bool) or not isinstance(rejected, int) or rejected < 0:
@@ -386,7 +390,13 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
     started = time.perf_counter()  # the search itself; loading the catalogs on first use is not counted
     zs = _choices(zero_stages, [0, 1, 2, 3], "ZeRO stage", _zero_value)
     cks = [F.CHECKPOINTING.index(c) for c in _choices(checkpointing, list(F.CHECKPOINTING), "checkpointing",
-                                                        resolve_checkpointing)]
+                                                        lambda v: V.choice(v, "checkpointing", F.CHECKPOINTING))]
+    searched = ("batch", "seq_len", "precision", "optimizer", "checkpointing", "tp", "pp", "dp", "ep", "zero",
+                "accumulation")
+    fixed = [k for k in split_options(options)[0] if k in searched]
+    if fixed:
+        raise TrainfitError(f"{fixed[0]} is chosen by the planner's search; pass the search's own arguments "
+                            "(n_gpus, global_batch, seq_len, precision, optimizer, zero_stages, checkpointing)")
     notes: list[str] = []
     if ctx.heads is None and 0 in cks:
         cks = [c for c in cks if c]
@@ -405,7 +415,7 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
         times = _times(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), mfu=mfu)
         mem, done, evaluated = _rank(ctx, space, times, usable, top=top, rejected=rejected, exhaustive=exhaustive,
                                      global_batch=int(global_batch), seq_len=int(seq_len), method=method,
-                                     inflight=inflight, sweep_options=sweep_options)
+                                     inflight=inflight, options=options)
         arr = {**times, **mem, "accumulation": global_batch // (space.dp * space.mb)}
         fits = done & (mem["total_bytes"] <= usable)
         misses = done & ~fits
@@ -440,7 +450,7 @@ def min_gpus(model: Any, hardware: Any, *, max_gpus: int = 4096, **options: Any)
     when none does. ``options`` are :func:`plan`'s keyword arguments."""
     if isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1:
         raise TrainfitError(f"max gpus must be a whole number >= 1, got {max_gpus!r}")
-    _context(model, hardware, options.get("precision", "bf16"), options.get("optimizer", "adam"),
+    _context(model, hardware, options.get("precision", DEFAULTS["precision"]), options.get("optimizer", DEFAULTS["optimizer"]),
              options.get("node_size", DEFAULT_NODE_SIZE), options.get("inter_node_bandwidth"))  # load catalogs
     started = time.perf_counter()
     for n in range(1, max_gpus + 1):
@@ -451,136 +461,4 @@ def min_gpus(model: Any, hardware: Any, *, max_gpus: int = 4096, **options: Any)
     return None, max_gpus
 
 
-# ------------------------------------------------------------------------------------------- rendering
-
-def _layout_name(x: Layout) -> str:
-    return f"tp{x.tp} pp{x.pp} dp{x.dp}" + (f" ep{x.ep}" if x.ep > 1 else "")
-
-
-def _mem_columns(rows: list[Layout], most: int = 6) -> list[str]:
-    """Component columns: all of them when there are few (first-order has five), else the largest
-    five over the rows shown plus 'other' (the JSON output always has every component)."""
-    names: list[str] = []
-    for x in rows:
-        names += [k for k in x.memory if k not in names]
-    if len(names) <= most:
-        return names
-    size = {k: sum(x.memory.get(k, 0.0) for x in rows) for k in names}
-    keep = sorted(names, key=lambda k: -size[k])[:most - 1]
-    return [k for k in names if k in keep] + ["other"]
-
-
-def _mem_cells(x: Layout, columns: list[str]) -> list[str]:
-    named = [c for c in columns if c != "other"]
-    cells = [f"{x.memory.get(k, 0.0) / GB:,.1f}" for k in named]
-    if "other" in columns:
-        cells.append(f"{sum(v for k, v in x.memory.items() if k not in named) / GB:,.1f}")
-    return cells + [f"{x.total_bytes / GB:,.1f}"]
-
-
-def _time_cells(x: Layout, parts: tuple[str, ...]) -> list[str]:
-    return [f"{x.time[k]:.3g}" for k in parts] + [f"{x.step_s:.3g}", f"{x.tokens_per_s:,.0f}", f"{100 * x.mfu:.1f}"]
-
-
-_MEM_HEAD = {"weights": "weights", "gradients": "grads", "optimizer_state": "optimizer", "activations": "activations",
-             "communication_buffers": "buffers", "parameters": "params", "optimizer_temporaries": "opt temps",
-             "allocator_reserve": "reserve", "other": "other"}
-_TIME_HEAD = ["compute", "recompute", "bubble", "TP comm", "PP comm", "DP comm", "EP comm"]
-
-
-def header_lines(p: Plan) -> list[str]:
-    lines = [f"{p.model} on {p.n_gpus} x {p.hardware} — memory method: {p.method}",
-             f"capacity {p.capacity_bytes / GB:.2f} GB ({p.capacity_bytes / GiB:.0f} GiB) per accelerator; usable "
-             f"{p.usable_bytes / GB:.2f} GB with {p.headroom:.0%} headroom",
-             f"global batch {p.global_batch:,} sequences x {p.seq_len:,} tokens = {p.global_batch * p.seq_len:,} "
-             f"tokens per step; {p.precision}; optimizer {p.optimizer}",
-             f"searched {p.searched:,} layouts (tp in {p.candidates['tp']}, pp in {p.candidates['pp']}"
-             + (f", ep in {p.candidates['ep']}" if p.candidates["ep"] != [1] else "")
-             + f", ZeRO 0-3, checkpointing, micro-batch x accumulation): {p.fitting:,} fit, "
-               f"{p.evaluated - p.fitting:,} do not"
-             + (f", {p.searched - p.evaluated:,} slower ones not evaluated" if p.evaluated < p.searched else "")
-             + f"; search took {p.elapsed_s * 1e3:.0f} ms"]
-    lines += [f"excluded before memory: {e}" for e in p.excluded]
-    lines += p.notes
-    return lines
-
-
-def _table_rows(rows: list[Layout]) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
-    comp_names = _mem_columns(rows) if rows else list(_MEM_HEAD)
-    mem_head = ["#", "layout", "ZeRO", "ckpt", "micro-batch x accum"] + [f"{_MEM_HEAD.get(c, c)} GB" for c in comp_names]
-    mem_head.append("total GB")
-    # EP communication only exists with expert parallelism; drop the all-zero column otherwise
-    parts = TIME_COMPONENTS if any(x.ep > 1 for x in rows) else tuple(t for t in TIME_COMPONENTS if t != "ep_comm")
-    time_head = ["#"] + [f"{h} s" for h, t in zip(_TIME_HEAD, TIME_COMPONENTS) if t in parts]
-    time_head += ["step s", "tokens/s", "MFU %"]
-    mem_rows, time_rows = [], []
-    for i, x in enumerate(rows, 1):
-        mem_rows.append([str(i), _layout_name(x), str(x.zero_stage), x.checkpointing,
-                         f"{x.microbatch} x {x.accumulation}"] + _mem_cells(x, comp_names))
-        time_rows.append([str(i)] + _time_cells(x, parts))
-    return mem_head, mem_rows, time_head, time_rows
-
-
-def plan_renderable(p: Plan) -> Any:
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    parts: list[Any] = [Text(header_lines(p)[0], style="bold")] + [Text(s) for s in header_lines(p)[1:]]
-
-    def tables(rows: list[Layout], title: str) -> None:
-        mh, mr, th, tr = _table_rows(rows)
-        t = Table(title=f"{title} — memory per accelerator", title_justify="left")
-        for h in mh:
-            t.add_column(h, justify="left" if h in ("layout", "ckpt") else "right")
-        for r in mr:
-            t.add_row(*r)
-        parts.append(t)
-        t = Table(title=f"{title} — time per step (seconds)", title_justify="left")
-        for h in th:
-            t.add_column(h, justify="right")
-        for r in tr:
-            t.add_row(*r)
-        parts.append(t)
-
-    if p.top:
-        tables(p.top, "Best layouts, fastest first")
-    else:
-        parts.append(Text("no layout fits" + (" — see the best rejected ones below" if p.rejected else ""),
-                          style="red bold"))
-    if p.rejected:
-        parts.append(Text("Best rejected layouts (fastest first) and why they do not fit:", style="bold"))
-        for i, x in enumerate(p.rejected, 1):
-            parts.append(Text(f"  {i}. {_layout_name(x)}, ZeRO {x.zero_stage}, {x.checkpointing}, micro-batch "
-                              f"{x.microbatch} x {x.accumulation}: {x.reason}; would take {x.step_s:.3g} s/step"))
-    parts.append(Text("Assumptions:", style="bold"))
-    parts += [Text(f"  - {a}", style="dim") for a in p.assumptions]
-    return Group(*parts)
-
-
-def plan_markdown(p: Plan) -> str:
-    lines = [f"### Plan: {p.model} on {p.n_gpus} x {p.hardware}", ""] + [f"- {s}" for s in header_lines(p)[1:]] + [""]
-
-    def md(head: list[str], rows: list[list[str]]) -> None:
-        lines.extend(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)])
-        lines.extend("| " + " | ".join(r) + " |" for r in rows)
-        lines.append("")
-
-    if p.top:
-        mh, mr, th, tr = _table_rows(p.top)
-        lines += ["#### Best layouts, fastest first: memory per accelerator", ""]
-        md(mh, mr)
-        lines += ["#### Time per step (seconds)", ""]
-        md(th, tr)
-    else:
-        lines += ["**No layout fits.**", ""]
-    if p.rejected:
-        lines += ["#### Best rejected layouts", ""]
-        lines += [f"{i}. {_layout_name(x)}, ZeRO {x.zero_stage}, {x.checkpointing}, micro-batch {x.microbatch} x "
-                  f"{x.accumulation}: {x.reason}; would take {x.step_s:.3g} s/step" for i, x in enumerate(p.rejected, 1)]
-        lines.append("")
-    lines += ["#### Assumptions", ""] + [f"- {a}" for a in p.assumptions]
-    return "\n".join(lines)
-
-
-__all__ = ["Layout", "Plan", "divisors", "min_gpus", "plan", "plan_markdown", "plan_renderable"]
+__all__ = ["Layout", "Plan", "divisors", "min_gpus", "plan"]

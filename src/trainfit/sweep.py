@@ -1,137 +1,127 @@
-"""Vectorised sweeps: millions of training configurations per second through the same formulas.
+"""Training setups as arrays: millions of configurations validated and evaluated at once.
 
-``trainfit.sweep(model, hardware, **inputs)`` takes the arguments of
-:meth:`trainfit.TrainingMemoryModel.solve` (same names, same defaults, same validation rules and
-messages), each a scalar or a numpy array; the arrays broadcast together like numpy operands. It
-returns a :class:`SweepResult`, a read-only mapping of numpy arrays (all of the broadcast shape):
+:func:`encode` takes the flat fields of a :class:`~trainfit.training_setup.TrainingSetup` (``batch``,
+``seq_len``, ``precision``, ``tp`` ...), each a scalar or a numpy array, validates them with the same
+field rules and cross-field rules as a single setup (the first bad element is reported with its
+position), and returns :class:`SetupArrays`: numbers as arrays, categorical fields as integer codes,
+models and devices resolved once per distinct value. A method's vectorised form maps SetupArrays to
+a :class:`SweepOutput`; :func:`evaluate` adds the total, utilisation and verdict and returns a
+:class:`SweepResult`, a read-only mapping of arrays of the broadcast shape (sizes in bytes).
 
-* ``weights_bytes``, ``gradients_bytes``, ``optimizer_state_bytes``, ``activations_bytes``,
-  ``communication_buffers_bytes`` — each component in bytes (the names of the solve result's fields);
-* ``total_bytes``, ``available_bytes``, ``memory_utilization``, ``feasible``;
-* ``local_microbatch``, ``layers_per_stage`` — the derived shape, as in ``result.inputs``.
-
-One formula source: the first-order method calls :func:`trainfit.formulas.first_order_components`,
-the very function ``solve`` calls, so a sweep element and the matching ``solve`` agree to the bit
-(``tests/test_sweep.py``, with hypothesis property tests). Categorical inputs (``precision``,
-``optimizer``, ``activation_checkpointing``) and ``model``/``hardware`` may be arrays too (of names
-or catalog entries); they are validated once per distinct value and encoded as numbers.
-
-Methods plug in by name: :data:`SWEEP_METHODS` maps a method name to a vectorised function
-``fn(SweepInputs) -> SweepOutput``; :func:`register_sweep_method` adds one. ``"first-order"`` is
-built in. A method of :data:`trainfit.estimate.METHODS` without a vectorised version (``"detailed"``
-today) still works: it runs element by element, once per distinct configuration, at its scalar speed. :func:`grid` builds the outer product of 1-D axes (``sweep(m, h, **grid(batch_size=[...],
-seq_len=[...]))``), computed without materialising inputs that an output does not depend on.
+:func:`grid` builds the outer product of 1-D axes without materialising it.
 """
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
-from . import formulas as F
+from . import fields as V
 from .catalog import HardwareSpec, ModelSpec
 from .errors import TrainfitError, unknown_choice
-from .memory import (COMPONENTS, ModelShape, TrainingMemoryModel, _fraction, _magnitude, _whole_at_least,
-                     capacity_bytes, model_shape, resolve_checkpointing, resolve_optimizer)
-from .units import resolve_precision
+from .formulas import local_microbatch
+from .refs import DeviceRef, ModelRef, resolve_device, resolve_model
+from .rules import check_arrays
+from .training_setup import DEFAULTS, FIELD_NAMES, FIELDS, TrainingSetup, zero_stage
 
-#: Sweep inputs and their defaults: exactly the keyword arguments of ``TrainingMemoryModel.solve``
-#: (read from its signature, so the two can never disagree).
-DEFAULTS: dict[str, Any] = {
-    name: p.default for name, p in inspect.signature(TrainingMemoryModel.solve).parameters.items()
-    if name not in ("self", "model", "hardware")
-}
-INPUTS: tuple[str, ...] = tuple(DEFAULTS)
-
-_WHOLE = ("batch_size", "seq_len", "tp_size", "pp_size", "dp_size", "ep_size", "gradient_accumulation_steps")
-_FRACTIONS = ("trainable_fraction", "communication_buffer_fraction")
+_CATEGORICAL = ("choice", "optional-choice", "names")
 
 
 @dataclass(frozen=True)
-class SweepInputs:
-    """Validated, encoded sweep inputs: numpy arrays (or 0-d arrays) that broadcast to ``shape``.
+class SetupArrays:
+    """Validated, encoded training setups: arrays (0-d for scalars) that broadcast to ``shape``.
 
-    What a vectorised method receives. Per-model numbers are gathered per element (``params``,
-    ``layers``, ``hidden``, ``heads`` — NaN where a model states no head count); ``models`` and
-    ``model_index`` give the resolved model objects for methods that need more of the architecture.
-    Categorical inputs are codes into the ``*_keys`` tuples. Sizes are bytes.
+    ``values[name]`` holds every flat field: whole numbers as int64, fractions and sizes as float64,
+    flags as bool, and categorical fields as integer codes into ``choices[name]`` (canonical values).
+    ``models[model_index]`` and ``devices[device_index]`` are the resolved model and device per element.
     """
 
     shape: tuple[int, ...]
-    models: tuple[Any, ...]
-    model_shapes: tuple[ModelShape, ...]
+    models: tuple[ModelRef, ...]
     model_index: np.ndarray
-    params: np.ndarray
-    layers: np.ndarray
-    hidden: np.ndarray
-    heads: np.ndarray
-    hardware: tuple[Any, ...]
-    hardware_names: tuple[str, ...]
-    hardware_index: np.ndarray
-    available_bytes: np.ndarray
-    precision_keys: tuple[str, ...]
-    precision_code: np.ndarray
-    precision_bytes: np.ndarray
-    optimizer_keys: tuple[str, ...]
-    optimizer_code: np.ndarray
-    optimizer_bytes: np.ndarray
-    checkpointing: np.ndarray  #: codes into :data:`trainfit.formulas.CHECKPOINTING`
-    batch_size: np.ndarray
-    seq_len: np.ndarray
-    tp_size: np.ndarray
-    pp_size: np.ndarray
-    dp_size: np.ndarray
-    ep_size: np.ndarray
-    zero_stage: np.ndarray
-    gradient_accumulation_steps: np.ndarray
-    trainable_fraction: np.ndarray
-    communication_buffer_fraction: np.ndarray
-    sequence_parallel: np.ndarray
+    devices: tuple[DeviceRef, ...]
+    device_index: np.ndarray
+    values: dict[str, np.ndarray]
+    choices: dict[str, tuple[Any, ...]]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.values[name]
 
     @property
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
+    def present(self, name: str) -> np.ndarray:
+        """Where a categorical field is not None (e.g. a QLoRA base is set)."""
+        return np.asarray([c is not None for c in self.choices[name]], dtype=bool)[self.values[name]]
+
+    def code(self, name: str, value: Any) -> int:
+        """The code of ``value`` in a categorical field, -1 when no element has it."""
+        ch = self.choices[name]
+        return ch.index(value) if value in ch else -1
+
+    def value_at(self, name: str, index: Any) -> Any:
+        """One element's value of a flat field (decoded)."""
+        v = np.broadcast_to(self.values[name], self.shape)[index].item()
+        return self.choices[name][v] if name in self.choices else v
+
+    @property
+    def micro_batch(self) -> np.ndarray:
+        """Samples per rank per forward/backward (the setup's own rule, over arrays)."""
+        return local_microbatch(self.values["batch"], self.values["dp"], self.values["accumulation"])
+
+    def setup_at(self, index: Any) -> TrainingSetup:
+        """The :class:`TrainingSetup` of one element."""
+        m = int(np.broadcast_to(self.model_index, self.shape)[index])
+        d = int(np.broadcast_to(self.device_index, self.shape)[index])
+        return TrainingSetup.build(self.models[m], self.devices[d], **{n: self.value_at(n, index) for n in FIELD_NAMES})
+
+    def distinct(self, names: tuple[str, ...]) -> list[tuple[Any, dict[str, Any]]]:
+        """Group the elements by the values of ``names`` (plus model and device): a list of (flat indices,
+        {name: decoded value, "model_index", "device_index"}) — one entry per distinct combination."""
+        arrays = [("model_index", self.model_index), ("device_index", self.device_index)]
+        arrays += [(n, self.values[n]) for n in names]
+        varying = [(n, a) for n, a in arrays if np.ndim(a) and np.unique(a).size > 1]
+        first = {n: np.asarray(a).reshape(-1)[0].item() for n, a in arrays if not (np.ndim(a) and np.unique(a).size > 1)}
+        if not varying:
+            groups = [(slice(None), 0)]
+        else:
+            # each varying array as dense codes (ints, floats and flags alike)
+            cols = [np.unique(np.broadcast_to(a, self.shape).reshape(-1), return_inverse=True)[1].reshape(-1)
+                    .astype(np.int64) for _, a in varying]
+            radix = [int(c.max()) + 1 for c in cols]
+            if float(np.prod(radix, dtype=np.float64)) < 2.0**62:  # one integer key (mixed radix): fast
+                key = np.zeros(self.size, dtype=np.int64)
+                for c, r in zip(cols, radix):
+                    key = key * r + c
+                _, firsts, inverse = np.unique(key, return_index=True, return_inverse=True)
+            else:
+                _, firsts, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_index=True,
+                                               return_inverse=True)
+            inverse = inverse.reshape(-1)
+            order = np.argsort(inverse, kind="stable")
+            bounds = np.searchsorted(inverse[order], np.arange(len(firsts) + 1))
+            groups = [(order[bounds[g]:bounds[g + 1]], int(f)) for g, f in enumerate(firsts)]
+        out = []
+        for idx, f in groups:
+            row = dict(first)
+            for n, a in varying:
+                row[n] = np.broadcast_to(a, self.shape).reshape(-1)[f].item()
+            decoded = {n: (self.choices[n][row[n]] if n in self.choices else row[n]) for n in names}
+            decoded.update(model_index=int(row["model_index"]), device_index=int(row["device_index"]))
+            out.append((idx, decoded))
+        return out
+
 
 class SweepOutput(NamedTuple):
-    """What a vectorised method returns: component name -> bytes, any extra per-element arrays and,
-    optionally, the total. Without a total the components are summed left to right (as the scalar
-    first-order path does); a method whose peak is not the sum of its components gives its own."""
+    """What a vectorised method returns: component name -> bytes, extra per-element arrays and, when the
+    peak is not the sum of the components, the total."""
 
     components: dict[str, np.ndarray]
     extra: dict[str, np.ndarray]
     total: Optional[np.ndarray] = None
-
-
-SweepMethod = Callable[[SweepInputs], SweepOutput]
-
-#: Vectorised memory methods by name (the sweep counterpart of :data:`trainfit.estimate.METHODS`).
-SWEEP_METHODS: dict[str, SweepMethod] = {}
-
-
-def register_sweep_method(name: str) -> Callable[[SweepMethod], SweepMethod]:
-    """Decorator: make ``fn(SweepInputs) -> SweepOutput`` available as ``sweep(..., method=name)``."""
-
-    def deco(fn: SweepMethod) -> SweepMethod:
-        SWEEP_METHODS[name] = fn
-        return fn
-
-    return deco
-
-
-@register_sweep_method("first-order")
-def first_order_sweep(x: SweepInputs) -> SweepOutput:
-    """The seed-compatible first-order model over arrays (the same function ``solve`` calls)."""
-    c = F.first_order_components(
-        x.params, x.layers, x.hidden, x.heads, x.precision_bytes, x.optimizer_bytes, x.checkpointing, x.batch_size,
-        x.seq_len, tp=x.tp_size, pp=x.pp_size, dp=x.dp_size, ep=x.ep_size, zero_stage=x.zero_stage,
-        accumulation=x.gradient_accumulation_steps, trainable_fraction=x.trainable_fraction,
-        comm_fraction=x.communication_buffer_fraction, sequence_parallel=x.sequence_parallel)
-    comps = dict(zip(COMPONENTS, c[:5]))
-    return SweepOutput(comps, {"local_microbatch": c.local_microbatch, "layers_per_stage": c.layers_per_stage})
 
 
 @dataclass(frozen=True)
@@ -142,7 +132,7 @@ class SweepResult(Mapping):
     shape: tuple[int, ...]
     component_names: tuple[str, ...]
     arrays: dict[str, np.ndarray]
-    inputs: SweepInputs = field(repr=False)
+    inputs: SetupArrays = field(repr=False)
 
     def __getitem__(self, key: str) -> np.ndarray:
         try:
@@ -175,316 +165,162 @@ class SweepResult(Mapping):
         """One configuration's outputs as plain Python numbers."""
         return {k: v[index].item() if hasattr(v[index], "item") else v[index] for k, v in self.arrays.items()}
 
-
-def _scalar_method(name: str) -> SweepMethod:
-    """Any method of :data:`trainfit.estimate.METHODS` without a vectorised version, run element by
-    element (each distinct configuration once). Correct but at the scalar method's speed; a method
-    becomes fast by registering a vectorised function under the same name."""
-
-    def run(x: SweepInputs) -> SweepOutput:
-        from .estimate import METHODS
-
-        fn = METHODS[name]
-        shape = x.shape
-        total = np.empty(shape, dtype=np.float64)
-        columns: dict[str, np.ndarray] = {}
-        seen: dict[tuple[Any, ...], Any] = {}
-        for idx in np.ndindex(shape):
-            kw = _decode(x, idx)
-            key = (int(np.broadcast_to(x.model_index, shape)[idx]), int(np.broadcast_to(x.hardware_index, shape)[idx]),
-                   *(v for k, v in kw.items() if k not in ("model", "hardware")))
-            est = seen.get(key)
-            if est is None:
-                try:
-                    est = fn(kw.pop("model"), kw.pop("hardware"), **kw)
-                except TrainfitError as exc:
-                    where = f" (sweep element {idx if len(idx) != 1 else idx[0]})" if shape else ""
-                    raise TrainfitError(f"{exc}{where}") from None
-                seen[key] = est
-            total[idx] = est.total_bytes
-            for comp, b in est.components.items():
-                if comp not in columns:
-                    columns[comp] = np.zeros(shape, dtype=np.float64)
-                columns[comp][idx] = b
-        mb = F.local_microbatch(x.batch_size, x.dp_size, x.gradient_accumulation_steps)
-        lps = F.layers_per_stage(x.layers, x.pp_size)
-        return SweepOutput(columns, {"local_microbatch": mb, "layers_per_stage": lps}, total)
-
-    return run
+    def setup_at(self, index: Any) -> TrainingSetup:
+        """The training setup of one configuration (e.g. to estimate it on its own)."""
+        return self.inputs.setup_at(index)
 
 
-def available_methods() -> list[str]:
-    """Every method a sweep can run: the vectorised ones, then scalar-only ones from ``estimate``."""
-    from .estimate import METHODS
+# ------------------------------------------------------------------------------------------ encoding
 
-    return list(SWEEP_METHODS) + [m for m in METHODS if m not in SWEEP_METHODS]
+def _categorical(name: str, value: Any, meta: Mapping[str, Any]) -> tuple[list[Any], np.ndarray]:
+    from .training_setup import _apply_rule
 
-
-def is_vectorised(method: str) -> bool:
-    """True when ``method`` has a registered vectorised sweep function (else it runs element by element)."""
-    return method in SWEEP_METHODS
-
-
-def _method_fn(method: str) -> SweepMethod:
-    fn = SWEEP_METHODS.get(method)
-    if fn is not None:
-        return fn
-    from .estimate import METHODS
-
-    if method in METHODS:
-        return _scalar_method(method)
-    raise unknown_choice("method", method, available_methods())
-
-
-# ------------------------------------------------------------------------------------------- validation
-
-def _where_first(bad: np.ndarray) -> Any:
-    idx = np.unravel_index(int(np.argmax(bad)), bad.shape)
-    return idx[0] if len(idx) == 1 else tuple(int(i) for i in idx)
-
-
-def _fail_at(arr: np.ndarray, bad: np.ndarray, check: Callable[[Any], Any]) -> None:
-    """Raise the scalar validator's own message for the first bad element, with its position."""
-    idx = _where_first(bad)
-    value = arr[idx]
-    value = value.item() if hasattr(value, "item") else value
-    try:
-        check(value)
-    except TrainfitError as exc:
-        where = f" (sweep element {idx})" if arr.ndim else ""
-        raise TrainfitError(f"{exc}{where}") from None
-    raise TrainfitError(f"invalid sweep value {value!r} at {idx}")  # pragma: no cover - check always raises
-
-
-def _whole_array(value: Any, name: str) -> np.ndarray:
-    arr = np.asarray(_magnitude(value))
-    check = lambda v: _whole_at_least(v, name)  # noqa: E731
-    if arr.ndim == 0 and not isinstance(value, np.ndarray):
-        return np.asarray(_whole_at_least(value, name), dtype=np.int64)
-    kind = arr.dtype.kind
-    if kind in "iu":
-        bad = arr < 1
-    elif kind == "f":
-        with np.errstate(invalid="ignore"):
-            bad = ~np.isfinite(arr) | (arr != np.floor(arr)) | (arr < 1)
-    else:  # bool, strings, objects: the scalar rules element by element
-        bad = np.ones(arr.shape, dtype=bool)
-        flat = arr.reshape(-1)
-        for i, v in enumerate(flat):
-            try:
-                check(v.item() if hasattr(v, "item") else v)
-                bad.reshape(-1)[i] = False
-            except TrainfitError:
-                break
-        if kind == "b":
-            bad[...] = True
-    if bad.any():
-        _fail_at(arr, bad, check)
-    return arr.astype(np.int64, copy=False)
-
-
-def _fraction_array(value: Any, name: str) -> np.ndarray:
-    if not isinstance(value, np.ndarray) and np.ndim(value) == 0:
-        return np.asarray(_fraction(value, name), dtype=np.float64)
-    arr = np.asarray(value)
-    check = lambda v: _fraction(v, name)  # noqa: E731
-    if arr.dtype.kind in "iuf":
-        with np.errstate(invalid="ignore"):
-            bad = ~((arr >= 0.0) & (arr <= 1.0))
-    else:
-        bad = np.ones(arr.shape, dtype=bool)
-    if bad.any():
-        _fail_at(arr, bad, check)
-    return arr.astype(np.float64, copy=False)
+    if meta["kind"] == "names" and (isinstance(value, tuple) or isinstance(value, str)):
+        return [_apply_rule(name, value, meta)], np.asarray(0, dtype=np.intp)
+    if value is None:
+        return [_apply_rule(name, value, meta)], np.asarray(0, dtype=np.intp)
+    return V.distinct(value, lambda v: _apply_rule(name, v, meta))
 
 
 def _zero_array(value: Any) -> np.ndarray:
-    def check(v: Any) -> None:
-        if isinstance(v, bool) or _magnitude(v) not in (0, 1, 2, 3):
-            raise TrainfitError(f"zero_stage must be 0, 1, 2 or 3, got {v!r}")
-
-    if not isinstance(value, np.ndarray) and np.ndim(value) == 0:
-        check(value)
-        return np.asarray(int(_magnitude(value)), dtype=np.int64)
+    if V.is_scalar(value):
+        return np.asarray(zero_stage(value), dtype=np.int64)
     arr = np.asarray(value)
-    if arr.dtype.kind in "iuf":
-        bad = ~np.isin(arr, (0, 1, 2, 3))
-    else:
-        bad = np.ones(arr.shape, dtype=bool)
+    bad = ~np.isin(arr, (0, 1, 2, 3)) if arr.dtype.kind in "iuf" else np.ones(arr.shape, dtype=bool)
     if bad.any():
-        _fail_at(arr, bad, check)
-    return arr.astype(np.int64, copy=False)
+        V._fail_at(arr, bad, zero_stage)
+    return arr.astype(np.int64)
 
 
-def _distinct_strings(arr: np.ndarray, limit: int = 16) -> tuple[list[Any], np.ndarray]:
-    """Distinct strings of ``arr`` in order of first appearance, and codes.
-
-    Categorical inputs have few distinct values, so one vectorised comparison per value is much
-    cheaper than sorting a million strings (``np.unique``); past ``limit`` values, sort after all.
-    """
-    flat = arr.reshape(-1)
-    codes = np.full(flat.shape, -1, dtype=np.intp)
-    items: list[Any] = []
-    start = 0
-    while True:
-        todo = np.flatnonzero(codes[start:] < 0)
-        if todo.size == 0:
-            return items, codes.reshape(arr.shape)
-        if len(items) >= limit:
-            uniq, inv = np.unique(flat, return_inverse=True)
-            return [u.item() for u in uniq], inv.reshape(arr.shape)
-        start += int(todo[0])
-        value = flat[start]
-        codes[flat == value] = len(items)
-        items.append(value.item())
+def _encode_field(name: str, value: Any) -> tuple[np.ndarray, Optional[tuple[Any, ...]]]:
+    meta = FIELDS[name].metadata
+    kind = meta["kind"]
+    if kind == "whole":
+        return V.whole_array(value, name, meta["minimum"]), None
+    if kind == "fraction":
+        return V.fraction_array(value, name), None
+    if kind == "number":
+        return V.non_negative_array(value, name), None
+    if kind == "flag":
+        return V.flag_array(value, name), None
+    if kind == "zero":
+        return _zero_array(value), None
+    items, codes = _categorical(name, value, meta)
+    return codes, tuple(items)
 
 
-def _encode(value: Any, resolve: Callable[[Any], Any], *, scalar_types: tuple[type, ...] = (str,)) -> tuple[list[Any], np.ndarray]:
-    """Resolve each distinct value once; return (resolved values, integer codes of ``value``'s shape).
+class _ArrayValues:
+    """The values view :mod:`trainfit.rules` reads, over encoded arrays."""
 
-    A scalar (a string, or any object not a list/tuple/array) gives one value and a 0-d code.
-    Errors carry the position of the first element with the bad value.
-    """
-    if isinstance(value, scalar_types) or not isinstance(value, (list, tuple, np.ndarray)):
-        return [resolve(value)], np.asarray(0, dtype=np.intp)
-    arr = np.asarray(value) if not isinstance(value, np.ndarray) else value
-    if arr.dtype.kind in "US":
-        items, codes = _distinct_strings(arr)
-    else:  # objects (catalog entries, duck-typed models): distinct by identity
-        if arr.dtype != object:
-            arr = arr.astype(object)
-        seen: dict[int, int] = {}
-        items = []
-        flat_codes = np.empty(arr.size, dtype=np.intp)
-        for i, v in enumerate(arr.reshape(-1)):
-            key = id(v)
-            if key not in seen:
-                seen[key] = len(items)
-                items.append(v)
-            flat_codes[i] = seen[key]
-        codes = flat_codes.reshape(arr.shape)
-    resolved = []
-    for k, item in enumerate(items):
-        try:
-            resolved.append(resolve(item))
-        except TrainfitError as exc:
-            if arr.ndim == 0:
-                raise
-            raise TrainfitError(f"{exc} (sweep element {_where_first(codes == k)})") from None
-    return resolved, codes
+    def __init__(self, values: dict[str, np.ndarray], choices: dict[str, tuple[Any, ...]]):
+        self.values, self.choices = values, choices
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.values[name]
+
+    def present(self, name: str) -> np.ndarray:
+        return np.asarray([c is not None for c in self.choices[name]], dtype=bool)[self.values[name]]
 
 
-def encode_inputs(model: Any, hardware: Any, **inputs: Any) -> SweepInputs:
-    """Validate sweep inputs with ``solve``'s rules and messages and encode them as arrays."""
-    unknown = [k for k in inputs if k not in DEFAULTS]
+def encode(model: Any, hardware: Any, **fields: Any) -> SetupArrays:
+    """Validate flat setup fields (scalars or arrays; defaults for the others) and encode them."""
+    unknown = [k for k in fields if k not in FIELDS]
     if unknown:
-        raise unknown_choice("sweep input", unknown[0], INPUTS)
-    if "batch_size" not in inputs:
-        raise TrainfitError("batch_size is required (the global batch in samples), as for solve")
-    v = {**DEFAULTS, **inputs}
-    # Same order of checks as solve, so the first error reported is the same one.
-    precs, prec_code = _encode(v["precision"], resolve_precision)
-    opts, opt_code = _encode(v["optimizer"], resolve_optimizer)
-    ckpts, ckpt_code = _encode(v["activation_checkpointing"], resolve_checkpointing)
-    whole = {name: _whole_array(v[name], name) for name in _WHOLE}
-    fractions = {name: _fraction_array(v[name], name) for name in _FRACTIONS}
-    zero = _zero_array(v["zero_stage"])
-    shapes, model_code = _encode(model, model_shape, scalar_types=(str, ModelSpec))
-    hws, hw_code = _encode(hardware, capacity_bytes, scalar_types=(str, HardwareSpec))
-    models = _distinct(model, (str, ModelSpec))
-    hardware_objs = _distinct(hardware, (str, HardwareSpec))
-
-    prec_bytes = np.asarray([b for _, b in precs], dtype=np.float64)[prec_code]
-    opt_bytes = np.asarray([b for _, b in opts], dtype=np.float64)[opt_code]
-    ckpt = np.asarray([F.CHECKPOINTING.index(c) for c in ckpts], dtype=np.int64)[ckpt_code]
-    params = np.asarray([s.parameters for s in shapes], dtype=np.float64)[model_code]
-    layers = np.asarray([s.layers for s in shapes], dtype=np.int64)[model_code]
-    hidden = np.asarray([s.hidden_dim or F.DEFAULT_HIDDEN for s in shapes], dtype=np.int64)[model_code]
-    heads_tab = np.asarray([np.nan if s.heads is None else s.heads for s in shapes], dtype=np.float64)
-    heads = heads_tab[model_code]
-    available = np.asarray([cap for _, cap in hws], dtype=np.float64)[hw_code]
-
-    # solve refuses 'none' for a model without a head count; find the first such element.
-    no_heads = np.isnan(heads_tab)
-    if no_heads.any():
-        bad = (ckpt == 0) & no_heads[model_code]
-        if np.any(bad):
-            bad = np.broadcast_to(bad, np.broadcast_shapes(np.shape(ckpt), np.shape(model_code)))
-            idx = _where_first(bad)
-            name = shapes[int(np.broadcast_to(model_code, bad.shape)[idx])].name
-            where = f" (sweep element {idx})" if bad.ndim else ""
-            raise TrainfitError(f"activation_checkpointing 'none' needs the model's attention head count; "
-                                f"{name!r} has none (use 'selective' or 'full'){where}")
-
-    sp = np.asarray(v["sequence_parallel"]).astype(bool)
-    arrays = [prec_code, opt_code, ckpt_code, *whole.values(), *fractions.values(), zero, model_code, hw_code, sp]
+        raise unknown_choice("training setup field", unknown[0], FIELD_NAMES)
+    values: dict[str, np.ndarray] = {}
+    choices: dict[str, tuple[Any, ...]] = {}
+    for name in FIELD_NAMES:
+        arr, ch = _encode_field(name, fields.get(name, DEFAULTS[name]))
+        values[name] = arr
+        if ch is not None:
+            choices[name] = ch
+    models, model_code = V.distinct(model, resolve_model) if not isinstance(model, (ModelSpec, str)) else (
+        [resolve_model(model)], np.asarray(0, dtype=np.intp))
+    if hardware is None:
+        raise TrainfitError("a sweep needs hardware (a catalog name or entry) to judge the fit on")
+    devices, dev_code = V.distinct(hardware, resolve_device) if not isinstance(hardware, (HardwareSpec, str)) else (
+        [resolve_device(hardware)], np.asarray(0, dtype=np.intp))
     try:
-        shape = np.broadcast_shapes(*(np.shape(a) for a in arrays))
+        shape = np.broadcast_shapes(*(np.shape(a) for a in (model_code, dev_code, *values.values())))
     except ValueError:
         described = ", ".join(f"{k}{np.shape(a)}" for k, a in
-                              [("model", model_code), ("hardware", hw_code), *whole.items(), *fractions.items(),
-                               ("zero_stage", zero), ("precision", prec_code), ("optimizer", opt_code),
-                               ("activation_checkpointing", ckpt_code), ("sequence_parallel", sp)] if np.ndim(a))
+                              [("model", model_code), ("hardware", dev_code), *values.items()] if np.ndim(a))
         raise TrainfitError(f"sweep inputs do not broadcast together: {described} (use trainfit.grid(...) for "
                             "an outer product)") from None
-    return SweepInputs(
-        shape=tuple(shape), models=tuple(models), model_shapes=tuple(shapes), model_index=model_code,
-        params=params, layers=layers, hidden=hidden, heads=heads, hardware=tuple(hardware_objs), hardware_names=tuple(n for n, _ in hws),
-        hardware_index=hw_code, available_bytes=available, precision_keys=tuple(k for k, _ in precs),
-        precision_code=prec_code, precision_bytes=prec_bytes, optimizer_keys=tuple(k for k, _ in opts),
-        optimizer_code=opt_code, optimizer_bytes=opt_bytes, checkpointing=ckpt, zero_stage=zero,
-        trainable_fraction=fractions["trainable_fraction"],
-        communication_buffer_fraction=fractions["communication_buffer_fraction"], sequence_parallel=sp, **whole)
+    shape = tuple(shape)
+
+    def scalar_at(name: str, idx: Any) -> Any:
+        v = np.broadcast_to(values[name], shape)[idx].item()
+        return choices[name][v] if name in choices else v
+
+    check_arrays(_ArrayValues(values, choices), scalar_at, shape)
+    return SetupArrays(shape=shape, models=tuple(models), model_index=model_code, devices=tuple(devices),
+                       device_index=dev_code, values=values, choices=choices)
 
 
-def _distinct(value: Any, scalar_types: tuple[type, ...]) -> list[Any]:
-    """The distinct objects of a model/hardware input in the order of their codes (names stay names)."""
-    if isinstance(value, scalar_types) or not isinstance(value, (list, tuple, np.ndarray)):
-        return [value]
-    return _encode(value, lambda m: m, scalar_types=scalar_types)[0]
+def check_supported(x: SetupArrays, names: tuple[str, ...], check: Callable[[TrainingSetup], None]) -> None:
+    """Run a method's scalar ``check`` once per distinct combination of the fields ``names`` it can refuse
+    (the first element of each), so a sweep rejects what the method cannot express with its own message."""
+    for idx, row in x.distinct(names):
+        first = idx if isinstance(idx, slice) else idx[0]
+        index = 0 if isinstance(first, slice) else np.unravel_index(int(first), x.shape) if x.shape else ()
+        try:
+            check(x.setup_at(index if x.shape else ()))
+        except TrainfitError as exc:
+            where = f" (sweep element {V.position(_mask(x, idx))})" if x.shape else ""
+            raise TrainfitError(f"{exc}{where}") from None
 
 
-def evaluate(x: SweepInputs, method: str = "first-order") -> SweepResult:
-    """Run a registered vectorised method on encoded inputs and add total, utilisation and verdict."""
-    fn = _method_fn(method)
+def _mask(x: SetupArrays, idx: Any) -> np.ndarray:
+    m = np.zeros(x.size, dtype=bool)
+    m[idx] = True
+    return m.reshape(x.shape)
+
+
+def evaluate(x: SetupArrays, method: str, fn: Callable[[SetupArrays], SweepOutput]) -> SweepResult:
+    """Run a vectorised method on encoded setups and add total, utilisation and verdict."""
     out = fn(x)
     total: Any = out.total
     if total is None:
-        for arr in out.components.values():  # left to right, as the scalar path sums them
+        for arr in out.components.values():  # left to right, as the scalar paths sum them
             total = arr if total is None else total + arr
-    avail = x.available_bytes
+    avail = np.asarray([d.capacity_bytes for d in x.devices], dtype=np.float64)[x.device_index]
     positive = avail > 0
     with np.errstate(divide="ignore", invalid="ignore"):
         util = np.where(positive, total / np.where(positive, avail, 1.0), np.inf)
     arrays: dict[str, np.ndarray] = {f"{k}_bytes": v for k, v in out.components.items()}
     arrays.update(total_bytes=total, available_bytes=avail, memory_utilization=util, feasible=total <= avail)
+    arrays["micro_batch"] = x.micro_batch
     arrays.update(out.extra)
-    shape = x.shape
-    full = {k: np.broadcast_to(np.asarray(a), shape) for k, a in arrays.items()}
-    return SweepResult(method=method, shape=shape, component_names=tuple(out.components), arrays=full, inputs=x)
+    full = {k: np.broadcast_to(np.asarray(a), x.shape) for k, a in arrays.items()}
+    return SweepResult(method=method, shape=x.shape, component_names=tuple(out.components), arrays=full, inputs=x)
 
 
-def sweep(model: Any, hardware: Any, *, method: str = "first-order", **inputs: Any) -> SweepResult:
-    """Evaluate many training configurations at once.
+def elementwise(estimate: Callable[[TrainingSetup], Any]) -> Callable[[SetupArrays], SweepOutput]:
+    """A vectorised form for a method that has none: each distinct setup estimated once, at the scalar
+    method's speed."""
 
-    ``inputs`` are the keyword arguments of :meth:`trainfit.TrainingMemoryModel.solve`
-    (``batch_size`` — the global batch — is required; the others default as there), each a scalar
-    or a numpy array; ``model`` and ``hardware`` may be arrays of names or entries. Everything
-    broadcasts together. Bad values raise :class:`~trainfit.errors.TrainfitError` with solve's message
-    for the first bad element plus its position. Returns a :class:`SweepResult` of read-only arrays
-    (bytes) of the broadcast shape; element ``i`` equals ``solve`` on element ``i``'s inputs exactly.
+    def run(x: SetupArrays) -> SweepOutput:
+        total = np.empty(x.shape, dtype=np.float64)
+        columns: dict[str, np.ndarray] = {}
+        for idx, row in x.distinct(tuple(FIELD_NAMES)):
+            first = idx[0] if not isinstance(idx, slice) else 0
+            index = np.unravel_index(int(first), x.shape) if x.shape else ()
+            est = estimate(x.setup_at(index))
+            flat_total = total.reshape(-1)
+            flat_total[idx] = est.total_bytes
+            for comp, b in est.components.items():
+                if comp not in columns:
+                    columns[comp] = np.zeros(x.shape, dtype=np.float64)
+                columns[comp].reshape(-1)[idx] = b
+        return SweepOutput(columns, {}, total)
 
-    >>> r = sweep("llama-3.1-8b", "h100", batch_size=np.array([1, 8]), seq_len=1024)
-    >>> r["total_bytes"].shape
-    (2,)
-    """
-    _method_fn(method)  # an unknown method fails before any work
-    return evaluate(encode_inputs(model, hardware, **inputs), method)
+    return run
 
 
 def grid(**axes: Any) -> dict[str, np.ndarray]:
     """Outer product of 1-D axes, as broadcastable arrays: axis ``i`` of the result is the ``i``-th
-    keyword. ``sweep(m, h, **grid(batch_size=[1, 2, 4], seq_len=[1024, 4096]))`` has shape (3, 2)."""
+    keyword. ``sweep(m, h, **grid(batch=[1, 2, 4], seq_len=[1024, 4096]))`` has shape (3, 2)."""
     n = len(axes)
     out: dict[str, np.ndarray] = {}
     for i, (name, values) in enumerate(axes.items()):
@@ -498,35 +334,5 @@ def grid(**axes: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def solve_like(result: SweepResult, index: Any) -> dict[str, Any]:
-    """The solve arguments of one sweep element (decoded), e.g. to rerun it through ``solve``."""
-    return _decode(result.inputs, index)
-
-
-def _decode(x: SweepInputs, index: Any) -> dict[str, Any]:
-    shape = x.shape
-
-    def pick(a: Any) -> Any:
-        return np.broadcast_to(a, shape)[index].item()
-
-    return dict(
-        model=x.models[pick(x.model_index)], hardware=x.hardware[pick(x.hardware_index)],
-        batch_size=pick(x.batch_size), seq_len=pick(x.seq_len), precision=x.precision_keys[pick(x.precision_code)],
-        optimizer=x.optimizer_keys[pick(x.optimizer_code)],
-        activation_checkpointing=F.CHECKPOINTING[pick(x.checkpointing)], tp_size=pick(x.tp_size),
-        pp_size=pick(x.pp_size), dp_size=pick(x.dp_size), ep_size=pick(x.ep_size), zero_stage=pick(x.zero_stage),
-        gradient_accumulation_steps=pick(x.gradient_accumulation_steps),
-        trainable_fraction=pick(x.trainable_fraction),
-        communication_buffer_fraction=pick(x.communication_buffer_fraction),
-        sequence_parallel=bool(pick(x.sequence_parallel)))
-
-
-__all__ = ["DEFAULTS", "INPUTS", "SWEEP_METHODS", "SweepInputs", "SweepOutput", "SweepResult", "available_methods",
-           "encode_inputs", "evaluate", "first_order_sweep", "grid", "is_vectorised", "register_sweep_method",
-           "solve_like", "sweep"]
-
-
-# The detailed method's vectorised form (issue 5); imported last: it builds on SweepOutput.
-from .detailed.vectorised import detailed_sweep as _detailed_sweep  # noqa: E402
-
-SWEEP_METHODS["detailed"] = _detailed_sweep
+__all__ = ["SetupArrays", "SweepOutput", "SweepResult", "check_supported", "elementwise", "encode", "evaluate",
+           "grid"]

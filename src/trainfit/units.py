@@ -144,16 +144,6 @@ def parse_power(value: Any, *, what: str = "power") -> float:
     return number * scale
 
 
-def to_gb(nbytes: float) -> float:
-    """Bytes to decimal gigabytes (1 GB = 1e9 bytes)."""
-    return nbytes / GB
-
-
-def to_gib(nbytes: float) -> float:
-    """Bytes to binary gibibytes (1 GiB = 2**30 bytes)."""
-    return nbytes / GiB
-
-
 def format_bytes(nbytes: float, unit: str = "auto", digits: int = 2) -> str:
     """Human-readable size with its unit named, e.g. ``'16.06 GB'``.
 

@@ -17,18 +17,19 @@ def _():
     from trainfit import labs
     from trainfit.app import views
     from trainfit.errors import TrainfitError
-    from trainfit.estimate import METHODS
+    from trainfit.engine import METHODS
     from trainfit.frontier import frontier as trainfit_frontier
-    from trainfit.frontier import frontier_markdown
-    from trainfit.frontier import plot_frontier as plot_trainfit_frontier
+    from trainfit.report import to_markdown
+    from trainfit.report.estimate import estimate_document
+    from trainfit.report.frontier import frontier_document
+    from trainfit.report.frontier import plot_frontier as plot_trainfit_frontier
+    from trainfit.report.plan import plan_document
     from trainfit.labs.plots import plot_frontier, plot_memory_stack
     from trainfit.labs.report import frontier_summary
     from trainfit.planner import plan as trainfit_plan
-    from trainfit.planner import plan_markdown
-    from trainfit.render import estimate_markdown
-    return (METHODS, TrainfitError, estimate_markdown, frontier_markdown,
-            frontier_summary, io, json, labs, mo, plan_markdown, plot_frontier, plot_memory_stack,
-            plot_trainfit_frontier, trainfit, trainfit_frontier, trainfit_plan, views)
+    return (METHODS, TrainfitError, estimate_document, frontier_document, frontier_summary, io, json, labs, mo,
+            plan_document, plot_frontier, plot_memory_stack, plot_trainfit_frontier, to_markdown, trainfit,
+            trainfit_frontier, trainfit_plan, views)
 
 
 @app.cell
@@ -114,20 +115,8 @@ def _(METHODS, mo, views):
                                 label="Model", searchable=True),
         "hardware": mo.ui.dropdown(_hardware, value=next(k for k, v in _hardware.items() if v == "h100"),
                                    label="Accelerator", searchable=True),
-        "method": mo.ui.dropdown(list(METHODS), value="first-order", label="Memory method"),
-        "batch": mo.ui.number(start=1, stop=1 << 20, step=1, value=8, label="Global batch (samples)"),
-        "seq": mo.ui.number(start=1, stop=1 << 20, step=1, value=2048, label="Sequence length (tokens)"),
-        "precision": mo.ui.dropdown(views.precision_choices(), value="fp16", label="Precision"),
-        "optimizer": mo.ui.dropdown(views.optimizer_choices(), value="adam", label="Optimizer"),
-        "checkpointing": mo.ui.dropdown(["none", "selective", "full"], value="selective",
-                                        label="Activation checkpointing"),
-        "tp": mo.ui.number(start=1, stop=4096, step=1, value=1, label="Tensor parallel"),
-        "pp": mo.ui.number(start=1, stop=4096, step=1, value=1, label="Pipeline parallel"),
-        "dp": mo.ui.number(start=1, stop=1 << 20, step=1, value=1, label="Data parallel"),
-        "zero": mo.ui.dropdown(["0", "1", "2", "3"], value="0", label="ZeRO stage"),
-        "accum": mo.ui.number(start=1, stop=4096, step=1, value=1, label="Gradient accumulation"),
-        "trainable_fraction": mo.ui.number(start=0.0, stop=1.0, step=0.01, value=1.0, label="Trainable fraction"),
-        "sequence_parallel": mo.ui.checkbox(value=True, label="Sequence parallelism (with TP > 1)"),
+        "method": mo.ui.dropdown([m for m in METHODS if m != "measured"], value="first-order", label="Memory method"),
+        **views.free_controls(mo),  # the training setup's fields, as `trainfit estimate` offers them
         "gpus": mo.ui.number(start=1, stop=4096, step=1, value=8, label="Accelerators for the plan (N)"),
     })
     return free, free_task
@@ -246,43 +235,38 @@ def _(frontier_summary, io, json, mo, plot_frontier, plot_memory_stack, predicti
 
 
 @app.cell
-def _(TrainfitError, estimate_markdown, free, free_task, frontier_markdown, io, mo, plan_markdown, trainfit,
-      trainfit_frontier, trainfit_plan, plot_trainfit_frontier, views):
+def _(TrainfitError, estimate_document, free, free_task, frontier_document, io, mo, plan_document, to_markdown,
+      trainfit, trainfit_frontier, trainfit_plan, plot_trainfit_frontier, views):
     def free_view():
         _v = free.value
         _is_plan = free_task.value.startswith("Plan")
+        _shown = views.PLAN_FIELDS if _is_plan else views.FREE_FIELDS
         _rows = [free_task,
                  mo.hstack([free["model"], free["hardware"], free["method"]], justify="start", wrap=True),
-                 mo.hstack([free["batch"], free["seq"], free["precision"], free["optimizer"],
-                            free["trainable_fraction"]], justify="start", wrap=True)]
+                 mo.hstack([free[k] for k in _shown], justify="start", wrap=True)]
         if _is_plan:
             _rows += [mo.hstack([free["gpus"]], justify="start"),
                       mo.md("The planner searches tensor/pipeline/data parallelism, ZeRO stages, checkpointing "
                             "and micro-batching itself.")]
-        else:
-            _rows += [mo.hstack([free["checkpointing"], free["tp"], free["pp"], free["dp"], free["zero"],
-                                 free["accum"], free["sequence_parallel"]], justify="start", wrap=True)]
         _controls = mo.vstack(_rows)
         _img = {"max-width": "1100px", "width": "100%"}
-        _opts = views.estimate_options(_v)
         try:
             if free_task.value.startswith("Frontier"):
-                _strategy = {k: v for k, v in _opts.items() if k not in ("batch_size", "seq_len")}
-                _f = trainfit_frontier(_v["model"], _v["hardware"], method=_v["method"], seq_len=_opts["seq_len"],
-                                       **_strategy)
+                _fields = views.setup_fields(_v)
+                _f = trainfit_frontier(_v["model"], _v["hardware"], method=_v["method"], **_fields)
                 _result = mo.vstack([mo.image(io.BytesIO(views.plot_png(plot_trainfit_frontier, _f)), style=_img),
                                      mo.Html(f'<div data-testid="free-frontier">'
-                                             f'{mo.md(frontier_markdown(_f)).text}</div>')])
+                                             f'{mo.md(to_markdown(frontier_document(_f))).text}</div>')])
             elif _is_plan:
-                _pl = trainfit_plan(_v["model"], _v["hardware"], int(_v["gpus"]), global_batch=_opts["batch_size"],
-                                    seq_len=_opts["seq_len"], precision=_v["precision"], optimizer=_v["optimizer"],
-                                    method=_v["method"], trainable_fraction=_opts["trainable_fraction"])
-                _result = mo.Html(f'<div data-testid="free-plan">{mo.md(plan_markdown(_pl)).text}</div>')
+                _fields = views.setup_fields(_v, views.PLAN_FIELDS)
+                _pl = trainfit_plan(_v["model"], _v["hardware"], int(_v["gpus"]), global_batch=_fields.pop("batch"),
+                                    method=_v["method"], **_fields)
+                _result = mo.Html(f'<div data-testid="free-plan">{mo.md(to_markdown(plan_document(_pl))).text}</div>')
             else:
-                _e = trainfit.estimate(_v["model"], _v["hardware"], method=_v["method"], **_opts)
+                _e = trainfit.estimate(_v["model"], _v["hardware"], method=_v["method"], **views.setup_fields(_v))
                 _result = mo.vstack([mo.image(io.BytesIO(views.plot_estimate_png(_e)), style=_img),
                                      mo.Html(f'<div data-testid="free-estimate">'
-                                             f'{mo.md(estimate_markdown(_e)).text}</div>')])
+                                             f'{mo.md(to_markdown(estimate_document(_e))).text}</div>')])
         except TrainfitError as _exc:
             _result = mo.callout(mo.Html(f'<div data-testid="free-error"><strong>Cannot compute:</strong> '
                                          f'{views.html.escape(str(_exc))}</div>'), kind="danger")

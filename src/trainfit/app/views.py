@@ -13,13 +13,14 @@ test can read the displayed numbers back.
 from __future__ import annotations
 
 import html
-import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import TrainfitError
+from ..report.backends import table_html
+from ..report.document import Column, Table
 from ..labs import (TrackProfile, TrainingFrontierResult, TrainingMemoryStackResult, TrainingTrackProfile,
                     list_tracks)
 from ..labs.report import PHYSICS_HEADER, STACK_HEADER, physics_rows, stack_rows
@@ -78,45 +79,13 @@ def hardware_options() -> dict[str, str]:
     return {f"{h.name} ({h.slug}, {h.memory.capacity / 1e9:,.4g} GB)": h.slug for h in Hardware}
 
 
-def precision_choices() -> list[str]:
-    """Precisions of both methods: the first-order table, then the detailed method's extra recipes
-    (``amp-bf16``, ``bf16-master``, …; a method that does not know one says so in one line)."""
-    from ..detailed.recipe import PRECISIONS
-    from ..units import PRECISION_BYTES
-
-    return list(dict.fromkeys([*PRECISION_BYTES, *PRECISIONS]))
-
-
-def optimizer_choices() -> list[str]:
-    """Optimizers of both methods (first-order's, then the detailed method's extras)."""
-    from ..detailed.recipe import OPTIMIZERS
-    from ..formulas import OPTIMIZER_BYTES
-
-    return list(dict.fromkeys([*OPTIMIZER_BYTES, *OPTIMIZERS]))
-
-
-def _cell_html(text: Any) -> str:
-    """Escape a table cell; the report's ``**bold**`` becomes <strong>."""
-    return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(str(text)))
-
-
 def html_table(header: Sequence[str], cols: Sequence[str], rows: Sequence[Sequence[Any]], *, testid: str,
                row_keys: Optional[Sequence[str]] = None, row_classes: Optional[Sequence[str]] = None,
                numeric: Sequence[str] = ()) -> str:
-    """A plain HTML table: ``data-testid`` on the table, ``data-row`` on rows, ``data-col`` on cells."""
-    out = [f'<table class="tf-table" data-testid="{html.escape(testid)}"><thead><tr>']
-    out += [f'<th data-col="{c}"{" class=num" if c in numeric else ""}>{html.escape(h)}</th>'
-            for h, c in zip(header, cols)]
-    out.append("</tr></thead><tbody>")
-    for i, row in enumerate(rows):
-        key = f' data-row="{html.escape(row_keys[i])}"' if row_keys else ""
-        cls = f' class="{row_classes[i]}"' if row_classes and row_classes[i] else ""
-        out.append(f"<tr{key}{cls}>")
-        out += [f'<td data-col="{c}"{" class=num" if c in numeric else ""}>{_cell_html(v)}</td>'
-                for v, c in zip(row, cols)]
-        out.append("</tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
+    """A report table as HTML (``data-testid`` on the table, ``data-row`` on rows, ``data-col`` on cells)."""
+    table = Table("", tuple(Column(h, c, c in numeric) for h, c in zip(header, cols)),
+                  tuple(tuple(str(v) for v in r) for r in rows), keys=tuple(row_keys or ()), testid=testid)
+    return table_html(table, row_classes)
 
 
 #: Table styling: red tint for rows that do not fit, a marker for the selected strategy.
@@ -218,28 +187,43 @@ def plot_png(draw: Callable[..., Path], *args: Any) -> bytes:
         return path.read_bytes()
 
 
-def estimate_options(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Keyword arguments of :func:`trainfit.estimate` from the free mode's control values (the CLI's
-    option names -> the library's)."""
-    return {
-        "batch_size": int(values["batch"]), "seq_len": int(values["seq"]), "precision": values["precision"],
-        "optimizer": values["optimizer"], "activation_checkpointing": values["checkpointing"],
-        "tp_size": int(values["tp"]), "pp_size": int(values["pp"]), "dp_size": int(values["dp"]),
-        "zero_stage": int(values["zero"]), "gradient_accumulation_steps": int(values["accum"]),
-        "trainable_fraction": float(values["trainable_fraction"]),
-        # the CLI passes this explicitly (--no-sequence-parallel turns it off); the methods' own defaults differ
-        "sequence_parallel": bool(values.get("sequence_parallel", True)),
-    }
+#: the training-setup fields free mode offers, in display order (the others keep their defaults)
+FREE_FIELDS = ("batch", "seq_len", "precision", "optimizer", "checkpointing", "lora_rank", "attention",
+               "trainable_fraction", "tp", "pp", "dp", "zero", "accumulation", "sequence_parallel")
+#: the subset the planner does not search (it chooses parallelism, ZeRO, checkpointing and micro-batches)
+PLAN_FIELDS = ("batch", "seq_len", "precision", "optimizer", "lora_rank", "attention", "trainable_fraction")
 
 
-#: Free-mode component colours (Okabe–Ito first, as the lab plots; then muted extras for the
-#: detailed method's components). Unknown names take the next unused colour of ``_SPARE``.
-ESTIMATE_COLOURS = {"weights": "#0072B2", "parameters": "#0072B2", "master_weights": "#004C7A",
-                    "gradients": "#56B4E9", "optimizer_state": "#E69F00", "optimizer_temporaries": "#F5C46B",
-                    "activations": "#D55E00", "temporaries": "#F0A07A", "communication_buffers": "#CC79A7",
-                    "inputs": "#009E73", "cuda_context": "#666666", "workspaces": "#999999",
-                    "allocator_reserve": "#C8C8C8"}
-_SPARE = ("#332288", "#117733", "#44AA99", "#88CCEE", "#DDCC77", "#AA4499", "#882255")
+def free_controls(mo: Any) -> dict[str, Any]:
+    """Free mode's setup controls, built from the training setup's field table: the same names,
+    choices and defaults as the command line's options (``--batch``, ``--precision`` ...)."""
+    from ..training_setup import FIELDS
+
+    out: dict[str, Any] = {}
+    for name in FREE_FIELDS:
+        meta, default, text = FIELDS[name].metadata, FIELDS[name].default, name.replace("_", " ")
+        if meta["kind"] == "flag":
+            out[name] = mo.ui.checkbox(value=default, label=text)
+        elif meta["kind"] in ("choice", "zero"):
+            options = [str(c) for c in (meta["choices"] if meta["kind"] == "choice" else (0, 1, 2, 3))]
+            out[name] = mo.ui.dropdown(options, value=str(default), label=text)
+        elif meta["kind"] == "fraction":
+            out[name] = mo.ui.number(start=0.0, stop=1.0, step=0.01, value=default, label=text)
+        else:
+            out[name] = mo.ui.number(start=meta["minimum"], stop=1 << 24, step=1, value=default, label=text)
+    return out
+
+
+def setup_fields(values: Mapping[str, Any], names: Sequence[str] = FREE_FIELDS) -> dict[str, Any]:
+    """The flat training-setup fields of free mode's control values (whole numbers as ints)."""
+    from ..training_setup import FIELDS
+
+    out: dict[str, Any] = {}
+    for name in names:
+        kind = FIELDS[name].metadata["kind"]
+        v = values[name]
+        out[name] = int(v) if kind in ("whole", "zero") else float(v) if kind == "fraction" else v
+    return out
 
 
 def plot_estimate_png(est: Any) -> bytes:
@@ -247,7 +231,7 @@ def plot_estimate_png(est: Any) -> bytes:
     bytes) with the device capacity as a dashed line; the total is labelled red when it does not fit."""
     import io
 
-    from ..render import label
+    from ..report.labels import colours, label
     from ..units import GB, GiB
 
     try:
@@ -259,11 +243,9 @@ def plot_estimate_png(est: Any) -> bytes:
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     left = 0.0
-    spare = iter(_SPARE * 4)
-    for name, b in est.components.items():
-        if b <= 0:  # keep the legend to what takes memory
-            continue
-        ax.barh([0], [b / GB], left=left, height=0.5, color=ESTIMATE_COLOURS.get(name) or next(spare),
+    shown = {n: b for n, b in est.components.items() if b > 0}  # keep the legend to what takes memory
+    for (name, b), colour in zip(shown.items(), colours(list(shown))):
+        ax.barh([0], [b / GB], left=left, height=0.5, color=colour,
                 edgecolor="white", linewidth=0.5, label=f"{label(name)} {b / GB:,.2f} GB")
         left += b / GB
     fits = est.feasible is not False

@@ -1,4 +1,4 @@
-"""Shared pieces of the CLI: the app, output formats and the error boundary."""
+"""Shared pieces of the CLI: the app, output formats, printing and the error boundary."""
 from __future__ import annotations
 
 import functools
@@ -53,6 +53,18 @@ def guarded(fn: Callable) -> Callable:
             fail(f"{exc.filename}: {exc.strerror}")
 
     return wrapper
+
+
+def emit(doc: Any, output: "Output", *, json: Any = None) -> None:
+    """Print a report document as text (rich) or markdown, or ``json`` (the result's data) as JSON."""
+    from ..report import to_markdown, to_rich
+
+    if output is Output.json:
+        print_json(json)
+    elif output is Output.markdown:
+        sys.stdout.write(to_markdown(doc))  # plain stdout: markdown must not be re-wrapped
+    else:
+        console.print(to_rich(doc))
 
 
 def print_json(obj: Any) -> None:

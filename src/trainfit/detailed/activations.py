@@ -1,6 +1,6 @@
 """Activation memory, layer by layer, from the architecture and the recipe.
 
-:func:`walk_forward` plays one training forward pass of a Hugging Face model on a :class:`Tape`:
+:class:`_Walker` plays one training forward pass of a Hugging Face model on a :class:`Tape`:
 embeddings, every block (norms, attention projections, rotary, the attention kernel's saved tensors,
 gated or plain MLP, MoE routing, dropout masks, residual adds) and the head with the loss, in the
 order ``transformers`` 5.x runs them, with the recipe's dtypes, LoRA adapters, checkpointing and
@@ -29,7 +29,7 @@ from typing import Optional
 from ..arch import ArchSpec
 from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd
 from .layout import block_linears, stage_layers
-from .recipe import Recipe
+from ..training_setup import Parallelism, Recipe
 
 #: eager attention of these types runs the softmax in the scores' dtype; every other type calls
 #: ``softmax(..., dtype=torch.float32).to(query.dtype)`` (an fp32 softmax output is saved)
@@ -108,12 +108,12 @@ def _ckpt_layer(recipe: Recipe, index: int) -> bool:
 
 
 class _Walker:
-    def __init__(self, arch: ArchSpec, recipe: Recipe, stage: int = 0, replay: bool = True):
-        self.a, self.r = arch, recipe
+    def __init__(self, arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0, replay: bool = True):
+        self.a, self.r, self.par = arch, recipe, par
         self.replay = replay
         self.g = Tape(autocast=recipe.autocast)
-        self.tp = recipe.tp
-        self.sp = recipe.sequence_parallel and recipe.tp > 1
+        self.tp = par.tp
+        self.sp = par.sequence_parallel and par.tp > 1
         self.w = float(recipe.compute_bytes)  # matmul output bytes
         self.p = float(recipe.param_bytes)  # parameter / residual stream bytes
         self.full = not recipe.lora  # full fine-tuning: every weight trainable
@@ -246,10 +246,10 @@ class _Walker:
         if g.autocast:
             q, k, v = g.cast(q, 2), g.cast(k, 2), g.cast(v, 2)
         dt = q.dtype
-        if r.cp > 1:
+        if self.par.cp > 1:
             # context parallel: every rank attends over the whole sequence, so the other ranks' keys and
             # values are gathered for the kernel (all-gather CP; a ring holds fewer at once)
-            kv_all = g.new(tok(2 * kvw * (r.cp - 1)), dt, False, "context-parallel gathered k, v")
+            kv_all = g.new(tok(2 * kvw * (self.par.cp - 1)), dt, False, "context-parallel gathered k, v")
             g.use(kv_all)
         if self.kernel in ("flash", "mem-efficient"):
             out = g.new(tok(qw), dt, True, "attention out")
@@ -362,11 +362,11 @@ class _Walker:
         routed = k * (r.capacity_factor if r.capacity_factor > 0 else 1.0)  # routed token copies per token
         gathered = g.new(tok(routed * h), y.dtype, y.rg, "routed tokens")
         g.use(y)
-        if r.ep > 1:  # expert parallel: all-to-all send and receive buffers of the routed tokens (transient)
+        if self.par.ep > 1:  # expert parallel: all-to-all send and receive buffers of the routed tokens (transient)
             a2a = g.new(tok(2 * routed * h), self.w, False, "all-to-all buffers")
             g.use(gathered)
             g.use(a2a)
-        numel_expert = 3 * h * mi * E / r.ep / self.tp
+        numel_expert = 3 * h * mi * E / self.par.ep / self.tp
         x = g.cast(gathered, 2) if g.autocast else gathered
         gu = g.new(tok(routed * 2 * mi / self.tp), self.w, True, "experts gate_up")
         if self.full:
@@ -524,8 +524,8 @@ class _Walker:
 
     def run(self) -> ActivationProfile:
         a, r, g = self.a, self.r, self.g
-        layers = list(stage_layers(a.num_layers, r.pp, self.stage))
-        first, last = self.stage == 0, self.stage == r.pp - 1
+        layers = list(stage_layers(a.num_layers, self.par.pp, self.stage))
+        first, last = self.stage == 0, self.stage == self.par.pp - 1
         if first:
             x = self.embeddings()
         else:
@@ -627,13 +627,13 @@ class _Walker:
 
 
 @lru_cache(maxsize=512)
-def activation_profile(arch: ArchSpec, recipe: Recipe, stage: int = 0) -> ActivationProfile:
-    """Walk one forward pass of ``arch`` under ``recipe`` (pipeline ``stage``) and condense it."""
-    return _Walker(arch, recipe, stage).run()
+def activation_profile(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> ActivationProfile:
+    """Walk one forward pass of ``arch`` under ``recipe`` split as ``par`` (pipeline ``stage``) and condense it."""
+    return _Walker(arch, recipe, par, stage).run()
 
 
-def walk(arch: ArchSpec, recipe: Recipe, stage: int = 0, replay: bool = True) -> Tape:
+def walk(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0, replay: bool = True) -> Tape:
     """The raw tape of one forward walk (for inspection and tests); ``replay=False`` walks every block."""
-    w = _Walker(arch, recipe, stage, replay)
+    w = _Walker(arch, recipe, par, stage, replay)
     w.run()
     return w.g

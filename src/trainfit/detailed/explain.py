@@ -10,7 +10,7 @@ from .activations import walk
 from .graph import Vec
 from .overheads import Overhead
 from .phases import PhaseResult, inflight_microbatches
-from .recipe import Recipe
+from ..training_setup import Parallelism, Recipe, TrainingSetup
 
 GiB = 2**30
 
@@ -43,19 +43,21 @@ def _dtype_name(b: float) -> str:
     return {4: "fp32", 2: "16-bit", 1: "8-bit", 8: "int64"}.get(int(b), f"{b} B")
 
 
-def layer_saved_tensors(arch: ArchSpec, recipe: Recipe, layer: int | None = None) -> list[tuple[str, str, Vec]]:
+def layer_saved_tensors(arch: ArchSpec, recipe: Recipe, par: Parallelism,
+                        layer: int | None = None) -> list[tuple[str, str, Vec]]:
     """(tensor, dtype, bytes-vector) of every tensor one block saves for backward (the last block of the
     stage by default); with checkpointing, what its recomputation saves."""
-    tape = walk(arch, recipe)
+    tape = walk(arch, recipe, par)
     regions = sorted({t.region for t in tape.tensors if t.region.startswith("layer")}, key=lambda r: int(r[5:]))
     reg = f"layer{layer}" if layer is not None else (regions[-1] if regions else "")
     return [(t.name, _dtype_name(t.dtype), t.bytes) for t in tape.tensors
             if t.region == reg and (t.saved or t.would_save) and any(t.bytes)]
 
 
-def explain(arch: ArchSpec, recipe: Recipe, res: PhaseResult, overheads: list[Overhead]) -> list[Line]:
+def explain(arch: ArchSpec, setup: TrainingSetup, res: PhaseResult, overheads: list[Overhead]) -> list[Line]:
     """One :class:`Line` per component of the peak phase, then the overheads."""
     st, pr, sh = res.states, res.profile, res.shape
+    recipe, par = setup.recipe, setup.parallel
     phase = res.peak_phase if isinstance(res.peak_phase, str) else "forward"
     comp = res.phases[phase]
     pb, T = recipe.param_bytes, sh.tokens
@@ -66,7 +68,7 @@ def explain(arch: ArchSpec, recipe: Recipe, res: PhaseResult, overheads: list[Ov
              f"{st.n_tensors} tensors, {st.n_params:,} elements; each tensor ceil(numel x {pb} B / 512) x 512"
              + (f"; frozen base {recipe.qlora} packed (4-bit + absmax per 64 + fp32 per 64x256)" if recipe.qlora else "")
              + (f"; LoRA r={recipe.lora_rank} on {', '.join(recipe.lora_targets)} in {recipe.lora_dtype}" if recipe.lora else "")
-             + (f"; / tp {recipe.tp}" if recipe.tp > 1 else "") + (f"; / dp {recipe.dp} (ZeRO-3)" if recipe.zero_stage >= 3 and recipe.dp > 1 else ""),
+             + (f"; / tp {par.tp}" if par.tp > 1 else "") + (f"; / dp {par.dp} (ZeRO-3)" if par.zero_stage >= 3 and par.dp > 1 else ""),
              "tensor inventory of the transformers model (detailed/layout.py); CUDA caching allocator 512-byte blocks"))
     add(Line("buffers", comp["buffers"], "rotary inv_freq + original_inv_freq (fp32), Gemma embed_scale, "
              "BERT/RoBERTa position_ids + token_type_ids (int64 x max positions)", "transformers register_buffer"))
@@ -78,7 +80,7 @@ def explain(arch: ArchSpec, recipe: Recipe, res: PhaseResult, overheads: list[Ov
     add(Line("gradients", g,
              f"{st.n_trainable:,} trainable x {pb if not recipe.lora else recipe.lora_dtype} per element "
              f"({'all present' if phase == 'optimizer' else 'produced so far in backward' if phase == 'backward' else 'kept across micro-batches' if g else 'none: set_to_none after the step'})"
-             + (f"; / dp {recipe.dp} (ZeRO-2+)" if recipe.zero_stage >= 2 and recipe.dp > 1 else ""),
+             + (f"; / dp {par.dp} (ZeRO-2+)" if par.zero_stage >= 2 and par.dp > 1 else ""),
              "param.grad has the parameter's dtype; zero_grad(set_to_none=True)"))
     opt = recipe.optimizer
     desc = {"adam": f"2 x trainable x {state_dtype} B (exp_avg, exp_avg_sq)", "adamw": f"2 x trainable x {state_dtype} B (exp_avg, exp_avg_sq)",
@@ -97,12 +99,13 @@ def explain(arch: ArchSpec, recipe: Recipe, res: PhaseResult, overheads: list[Ov
     L = max(len(pr.layers), 1)
     per_layer = pr.layers[-1].saved if pr.layers else (0, 0, 0, 0)
     saved = "; ".join(f"{n} ({d}) {_vec(v)}" for n, v, d in
-                      [(n, v, d) for n, d, v in layer_saved_tensors(arch, recipe)][:40])
+                      [(n, v, d) for n, d, v in layer_saved_tensors(arch, recipe, par)][:40])
     add(Line("activations", comp["activations"],
              f"saved for backward at the {phase} peak; tokens = micro-batch x seq / cp = {T:,.0f}; "
              f"embeddings {_vec(pr.pieces[0][1])}; {L} blocks {_vec(layer_total)} (last block {_vec(per_layer)}); "
              f"head {_vec(pr.pieces[2][1])}; loss {_vec(pr.pieces[3][1])}; kernel {pr.kernel}"
-             + (f"; x {inflight_microbatches(recipe):g} in-flight micro-batches ({recipe.pp_schedule})" if recipe.pp > 1 else "")
+             + (f"; x {inflight_microbatches(par, setup.accumulation):g} in-flight micro-batches ({par.pp_schedule})"
+                if par.pp > 1 else "")
              + f". Last block saves: {saved}",
              "forward walk of the transformers 5 model (detailed/activations.py) with PyTorch autograd saving rules"))
     tmp = comp["temporaries"]

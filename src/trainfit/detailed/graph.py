@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
 
 Vec = tuple[float, float, float, float]  # element counts: per token, per position, per score, constant
 ZERO: Vec = (0.0, 0.0, 0.0, 0.0)
@@ -253,13 +252,6 @@ class Tape:
                 tot = vadd(tot, x.bytes)
         return tot
 
-    def would_save_bytes(self, region: str) -> Vec:
-        tot = ZERO
-        for x in self.tensors:
-            if (x.would_save or x.saved) and x.region == region:
-                tot = vadd(tot, x.bytes)
-        return tot
-
     def timeline(self) -> list[Vec]:
         """Live bytes after each op: every saved tensor created so far plus every other tensor between
         its creation and its last use (held ones until the forward ends)."""
@@ -288,18 +280,3 @@ def pareto(vectors: list[Vec]) -> list[Vec]:
         if not any(all(k[i] >= v[i] for i in range(4)) for k in keep):
             keep.append(v)
     return keep
-
-
-def max_bytes(vectors: list[Vec], tokens, positions, scores):
-    """The largest of ``vectors`` in bytes (element-wise for numpy inputs)."""
-    vals = [vbytes(v, tokens, positions, scores) for v in vectors]
-    if not vals:
-        return 0.0
-    if any(isinstance(v, np.ndarray) for v in vals):
-        return np.maximum.reduce(np.broadcast_arrays(*vals))
-    return max(vals)
-
-
-def argmax_vector(vectors: list[Vec], tokens, positions, scores) -> Vec:
-    vals = [vbytes(v, tokens, positions, scores) for v in vectors]
-    return vectors[int(np.argmax(vals))]

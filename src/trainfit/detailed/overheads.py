@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..arch import ArchSpec
-from .recipe import Recipe
+from ..training_setup import Parallelism
 
 MiB = 2**20
 CUDA_CONTEXT_BYTES = 512 * MiB
@@ -41,18 +41,18 @@ class Overhead:
     assumption: str
 
 
-def overheads(arch: ArchSpec, recipe: Recipe, peak_allocated: Any, tokens: Any, kernel: str) -> list[Overhead]:
+def overheads(arch: ArchSpec, par: Parallelism, peak_allocated: Any, tokens: Any, kernel: str) -> list[Overhead]:
     """The overhead components for a step whose allocated peak is ``peak_allocated`` bytes."""
     out = [Overhead("cuda_context", float(CUDA_CONTEXT_BYTES), "512 MiB",
                     "CUDA context + kernel images (0.3-1 GiB observed; CUDA 12 lazy loading, sm80/sm90)")]
     flash = 0.0
     if kernel == "flash":
-        flash = 4.0 * tokens * arch.num_heads / recipe.tp * arch.head_dim
+        flash = 4.0 * tokens * arch.num_heads / par.tp * arch.head_dim
     out.append(Overhead("workspaces", CUBLAS_WORKSPACE_BYTES + flash,
                         "32 MiB cuBLAS + 4 B x tokens x heads x head_dim (flash backward dQ accumulator)"
                         if kernel == "flash" else "32 MiB cuBLAS",
                         "cuBLAS/cuBLASLt workspace (Hopper size) and attention-kernel scratch"))
-    if recipe.world_size > 1:
+    if par.world_size > 1:
         out.append(Overhead("nccl_buffers", float(NCCL_BYTES), "256 MiB",
                             "NCCL communicator buffers (4 MiB per channel and peer)"))
     out.append(Overhead("allocator_reserve", ALLOCATOR_RESERVE_FRACTION * peak_allocated,

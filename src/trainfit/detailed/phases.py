@@ -26,7 +26,7 @@ from ..arch import ArchSpec
 from .activations import ActivationProfile, activation_profile
 from .graph import Vec, ZERO, tok, vadd, vbytes, vsub
 from .layout import block_linears
-from .recipe import Recipe
+from ..training_setup import Parallelism, Recipe, TrainingSetup
 from .states import StateBytes, state_bytes
 
 PHASES = ("forward", "backward", "optimizer")
@@ -39,17 +39,17 @@ def _is_array(*xs: Any) -> bool:
     return any(isinstance(x, np.ndarray) for x in xs)
 
 
-def inflight_microbatches(recipe: Recipe):
+def inflight_microbatches(par: Parallelism, accumulation: int) -> float:
     """Micro-batches whose activations the first pipeline stage holds at once: 1F1B keeps ``pp``
     (fewer if the step has fewer micro-batches); the interleaved schedule ``pp·(1 + (pp-1)/(pp·v))``
     (Narayanan et al. 2021; Korthikanti et al. 2022 §4.2.3); GPipe all of them."""
-    p, m = recipe.pp, recipe.accumulation
+    p, m = par.pp, accumulation
     if p == 1:
         return 1.0
-    if recipe.pp_schedule == "gpipe":
+    if par.pp_schedule == "gpipe":
         return float(m)
-    if recipe.pp_schedule == "interleaved":
-        return p * (1.0 + (p - 1) / (p * recipe.pp_virtual))
+    if par.pp_schedule == "interleaved":
+        return p * (1.0 + (p - 1) / (p * par.pp_virtual))
     return float(min(p, m))
 
 
@@ -65,11 +65,10 @@ class StepShape:
         return vbytes(v, self.tokens, self.positions, self.scores)
 
 
-def step_shape(recipe: Recipe, micro_batch: Any = None, seq_len: Any = None) -> StepShape:
-    b = recipe.micro_batch if micro_batch is None else micro_batch
-    s = recipe.seq_len if seq_len is None else seq_len
-    sl = s / recipe.cp
-    return StepShape(tokens=b * sl, positions=sl, scores=b * sl * s)
+def step_shape(par: Parallelism, micro_batch: Any, seq_len: Any) -> StepShape:
+    """Tokens, positions and attention scores one rank holds for ``micro_batch`` samples of ``seq_len``."""
+    sl = seq_len / par.cp
+    return StepShape(tokens=micro_batch * sl, positions=sl, scores=micro_batch * sl * seq_len)
 
 
 def _select(cands: list[dict[str, Any]]) -> dict[str, Any]:
@@ -101,7 +100,7 @@ class PhaseResult:
     stage: Any = 0  #: pipeline stage reported (0 = first, pp-1 = last)
 
 
-def comm_buffers(arch: ArchSpec, recipe: Recipe, st: StateBytes) -> dict[str, dict[str, float]]:
+def comm_buffers(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes) -> dict[str, dict[str, float]]:
     """Communication buffers by phase (bytes), each with its source:
 
     * DDP (dp > 1, no ZeRO): the reducer's flat buckets hold a second copy of every gradient for
@@ -113,37 +112,41 @@ def comm_buffers(arch: ArchSpec, recipe: Recipe, st: StateBytes) -> dict[str, di
       before the reduce-scatter (gradient dtype).
     """
     out = {p: {} for p in PHASES}
-    if recipe.dp <= 1:
+    if par.dp <= 1:
         return out
     gb = recipe.param_bytes
-    z = recipe.zero_stage
+    z = par.zero_stage
     if z == 0:
-        if not recipe.ddp_bucket_view:
+        if not par.ddp_bucket_view:
             for p in PHASES:
                 out[p]["DDP gradient buckets"] = float(st.trainable_params)
         return out
     if z in (1, 2):
-        bucket = min(recipe.zero_bucket_elems, st.n_trainable)
+        bucket = min(par.zero_bucket_elems, st.n_trainable)
         out["backward"]["ZeRO reduce bucket"] = bucket * gb
-        out["optimizer"]["ZeRO all-gather bucket"] = min(recipe.zero_bucket_elems, st.n_trainable) * gb
+        out["optimizer"]["ZeRO all-gather bucket"] = min(par.zero_bucket_elems, st.n_trainable) * gb
         return out
     cb = recipe.compute_bytes if not recipe.autocast else 2
     layer = st.largest_layer_params
-    gather = (1 + recipe.fsdp_prefetch) * layer * cb
+    gather = (1 + par.fsdp_prefetch) * layer * cb
     out["forward"]["ZeRO-3/FSDP all-gather (unsharded blocks)"] = gather
     out["backward"]["ZeRO-3/FSDP all-gather (unsharded blocks)"] = gather
     out["backward"]["ZeRO-3/FSDP reduce-scatter (one block's gradients)"] = layer * gb
     return out
 
 
-def compute_phases(arch: ArchSpec, recipe: Recipe, micro_batch: Any = None, seq_len: Any = None) -> PhaseResult:
-    """Each phase's peak and its components, in bytes, on the busiest rank. With pipelining, the first
+def compute_phases(arch: ArchSpec, setup: TrainingSetup, micro_batch: Any = None, seq_len: Any = None) -> PhaseResult:
+    """Each phase's peak and its components, in bytes, on the busiest rank of ``setup``. ``micro_batch``
+    and ``seq_len`` (scalars or numpy arrays) override the setup's own. With pipelining, the first
     stage (most in-flight micro-batches) and the last (the head and the loss) are both worked out and
     the larger peak is reported (``stage`` 0 or pp-1 in :attr:`PhaseResult.stage`)."""
-    first = _compute_stage(arch, recipe, 0, micro_batch, seq_len)
-    if recipe.pp == 1:
+    b = setup.micro_batch if micro_batch is None else micro_batch
+    s = setup.seq_len if seq_len is None else seq_len
+    args = (arch, setup.recipe, setup.parallel, setup.accumulation)
+    first = _compute_stage(*args, 0, b, s)
+    if setup.parallel.pp == 1:
         return first
-    last = _compute_stage(arch, recipe, recipe.pp - 1, micro_batch, seq_len)
+    last = _compute_stage(*args, setup.parallel.pp - 1, b, s)
     if not _is_array(first.peak, last.peak):
         return first if first.peak >= last.peak else last
     pick = np.asarray(last.peak) > np.asarray(first.peak)
@@ -154,16 +157,17 @@ def compute_phases(arch: ArchSpec, recipe: Recipe, micro_batch: Any = None, seq_
                        profile=first.profile, shape=first.shape, comm=first.comm, stage=np.where(pick, last.stage, 0))
 
 
-def _compute_stage(arch: ArchSpec, recipe: Recipe, stage: int, micro_batch: Any = None, seq_len: Any = None) -> PhaseResult:
-    st = state_bytes(arch, recipe, stage)
-    pr = activation_profile(arch, recipe, stage)
-    sh = step_shape(recipe, micro_batch, seq_len)
+def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulation: int, stage: int,
+                   micro_batch: Any, seq_len: Any) -> PhaseResult:
+    st = state_bytes(arch, recipe, par, stage)
+    pr = activation_profile(arch, recipe, par, stage)
+    sh = step_shape(par, micro_batch, seq_len)
     B = sh.bytes
     # 1F1B: the first stage holds the most micro-batches, the last only the one it is working on
-    inflight = inflight_microbatches(recipe) if stage == 0 else (float(recipe.accumulation)
-                                                                 if recipe.pp_schedule == "gpipe" else 1.0)
-    grads_present = recipe.accumulation > 1 or recipe.pp > 1
-    comm = comm_buffers(arch, recipe, st)
+    inflight = inflight_microbatches(par, accumulation) if stage == 0 else (
+        float(accumulation) if par.pp_schedule == "gpipe" else 1.0)
+    grads_present = accumulation > 1 or par.pp > 1
+    comm = comm_buffers(arch, recipe, par, st)
     opt_state = float(st.opt_states + st.step_counters)
     base = dict(parameters=float(st.params), buffers=float(st.buffers), master_weights=float(st.master + st.fp32_grads), optimizer_state=opt_state,
                 optimizer_temporaries=0.0, inputs=INPUT_BYTES_PER_TOKEN * sh.tokens)
@@ -174,8 +178,8 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, stage: int, micro_batch: Any 
     fwd_cands = []
     for v in pr.forward_candidates:
         live = B(v)
-        act = saved_total if not _is_array(live, saved_total) else saved_total
-        fwd_cands.append({"activations": _min(live, act) + extra_inflight, "temporaries": live - _min(live, act)})
+        fwd_cands.append({"activations": _min(live, saved_total) + extra_inflight,
+                          "temporaries": live - _min(live, saved_total)})
     fwd = _select(fwd_cands)
     forward = {**base, "gradients": float(st.grads) if grads_present else 0.0, **fwd,
                "communication_buffers": float(sum(comm["forward"].values()))}
@@ -190,10 +194,10 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, stage: int, micro_batch: Any 
                   "gradients": g_all if grads_present else 0.0}]
     # a tied LM head's weight gradient waits in autograd's input buffer until the embedding's own
     # contribution arrives (one AccumulateGrad for both uses): held from the head to the embeddings
-    tied = float(st.grads_embed) if arch.tie_word_embeddings and recipe.pp == 1 else 0.0
+    tied = float(st.grads_embed) if arch.tie_word_embeddings and par.pp == 1 else 0.0
     g_emb = float(st.grads_embed) if stage == 0 else 0.0
     lins = block_linears(arch, 0)
-    first_op_grad = (lins[-1].in_features * lins[-1].out_features / recipe.tp * recipe.param_bytes
+    first_op_grad = (lins[-1].in_features * lins[-1].out_features / par.tp * recipe.param_bytes
                      if not recipe.lora and lins else 0.0)
     later = ZERO
     order = list(range(len(pr.layers) - 1, -1, -1))
@@ -211,7 +215,7 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, stage: int, micro_batch: Any 
         later = vadd(later, lp.saved)
     # the embeddings' backward, last: every other gradient exists; the embedding gradient is built
     # (dense, like the table) from the incoming gradient; tied, it is summed with the held head part
-    h_res = arch.hidden_size / (recipe.tp if recipe.sequence_parallel and recipe.tp > 1 else 1)
+    h_res = arch.hidden_size / (par.tp if par.sequence_parallel and par.tp > 1 else 1)
     bwd_cands.append({"activations": B(pr.embed_saved) + extra_inflight,
                       "temporaries": B(tok(h_res * recipe.param_bytes)) + (3 * g_emb if tied else g_emb),
                       "gradients": g_all if grads_present else g_all - g_emb})

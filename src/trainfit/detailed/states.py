@@ -28,7 +28,7 @@ from functools import lru_cache
 
 from ..arch import ArchSpec
 from .layout import ParamTensor, block_linears, param_tensors, stage_layers
-from .recipe import Recipe
+from ..training_setup import Parallelism, Recipe
 
 BLOCK = 512  #: CUDA caching allocator: every allocation is a multiple of 512 bytes
 STEP_COUNTER_BYTES = BLOCK  #: one 0-d fp32 tensor, rounded to a block
@@ -77,12 +77,12 @@ def _tp_numel(t: ParamTensor, tp: int, ep: int) -> int:
     return n
 
 
-def _stage_filter(arch: ArchSpec, recipe: Recipe, stage: int = 0):
+def _stage_filter(arch: ArchSpec, par: Parallelism, stage: int = 0):
     """Which tensors pipeline ``stage`` holds: its blocks; the embeddings on the first stage; the final
     norm and head on the last (with a tied head, the last stage keeps its own copy of the embedding
     table, as Megatron does)."""
-    layers = set(stage_layers(arch.num_layers, recipe.pp, stage))
-    first, last = stage == 0, stage == recipe.pp - 1
+    layers = set(stage_layers(arch.num_layers, par.pp, stage))
+    first, last = stage == 0, stage == par.pp - 1
 
     def keep(t: ParamTensor) -> bool:
         if t.layer is not None:
@@ -93,13 +93,13 @@ def _stage_filter(arch: ArchSpec, recipe: Recipe, stage: int = 0):
     return keep
 
 
-def lora_tensors(arch: ArchSpec, recipe: Recipe, stage: int = 0) -> list[tuple[str, tuple[int, int]]]:
+def lora_tensors(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> list[tuple[str, tuple[int, int]]]:
     """(name, shape) of every LoRA A and B matrix (PEFT: A is r×in, B is out×r)."""
     if not recipe.lora:
         return []
     out = []
     r = recipe.lora_rank
-    for li in stage_layers(arch.num_layers, recipe.pp, stage):
+    for li in stage_layers(arch.num_layers, par.pp, stage):
         for lin in block_linears(arch, li):
             if lin.module in recipe.lora_targets:
                 out.append((f"layers.{li}.{lin.role}.lora_A", (r, lin.in_features)))
@@ -135,14 +135,15 @@ def _adafactor_state(shape: tuple[int, ...]) -> int:
 
 
 @lru_cache(maxsize=1024)
-def state_bytes(arch: ArchSpec, recipe: Recipe, stage: int = 0) -> StateBytes:
-    """Exact model-state bytes of ``arch`` trained with ``recipe`` on one rank of pipeline ``stage``."""
-    keep = _stage_filter(arch, recipe, stage)
-    tp, ep, dp, zero = recipe.tp, recipe.ep, recipe.dp, recipe.zero_stage
+def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> StateBytes:
+    """Exact model-state bytes of ``arch`` trained with ``recipe``, split as ``par`` says, on one rank of
+    pipeline ``stage``."""
+    keep = _stage_filter(arch, par, stage)
+    tp, ep, dp, zero = par.tp, par.ep, par.dp, par.zero_stage
     pb = recipe.param_bytes
     state_b = 4 if recipe.master_weights else pb
     tensors = [t for t in param_tensors(arch) if keep(t)]
-    lora = lora_tensors(arch, recipe, stage)
+    lora = lora_tensors(arch, recipe, par, stage)
     frozen_base = recipe.lora
     # (shape, numel on this rank, element bytes, trainable)
     items: list[tuple[tuple[int, ...], int, float, bool]] = []

@@ -16,7 +16,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..datafile import DATA_DIR, NodeRef, node_at, read_yaml, validate_entries

@@ -17,18 +17,25 @@ import gc
 import logging
 import time
 import warnings
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 from ..errors import TrainfitError, unknown_choice
-from ..estimate import Estimate
+from ..fields import whole
+from ..method import check_accepts
+from ..result import Estimate, verdict_of
+from ..training_setup import TrainingSetup, setup_of
 from ._deps import require
 
-PRECISIONS = ("fp32", "amp-bf16", "bf16")
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
-OPT_IMPLS = ("foreach", "fused", "forloop")
-CHECKPOINTING = ("none", "full")
-ATTN = ("sdpa", "eager")
+NAME = "measured"
 TASKS = ("clm", "mlm")
+#: what one measured step can run today: single-GPU recipes that PyTorch and PEFT build on fake tensors
+ACCEPTS: dict[str, Any] = {
+    "batch": None, "seq_len": None, "precision": ("fp32", "amp-bf16", "bf16"),
+    "optimizer": ("adamw", "adam", "sgd", "sgd-momentum"), "opt_impl": None, "checkpointing": ("none", "full"),
+    "attention": ("auto", "eager"), "dropout": None, "lora_rank": None, "lora_targets": None,
+}
+#: transformers' attn_implementation for each attention setting (auto: SDPA, whose kernel the CUDA emulation picks)
+ATTN_IMPLEMENTATION = {"auto": "sdpa", "eager": "eager"}
 
 #: MemTracker category -> Estimate component. Buffers (model state that is not a parameter, e.g.
 #: rotary tables) and "other" (tensors made outside the step: the input batch) go to ``other``.
@@ -44,28 +51,6 @@ def components_of(breakdown: Mapping[str, int]) -> dict[str, float]:
         if cat in COMPONENT_OF:
             out[COMPONENT_OF[cat]] += float(b)
     return out
-
-
-def _check(name: str, value: Any, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise unknown_choice(name, value, choices)
-    return value
-
-
-def _resolve_config(model_or_config: Any) -> tuple[str, dict[str, Any]]:
-    if isinstance(model_or_config, Mapping):
-        cfg = dict(model_or_config)
-        return str(cfg.get("_name_or_path") or cfg.get("model_type") or "config"), cfg
-    from pathlib import Path
-
-    from ..arch import load_config
-
-    cfg = load_config(model_or_config)
-    label = str(model_or_config)
-    if "/" in label or label.endswith(".json"):  # a path: name it by its file (or its directory for config.json)
-        path = Path(label)
-        label = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-    return label, cfg
 
 
 def make_optimizer(params: list[Any], optimizer: str, opt_impl: str) -> Any:
@@ -139,115 +124,115 @@ def _steps(model: Any, inputs: dict[str, Any], opt: Any, task: str, autocast: An
             _train_step(model, inputs, opt, tracker, task, autocast)
 
 
-def measure(model_or_config: Any, batch: int, seq: int, *, precision: str = "fp32", optimizer: str = "adamw",
-            opt_impl: Optional[str] = None, checkpointing: str = "none", lora_r: int = 0,
-            lora_targets: Optional[Sequence[str]] = None, attn: str = "sdpa", dropout: bool = True,
-            task: Optional[str] = None, warmup: int = 1, hardware: Any = None, semantics: str = "cuda") -> Estimate:
-    """Measure the peak memory (bytes) of one steady-state training step of ``model_or_config``.
+class Measured:
+    """The measurement as a :class:`~trainfit.method.MemoryMethod`: one real PyTorch training step on
+    fake tensors, every allocation tracked (needs the ``measure`` extra)."""
 
-    ``model_or_config``: a bundled config name, a catalog model naming one, a path to a
-    ``config.json``, or a config dict. ``batch`` sequences of ``seq`` tokens. ``precision``:
-    fp32 | amp-bf16 (fp32 weights, bf16 autocast) | bf16 (pure bf16 weights, grads, states).
-    ``optimizer``: adamw | adam | sgd | sgd-momentum; ``opt_impl``: foreach | fused | forloop
-    (default: PyTorch's default on the emulated device, foreach on CUDA, the for-loop on the CPU).
-    ``checkpointing``: none | full. ``lora_r`` > 0 trains LoRA adapters only. ``attn``: sdpa | eager.
-    ``dropout`` False zeroes the config's dropout probabilities. ``task``: clm | mlm (default: mlm for
-    BERT/RoBERTa, clm otherwise). ``semantics``: "cuda" (the GPU's allocations, the default) or
-    "cpu" (plain CPU semantics, to compare with a real CPU run).
+    name = NAME
+    accepts = ACCEPTS
+    summary = "one real PyTorch training step on fake tensors, allocations tracked under CUDA semantics"
+    vectorised = None
 
-    Returns an :class:`~trainfit.estimate.Estimate` with ``method="measured"``, ``total_bytes`` =
-    the peak, ``components`` = the breakdown at the peak, and ``extra`` holding ``peak_phase``,
-    ``phases`` (start/peak/end bytes and breakdowns), ``tracker_breakdown`` (MemTracker's own
-    categories), ``first_step``, ``sdpa_kernels``, ``static``, parameter counts and timings.
-    """
-    t0 = time.perf_counter()
-    _check("precision", precision, PRECISIONS)
-    _check("optimizer", optimizer, OPTIMIZERS)
-    if opt_impl is None:  # what PyTorch picks by default on the device being emulated
-        opt_impl = "foreach" if semantics == "cuda" else "forloop"
-    _check("optimizer implementation", opt_impl, OPT_IMPLS)
-    _check("checkpointing", checkpointing, CHECKPOINTING)
-    _check("attention implementation", attn, ATTN)
-    _check("semantics", semantics, ("cuda", "cpu"))
-    if task is not None:
-        _check("task", task, TASKS)
-    for name, v in (("batch", batch), ("seq", seq)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise TrainfitError(f"{name} must be a positive integer, got {v!r}")
-    if not isinstance(lora_r, int) or lora_r < 0:
-        raise TrainfitError(f"lora rank must be a non-negative integer, got {lora_r!r}")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise TrainfitError(f"warmup must be a non-negative integer, got {warmup!r}")
-    label, cfg = _resolve_config(model_or_config)
-    hw_name, capacity = None, None
-    if hardware is not None:
-        from ..memory import capacity_bytes
+    def applies(self, setup: TrainingSetup) -> bool:
+        return setup.model.config is not None
 
-        hw_name, capacity = capacity_bytes(hardware)
+    def check(self, setup: TrainingSetup) -> None:
+        if setup.model.config is None:
+            raise TrainfitError(f"the {NAME} method builds the model from its Hugging Face config; "
+                                f"{setup.model.name!r} has none ({setup.model.arch_error})")
+        check_accepts(setup, NAME, ACCEPTS)
 
-    torch = require("torch")
-    require("transformers")
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    def estimate(self, setup: TrainingSetup, *, task: Optional[str] = None, warmup: int = 1,
+                 semantics: str = "cuda") -> Estimate:
+        """Measure the peak memory (bytes) of one steady-state training step of ``setup``.
 
-    from .fake import build_model, count_params, make_inputs, to_fake
+        ``task``: clm | mlm (default: mlm for BERT/RoBERTa, clm otherwise). ``semantics``: "cuda" (the
+        GPU's allocations, the default) or "cpu" (plain CPU semantics, to compare with a real CPU run).
+        Returns an :class:`~trainfit.result.Estimate` with ``method="measured"``, ``total_bytes`` = the
+        peak, ``components`` = the breakdown at the peak, and ``extra`` holding ``peak_phase``, ``phases``
+        (start/peak/end bytes and breakdowns), ``tracker_breakdown`` (MemTracker's own categories),
+        ``first_step``, ``sdpa_kernels``, ``static``, parameter counts and timings.
+        """
+        t0 = time.perf_counter()
+        self.check(setup)
+        if task is not None and task not in TASKS:
+            raise unknown_choice("task", task, TASKS)
+        if semantics not in ("cuda", "cpu"):
+            raise unknown_choice("semantics", semantics, ("cuda", "cpu"))
+        warmup = whole(warmup, "warmup", 0)
+        r = setup.recipe
+        batch, seq = setup.micro_batch, setup.seq_len
+        attn = ATTN_IMPLEMENTATION[r.attention]
+        cfg = dict(setup.model.config)
+        torch = require("torch")
+        require("transformers")
+        from torch._subclasses.fake_tensor import FakeTensorMode
 
-    built = build_model(cfg, seq=seq, task=task, precision=precision, attn=attn, dropout=dropout,
-                        checkpointing=checkpointing, lora_r=lora_r,
-                        lora_targets=list(lora_targets) if lora_targets else None)
-    model = built.model
-    n_params, n_trainable = count_params(model)
-    fake_mode = FakeTensorMode()
-    to_fake(model, fake_mode)
-    t_build = time.perf_counter() - t0
-    with fake_mode:
-        inputs = make_inputs(built.config.vocab_size, batch, seq, built.task, built.model_type)
-        opt = make_optimizer([p for p in model.parameters() if p.requires_grad], optimizer, opt_impl)
-        try:
-            tracker, emulation = run_steps(model, inputs, opt, task=built.task, precision=precision, warmup=warmup,
-                                           cuda=semantics == "cuda")
-        except (RuntimeError, NotImplementedError, TypeError) as exc:
-            # e.g. an op whose fake (meta) kernel refuses this dtype: MoE experts' grouped_mm wants bf16
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise TrainfitError(f"the {built.model_type} training step could not run on fake tensors with this "
-                                f"recipe ({type(exc).__name__}: {first})") from None
-    elapsed = time.perf_counter() - t0
-    step = tracker.steps[-1]
-    first = tracker.steps[0]
-    peak = step.peak
-    end_bw = step.phases["backward"].end.by_category
-    components = components_of(peak.by_category)
-    total = float(peak.total)
-    feasible = None if capacity is None else total <= capacity
-    param_dtype = str(next(iter(model.parameters())).dtype).replace("torch.", "")
-    inputs_echo = {"model": label, "batch": batch, "seq": seq, "precision": precision, "optimizer": optimizer,
-                   "opt_impl": opt_impl, "checkpointing": checkpointing, "lora_r": lora_r,
-                   "lora_targets": (list(lora_targets) if lora_targets else (["q_proj", "v_proj"] if lora_r else None)),
-                   "attn": attn, "dropout": dropout, "task": built.task, "warmup": warmup, "semantics": semantics}
-    extra = {
-        "peak_phase": step.peak_phase,
-        "phases": {n: p.as_dict() for n, p in step.phases.items()},
-        "tracker_breakdown": peak.as_dict(),
-        "first_step": {"peak_bytes": first.peak.total, "peak_phase": first.peak_phase,
-                       "peak_breakdown": first.peak.as_dict()},
-        "static": {"param_bytes": peak.by_category["parameter"],
-                   "optimizer_state_bytes": step.phases["forward"].start.by_category["optstate"],
-                   "grad_bytes_end_of_backward": end_bw["gradient"]},
-        "sdpa_kernels": dict(emulation.sdpa.counts),
-        "arch": built.model_type, "n_params": n_params, "n_trainable_params": n_trainable,
-        "param_dtype": param_dtype, "build_notes": built.notes,
-        "timings_s": {"build": round(t_build, 2), "total": round(elapsed, 2)},
-        "versions": {"torch": torch.__version__, "transformers": require("transformers").__version__},
-    }
-    notes = list(built.notes) + [
-        "peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
-        "excludes CUDA context, library workspaces, kernel scratch, fragmentation, multi-GPU buffers"
-        if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run"]
-    return Estimate(method="measured", model=label, hardware=hw_name or "none", feasible=feasible,
-                    total_bytes=total, available_bytes=capacity,
-                    utilization=None if capacity is None else total / capacity,
-                    components=components, dominant=max(components, key=lambda k: components[k]),
-                    inputs=inputs_echo, notes=notes, extra=extra)
+        from .fake import build_model, count_params, make_inputs, to_fake
+
+        built = build_model(cfg, seq=seq, task=task, precision=r.precision, attn=attn, dropout=r.dropout,
+                            checkpointing=r.checkpointing, lora_r=r.lora_rank,
+                            lora_targets=list(r.lora_targets) if r.lora else None)
+        model = built.model
+        n_params, n_trainable = count_params(model)
+        fake_mode = FakeTensorMode()
+        to_fake(model, fake_mode)
+        t_build = time.perf_counter() - t0
+        with fake_mode:
+            inputs = make_inputs(built.config.vocab_size, batch, seq, built.task, built.model_type)
+            opt = make_optimizer([p for p in model.parameters() if p.requires_grad], r.optimizer, r.opt_impl)
+            try:
+                tracker, emulation = run_steps(model, inputs, opt, task=built.task, precision=r.precision,
+                                               warmup=warmup, cuda=semantics == "cuda")
+            except (RuntimeError, NotImplementedError, TypeError) as exc:
+                # e.g. an op whose fake (meta) kernel refuses this dtype: MoE experts' grouped_mm wants bf16
+                first = (str(exc).strip().splitlines() or [""])[0][:300]
+                raise TrainfitError(f"the {built.model_type} training step could not run on fake tensors with this "
+                                    f"recipe ({type(exc).__name__}: {first})") from None
+        elapsed = time.perf_counter() - t0
+        step = tracker.steps[-1]
+        first = tracker.steps[0]
+        peak = step.peak
+        end_bw = step.phases["backward"].end.by_category
+        components = components_of(peak.by_category)
+        total = float(peak.total)
+        available = setup.hardware.capacity_bytes if setup.hardware else None
+        feasible, util = verdict_of(total, available)
+        param_dtype = str(next(iter(model.parameters())).dtype).replace("torch.", "")
+        inputs_echo = setup.as_dict()
+        inputs_echo.update(task=built.task, warmup=warmup, semantics=semantics, attn_implementation=attn)
+        extra = {
+            "peak_phase": step.peak_phase,
+            "phases": {n: p.as_dict() for n, p in step.phases.items()},
+            "tracker_breakdown": peak.as_dict(),
+            "first_step": {"peak_bytes": first.peak.total, "peak_phase": first.peak_phase,
+                           "peak_breakdown": first.peak.as_dict()},
+            "static": {"param_bytes": peak.by_category["parameter"],
+                       "optimizer_state_bytes": step.phases["forward"].start.by_category["optstate"],
+                       "grad_bytes_end_of_backward": end_bw["gradient"]},
+            "sdpa_kernels": dict(emulation.sdpa.counts),
+            "arch": built.model_type, "n_params": n_params, "n_trainable_params": n_trainable,
+            "param_dtype": param_dtype, "build_notes": built.notes,
+            "timings_s": {"build": round(t_build, 2), "total": round(elapsed, 2)},
+            "versions": {"torch": torch.__version__, "transformers": require("transformers").__version__},
+        }
+        notes = list(built.notes) + [
+            "peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
+            "excludes CUDA context, library workspaces, kernel scratch, fragmentation, multi-GPU buffers"
+            if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run"]
+        return Estimate(method=NAME, model=setup.model.name, hardware=setup.hardware.name if setup.hardware else "none",
+                        feasible=feasible, total_bytes=total, available_bytes=available, utilization=util,
+                        components=components, dominant=max(components, key=lambda k: components[k]),
+                        inputs=inputs_echo, notes=notes, extra=extra, setup=setup)
 
 
-__all__ = ["measure", "components_of", "make_optimizer", "run_steps", "COMPONENTS", "COMPONENT_OF",
-           "PRECISIONS", "OPTIMIZERS", "OPT_IMPLS", "CHECKPOINTING", "ATTN"]
+def measure(model: Any, hardware: Any = None, *, task: Optional[str] = None, warmup: int = 1,
+            semantics: str = "cuda", **fields: Any) -> Estimate:
+    """Measure one training step: ``model`` is a :class:`~trainfit.training_setup.TrainingSetup`, or a
+    bundled config name, a catalog model naming one, a path to a ``config.json`` or a config dict,
+    with flat setup fields (``batch``, ``seq_len``, ``precision`` ...). See :meth:`Measured.estimate`."""
+    return Measured().estimate(setup_of(model, hardware, **fields), task=task, warmup=warmup, semantics=semantics)
+
+
+__all__ = ["ACCEPTS", "COMPONENTS", "COMPONENT_OF", "Measured", "NAME", "components_of", "make_optimizer", "measure",
+           "run_steps"]

@@ -1,0 +1,106 @@
+"""The composition root: every memory method registered by name, and the entry points that use them.
+
+* :func:`estimate` — one training setup, by a named method or the best one for the model
+  (:func:`default_method`), with suggestions when it does not fit;
+* :func:`sweep` — arrays of setups through a method's vectorised form (or setup by setup);
+* :func:`get_method` — a method by name.
+
+Keyword arguments are the flat fields of :class:`~trainfit.training_setup.TrainingSetup` (``batch``,
+``seq_len``, ``precision``, ``tp`` ...) plus the chosen method's own options (``overheads``,
+``explain`` for detailed; ``comm_buffer_fraction`` for first-order; ``task``, ``semantics`` for measured).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Optional
+
+from .detailed.method import Detailed
+from .errors import unknown_choice
+from .first_order import FirstOrder
+from .measure import Measured
+from .method import MemoryMethod, refusable
+from .result import Estimate
+from .suggest import suggest as _suggest
+from .sweep import SweepResult, check_supported, elementwise, encode, evaluate
+from .training_setup import FIELDS, TrainingSetup, setup_of
+
+#: every memory method, by name
+METHODS: dict[str, MemoryMethod] = {m.name: m for m in (Detailed(), FirstOrder(), Measured())}
+#: the methods tried, in order, when none is named: the first that can answer for the model answers
+DEFAULT_ORDER: tuple[str, ...] = ("detailed", "first-order")
+
+
+def get_method(name: str) -> MemoryMethod:
+    """A registered method by name."""
+    m = METHODS.get(name) if isinstance(name, str) else None
+    if m is None:
+        raise unknown_choice("method", name, list(METHODS))
+    return m
+
+
+def default_method(setup: TrainingSetup) -> str:
+    """The first method of :data:`DEFAULT_ORDER` that applies to ``setup``'s model."""
+    for name in DEFAULT_ORDER:
+        if METHODS[name].applies(setup):
+            return name
+    return DEFAULT_ORDER[-1]
+
+
+def split_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(setup fields, method options) of a keyword dict."""
+    fields = {k: v for k, v in kwargs.items() if k in FIELDS}
+    return fields, {k: v for k, v in kwargs.items() if k not in FIELDS}
+
+
+def _check_options(method: MemoryMethod, fn: Any, options: dict[str, Any]) -> None:
+    accepted = [p for p in inspect.signature(fn).parameters if p not in ("self", "setup", "x")]
+    for k in options:
+        if k not in accepted:
+            raise unknown_choice(f"option of the {method.name} method", k, [*accepted, *FIELDS])
+
+
+def estimate(model: Any, hardware: Any = None, *, method: Optional[str] = None, suggestions: bool = True,
+             **kwargs: Any) -> Estimate:
+    """Memory of one training step on one accelerator.
+
+    ``model`` is a :class:`TrainingSetup` or anything :func:`trainfit.refs.resolve_model` accepts;
+    ``kwargs`` are setup fields and method options. ``method`` None picks :func:`default_method`. When
+    the run does not fit, ``suggestions`` adds single changes re-estimated by the same method.
+    """
+    fields, options = split_options(kwargs)
+    setup = setup_of(model, hardware, **fields)
+    m = get_method(method if method is not None else default_method(setup))
+    _check_options(m, m.estimate, options)
+    est = m.estimate(setup, **options)
+    if suggestions and est.feasible is False:
+        est = est.with_suggestions(_suggest(setup, est.total_bytes, lambda s: m.estimate(s, **options), m.check))
+    return est
+
+
+def sweep(model: Any, hardware: Any, *, method: str = "first-order", **kwargs: Any) -> SweepResult:
+    """Evaluate many training setups at once.
+
+    ``kwargs`` are flat setup fields (each a scalar or a numpy array; everything broadcasts together,
+    ``model`` and ``hardware`` may be arrays of names too) and the method's options. Bad values raise
+    :class:`~trainfit.errors.TrainfitError` with the single-setup message plus the first bad element's
+    position. Returns a :class:`~trainfit.sweep.SweepResult` of read-only arrays (bytes); element ``i``
+    equals :func:`estimate` of element ``i``'s setup with the same method.
+    """
+    m = get_method(method)
+    fields, options = split_options(kwargs)
+    x = encode(model, hardware, **fields)
+    check_supported(x, refusable(m.accepts), m.check)
+    if m.vectorised is not None:
+        _check_options(m, m.vectorised, options)
+        return evaluate(x, m.name, lambda xs: m.vectorised(xs, **options))
+    _check_options(m, m.estimate, options)
+    return evaluate(x, m.name, elementwise(lambda s: m.estimate(s, **options)))
+
+
+def is_vectorised(method: str) -> bool:
+    """Whether ``method`` has a vectorised form (else sweeps run setup by setup)."""
+    return get_method(method).vectorised is not None
+
+
+__all__ = ["DEFAULT_ORDER", "METHODS", "default_method", "estimate", "get_method", "is_vectorised", "split_options",
+           "sweep"]

@@ -1,0 +1,274 @@
+"""What a training setup trains, and on what: a model and a device, resolved once.
+
+:func:`resolve_model` accepts a catalog name or entry, a bundled config name, a path to a
+``config.json`` (or its directory), an :class:`~trainfit.arch.ArchSpec`, or any object with
+``parameters`` and ``layers`` (an MLSys·im workload; pint quantities read through ``.magnitude``).
+The :class:`ModelRef` it returns carries both views the memory methods read:
+
+* ``shape`` — parameter count, layers, hidden size, heads: the first-order model's inputs. A catalog
+  name keeps the catalog's figures (the seed's), other sources give the exact count of the architecture;
+* ``arch`` — the full architecture (every tensor, norm, head and expert) when one is known: a bundled
+  config, a config path, or a catalog entry naming a bundled config; ``arch_error`` says why not.
+
+:func:`resolve_device` accepts a catalog name or entry, or any object with ``memory.capacity``.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict
+
+from .arch import (ArchSpec, UnknownConfigError, arch_from_config, arch_reference, bundled_configs, locate_config,
+                   resolve_arch)
+from .catalog import HardwareSpec, Models, ModelSpec, get_hardware, get_model
+from .errors import TrainfitError, unknown_choice
+from .fields import magnitude
+from .units import parse_bytes
+
+
+class ModelShape(BaseModel):
+    """The numbers the first-order model reads from a model: a parameter count and its shape."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    parameters: float
+    layers: int
+    hidden_dim: Optional[int] = None
+    heads: Optional[int] = None
+    is_moe: bool = False
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A resolved model. ``source`` is what the caller passed (left out of equality and hashing)."""
+
+    name: str
+    shape: Optional[ModelShape]  #: None for a config of a model type trainfit does not read
+    arch: Optional[ArchSpec] = None
+    arch_error: Optional[str] = None  #: why there is no architecture (methods that need one say so)
+    spec: Optional[ModelSpec] = None  #: the catalog entry, when the model is one
+    config: Optional[Mapping[str, Any]] = field(default=None, compare=False, repr=False)  #: the HF config, if any
+    shape_error: Optional[str] = field(default=None, compare=False, repr=False)
+    source: Any = field(default=None, compare=False, repr=False)
+
+    def require_shape(self, method: str) -> ModelShape:
+        """The parameter count and shape, or a one-line error naming ``method``."""
+        if self.shape is None:
+            raise TrainfitError(f"the {method} method needs the model's parameter count and shape: {self.shape_error}")
+        return self.shape
+
+    def require_arch(self, method: str) -> ArchSpec:
+        """The architecture, or a one-line error naming ``method`` and why there is none."""
+        if self.arch is None:
+            raise TrainfitError(f"the {method} method needs the model's architecture (a bundled config, a config.json "
+                                f"path or a catalog model with one): {self.arch_error}; or use --method first-order")
+        return self.arch
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """A resolved accelerator: its name and memory capacity in bytes (``spec`` for catalog entries)."""
+
+    name: str
+    capacity_bytes: float
+    spec: Optional[HardwareSpec] = field(default=None, compare=False)
+
+
+# -------------------------------------------------------------------------------------------- models
+
+def _spec_shape(model: ModelSpec) -> ModelShape:
+    if not model.is_transformer or model.parameters is None:
+        raise TrainfitError(
+            f"model {model.name!r} is a {model.type} without transformer layers; the training-memory "
+            "model covers transformer models (see `trainfit models --family language`)")
+    # The entry was validated when the catalog loaded; skip re-validating the same numbers.
+    return ModelShape.model_construct(name=model.name, parameters=float(model.parameters), layers=model.layers,
+                                      hidden_dim=model.hidden_dim, heads=model.heads, is_moe=model.type == "moe")
+
+
+def _arch_shape(spec: ArchSpec) -> ModelShape:
+    return ModelShape(name=spec.name, parameters=float(spec.parameters), layers=spec.num_layers,
+                      hidden_dim=spec.hidden_size, heads=spec.num_heads, is_moe=spec.is_moe)
+
+
+@lru_cache(maxsize=512)
+def _catalog_shape(name: str) -> Optional[ModelShape]:
+    # Catalog entries never change at run time, so a name resolves once (solve is called in loops);
+    # None for a name the catalog does not know (a bundled config or a path).
+    if name not in Models:
+        return None
+    return _spec_shape(get_model(name))
+
+
+#: id(entry) -> (entry, shape); holding the entry keeps its id from being reused while cached.
+_SPEC_SHAPES: dict[int, tuple[ModelSpec, ModelShape]] = {}
+
+
+def _spec_shape_cached(model: ModelSpec) -> ModelShape:
+    hit = _SPEC_SHAPES.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    shape = _spec_shape(model)
+    if len(_SPEC_SHAPES) < 4096:
+        _SPEC_SHAPES[id(model)] = (model, shape)
+    return shape
+
+
+def model_shape(model: Any) -> ModelShape:
+    """The first-order view of ``model`` (see the module docstring); one-line errors otherwise."""
+    if isinstance(model, ModelRef):
+        return model.require_shape("first-order")
+    if isinstance(model, str):
+        cached = _catalog_shape(model)
+        if cached is not None:
+            return cached
+    spec = arch_reference(model)
+    if spec is not None:
+        return _arch_shape(spec)
+    if isinstance(model, str):  # arch_reference returns None only for catalog names
+        return _spec_shape(get_model(model))
+    if isinstance(model, ModelSpec):
+        return _spec_shape_cached(model)
+    params = getattr(model, "parameters", None)
+    layers = getattr(model, "layers", None)
+    if params is None or layers is None:
+        raise TrainfitError(f"model must be a catalog name or have 'parameters' and 'layers', got {model!r}")
+    if hasattr(params, "to") and hasattr(params, "magnitude"):
+        try:
+            params = params.to("count")
+        except Exception:  # noqa: BLE001 - any unit library; a bare count stays as it is
+            pass
+    heads = getattr(model, "heads", None)
+    hidden = getattr(model, "hidden_dim", None)
+    return ModelShape(name=str(getattr(model, "name", "model")), parameters=float(magnitude(params)),
+                      layers=int(magnitude(layers)), hidden_dim=None if hidden is None else int(magnitude(hidden)),
+                      heads=None if heads is None else int(magnitude(heads)),
+                      is_moe=hasattr(model, "experts") and getattr(model, "experts", None) is not None)
+
+
+def model_arch(model: Any) -> ArchSpec:
+    """The architecture of ``model``: an ArchSpec, a bundled config name, a config path, or a catalog
+    entry that names a bundled config. Raises a one-line error when there is none."""
+    if isinstance(model, ModelRef):
+        return model.require_arch("detailed")
+    if isinstance(model, ArchSpec):
+        return model
+    ref = arch_reference(model) if isinstance(model, str) else None
+    if ref is not None:
+        return ref
+    name = getattr(model, "config", None) if not isinstance(model, str) else model
+    return resolve_arch(name if name else model)
+
+
+def _label(path_label: str) -> str:
+    """A config path's short name: its directory for ``.../name/config.json``, else the file's stem."""
+    path = Path(path_label)
+    if path.suffix != ".json":
+        return path_label
+    return path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+
+
+def _from_config(label: str, cfg: Mapping[str, Any], source: Any) -> ModelRef:
+    """A model known by its Hugging Face config: its architecture when trainfit reads the type, else the
+    config alone (a method that builds the real model can still use it)."""
+    try:
+        arch, why = arch_from_config(cfg, name=label), None
+    except TrainfitError as exc:
+        arch, why = None, str(exc)
+    shape = _arch_shape(arch) if arch is not None else None
+    return ModelRef(name=label, shape=shape, arch=arch, arch_error=why, config=MappingProxyType(dict(cfg)),
+                    shape_error=why, source=source)
+
+
+def _resolve_model(model: Any) -> ModelRef:
+    if isinstance(model, ArchSpec):
+        return ModelRef(name=model.name, shape=_arch_shape(model), arch=model, config=model.raw_config, source=model)
+    if isinstance(model, Mapping):
+        return _from_config(str(model.get("_name_or_path") or model.get("model_type") or "config"), model, model)
+    spec = model if isinstance(model, ModelSpec) else (
+        get_model(model) if isinstance(model, str) and model in Models else None)
+    if spec is not None:
+        shape = _spec_shape_cached(spec)
+        try:
+            arch, why = model_arch(spec if spec.config else model), None
+        except (TrainfitError, OSError) as exc:
+            arch, why = None, str(exc)
+        return ModelRef(name=shape.name, shape=shape, arch=arch, arch_error=why, spec=spec,
+                        config=arch.raw_config if arch is not None else None, source=model)
+    if isinstance(model, (str, os.PathLike)):
+        label, cfg = locate_model_config(model)
+        if label in bundled_configs():
+            arch = resolve_arch(label)  # parsed once per process
+            return ModelRef(name=label, shape=_arch_shape(arch), arch=arch, config=arch.raw_config, source=model)
+        return _from_config(_label(label), cfg, model)
+    shape = model_shape(model)
+    return ModelRef(name=shape.name, shape=shape, arch_error=f"{shape.name!r} states no architecture",
+                    source=model)
+
+
+def locate_model_config(name_or_path: Any) -> tuple[str, dict[str, Any]]:
+    """(label, config dict) of a bundled config name or a config path; an unknown name gets one error that
+    lists catalog and bundled names with the closest match."""
+    try:
+        return locate_config(name_or_path)
+    except UnknownConfigError:
+        choices = [e.slug for e in Models] + [e.name for e in Models] + list(bundled_configs())
+        raise unknown_choice("model", name_or_path, choices, show=8) from None
+
+
+@lru_cache(maxsize=256)
+def _resolve_named(name: str) -> ModelRef:
+    return _resolve_model(name)
+
+
+def resolve_model(model: Any) -> ModelRef:
+    """Resolve ``model`` once into a :class:`ModelRef` (see the module docstring)."""
+    if isinstance(model, ModelRef):
+        return model
+    if isinstance(model, str) and not _looks_like_file(model):
+        return _resolve_named(model)  # catalog and bundled names never change at run time
+    return _resolve_model(model)
+
+
+def _looks_like_file(text: str) -> bool:
+    return text.endswith(".json") or os.sep in text or text.startswith((".", "~"))
+
+
+# ------------------------------------------------------------------------------------------- devices
+
+@lru_cache(maxsize=512)
+def _catalog_device(name: str) -> DeviceRef:
+    hw = get_hardware(name)
+    return DeviceRef(hw.name, hw.memory.capacity, hw)
+
+
+def resolve_device(hardware: Any) -> DeviceRef:
+    """A catalog name or entry, or any object with ``memory.capacity`` (bytes, a string such as
+    ``"80 GiB"``, or a pint quantity)."""
+    if isinstance(hardware, DeviceRef):
+        return hardware
+    if isinstance(hardware, str):
+        return _catalog_device(hardware)
+    if isinstance(hardware, HardwareSpec):
+        return DeviceRef(hardware.name, hardware.memory.capacity, hardware)
+    memory = getattr(hardware, "memory", None)
+    cap = getattr(memory, "capacity", None)
+    if cap is None:
+        raise TrainfitError(f"hardware must be a catalog name or have 'memory.capacity', got {hardware!r}")
+    return DeviceRef(str(getattr(hardware, "name", "hardware")), parse_bytes(cap, what="memory capacity"))
+
+
+def capacity_bytes(hardware: Any) -> tuple[str, float]:
+    """(name, memory capacity in bytes) of anything :func:`resolve_device` accepts."""
+    d = resolve_device(hardware)
+    return d.name, d.capacity_bytes
+
+
+__all__ = ["DeviceRef", "ModelRef", "ModelShape", "capacity_bytes", "model_arch", "model_shape", "resolve_device",
+           "resolve_model"]

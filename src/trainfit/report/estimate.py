@@ -1,0 +1,123 @@
+"""Reports of one estimate or measurement: the setup, components in GB (1e9 bytes) and GiB (2^30 bytes)
+with their share, the verdict, what to change, and each method's own details."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from ..result import Estimate
+from ..units import GB, GiB
+from .document import Column, Document
+from .labels import label
+
+_SHOWN = ("batch", "seq_len", "accumulation", "precision", "optimizer", "opt_impl", "checkpointing", "tp", "pp",
+          "dp", "ep", "cp", "zero", "fsdp")
+
+
+def setup_line(est: Estimate) -> str:
+    """The training setup in one line: batch shape, recipe, and whatever else differs from the defaults."""
+    s = est.setup
+    if s is None:
+        return ""
+    r, p = s.recipe, s.parallel
+    parts = [f"batch {s.batch} (micro-batch {s.micro_batch} x accum {s.accumulation})", f"seq {s.seq_len}",
+             r.precision, f"{r.optimizer} ({r.opt_impl})", f"checkpointing {r.checkpointing}"
+             + (f" (1 in {r.checkpoint_every})" if r.checkpointing == "every-k" else "")]
+    if r.lora:
+        parts.append(f"LoRA r={r.lora_rank} on {','.join(r.lora_targets)}" + (f", {r.qlora} base" if r.qlora else ""))
+    parts += [f"{k} {getattr(p, k)}" for k in ("tp", "cp", "pp", "dp", "ep") if getattr(p, k) > 1]
+    if p.zero_stage:
+        parts.append("FSDP" if p.fsdp else f"ZeRO-{p.zero_stage}")
+    others = {k: v for k, v in s.differs().items() if k not in _SHOWN and k not in ("lora_rank", "lora_targets", "qlora")}
+    parts += [f"{k} {','.join(v) if isinstance(v, tuple) else v}" for k, v in others.items()]
+    return ", ".join(parts)
+
+
+def shown_components(est: Estimate) -> dict[str, float]:
+    """Components worth a row: all of the first-order five, and the others that are not zero for this
+    recipe (JSON keeps every key)."""
+    if est.method == "first-order":
+        return dict(est.components)
+    return {k: v for k, v in est.components.items() if v != 0}
+
+
+def _pct(part: float, total: float) -> str:
+    return f"{100 * part / total:.1f} %" if total else "-"
+
+
+def verdict(est: Estimate) -> str:
+    if est.feasible is None or est.available_bytes is None:
+        return f"peak {est.total_bytes / GB:.2f} GB ({est.total_bytes / GiB:.2f} GiB)"
+    word = "FITS" if est.feasible else "DOES NOT FIT"
+    return (f"{word}: {est.total_bytes / GB:.2f} GB of {est.available_bytes / GB:.2f} GB "
+            f"({est.available_bytes / GiB:.0f} GiB) = {100 * (est.utilization or 0):.1f} % of {est.hardware}")
+
+
+def component_table(est: Estimate, doc: Document, first: str = "component") -> None:
+    comps = shown_components(est)
+    rows = [[label(n), f"{b / GB:,.3f}", f"{b / GiB:,.3f}", _pct(b, est.total_bytes)] for n, b in comps.items()]
+    rows.append(["total", f"{est.total_bytes / GB:,.3f}", f"{est.total_bytes / GiB:,.3f}", "100.0 %"])
+    styles: list[Any] = ["bold" if n == est.dominant else None for n in comps] + ["bold"]
+    doc.table("", [Column(first), Column("GB", right=True), Column("GiB", right=True), Column("share", right=True)],
+              rows, styles=styles)
+
+
+def estimate_document(est: Estimate, *, flags: Optional[Callable[[dict[str, Any]], str]] = None,
+                      explain: bool = False) -> Document:
+    """An estimate as a report. ``flags`` turns a suggestion's changes into command-line flags."""
+    if est.method == "measured":
+        return measurement_document(est)
+    doc = Document()
+    doc.line(f"{est.model} on {est.hardware} — method: {est.method}", "title")
+    doc.line(setup_line(est), "dim")
+    component_table(est, doc)
+    doc.line(f"dominant: {label(est.dominant)}")
+    doc.line(verdict(est), "good" if est.feasible else "bad")
+    if est.suggestions:
+        doc.line("what to change first:" if any(s.feasible for s in est.suggestions) else
+                 "no single change makes it fit; the biggest savings:")
+        for s in est.suggestions:
+            how = f" ({flags(s.changes)})" if flags else ""
+            doc.line(f"{s.change}{how}: {s.total_bytes / GB:.2f} GB ({'fits' if s.feasible else 'still too big'})",
+                     item=True)
+    x = est.extra
+    if "peak_allocated_bytes" in x:
+        pk = x["peak_allocated_bytes"]
+        phases = ", ".join(f"{p} {v / GiB:.2f}" for p, v in x["phases"].items())
+        doc.line(f"peak allocated (torch.cuda.max_memory_allocated): {pk / GB:.3f} GB ({pk / GiB:.3f} GiB) in the "
+                 f"{x['peak_phase']} phase; phase peaks GiB: {phases}; attention kernel {x['attention_kernel']}", "dim")
+        doc.line(f"overheads included in the total: {x['overheads_bytes'] / GiB:.3f} GiB" if x["overheads_included"]
+                 else "overheads left out: the total is the allocated peak", "dim")
+    if explain and x.get("explain"):
+        doc.line("explain (formula with numbers; source):", "heading")
+        for ln in x["explain"]:
+            doc.line(f"{ln['component']}: {ln['bytes'] / GiB:.4f} GiB = {ln['formula']}  [{ln['source']}]", item=True)
+    for n in est.notes:
+        if n.startswith("Training Memory:"):
+            continue  # the seed's trace restates the table
+        doc.line(n, "dim")
+    return doc
+
+
+def measurement_document(est: Estimate) -> Document:
+    """A measured step: the breakdown at the peak, the phases, the verdict."""
+    x = est.extra
+    doc = Document()
+    doc.line(f"{est.model} — method: {est.method} (peak in the {x['peak_phase']} phase)", "title")
+    doc.line(setup_line(est) + f", task {est.inputs.get('task')}", "dim")
+    doc.line(f"{x['n_params']:,} parameters ({x['n_trainable_params']:,} trainable, {x['param_dtype']}); SDPA "
+             "kernels: " + (", ".join(f"{k} x{v}" for k, v in x["sdpa_kernels"].items()) or "none"), "dim")
+    component_table(est, doc, "component at the peak")
+    rows = [[name, f"{p['start_bytes'] / GB:,.3f}", f"{p['peak_bytes'] / GB:,.3f}", f"{p['end_bytes'] / GB:,.3f}"]
+            for name, p in x["phases"].items()]
+    doc.table("phases of the measured step (GB)", ["phase", "start", "peak", "end"], rows,
+              right={"start", "peak", "end"})
+    if est.feasible is not None and est.available_bytes is not None:
+        doc.line(f"{verdict(est)}, before the CUDA context (~0.3-1 GiB), workspaces and fragmentation",
+                 "good" if est.feasible else "bad")
+    for n in est.notes:
+        doc.line(n, "dim")
+    return doc
+
+
+__all__ = ["component_table", "estimate_document", "measurement_document", "setup_line", "shown_components",
+           "verdict"]

@@ -1,0 +1,64 @@
+"""Rules between the fields of a training setup, checked for one setup or for arrays of them.
+
+Each rule is written once as a predicate over a *values view*: numbers (or numpy arrays of them,
+broadcast together) by field name. A :class:`~trainfit.training_setup.TrainingSetup` runs every rule
+when it is built; a sweep runs the same predicates over its arrays and reports the first bad element.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .errors import TrainfitError
+from .fields import position
+
+
+class Rule(NamedTuple):
+    fields: tuple[str, ...]  #: the fields the rule reads (their values at a bad element go to ``message``)
+    bad: Callable[[Any], Any]  #: values view -> True (or a bool array) where the rule is broken
+    message: Callable[[dict[str, Any]], str]  #: one line, from the scalar values of a bad element
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(("qlora", "lora_rank"), lambda v: v.present("qlora") & (v["lora_rank"] == 0),
+         lambda d: f"qlora {d['qlora']!r} needs a LoRA rank (lora_rank > 0): the quantised base is frozen"),
+    Rule(("seq_len", "cp"), lambda v: v["seq_len"] % v["cp"] != 0,
+         lambda d: f"seq_len {d['seq_len']} must divide evenly over cp {d['cp']}"),
+)
+
+
+class _SetupValues:
+    """The values view of one setup (plain Python values)."""
+
+    def __init__(self, setup: Any):
+        self.setup = setup
+
+    def __getitem__(self, name: str) -> Any:
+        return self.setup.value(name)
+
+    def present(self, name: str) -> bool:
+        return self.setup.value(name) is not None
+
+
+def check_setup(setup: Any) -> None:
+    """Raise the first broken rule's one-line error for one setup."""
+    v = _SetupValues(setup)
+    for rule in RULES:
+        if rule.bad(v):
+            raise TrainfitError(rule.message({f: setup.value(f) for f in rule.fields}))
+
+
+def check_arrays(view: Any, scalar_at: Callable[[str, Any], Any], shape: tuple[int, ...]) -> None:
+    """Run every rule over a sweep's arrays. ``view`` answers ``view[name]`` (arrays) and
+    ``view.present(name)``; ``scalar_at(name, index)`` gives one element's value for the message."""
+    for rule in RULES:
+        bad = np.broadcast_to(np.asarray(rule.bad(view), dtype=bool), shape)
+        if bad.any():
+            idx = position(bad) if bad.ndim else ()
+            msg = rule.message({f: scalar_at(f, idx) for f in rule.fields})
+            raise TrainfitError(f"{msg} (sweep element {idx})" if bad.ndim else msg)
+
+
+__all__ = ["RULES", "Rule", "check_arrays", "check_setup"]
