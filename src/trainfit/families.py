@@ -207,7 +207,8 @@ class Family:
     layer_types_rule: Rule = _no_window
 
     # --- behaviour where the memory models care
-    norm_one_plus_weight: bool = False  #: RMSNorm scales by (1 + weight), computed in fp32 (gemma)
+    #: RMSNorm multiplies by (1 + weight) in fp32 and casts after (gemma); llama-style norms cast first
+    norm_one_plus_weight: bool = False
     #: apply_rotary_pos_emb builds q and k with torch.cat (partial rotary): head-major q/k, so a flash
     #: output comes back head-major and is copied before the output projection
     rope_by_cat: bool = False
