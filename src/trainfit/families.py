@@ -246,6 +246,8 @@ class Family:
 # Rotary decoders: llama and the types built like it (pre-RMSNorm, rotary, gated MLP)
 
 _ROTARY_DEFAULTS = {"attention_dropout": 0.0, "head_dim": None, "num_key_value_heads": None}
+# Entries start from this map with ``{**_ROTARY_FIELDS, ...}``: an overridden field keeps its place in
+# the reading order, an added one (the MoE fields) is read after these.
 _ROTARY_FIELDS: dict[str, Any] = {
     "causal": True,
     "hidden_size": Key("hidden_size"), "num_layers": Key("num_hidden_layers"),
