@@ -1,11 +1,14 @@
 """trainfit.arch without torch: finding configs, reading them, exact counts against independent
-measurements, the CLI (`estimate`/`show` with bundled configs and paths) and one-line errors.
+measurements, the family registry (consistent, its flags read, its defaults transformers'), the CLI
+(`estimate`/`show` with bundled configs and paths) and one-line errors.
 
 The counts against the transformers models themselves are in tests/test_arch_params.py.
 """
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import MISSING
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from trainfit.arch import (
 )
 from trainfit.cli import app
 from trainfit.errors import TrainfitError
+from trainfit.families import DEFAULT_MODULE_NAMES, FAMILIES, Family
 from trainfit.memory import model_shape
 
 BRIEF_MODELS = {  # issue 4, "Bundled configs": the models the issue names, by our slug
@@ -183,6 +187,74 @@ def test_model_shape_accepts_configs_and_keeps_catalog(tmp_path):
     path.write_text(json.dumps(load_config("gemma-2-2b")))
     assert model_shape(str(path)).parameters == 2_614_341_888
     assert model_shape(path).layers == 26
+
+
+# --- the family registry ----------------------------------------------------------------------------
+
+SRC = Path(__file__).parents[1] / "src" / "trainfit"
+#: Family fields that say how a type behaves; each must be read by code outside families.py
+BEHAVIOUR = ("norm_one_plus_weight", "rope_by_cat", "softmax_in_score_dtype", "fused_gate_up", "module_names",
+             "position_key", "position_offset", "token_type_ids")
+
+
+def test_family_registry_is_consistent():
+    assert SUPPORTED_TYPES == tuple(FAMILIES) and len(set(SUPPORTED_TYPES)) == len(SUPPORTED_TYPES)
+    fields = ArchSpec.__dataclass_fields__
+    read_elsewhere = {"name", "model_type", "hf_class", "task", "dtype", "raw_config", "layer_types"}
+    required = {n for n, f in fields.items() if f.default is f.default_factory is MISSING} - read_elsewhere
+    for t, fam in FAMILIES.items():
+        assert fam.model_type == t and HF_CLASS[t] == fam.hf_class and fam.task in ("causal_lm", "masked_lm")
+        assert set(fam.fields) <= set(fields) - read_elsewhere, t  # a typo would be an unknown ArchSpec field
+        assert required <= set(fam.fields), (t, required - set(fam.fields))
+        assert set(fam.module_names) == set(DEFAULT_MODULE_NAMES), t
+        assert set(fam.aliases).isdisjoint(fam.aliases.values()), t
+        spec = arch_from_config({"model_type": t})
+        assert spec.family is fam and spec.task == fam.task
+        assert (fam.position_key is not None) == (spec.position_embedding == "learned"), t
+
+
+def test_behaviour_flags_are_read_and_type_names_are_not_tested_elsewhere():
+    """A flag nothing reads, or set by no type, is dead; a quoted type name outside families.py is a
+    type test the registry should hold instead."""
+    others = {p: p.read_text(encoding="utf-8") for p in SRC.rglob("*.py") if p.name != "families.py"}
+    code = "\n".join(others.values())
+    assert set(BEHAVIOUR) <= set(Family.__dataclass_fields__)
+    for flag in BEHAVIOUR:
+        assert re.search(rf"\bfamily\.{flag}\b", code), f"Family.{flag} is read nowhere outside families.py"
+        default = Family.__dataclass_fields__[flag]
+        default = default.default if default.default is not MISSING else default.default_factory()
+        assert any(getattr(f, flag) != default for f in FAMILIES.values()), f"no family sets {flag}"
+    names = "|".join(map(re.escape, SUPPORTED_TYPES))
+    for path, text in others.items():
+        hit = re.search(rf"[\"']({names})[\"']", text)
+        assert hit is None, f"{path.relative_to(SRC)} names model type {hit.group(1)!r}: use a Family field"
+
+
+def test_families_follow_transformers():
+    """Each entry's class is transformers' auto class for its task, its aliases are the config class's
+    attribute_map and its defaults are the config class's (transformers 5.x)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.auto import modeling_auto
+
+    for t, fam in FAMILIES.items():
+        auto = (modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES if fam.task == "masked_lm"
+                else modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+        assert auto.get(t) == fam.hf_class and hasattr(transformers, fam.hf_class), t
+        config_class = transformers.CONFIG_MAPPING[t]
+        for key, other in fam.aliases.items():
+            assert config_class.attribute_map.get(other) == key, (t, key)
+        config = config_class()
+        for key, ours in fam.defaults.items():
+            if ours is None:  # derived from other keys
+                continue
+            if t == "gpt_neox" and key == "rotary_pct":  # transformers 5 keeps it in rope_parameters
+                theirs = config.rope_parameters["partial_rotary_factor"]
+            elif key == "sliding_window" and "use_sliding_window" in fam.defaults:
+                theirs = config_class(use_sliding_window=True).sliding_window  # kept only while in use
+            else:
+                assert hasattr(config, key), (t, key)
+                theirs = getattr(config, key)
+            assert theirs == ours, (t, key, ours, theirs)
 
 
 # --- CLI ---------------------------------------------------------------------------------------------

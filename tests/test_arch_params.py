@@ -3,7 +3,8 @@
 The reference is ``sum(p.numel() for p in model.parameters())`` (tied weights once) of the class that
 training uses (``ArchSpec.hf_class``), built on the meta device (no memory, no weights). Every supported
 model_type is checked on small configs that switch its options (biases, tying, GQA, head_dim, MoE
-layout, OPT projections ...), with its bare transformers defaults, per block, and on every bundled config.
+layout, OPT projections ...), with its bare transformers defaults, per block, and on every bundled config;
+and each family's projection module names (what LoRA targets match) are checked against the built model.
 """
 from __future__ import annotations
 
@@ -156,3 +157,15 @@ def test_layer_types_follow_transformers(model_type, cfg):
         model_type = cfg["model_type"]
     spec = arch_from_config({"model_type": model_type, **cfg})
     assert spec.layer_types == _hf_layer_types(model_type, cfg)
+
+
+@pytest.mark.parametrize("model_type", SUPPORTED_TYPES)
+def test_family_module_names_exist_in_the_model(model_type):
+    """The module names each family gives its projections (what LoRA targets match) are the built model's."""
+    from trainfit.detailed.layout import block_linears
+
+    cfg = {"model_type": model_type, **next(c for t, c in SMALL if t == model_type)}
+    spec = arch_from_config(cfg)
+    names = {n.rsplit(".", 1)[-1] for n, _ in build(cfg).named_modules()}
+    modules = {lin.module for i in range(spec.num_layers) for lin in block_linears(spec, i)}
+    assert modules <= names, sorted(modules - names)

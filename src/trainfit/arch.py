@@ -5,7 +5,8 @@
   (``"Language.Llama3_8B"``, ``"gpt2-xl"``), or a path to a ``config.json`` or to a directory holding one.
 * :func:`arch_from_config` turns the dict into an :class:`ArchSpec`: every dimension, bias, norm,
   head and MoE detail the memory models need, with the defaults of ``transformers`` 5.x for the keys
-  a config leaves out (taken from each type's ``configuration_<type>.py``).
+  a config leaves out (taken from each type's ``configuration_<type>.py``). How each type is read
+  is its entry in :mod:`trainfit.families`.
 * :meth:`ArchSpec.param_counts` and :attr:`ArchSpec.parameters` give the **exact** parameter count:
   ``sum(p.numel() for p in model.parameters())`` of the model ``transformers`` builds from the same
   config — the ``*ForCausalLM`` class for decoders (``GPT2LMHeadModel`` for gpt2) and
@@ -17,7 +18,6 @@ No ``transformers`` import happens here: configs are plain JSON.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -27,22 +27,15 @@ from types import MappingProxyType
 from typing import Any, Literal, Optional
 
 from .errors import TrainfitError, close_matches, unknown_choice
+from .families import FAMILIES, Family
 
 CONFIG_DIR = Path(__file__).parent / "data" / "configs"
 
-SUPPORTED_TYPES: tuple[str, ...] = (
-    "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt2", "gpt_neox", "opt",
-    "bert", "roberta", "mixtral", "qwen2_moe",
-)
+#: the model types read (one :class:`~trainfit.families.Family` entry each, in :mod:`trainfit.families`)
+SUPPORTED_TYPES: tuple[str, ...] = tuple(FAMILIES)
 
-# transformers class each type's count refers to (what `trainfit measure` builds for training).
-HF_CLASS: dict[str, str] = {
-    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-    "phi3": "Phi3ForCausalLM", "gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM",
-    "opt": "OPTForCausalLM", "bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM",
-    "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-}
+#: transformers class each type's count refers to (what ``trainfit measure`` builds for training)
+HF_CLASS: dict[str, str] = {t: f.hf_class for t, f in FAMILIES.items()}
 
 PARAM_GROUPS: tuple[str, ...] = (
     "embeddings", "position", "attention", "mlp", "experts", "router", "shared_experts", "norms", "head",
@@ -147,6 +140,15 @@ class ArchSpec:
 
     dtype: Optional[str] = None  #: the config's torch_dtype/dtype (the checkpoint's storage type), informational
     raw_config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def family(self) -> Family:
+        """The :mod:`trainfit.families` entry of :attr:`model_type`: how the type behaves beyond its sizes."""
+        try:
+            return FAMILIES[self.model_type]
+        except KeyError:
+            raise TrainfitError(f"{self.name}: unsupported model_type {self.model_type!r}; "
+                                f"supported: {', '.join(SUPPORTED_TYPES)}") from None
 
     # ------------------------------------------------------------------ derived shapes
     @property
@@ -270,337 +272,10 @@ class ArchSpec:
 # ---------------------------------------------------------------------------------------------
 # Reading a config dict
 
-# Defaults of transformers 5.x (configuration_<type>.py) for the keys we read. ``None`` means "derived"
-# (for example num_key_value_heads -> num_attention_heads, head_dim -> hidden_size // heads).
-_COMMON_ROTARY = {"attention_dropout": 0.0, "head_dim": None, "num_key_value_heads": None}
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {**_COMMON_ROTARY, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
-              "num_hidden_layers": 32, "num_attention_heads": 32, "hidden_act": "silu",
-              "max_position_embeddings": 2048, "tie_word_embeddings": False, "attention_bias": False,
-              "mlp_bias": False},
-    "mistral": {**_COMMON_ROTARY, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
-                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                "hidden_act": "silu", "max_position_embeddings": 4096 * 32, "tie_word_embeddings": False,
-                "sliding_window": 4096},
-    "qwen2": {**_COMMON_ROTARY, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
-              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
-              "hidden_act": "silu", "max_position_embeddings": 32768, "tie_word_embeddings": False,
-              "use_sliding_window": False, "sliding_window": 4096},
-    "qwen3": {**_COMMON_ROTARY, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
-              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
-              "hidden_act": "silu", "max_position_embeddings": 32768, "tie_word_embeddings": False,
-              "attention_bias": False, "use_sliding_window": False, "sliding_window": 4096},
-    "gemma": {**_COMMON_ROTARY, "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576,
-              "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
-              "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 8192, "tie_word_embeddings": True,
-              "attention_bias": False},
-    "gemma2": {**_COMMON_ROTARY, "vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216,
-               "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-               "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 8192,
-               "tie_word_embeddings": True, "attention_bias": False, "sliding_window": 4096,
-               "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
-    "phi3": {**_COMMON_ROTARY, "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
-             "num_hidden_layers": 32, "num_attention_heads": 32, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-             "hidden_act": "silu", "max_position_embeddings": 4096, "tie_word_embeddings": False,
-             "sliding_window": None},
-    "mixtral": {**_COMMON_ROTARY, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
-                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                "hidden_act": "silu", "max_position_embeddings": 4096 * 32, "tie_word_embeddings": False,
-                "sliding_window": None, "num_experts_per_tok": 2, "num_local_experts": 8,
-                "router_jitter_noise": 0.0},
-    "qwen2_moe": {**_COMMON_ROTARY, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
-                  "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
-                  "hidden_act": "silu", "max_position_embeddings": 32768, "tie_word_embeddings": False,
-                  "use_sliding_window": False, "sliding_window": 4096, "decoder_sparse_step": 1,
-                  "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
-                  "num_experts_per_tok": 4, "num_experts": 60, "norm_topk_prob": False, "mlp_only_layers": None,
-                  "qkv_bias": True},
-    "gpt2": {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
-             "n_inner": None, "activation_function": "gelu_new", "resid_pdrop": 0.1, "embd_pdrop": 0.1,
-             "attn_pdrop": 0.1, "tie_word_embeddings": True, "add_cross_attention": False},
-    "gpt_neox": {"vocab_size": 50432, "hidden_size": 6144, "num_hidden_layers": 44, "num_attention_heads": 64,
-                 "intermediate_size": 24576, "hidden_act": "gelu", "attention_dropout": 0.0, "hidden_dropout": 0.0,
-                 "max_position_embeddings": 2048, "tie_word_embeddings": False, "use_parallel_residual": True,
-                 "attention_bias": True, "rotary_pct": 0.25},
-    "opt": {"vocab_size": 50272, "hidden_size": 768, "num_hidden_layers": 12, "ffn_dim": 3072,
-            "max_position_embeddings": 2048, "do_layer_norm_before": True, "_remove_final_layer_norm": False,
-            "word_embed_proj_dim": None, "dropout": 0.1, "attention_dropout": 0.0, "num_attention_heads": 12,
-            "activation_function": "relu", "enable_bias": True, "layer_norm_elementwise_affine": True,
-            "tie_word_embeddings": True},
-    "bert": {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-             "intermediate_size": 3072, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
-             "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 512, "type_vocab_size": 2,
-             "tie_word_embeddings": True, "is_decoder": False, "add_cross_attention": False},
-}
-_DEFAULTS["roberta"] = {**_DEFAULTS["bert"], "vocab_size": 50265}
-
-# Keys that configs may spell another way (transformers' attribute_map).
-_ALIASES: dict[str, dict[str, str]] = {
-    "gpt2": {"n_embd": "hidden_size", "n_positions": "max_position_embeddings", "n_head": "num_attention_heads",
-             "n_layer": "num_hidden_layers"},
-    "mixtral": {"num_local_experts": "num_experts"},
-}
-
-
-def _split_heads(r: "_Reader", hidden: int, heads: int) -> int:
-    """Head size when the config leaves it implicit: hidden_size must split evenly across the heads."""
-    if hidden % heads:
-        raise TrainfitError(f"{r.where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
-    return hidden // heads
-
-
-class _Reader:
-    """Typed access to one config dict with the type's defaults; errors name the config and key."""
-
-    def __init__(self, cfg: Mapping[str, Any], model_type: str, where: str):
-        self.cfg, self.where = cfg, where
-        self.defaults = _DEFAULTS[model_type]
-        self.aliases = _ALIASES.get(model_type, {})
-
-    def raw(self, key: str) -> Any:
-        """The configured value (None when absent or null), else the default."""
-        value = self.cfg.get(key)
-        if value is None and key in self.aliases:
-            value = self.cfg.get(self.aliases[key])
-        return self.defaults.get(key) if value is None else value
-
-    def _bad(self, key: str, wanted: str, value: Any) -> TrainfitError:
-        return TrainfitError(f"{self.where}: '{key}' must be {wanted}, got {value!r}")
-
-    def int(self, key: str, minimum: int = 1, value: Any = None) -> int:
-        v = self.raw(key) if value is None else value
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < minimum:
-            raise self._bad(key, f"a whole number >= {minimum}", v)
-        return int(v)
-
-    def opt_int(self, key: str) -> Optional[int]:
-        v = self.raw(key)
-        return None if v is None else self.int(key, 1, v)
-
-    def float(self, key: str, *, prob: bool = False) -> float:
-        v = self.raw(key)
-        if v is None:
-            return 0.0
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (prob and not 0 <= v <= 1):
-            raise self._bad(key, "a probability in [0, 1]" if prob else "a number", v)
-        return float(v)
-
-    def opt_float(self, key: str) -> Optional[float]:
-        return None if self.raw(key) is None else self.float(key)
-
-    def bool(self, key: str) -> bool:
-        v = self.raw(key)
-        if not isinstance(v, bool):
-            raise self._bad(key, "true or false", v)
-        return v
-
-    def str(self, key: str) -> str:
-        v = self.raw(key)
-        if not isinstance(v, str) or not v:
-            raise self._bad(key, "a name", v)
-        return v
-
-
-def _heads(r: _Reader, hidden: int, default_head_dim: Optional[int] = None) -> tuple[int, int, int]:
-    heads = r.int("num_attention_heads")
-    kv = r.opt_int("num_key_value_heads") or heads
-    if heads % kv:
-        raise TrainfitError(f"{r.where}: num_key_value_heads {kv} must divide num_attention_heads {heads}")
-    head_dim = r.opt_int("head_dim") or default_head_dim
-    if head_dim is None:
-        head_dim = _split_heads(r, hidden, heads)
-    return heads, kv, head_dim
-
 
 def _dtype(cfg: Mapping[str, Any]) -> Optional[str]:
     v = cfg.get("torch_dtype", cfg.get("dtype"))
     return v if isinstance(v, str) else None
-
-
-def _rotary_decoder(r: _Reader, mt: str) -> dict[str, Any]:
-    """llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral, qwen2_moe: pre-RMSNorm, rotary, gated MLP."""
-    h = r.int("hidden_size")
-    layers = r.int("num_hidden_layers")
-    heads, kv, head_dim = _heads(r, h)
-    attention_bias = r.bool("attention_bias") if "attention_bias" in r.defaults else False
-    q_bias = k_bias = v_bias = o_bias = attention_bias  # llama, qwen3, gemma, gemma2 use it on all four
-    if mt == "qwen2":  # Qwen2Attention hard-codes bias on q, k, v and none on o
-        q_bias = k_bias = v_bias = True
-        o_bias = False
-    elif mt == "qwen2_moe":
-        q_bias = k_bias = v_bias = r.bool("qkv_bias")
-        o_bias = False
-    sliding: Optional[int] = r.opt_int("sliding_window") if "sliding_window" in r.defaults else None
-    if "use_sliding_window" in r.defaults and not r.bool("use_sliding_window"):
-        sliding = None
-    spec: dict[str, Any] = dict(
-        hidden_size=h, num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
-        intermediate_size=r.int("intermediate_size"), vocab_size=r.int("vocab_size"),
-        mlp_gated=True, activation=r.str("hidden_activation" if mt == "gemma2" else "hidden_act"),
-        mlp_bias=r.bool("mlp_bias") if mt == "llama" else False,
-        q_bias=q_bias, k_bias=k_bias, v_bias=v_bias, o_bias=o_bias, qk_norm=mt == "qwen3",
-        fused_qkv=mt == "phi3",
-        attn_logit_softcapping=r.opt_float("attn_logit_softcapping") if mt == "gemma2" else None,
-        sliding_window=sliding,
-        tie_word_embeddings=r.bool("tie_word_embeddings"), embedding_dim=h,
-        position_embedding="rotary", position_table_size=0,
-        max_position_embeddings=r.int("max_position_embeddings"), rotary_fraction=1.0,
-        token_type_vocab_size=0, embedding_scale=mt in ("gemma", "gemma2"), embedding_norm=False,
-        norm_kind="rmsnorm", norm_bias=False, norm_affine=True, norms_per_layer=4 if mt == "gemma2" else 2,
-        pre_norm=True, parallel_residual=False, final_norm=True, head_transform=False, head_bias=False,
-        final_logit_softcapping=r.opt_float("final_logit_softcapping") if mt == "gemma2" else None,
-        attention_dropout=r.float("attention_dropout", prob=True),
-    )
-    if mt == "gemma" and spec["activation"] == "gelu":
-        spec["activation"] = "gelu_pytorch_tanh"  # GemmaConfig.__post_init__ does the same
-    if mt == "phi3":
-        spec["hidden_dropout"] = r.float("resid_pdrop", prob=True)
-        spec["embedding_dropout"] = r.float("embd_pdrop", prob=True)
-    if mt == "mixtral":
-        n = r.int("num_local_experts")
-        spec.update(num_experts=n, experts_per_token=r.int("num_experts_per_tok"),
-                    moe_intermediate_size=spec["intermediate_size"],
-                    router_jitter_noise=r.float("router_jitter_noise"), moe_layers=tuple(range(layers)))
-    elif mt == "qwen2_moe":
-        n = r.int("num_experts", minimum=0)
-        step = r.int("decoder_sparse_step")
-        only = r.raw("mlp_only_layers") or []
-        if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
-            raise r._bad("mlp_only_layers", "a list of layer indices", only)
-        moe = tuple(i for i in range(layers) if i not in only and n > 0 and (i + 1) % step == 0)
-        spec.update(num_experts=n, experts_per_token=r.int("num_experts_per_tok"),
-                    moe_intermediate_size=r.int("moe_intermediate_size"),
-                    shared_expert_intermediate_size=r.int("shared_expert_intermediate_size"),
-                    shared_expert_gate=True, norm_topk_prob=r.bool("norm_topk_prob"), moe_layers=moe)
-    return spec
-
-
-def _gpt2(r: _Reader) -> dict[str, Any]:
-    if r.bool("add_cross_attention"):
-        raise TrainfitError(f"{r.where}: gpt2 with add_cross_attention is not supported (decoder-only models only)")
-    h = r.int("n_embd")
-    heads = r.int("n_head")
-    if h % heads:
-        raise TrainfitError(f"{r.where}: n_embd {h} is not a multiple of n_head {heads}")
-    positions = r.int("n_positions")
-    return dict(
-        hidden_size=h, num_layers=r.int("n_layer"), num_heads=heads, num_kv_heads=heads, head_dim=h // heads,
-        intermediate_size=r.opt_int("n_inner") or 4 * h, vocab_size=r.int("vocab_size"),
-        mlp_gated=False, activation=r.str("activation_function"), mlp_bias=True,
-        q_bias=True, k_bias=True, v_bias=True, o_bias=True, qk_norm=False, fused_qkv=True,
-        attn_logit_softcapping=None, sliding_window=None,
-        tie_word_embeddings=r.bool("tie_word_embeddings"), embedding_dim=h,
-        position_embedding="learned", position_table_size=positions, max_position_embeddings=positions,
-        rotary_fraction=0.0, token_type_vocab_size=0, embedding_scale=False, embedding_norm=False,
-        norm_kind="layernorm", norm_bias=True, norm_affine=True, norms_per_layer=2, pre_norm=True,
-        parallel_residual=False, final_norm=True, head_transform=False, head_bias=False,
-        final_logit_softcapping=None, attention_dropout=r.float("attn_pdrop", prob=True),
-        hidden_dropout=r.float("resid_pdrop", prob=True), embedding_dropout=r.float("embd_pdrop", prob=True),
-    )
-
-
-def _gpt_neox(r: _Reader) -> dict[str, Any]:
-    h = r.int("hidden_size")
-    heads = r.int("num_attention_heads")
-    _split_heads(r, h, heads)
-    rope = r.cfg.get("rope_parameters") or r.cfg.get("rope_scaling") or {}
-    fraction = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
-    if fraction is None:
-        fraction = r.float("rotary_pct")
-    bias = r.bool("attention_bias")
-    return dict(
-        hidden_size=h, num_layers=r.int("num_hidden_layers"), num_heads=heads, num_kv_heads=heads,
-        head_dim=h // heads, intermediate_size=r.int("intermediate_size"), vocab_size=r.int("vocab_size"),
-        mlp_gated=False, activation=r.str("hidden_act"), mlp_bias=True,
-        q_bias=bias, k_bias=bias, v_bias=bias, o_bias=bias, qk_norm=False, fused_qkv=True,
-        attn_logit_softcapping=None, sliding_window=None,
-        tie_word_embeddings=r.bool("tie_word_embeddings"), embedding_dim=h,
-        position_embedding="rotary", position_table_size=0,
-        max_position_embeddings=r.int("max_position_embeddings"), rotary_fraction=float(fraction),
-        token_type_vocab_size=0, embedding_scale=False, embedding_norm=False,
-        norm_kind="layernorm", norm_bias=True, norm_affine=True, norms_per_layer=2, pre_norm=True,
-        parallel_residual=r.bool("use_parallel_residual"), final_norm=True, head_transform=False,
-        head_bias=False, final_logit_softcapping=None,
-        attention_dropout=r.float("attention_dropout", prob=True),
-        hidden_dropout=r.float("hidden_dropout", prob=True),
-    )
-
-
-def _opt(r: _Reader) -> dict[str, Any]:
-    h = r.int("hidden_size")
-    heads = r.int("num_attention_heads")
-    _split_heads(r, h, heads)
-    maxpos = r.int("max_position_embeddings")
-    pre = r.bool("do_layer_norm_before")
-    bias = r.bool("enable_bias")
-    p = r.float("dropout", prob=True)
-    return dict(
-        hidden_size=h, num_layers=r.int("num_hidden_layers"), num_heads=heads, num_kv_heads=heads,
-        head_dim=h // heads, intermediate_size=r.int("ffn_dim"), vocab_size=r.int("vocab_size"),
-        mlp_gated=False, activation=r.str("activation_function"), mlp_bias=bias,
-        q_bias=bias, k_bias=bias, v_bias=bias, o_bias=bias, qk_norm=False, fused_qkv=False,
-        attn_logit_softcapping=None, sliding_window=None,
-        tie_word_embeddings=r.bool("tie_word_embeddings"), embedding_dim=r.opt_int("word_embed_proj_dim") or h,
-        position_embedding="learned", position_table_size=maxpos + 2,  # OPTLearnedPositionalEmbedding offset
-        max_position_embeddings=maxpos, rotary_fraction=0.0, token_type_vocab_size=0,
-        embedding_scale=False, embedding_norm=False, norm_kind="layernorm", norm_bias=True,
-        norm_affine=r.bool("layer_norm_elementwise_affine"), norms_per_layer=2, pre_norm=pre,
-        parallel_residual=False, final_norm=pre and not r.bool("_remove_final_layer_norm"),
-        head_transform=False, head_bias=False, final_logit_softcapping=None,
-        attention_dropout=r.float("attention_dropout", prob=True), hidden_dropout=p, embedding_dropout=p,
-    )
-
-
-def _bert(r: _Reader) -> dict[str, Any]:
-    if r.bool("add_cross_attention"):
-        raise TrainfitError(f"{r.where}: add_cross_attention is not supported (encoder-only masked LM only)")
-    kind = r.cfg.get("position_embedding_type", "absolute")
-    if kind not in (None, "absolute"):
-        raise TrainfitError(f"{r.where}: position_embedding_type {kind!r} is not supported; accepted: 'absolute'")
-    h = r.int("hidden_size")
-    heads = r.int("num_attention_heads")
-    _split_heads(r, h, heads)
-    maxpos = r.int("max_position_embeddings")
-    p = r.float("hidden_dropout_prob", prob=True)
-    return dict(
-        hidden_size=h, num_layers=r.int("num_hidden_layers"), num_heads=heads, num_kv_heads=heads,
-        head_dim=h // heads, intermediate_size=r.int("intermediate_size"), vocab_size=r.int("vocab_size"),
-        mlp_gated=False, activation=r.str("hidden_act"), mlp_bias=True,
-        q_bias=True, k_bias=True, v_bias=True, o_bias=True, qk_norm=False, fused_qkv=False,
-        attn_logit_softcapping=None, sliding_window=None,
-        tie_word_embeddings=r.bool("tie_word_embeddings"), embedding_dim=h,
-        position_embedding="learned", position_table_size=maxpos, max_position_embeddings=maxpos,
-        rotary_fraction=0.0, token_type_vocab_size=r.int("type_vocab_size", minimum=0),
-        embedding_scale=False, embedding_norm=True, norm_kind="layernorm", norm_bias=True, norm_affine=True,
-        norms_per_layer=2, pre_norm=False, parallel_residual=False, final_norm=False,
-        head_transform=True, head_bias=True, final_logit_softcapping=None,
-        attention_dropout=r.float("attention_probs_dropout_prob", prob=True), hidden_dropout=p,
-        embedding_dropout=p,
-    )
-
-
-_FULL, _SLIDING = "full_attention", "sliding_attention"
-
-
-def _layer_types(r: _Reader, mt: str, layers: int, window: Optional[int]) -> tuple[str, ...]:
-    """Which blocks use sliding-window attention, by each config class's __post_init__ rule."""
-    given = r.cfg.get("layer_types") if mt in ("qwen2", "qwen3", "qwen2_moe", "gemma2") else None
-    if given is not None:
-        if (not isinstance(given, list) or len(given) != layers
-                or any(x not in (_FULL, _SLIDING) for x in given)):
-            raise r._bad("layer_types", f"a list of {layers} entries, each {_FULL!r} or {_SLIDING!r}", given)
-        return tuple(given)
-    if mt in ("mistral", "phi3", "mixtral"):  # one mask for every layer when a window is set
-        return tuple(_SLIDING if window is not None else _FULL for _ in range(layers))
-    if mt in ("qwen2", "qwen3"):
-        first = r.int("max_window_layers", minimum=0) if r.cfg.get("max_window_layers") is not None else 28
-        return tuple(_SLIDING if window is not None and i >= first else _FULL for i in range(layers))
-    if mt == "qwen2_moe":
-        last = r.int("max_window_layers", minimum=0) if r.cfg.get("max_window_layers") is not None else 28
-        return tuple(_SLIDING if window is not None and (i + 1) % 2 and i < last else _FULL for i in range(layers))
-    if mt == "gemma2":
-        return tuple(_SLIDING if (i + 1) % 2 else _FULL for i in range(layers))
-    return tuple(_FULL for _ in range(layers))
 
 
 def arch_from_config(cfg: Mapping[str, Any], *, name: Optional[str] = None) -> ArchSpec:
@@ -619,24 +294,9 @@ def arch_from_config(cfg: Mapping[str, Any], *, name: Optional[str] = None) -> A
         hint = close_matches(mt, SUPPORTED_TYPES)
         raise TrainfitError(f"{label}: unsupported model_type {mt!r}; supported: {', '.join(SUPPORTED_TYPES)}"
                             + (f" (did you mean {hint[0]!r}?)" if hint else ""))
-    r = _Reader(cfg, mt, label)
-    if mt == "gpt2":
-        fields = _gpt2(r)
-    elif mt == "gpt_neox":
-        fields = _gpt_neox(r)
-    elif mt == "opt":
-        fields = _opt(r)
-    elif mt in ("bert", "roberta"):
-        fields = _bert(r)
-    else:
-        fields = _rotary_decoder(r, mt)
-    masked = mt in ("bert", "roberta")
-    if masked and cfg.get("is_decoder"):
-        fields["causal"] = True
-    fields["layer_types"] = _layer_types(r, mt, fields["num_layers"], fields["sliding_window"])
-    return ArchSpec(name=label, model_type=mt, hf_class=HF_CLASS[mt], task="masked_lm" if masked else "causal_lm",
-                    causal=fields.pop("causal", not masked), dtype=_dtype(cfg),
-                    raw_config=MappingProxyType(dict(cfg)), **fields)
+    family = FAMILIES[mt]
+    return ArchSpec(name=label, model_type=mt, hf_class=family.hf_class, task=family.task, dtype=_dtype(cfg),
+                    raw_config=MappingProxyType(dict(cfg)), **family.read(cfg, label))
 
 
 # ---------------------------------------------------------------------------------------------

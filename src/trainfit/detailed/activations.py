@@ -31,12 +31,6 @@ from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd
 from .layout import block_linears, stage_layers
 from ..training_setup import Parallelism, Recipe
 
-#: eager attention of these types runs the softmax in the scores' dtype; every other type calls
-#: ``softmax(..., dtype=torch.float32).to(query.dtype)`` (an fp32 softmax output is saved)
-SOFTMAX_IN_SCORE_DTYPE = ("gpt2", "bert", "roberta")
-#: types whose apply_rotary_pos_emb builds q and k with torch.cat (partial rotary): head-major q/k
-ROPE_BY_CAT = ("phi3", "gpt_neox")
-
 
 def attention_kernel(arch: ArchSpec, recipe: Recipe) -> str:
     """The SDPA kernel the step uses: flash, mem-efficient or math/eager."""
@@ -170,7 +164,7 @@ class _Walker:
     def norm(self, x: Tensor, name: str, rows: float = 1.0) -> Tensor:
         a, trainable = self.a, self.full
         if a.norm_kind == "rmsnorm":
-            return self.g.rmsnorm(x, trainable, gemma=a.model_type in ("gemma", "gemma2"), name=name, rows=rows,
+            return self.g.rmsnorm(x, trainable, gemma=a.family.norm_one_plus_weight, name=name, rows=rows,
                                   wdtype=self.p)
         return self.g.layernorm(x, trainable, name=name, rows=rows)
 
@@ -260,7 +254,7 @@ class _Walker:
                 g.save(out)
                 g.save(lse)
             g.use(q, k, v, lse)
-            if self.kernel == "flash" and self.a.model_type in ROPE_BY_CAT:
+            if self.kernel == "flash" and self.a.family.rope_by_cat:
                 # flash allocates its output like q; a head-major q (rotary applied with torch.cat) gives a
                 # head-major output, so `transpose(1, 2).contiguous()` copies it before the output projection
                 copy = g.new(tok(qw), dt, True, "attention out contiguous")
@@ -290,7 +284,7 @@ class _Walker:
             scores = th
         masked = g.new(scores.size, dt, True, "scaled+masked scores")
         g.use(scores)
-        fp32 = g.autocast or a.model_type not in SOFTMAX_IN_SCORE_DTYPE
+        fp32 = g.autocast or not a.family.softmax_in_score_dtype
         probs = g.new(scores.size, 4.0 if fp32 else dt, True, "softmax")
         g.use(masked)
         if not selective:

@@ -12,22 +12,11 @@ from typing import Optional
 
 from ..arch import ArchSpec
 
-#: HF module names of each projection role, by model type (what ``--lora-targets`` matches).
-_NAMES = {
-    "default": dict(q="q_proj", k="k_proj", v="v_proj", o="o_proj", qkv="qkv_proj", gate="gate_proj",
-                    up="up_proj", down="down_proj", gate_up="gate_up_proj", fc1="fc1", fc2="fc2"),
-    "gpt2": dict(qkv="c_attn", o="c_proj", fc1="c_fc", fc2="c_proj"),
-    "gpt_neox": dict(qkv="query_key_value", o="dense", fc1="dense_h_to_4h", fc2="dense_4h_to_h"),
-    "opt": dict(q="q_proj", k="k_proj", v="v_proj", o="out_proj", fc1="fc1", fc2="fc2"),
-    "bert": dict(q="query", k="key", v="value", o="dense", fc1="dense", fc2="dense"),
-    "roberta": dict(q="query", k="key", v="value", o="dense", fc1="dense", fc2="dense"),
-}
-
 
 def module_name(arch: ArchSpec, role: str) -> str:
-    """The transformers module name of a projection role (``q``, ``o``, ``fc1`` ...) in ``arch``."""
-    names = {**_NAMES["default"], **_NAMES.get(arch.model_type, {})}
-    return names[role]
+    """The transformers module name of a projection role (``q``, ``o``, ``fc1`` ...) in ``arch``
+    (what ``--lora-targets`` matches), from its family entry."""
+    return arch.family.module_names[role]
 
 
 @dataclass(frozen=True)
@@ -78,7 +67,7 @@ def block_linears(arch: ArchSpec, index: int) -> list[Linear]:
     if arch.is_moe_layer(index):
         return out
     if arch.mlp_gated:
-        if arch.model_type == "phi3":
+        if arch.family.fused_gate_up:
             out.append(Linear("gate_up", module_name(arch, "gate_up"), h, 2 * i, arch.mlp_bias, "col"))
         else:
             out += [Linear("gate", module_name(arch, "gate"), h, i, arch.mlp_bias, "col"),

@@ -10,13 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from ..errors import TrainfitError
+from ..families import FAMILIES
 from ._deps import require
 
-MLM_TYPES = ("bert", "roberta")
-#: model_type -> (config key of its learned position table, positions the table reserves before the first
-#: token: RoBERTa starts at padding_idx + 1 = 2). Rotary models have no table to enlarge.
-_POSITION_KEY = {"gpt2": ("n_positions", 0), "bert": ("max_position_embeddings", 0),
-                 "roberta": ("max_position_embeddings", 2), "opt": ("max_position_embeddings", 0)}
 _DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "hidden_dropout_prob",
                  "attention_probs_dropout_prob", "attention_dropout", "hidden_dropout", "dropout",
                  "activation_dropout", "classifier_dropout", "resid_dropout", "embed_dropout", "mlp_dropout",
@@ -38,8 +34,10 @@ class BuiltModel:
 
 
 def default_task(model_type: str) -> str:
-    """Masked LM for BERT-style encoders, causal LM for everything else."""
-    return "mlm" if model_type in MLM_TYPES else "clm"
+    """Masked LM for the types whose family trains a masked LM (BERT-style encoders), causal LM for
+    everything else, types trainfit has no entry for included."""
+    family = FAMILIES.get(model_type)
+    return "mlm" if family is not None and family.task == "masked_lm" else "clm"
 
 
 def prepare_config(cfg: Mapping[str, Any], *, seq: int, attn: str, dropout: bool) -> tuple[Any, list[str]]:
@@ -53,8 +51,9 @@ def prepare_config(cfg: Mapping[str, Any], *, seq: int, attn: str, dropout: bool
     if model_type not in transformers.CONFIG_MAPPING:
         raise TrainfitError(f"transformers {transformers.__version__} does not know model_type {model_type!r}")
     notes: list[str] = []
-    if model_type in _POSITION_KEY:
-        key, offset = _POSITION_KEY[model_type]
+    family = FAMILIES.get(model_type)
+    if family is not None and family.position_key is not None:  # a learned table: enlarge it to fit seq
+        key, offset = family.position_key, family.position_offset
         have = d.get(key)
         if have is None:
             have = getattr(transformers.CONFIG_MAPPING[model_type](), key)
@@ -166,6 +165,7 @@ def make_inputs(vocab_size: int, batch: int, seq: int, task: str, model_type: st
     torch = require("torch")
     ids = torch.randint(0, vocab_size, (batch, seq), dtype=torch.long)
     out = {"input_ids": ids, "labels": ids.clone()}
-    if task == "mlm" and model_type in MLM_TYPES:
+    family = FAMILIES.get(model_type)
+    if task == "mlm" and family is not None and family.token_type_ids:
         out["token_type_ids"] = torch.zeros(batch, seq, dtype=torch.long)
     return out
