@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 from trainfit.cli import app
 
 runner = CliRunner()
+#: the seed's recipe (MLSys·im TrainingMemoryModel defaults: 16-bit weights, Adam, selective recomputation)
+SEED = ("--method", "first-order", "--checkpointing", "selective")
 
 
 def run(*args: str):
@@ -18,7 +20,7 @@ def run(*args: str):
 
 
 def test_text_output_has_components_units_verdict_and_method():
-    r = run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "--method", "first-order")
+    r = run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", *SEED)
     assert r.exit_code == 0, r.output
     for needle in ("method: first-order", "optimizer state", "GB", "GiB", "165.790", "DOES NOT FIT", "dominant",
                    "what to change first"):
@@ -26,7 +28,7 @@ def test_text_output_has_components_units_verdict_and_method():
 
 
 def test_json_contract():
-    r = run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "--output", "json", "--method", "first-order")
+    r = run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "--output", "json", *SEED)
     assert r.exit_code == 0
     d = json.loads(r.stdout)
     for key in ("method", "feasible", "total_bytes", "available_bytes", "utilization", "components", "dominant", "inputs"):
@@ -37,24 +39,25 @@ def test_json_contract():
     assert d["total_bytes"] == pytest.approx(165.790222016e9, rel=1e-12)
     assert d["utilization"] == pytest.approx(d["total_bytes"] / d["available_bytes"])
     assert d["dominant"] == "optimizer_state"
-    assert d["inputs"]["batch_size"] == 8 and d["inputs"]["seq_len"] == 1024 and d["inputs"]["model"] == "Llama-3.1-8B"
+    assert d["inputs"]["batch"] == 8 and d["inputs"]["seq_len"] == 1024 and d["inputs"]["model"] == "Llama-3.1-8B"
+    assert d["inputs"]["checkpointing"] == "selective" and d["inputs"]["storage_precision"] == "bf16"
 
 
 def test_suggestions_fit_when_applied():
     d = json.loads(run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "-o", "json",
-                       "--method", "first-order").stdout)
+                       *SEED).stdout)
     first = d["suggestions"][0]
     assert first["feasible"] is True and first["total_bytes"] <= d["available_bytes"]
 
 
 def test_markdown_output():
     r = run("estimate", "gpt2-xl", "h100", "--batch", "4", "--seq", "1024", "--precision", "bf16", "-o", "markdown",
-            "--method", "first-order")
+            *SEED)
     assert r.exit_code == 0 and "| component | GB | GiB | share |" in r.output and "FITS" in r.output
 
 
 def test_require_fit_exit_codes():
-    fo = ("--method", "first-order")
+    fo = SEED
     assert run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "--require-fit", *fo).exit_code == 2
     assert run("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "--dp", "8", "--zero", "3",
                "--require-fit", *fo).exit_code == 0
@@ -65,13 +68,14 @@ def test_require_fit_exit_codes():
     (["estimate", "llama-3.1-8b", "h1000"], "did you mean"),
     (["estimate", "llama-3.1-8b", "h100", "--precision", "fp6"], "precision"),
     (["estimate", "llama-3.1-8b", "h100", "--optimizer", "adan"], "optimizer"),
-    (["estimate", "llama-3.1-8b", "h100", "--checkpointing", "partial"], "activation_checkpointing"),
-    (["estimate", "llama-3.1-8b", "h100", "--batch", "0"], "batch_size"),
+    (["estimate", "llama-3.1-8b", "h100", "--checkpointing", "partial"], "unknown checkpointing 'partial'"),
+    (["estimate", "llama-3.1-8b", "h100", "--batch", "0"], "batch must be >= 1"),
     (["estimate", "llama-3.1-8b", "h100", "--seq", "-5"], "seq_len"),
-    (["estimate", "llama-3.1-8b", "h100", "--tp", "0"], "tp_size"),
+    (["estimate", "llama-3.1-8b", "h100", "--tp", "0"], "tp must be >= 1"),
     (["estimate", "llama-3.1-8b", "h100", "--trainable-fraction", "1.5"], "trainable_fraction"),
-    (["estimate", "llama-3.1-8b", "h100", "--comm-buffer-fraction", "-0.1"], "communication_buffer_fraction"),
-    (["estimate", "llama-3.1-8b", "h100", "--zero", "4"], "zero_stage"),
+    (["estimate", "llama-3.1-8b", "h100", "--method", "first-order", "--comm-buffer-fraction", "-0.1"],
+     "comm_buffer_fraction"),
+    (["estimate", "llama-3.1-8b", "h100", "--zero", "4"], "zero must be 0, 1, 2 or 3"),
     (["estimate", "llama-3.1-8b", "h100", "--method", "magic"], "method"),
     (["estimate", "resnet50", "h100"], "transformer"),
     (["hardware", "--tier", "space"], "hardware group"),
@@ -111,7 +115,7 @@ def test_estimate_help_documents_options_with_units():
 
 def test_python_dash_m_entry_point():
     p = subprocess.run([sys.executable, "-m", "trainfit", "estimate", "llama-3.1-8b", "h100", "-b", "8", "-s", "1024",
-                        "-o", "json", "--method", "first-order"], capture_output=True, text=True, check=False)
+                        "-o", "json", *SEED], capture_output=True, text=True, check=False)
     assert p.returncode == 0 and json.loads(p.stdout)["total_bytes"] == pytest.approx(165.790222016e9)
 
 

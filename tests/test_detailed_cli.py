@@ -7,7 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from trainfit.cli import app
-from trainfit.detailed import predict
+from trainfit.detailed.method import Detailed
+from trainfit.training_setup import TrainingSetup
 
 runner = CliRunner()
 
@@ -56,20 +57,26 @@ def test_json_adds_peak_keys_and_total_includes_overheads():
 
 def test_first_order_stays_exact():
     """upstream.md §5 golden total for the seed's model, in bytes."""
-    d = js("estimate", "llama-3.1-8b", "h100", "-b", "8", "-s", "1024", "--method", "first-order")
+    d = js("estimate", "llama-3.1-8b", "h100", "-b", "8", "-s", "1024", "--method", "first-order",
+           "--checkpointing", "selective")
     assert d["method"] == "first-order" and d["total_bytes"] == pytest.approx(165.790222016e9, rel=1e-12)
 
 
 @pytest.mark.parametrize("model,base_args,flag,field", [
     ("llama-3.2-1b", (), ("--opt-impl", "fused"), "opt_impl"),
     ("llama-3.2-1b", (), ("--lora", "8"), "lora_rank"),
+    ("llama-3.2-1b", ("--lora", "8"), ("--lora-dtype", "bf16"), "lora_dtype"),
+    ("llama-3.2-1b", (), ("--fp32-grads",), "fp32_grads"),
+    ("llama-3.2-1b", (), ("--ckpt-every", "2", "--checkpointing", "every-k"), "checkpoint_every"),
     ("llama-3.2-1b", (), ("--attn", "eager"), "attention"),
     ("gpt2-small", (), ("--no-dropout",), "dropout"),
     ("llama-3.2-1b", (), ("--cp", "2"), "cp"),
     ("llama-3.2-1b", ("--pp", "4", "--accum", "8"), ("--pp-schedule", "interleaved", "--pp-virtual", "2"), "pp_schedule"),
     ("llama-3.2-1b", (), ("--qlora", "nf4", "--lora", "8"), "qlora"),
-    ("llama-3.2-1b", ("--precision", "bf16"), ("--master-weights",), "precision"),
+    ("llama-3.2-1b", ("--precision", "bf16"), ("--precision", "bf16-master"), "precision"),
     ("llama-3.2-1b", ("--dp", "8", "-b", "32"), ("--zero", "3"), "zero"),
+    ("llama-3.2-1b", ("--dp", "8", "-b", "32"), ("--fsdp",), "fsdp"),
+    ("llama-3.2-1b", ("--dp", "8", "-b", "32"), ("--ddp-bucket-view",), "ddp_bucket_view"),
     ("llama-3.2-1b", ("--tp", "2"), ("--no-sequence-parallel",), "sequence_parallel"),
 ])
 def test_recipe_options_reach_the_model(model, base_args, flag, field):
@@ -81,7 +88,8 @@ def test_recipe_options_reach_the_model(model, base_args, flag, field):
 
 def test_cli_matches_library():
     d = js("estimate", "llama-3.2-1b", "h100", "-b", "4", "-s", "1024", "--checkpointing", "full", "--opt-impl", "fused")
-    res = predict("llama-3.2-1b", batch_size=4, seq_len=1024, activation_checkpointing="full", opt_impl="fused")
+    res = Detailed().phases(TrainingSetup.build("llama-3.2-1b", batch=4, seq_len=1024, checkpointing="full",
+                                                opt_impl="fused"))
     assert d["peak_allocated_bytes"] == pytest.approx(float(res.peak), rel=1e-12)
 
 
@@ -102,12 +110,14 @@ def test_explain_lists_every_component_with_a_formula_and_source():
 @pytest.mark.parametrize("args,needle", [
     (["--precision", "fp6"], "precision"),
     (["--opt-impl", "fuse"], "opt_impl"),
+    (["--method", "first-order", "--lora", "8"], "cannot express lora_rank=8"),
+    (["--method", "first-order", "--attn", "eager"], "cannot express attention='eager'"),
+    (["--method", "first-order", "--explain"], "--explain is an option of another method"),
     (["--attn", "flashy"], "attention kernel"),
     (["--qlora", "nf4"], "LoRA rank"),
     (["--qlora", "nf3", "--lora", "8"], "qlora"),
     (["--pp-schedule", "zigzag"], "pipeline schedule"),
-    (["--master-weights"], "--master-weights"),
-    (["--trainable-fraction", "0.5"], "--lora"),
+    (["--trainable-fraction", "0.5"], "use lora_rank"),
     (["--cp", "3"], "cp"),
 ])
 def test_bad_recipe_is_one_line(args, needle):
@@ -124,7 +134,8 @@ def test_suggestions_are_real_recipes_that_fit_when_applied():
     assert base["feasible"] is False
     fits = [s for s in base["suggestions"] if s["feasible"]]
     assert fits and all(s["total_bytes"] <= base["available_bytes"] for s in fits)
-    dp4 = next(s for s in fits if "--dp 4 --zero 3" in s["change"])
+    dp4 = next(s for s in fits if s["changes"] == {"dp": 4, "zero": 3})
+    assert dp4["flags"] == "--dp 4 --zero 3"
     applied = js("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "--dp", "4", "--zero", "3",
                  "-o", "json")
     assert applied["feasible"] is True and applied["total_bytes"] == pytest.approx(dp4["total_bytes"], rel=1e-12)

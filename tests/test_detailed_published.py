@@ -16,10 +16,11 @@ import pytest
 
 from trainfit.arch import arch_from_config, resolve_arch
 from trainfit.detailed.activations import activation_profile
-from trainfit.detailed.phases import comm_buffers, inflight_microbatches, step_shape
+from trainfit.detailed.phases import comm_buffers, inflight_microbatches
 from trainfit.detailed.graph import vbytes
-from trainfit.detailed.recipe import make_recipe
 from trainfit.detailed.states import state_bytes
+
+from setups import make_setup, shape_of, states
 
 GiB = 2**30
 
@@ -35,7 +36,7 @@ def _gpt_7_5b():
 def test_zero_paper_table1(zero, published, exact):
     arch = _gpt_7_5b()
     assert arch.parameters == pytest.approx(7.5e9, rel=1e-6)
-    st = state_bytes(arch, make_recipe(precision="bf16-master", optimizer="adam", dp=64, zero=zero))
+    st = states(arch, precision="bf16-master", optimizer="adam", dp=64, zero=zero)
     model_states = st.params + st.grads + st.master + st.opt_states  # the paper counts no step counters
     assert model_states / 1e9 == pytest.approx(exact, rel=0.005)
     assert round(model_states / 1e9, 1) == published
@@ -45,13 +46,13 @@ def _korthikanti(h, heads, layers, t, p, v, b, sp_selective):
     arch = arch_from_config(dict(model_type="gpt2", n_embd=h, n_head=heads, n_layer=layers, vocab_size=51200,
                                  n_positions=2048, activation_function="gelu", attn_pdrop=0.1, resid_pdrop=0.1,
                                  embd_pdrop=0.1))
-    recipe = make_recipe(precision="fp16", attention="eager", tp=t, sequence_parallel=sp_selective,
-                         checkpointing="selective" if sp_selective else "none", pp=p,
-                         pp_schedule="interleaved" if v > 1 else "1f1b", pp_virtual=v, accumulation=64,
-                         micro_batch=b, seq_len=2048)
-    sh = step_shape(recipe)
-    blocks = dict(activation_profile(arch, recipe).pieces)["blocks"]
-    return vbytes(blocks, sh.tokens, sh.positions, sh.scores) * inflight_microbatches(recipe) / GiB
+    s = make_setup(arch, precision="fp16", attention="eager", tp=t, sequence_parallel=sp_selective,
+                   checkpointing="selective" if sp_selective else "none", pp=p,
+                   pp_schedule="interleaved" if v > 1 else "1f1b", pp_virtual=v, accumulation=64,
+                   micro_batch=b, seq_len=2048)
+    sh = shape_of(s)
+    blocks = dict(activation_profile(arch, s.recipe, s.parallel).pieces)["blocks"]
+    return vbytes(blocks, sh.tokens, sh.positions, sh.scores) * inflight_microbatches(s.parallel, s.accumulation) / GiB
 
 
 @pytest.mark.parametrize("name,h,heads,layers,t,p,v,b,none_gib,sp_sel_gib", [
@@ -70,9 +71,9 @@ def test_korthikanti_per_layer_terms():
     s, b, h, a = 2048, 1, 1024, 16
     arch = arch_from_config(dict(model_type="gpt2", n_embd=h, n_head=a, n_layer=1, vocab_size=1000, n_positions=s,
                                  activation_function="gelu"))
-    recipe = make_recipe(precision="fp16", attention="eager", micro_batch=b, seq_len=s)
-    sh = step_shape(recipe)
-    layer = activation_profile(arch, recipe).layers[0].saved
+    setup = make_setup(arch, precision="fp16", attention="eager", micro_batch=b, seq_len=s)
+    sh = shape_of(setup)
+    layer = activation_profile(arch, setup.recipe, setup.parallel).layers[0].saved
     got = vbytes(layer, sh.tokens, sh.positions, sh.scores)
     assert got == pytest.approx(s * b * h * (34 + 5 * a * s / h) + 16 * s * b, rel=1e-9)
 
@@ -81,14 +82,14 @@ def test_korthikanti_per_layer_terms():
 def test_deepspeed_zero2_and_zero3_estimators(model, n):
     arch = resolve_arch(model)
     P = arch.parameters
-    z2 = make_recipe(precision="bf16-master", fp32_grads=True, optimizer="adam", dp=n, zero=2)
-    st = state_bytes(arch, z2)
+    z2 = make_setup(arch, precision="bf16-master", fp32_grads=True, optimizer="adam", dp=n, zero=2)
+    st = state_bytes(arch, z2.recipe, z2.parallel)
     ours = st.params + st.grads + st.fp32_grads + st.master + st.opt_states
     assert ours == pytest.approx(2 * P + 18 * P / n, rel=0.005)
-    z3 = z2.with_(zero=3, fsdp_prefetch=0)
-    st3 = state_bytes(arch, z3)
+    z3 = z2.replace(zero=3, fsdp_prefetch=0)
+    st3 = state_bytes(arch, z3.recipe, z3.parallel)
     largest = max(max(arch.layer_param_counts(i)["total"] for i in range(arch.num_layers)),
                   arch.param_counts()["embeddings"])
-    buffers = sum(comm_buffers(arch, z3, st3)["backward"].values())  # gathered fp16 params + fp16 grads of one block
+    buffers = sum(comm_buffers(arch, z3.recipe, z3.parallel, st3)["backward"].values())  # gathered fp16 params + fp16 grads of one block
     ours3 = st3.params + st3.grads + st3.fp32_grads + st3.master + st3.opt_states + buffers
     assert ours3 == pytest.approx(4 * largest + 18 * P / n, rel=0.005)

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from trainfit import Hardware, Models, TrainfitError, TrainingMemoryModel
 from trainfit.cli import app
-from trainfit.frontier import frontier, largest_feasible, plot_frontier
+from trainfit.frontier import frontier, largest_feasible
+from trainfit.report.frontier import plot_frontier
 
 SOLVE = TrainingMemoryModel().solve
 H100 = Hardware.Cloud.H100.memory.capacity  # 80 GiB in bytes
@@ -34,8 +35,8 @@ def test_largest_microbatch_matches_the_closed_form():
     buffers = 0.05 * grads
     per_sample = L * 2 * s * h  # full recomputation keeps each layer's input, 2 bytes per element
     expected = math.floor((H100 - weights - grads - optimizer - buffers) / per_sample)
-    f = frontier("llama-3.1-8b", "h100", precision="bf16", activation_checkpointing="full", dp_size=dp,
-                 zero_stage=3, seq_len=s)
+    f = frontier("llama-3.1-8b", "h100", precision="bf16", checkpointing="full", dp=dp,
+                 zero=3, seq_len=s)
     assert f.max_microbatch == expected
     assert not f.max_microbatch_capped
     assert f.max_global_batch == expected * dp
@@ -46,19 +47,19 @@ def test_largest_microbatch_matches_the_closed_form():
 
 
 def test_longest_sequence_matches_the_closed_form_for_selective_checkpointing():
-    # fp16 Adam, tp 2 with sequence parallelism (activations / 2), micro-batch 2, selective: 34·s·b·h bytes/layer
+    # fp16 Adam (the seed's 2 + 2 + 12 bytes per parameter), tp 2 with sequence parallelism (activations / 2), micro-batch 2, selective: 34·s·b·h bytes/layer
     P, L, h, tp, b = L8B.parameters, L8B.layers, L8B.hidden_dim, 2, 2
     states = P / tp * (2 + 2 + 12) + 0.05 * P / tp * 2
     per_token = L * 34 * b * h / tp
     expected = math.floor((H100 - states) / per_token)
-    f = frontier("llama-3.1-8b", "h100", tp_size=tp, batch_size=b)
+    f = frontier("llama-3.1-8b", "h100", tp=tp, batch=b, precision="fp16", optimizer="adam", checkpointing="selective")
     assert f.microbatch == b
     assert f.max_seq_len == expected
 
 
 def test_quadratic_attention_term_edge_is_exact_against_solve():
     # no recomputation keeps 5·a·s²·b per layer: memory is quadratic in s, the search must still be exact
-    f = frontier("llama-2-7b", "a100", activation_checkpointing="none", precision="bf16", zero_stage=3, dp_size=64,
+    f = frontier("llama-2-7b", "a100", checkpointing="none", precision="bf16", zero=3, dp=64,
                  over=("seq",))
     s = f.max_seq_len
     kw = dict(activation_checkpointing="none", precision="bf16", zero_stage=3, dp_size=64, batch_size=64)
@@ -77,15 +78,15 @@ def test_nothing_fits_gives_zero_and_says_so():
 
 
 def test_search_cap_is_reported():
-    f = frontier("gpt2-small", "b200", activation_checkpointing="full", zero_stage=3, dp_size=8, max_microbatch=64,
+    f = frontier("gpt2-small", "b200", checkpointing="full", zero=3, dp=8, max_microbatch=64,
                  max_seq_len=1024)
     assert (f.max_microbatch, f.max_microbatch_capped) == (64, True)
     assert (f.max_seq_len, f.max_seq_len_capped) == (1024, True)
 
 
 def test_headroom_lowers_the_frontier_and_is_respected():
-    base = frontier("llama-3.1-8b", "h100", precision="bf16", zero_stage=3, dp_size=8, activation_checkpointing="full")
-    kept = frontier("llama-3.1-8b", "h100", precision="bf16", zero_stage=3, dp_size=8, activation_checkpointing="full",
+    base = frontier("llama-3.1-8b", "h100", precision="bf16", zero=3, dp=8, checkpointing="full")
+    kept = frontier("llama-3.1-8b", "h100", precision="bf16", zero=3, dp=8, checkpointing="full",
                     headroom=0.25)
     assert kept.max_microbatch < base.max_microbatch
     assert kept.usable_bytes == pytest.approx(0.75 * H100)
@@ -95,7 +96,7 @@ def test_headroom_lowers_the_frontier_and_is_respected():
 
 
 def test_curves_are_monotone_sum_their_components_and_straddle_the_edge():
-    f = frontier("llama-3.1-8b", "h100", precision="bf16", activation_checkpointing="selective", zero_stage=2, dp_size=8)
+    f = frontier("llama-3.1-8b", "h100", precision="bf16", checkpointing="selective", zero=2, dp=8)
     for c, edge in ((f.batch_curve, f.max_microbatch), (f.seq_curve, f.max_seq_len)):
         assert np.all(np.diff(c.x) > 0)
         assert np.all(np.diff(c.total_bytes) >= 0)
@@ -119,11 +120,11 @@ def test_property_largest_feasible_finds_any_threshold(limit, data):
     assert len(calls) <= 4  # one bracketing sweep, then at most three 4,096-way refinements up to 2^30
 
 
-def test_frontier_validates_like_solve():
+def test_frontier_validates_like_a_setup():
     with pytest.raises(TrainfitError, match="unknown precision 'bf61'"):
         frontier("llama-3.1-8b", "h100", precision="bf61")
-    with pytest.raises(TrainfitError, match="tp_size must be >= 1, got 0"):
-        frontier("llama-3.1-8b", "h100", tp_size=0)
+    with pytest.raises(TrainfitError, match="tp must be >= 1, got 0"):
+        frontier("llama-3.1-8b", "h100", tp=0)
     with pytest.raises(TrainfitError, match="headroom must be a fraction in \\[0, 1\\)"):
         frontier("llama-3.1-8b", "h100", headroom=1.0)
     with pytest.raises(TrainfitError, match="unknown frontier axis"):
@@ -135,7 +136,7 @@ def test_frontier_validates_like_solve():
 def test_cli_text_json_markdown():
     args = ["frontier", "llama-3.1-8b", "h100", "--precision", "bf16", "--checkpointing", "full", "--dp", "8",
             "--zero", "3", "--seq", "4096"]
-    f = frontier("llama-3.1-8b", "h100", precision="bf16", activation_checkpointing="full", dp_size=8, zero_stage=3,
+    f = frontier("llama-3.1-8b", "h100", precision="bf16", checkpointing="full", dp=8, zero=3,
                  seq_len=4096)
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
@@ -163,11 +164,11 @@ def test_plot_is_written(tmp_path):
     assert r.exit_code == 0, r.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     with pytest.raises(TrainfitError, match="unknown plot file type '.gif'"):
-        plot_frontier(frontier("llama-3.1-8b", "h100", zero_stage=3, dp_size=8), tmp_path / "f.gif")
+        plot_frontier(frontier("llama-3.1-8b", "h100", zero=3, dp=8), tmp_path / "f.gif")
 
 
 def test_missing_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
-    f = frontier("llama-3.1-8b", "h100", zero_stage=3, dp_size=8)
+    f = frontier("llama-3.1-8b", "h100", zero=3, dp=8)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
     with pytest.raises(TrainfitError, match=r"plotting needs matplotlib: pip install 'trainfit\[plot\]'"):
         plot_frontier(f, tmp_path / "f.png")

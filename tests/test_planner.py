@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 
 from trainfit import Hardware, Models, TrainfitError, TrainingMemoryModel
 from trainfit.cli import app
+from trainfit.engine import METHODS
+from trainfit.first_order import FirstOrder
 from trainfit.planner import divisors, min_gpus, plan
 from trainfit.steptime import network_for
 
@@ -180,7 +182,7 @@ def test_restrictions_and_validation():
     assert {x.checkpointing for x in p.top + p.rejected} == {"full"}
     with pytest.raises(TrainfitError, match="unknown ZeRO stage 4; accepted: 0, 1, 2, 3"):
         plan("llama-3.1-8b", "h100", 8, zero_stages=[4])
-    with pytest.raises(TrainfitError, match="unknown activation_checkpointing 'ful'"):
+    with pytest.raises(TrainfitError, match="unknown checkpointing 'ful'"):
         plan("llama-3.1-8b", "h100", 8, checkpointing=["ful"])
     with pytest.raises(TrainfitError, match="gpus must be a whole number >= 1"):
         plan("llama-3.1-8b", "h100", 0)
@@ -195,7 +197,7 @@ def test_restrictions_and_validation():
 
 
 def test_cli_plan_text_json_markdown_and_errors():
-    r = runner.invoke(app, ["plan", "llama-3.1-70b", "--hardware", "H100", "--gpus", "1024", "--global-batch", "1024",
+    r = runner.invoke(app, ["plan", "llama-3.1-70b", "--hardware", "H100", "--gpus", "1024", "--batch", "1024",
                             "--seq", "2048"])
     assert r.exit_code == 0, r.output
     for needle in ("Best layouts, fastest first", "memory per accelerator", "time per step", "Assumptions",
@@ -206,7 +208,7 @@ def test_cli_plan_text_json_markdown_and_errors():
     assert set(d["top"][0]["time_s"]) == {"compute", "recompute", "bubble", "tp_comm", "pp_comm", "dp_comm", "ep_comm"}
     md = runner.invoke(app, ["plan", "llama-3.1-8b", "--gpus", "8", "-o", "markdown"]).stdout
     assert "#### Assumptions" in md and "| # | layout |" in md
-    r = runner.invoke(app, ["plan", "llama-3.1-70b", "--min-gpus", "--global-batch", "256"])
+    r = runner.invoke(app, ["plan", "llama-3.1-70b", "--min-gpus", "--batch", "256"])
     assert r.exit_code == 0 and "smallest N that fits" in r.output
     for args, msg in ((["plan", "llama-3.1-8b"], "--gpus N is required"),
                       (["plan", "llama-3.1-8b", "--gpus", "8", "--zero", "5"], "unknown ZeRO stage '5'"),
@@ -215,12 +217,19 @@ def test_cli_plan_text_json_markdown_and_errors():
         assert r.exit_code == 1 and msg in r.output and r.output.strip().count("\n") == 0, r.output
 
 
+class _Renamed(FirstOrder):
+    """The first-order method under another name (optionally without its vectorised form)."""
+
+    def __init__(self, name: str, vectorised: bool):
+        self.name = name
+        if not vectorised:
+            self.vectorised = None
+
+
 def test_other_memory_methods_are_taken_as_they_report():
     """Only the first-order model gets the 1F1B in-flight factor added; any other method (the detailed one
     counts its own pipeline schedule) is used as reported. Checked with first-order registered under a new name."""
-    from trainfit.estimate import METHODS, first_order
-
-    METHODS["first-order-as-reported-test"] = first_order
+    METHODS["first-order-as-reported-test"] = _Renamed("first-order-as-reported-test", vectorised=False)
     try:
         p = plan("llama-3.1-70b", "h100", 16, global_batch=32, seq_len=2048, method="first-order-as-reported-test",
                  zero_stages=[3], checkpointing=["full"], top=100, rejected=100)
@@ -240,9 +249,7 @@ def test_other_memory_methods_are_taken_as_they_report():
 def test_lazy_evaluation_for_slower_methods_gives_the_exhaustive_ranking():
     """Methods other than first-order get their memory evaluated in order of step time until the ranking is
     settled (ties included). The top and rejected lists must be exactly those of the exhaustive search."""
-    from trainfit.estimate import METHODS, first_order
-
-    METHODS["first-order-lazy-test"] = first_order
+    METHODS["first-order-lazy-test"] = _Renamed("first-order-lazy-test", vectorised=True)
     try:
         kw = dict(global_batch=256, seq_len=4096, method="first-order-lazy-test", top=4, rejected=3)
         lazy = plan("llama-3.1-70b", "h100", 64, **kw)

@@ -1,7 +1,8 @@
-"""`trainfit.sweep`: vectorised first-order results equal `TrainingMemoryModel.solve` exactly.
+"""`trainfit.sweep`: arrays of training setups through a method's vectorised form, equal to the scalar paths.
 
-The oracle is the scalar path (itself checked against mlsysim 0.3.0 in test_parity_mlsysim.py): both call
-`formulas.first_order_components`, so every sweep element must equal the matching solve to the bit.
+Oracles: the seed's `TrainingMemoryModel.solve` (itself checked against mlsysim 0.3.0 in
+test_parity_mlsysim.py) on the first-order mapping of each setup, and `estimate` of the same setup. All
+three call `formulas.first_order_components`, so every sweep element must equal them to the bit.
 """
 from __future__ import annotations
 
@@ -13,52 +14,61 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trainfit
-from trainfit import Hardware, Models, TrainfitError, TrainingMemoryModel
-from trainfit.sweep import (INPUTS, SWEEP_METHODS, SweepOutput, encode_inputs, grid, register_sweep_method,
-                            solve_like, sweep)
+from trainfit import Hardware, Models, TrainfitError, TrainingMemoryModel, TrainingSetup
+from trainfit.engine import METHODS, estimate, is_vectorised, sweep
+from trainfit.first_order import FirstOrder
+from trainfit.sweep import encode, grid
+from trainfit.training_setup import PRECISIONS
 
 SOLVE = TrainingMemoryModel().solve
 TRANSFORMERS = [m for m in Models if m.is_transformer]
-KEYS_FROM_INPUTS = ("local_microbatch", "layers_per_stage")
+FROM_INPUTS = {"micro_batch": "local_microbatch", "layers_per_stage": "layers_per_stage"}
+
+
+def seed_arguments(s: TrainingSetup) -> dict:
+    """The first-order method's documented mapping of a setup onto solve's arguments (docs/first-order.md)."""
+    r, p = s.recipe, s.parallel
+    return dict(model=s.model.source, hardware=s.hardware.spec or s.hardware.name, batch_size=s.batch,
+                seq_len=s.seq_len, precision=PRECISIONS[r.precision].storage, optimizer=r.optimizer,
+                activation_checkpointing=r.checkpointing, tp_size=p.tp, pp_size=p.pp, dp_size=p.dp, ep_size=p.ep,
+                zero_stage=p.zero_stage, gradient_accumulation_steps=s.accumulation,
+                trainable_fraction=r.trainable_fraction, sequence_parallel=p.sequence_parallel)
 
 
 def solved_value(r, key):
-    return r.inputs[key] if key in KEYS_FROM_INPUTS else getattr(r, key)
+    return r.inputs[FROM_INPUTS[key]] if key in FROM_INPUTS else getattr(r, key)
 
 
-def assert_element_equals_solve(res, idx, model=None, hardware=None):
-    kw = solve_like(res, idx)
+def assert_element_equals_solve(res, idx, model=None):
+    setup = res.setup_at(idx)
+    kw = seed_arguments(setup)
     if model is not None:
         kw["model"] = model
-    if hardware is not None:
-        kw["hardware"] = hardware
     r = SOLVE(**kw)
     for key in res:
         got, want = res[key][idx], solved_value(r, key)
         assert got == want, (key, idx, got, want, kw)
 
 
-def test_entry_point_exported_and_inputs_are_solve_arguments():
-    assert trainfit.sweep is sweep
-    assert set(INPUTS) == {"batch_size", "seq_len", "precision", "optimizer", "activation_checkpointing", "tp_size",
-                           "pp_size", "dp_size", "ep_size", "zero_stage", "gradient_accumulation_steps",
-                           "trainable_fraction", "communication_buffer_fraction", "sequence_parallel"}
+def test_entry_point_exported():
+    assert trainfit.sweep is sweep and trainfit.grid is grid
 
 
 def test_golden_total_through_the_sweep():
-    # upstream.md §1.9 / mlsysim golden regression: Llama-3.1-8B, H100, batch 8, seq 1024 -> 165.790222016 GB
-    r = sweep("llama-3.1-8b", "h100", batch_size=np.array([8]), seq_len=1024)
+    # MLSys·im golden regression: Llama-3.1-8B, H100, batch 8, seq 1024, fp16 + Adam + selective -> 165.790222016 GB
+    r = sweep("llama-3.1-8b", "h100", batch=np.array([8]), seq_len=1024, precision="fp16-master", optimizer="adam",
+              checkpointing="selective")
     assert r["total_bytes"][0] == pytest.approx(165.790222016e9, rel=1e-12)
     assert not r["feasible"][0]
     assert r.dominant()[0] == "optimizer_state"
 
 
 def test_result_is_a_mapping_of_full_shape_arrays_in_bytes():
-    r = sweep("llama-3.1-8b", "h100", **grid(batch_size=[1, 2, 4], seq_len=[512, 2048]))
+    r = sweep("llama-3.1-8b", "h100", **grid(batch=[1, 2, 4], seq_len=[512, 2048]))
     assert r.shape == (3, 2) and r.size == 6
     expected = {"weights_bytes", "gradients_bytes", "optimizer_state_bytes", "activations_bytes",
                 "communication_buffers_bytes", "total_bytes", "available_bytes", "memory_utilization", "feasible",
-                "local_microbatch", "layers_per_stage"}
+                "micro_batch", "layers_per_stage"}
     assert set(r) == expected
     for key in r:
         assert r[key].shape == (3, 2), key
@@ -72,25 +82,34 @@ def test_result_is_a_mapping_of_full_shape_arrays_in_bytes():
         r["total"]
 
 
-def test_full_grid_over_every_categorical_matches_solve_exactly():
-    axes = grid(precision=["fp32", "bf16", "fp8", "int4"], optimizer=["adam", "sgd", "none"],
-                activation_checkpointing=["none", "selective", "full"], tp_size=[1, 8], pp_size=[1, 3],
-                zero_stage=[0, 1, 2, 3])
-    r = sweep("llama-3.1-70b", "h100", batch_size=64, seq_len=4096, dp_size=8, gradient_accumulation_steps=2, **axes)
-    assert r.shape == (4, 3, 3, 2, 2, 4)
+def test_full_grid_over_every_categorical_matches_solve_and_estimate_exactly():
+    axes = grid(precision=["fp32", "amp-bf16", "bf16-master", "fp8", "int4"], optimizer=["adam", "sgd", "none"],
+                checkpointing=["none", "selective", "full"], tp=[1, 8], pp=[1, 3], zero=[0, 1, 2, 3])
+    r = sweep("llama-3.1-70b", "h100", batch=64, seq_len=4096, dp=8, accumulation=2, **axes)
+    assert r.shape == (5, 3, 3, 2, 2, 4)
     for idx in np.ndindex(r.shape):
         assert_element_equals_solve(r, idx)
+    for idx in [(0, 0, 0, 0, 0, 0), (2, 1, 2, 1, 1, 3), (4, 2, 1, 0, 1, 2)]:
+        est = estimate(r.setup_at(idx), method="first-order")
+        assert est.total_bytes == r["total_bytes"][idx]
+        assert {k: r[f"{k}_bytes"][idx] for k in est.components} == est.components
+
+
+def test_fsdp_counts_as_zero_3():
+    r = sweep("llama-3.1-8b", "h100", batch=64, dp=8, fsdp=np.array([False, True]), zero=0)
+    z3 = sweep("llama-3.1-8b", "h100", batch=64, dp=8, zero=3)
+    assert r["total_bytes"][1] == z3["total_bytes"][()] and r["total_bytes"][0] > r["total_bytes"][1]
 
 
 def test_arrays_of_models_and_hardware_match_solve():
     models = np.asarray([m.slug for m in TRANSFORMERS])
     hws = np.asarray(["h100", "a100", "mi300x", "tpuv5p", "b200"])
-    r = sweep(models[:, None], hws[None, :], batch_size=16, seq_len=2048, activation_checkpointing="full")
+    r = sweep(models[:, None], hws[None, :], batch=16, seq_len=2048, checkpointing="full")
     assert r.shape == (len(models), len(hws))
     for idx in np.ndindex(r.shape):
         assert_element_equals_solve(r, idx)
     # catalog entries (objects) work as well as names
-    r2 = sweep(np.asarray(TRANSFORMERS, dtype=object), Hardware.Cloud.H100, batch_size=16)
+    r2 = sweep(np.asarray(TRANSFORMERS, dtype=object), Hardware.Cloud.H100, batch=16)
     for i in range(r2.size):
         assert_element_equals_solve(r2, i)
 
@@ -98,7 +117,7 @@ def test_arrays_of_models_and_hardware_match_solve():
 def test_duck_typed_model_matches_solve():
     # any object with parameters/layers (an MLSys·im workload, for instance) is accepted by solve and sweep
     tiny = SimpleNamespace(name="tiny", parameters=1.0e8, layers=6, hidden_dim=None, heads=None)
-    r = sweep(tiny, "a100", batch_size=np.array([1, 3, 7]), seq_len=333)
+    r = sweep(tiny, "a100", batch=np.array([1, 3, 7]), seq_len=333, checkpointing="selective")
     for i in range(3):
         assert_element_equals_solve(r, i, model=tiny)
 
@@ -106,23 +125,25 @@ def test_duck_typed_model_matches_solve():
 _models = st.sampled_from(TRANSFORMERS)
 _hardware = st.sampled_from([h for h in Hardware if h.memory.capacity > 0])
 _config = st.fixed_dictionaries(dict(
-    batch_size=st.integers(1, 100_000), seq_len=st.integers(1, 1 << 18),
-    precision=st.sampled_from(["fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "BF16"]),
+    batch=st.integers(1, 100_000), seq_len=st.integers(1, 1 << 18),
+    precision=st.sampled_from([*PRECISIONS, "BF16", "AMP"]),
     optimizer=st.sampled_from(["adam", "adamw", "sgd", "none", "Adam"]),
-    activation_checkpointing=st.sampled_from(["none", "selective", "full"]),
-    tp_size=st.integers(1, 64), pp_size=st.integers(1, 200), dp_size=st.integers(1, 4096),
-    ep_size=st.integers(1, 256), zero_stage=st.integers(0, 3), gradient_accumulation_steps=st.integers(1, 128),
-    trainable_fraction=st.floats(0, 1), communication_buffer_fraction=st.floats(0, 1),
-    sequence_parallel=st.booleans()))
+    checkpointing=st.sampled_from(["none", "selective", "full"]),
+    tp=st.integers(1, 64), pp=st.integers(1, 200), dp=st.integers(1, 4096), ep=st.integers(1, 256),
+    zero=st.integers(0, 3), fsdp=st.booleans(), accumulation=st.integers(1, 128),
+    trainable_fraction=st.floats(0, 1), sequence_parallel=st.booleans()))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(model=_models, hardware=_hardware, cfg=_config)
-def test_property_one_configuration_as_a_0d_sweep_equals_solve(model, hardware, cfg):
-    r = sweep(model, hardware, **{k: np.asarray(v) for k, v in cfg.items()})
-    s = SOLVE(model, hardware, **cfg)
+@given(model=_models, hardware=_hardware, cfg=_config, cbf=st.floats(0, 1))
+def test_property_one_configuration_as_a_0d_sweep_equals_solve_and_estimate(model, hardware, cfg, cbf):
+    r = sweep(model, hardware, comm_buffer_fraction=cbf, **{k: np.asarray(v) for k, v in cfg.items()})
+    setup = TrainingSetup.build(model, hardware, **cfg)
+    s = SOLVE(communication_buffer_fraction=cbf, **seed_arguments(setup))
+    e = estimate(setup, method="first-order", comm_buffer_fraction=cbf, suggestions=False)
     for key in r:
         assert r[key][()] == solved_value(s, key), key
+    assert e.total_bytes == r["total_bytes"][()]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -132,7 +153,7 @@ def test_property_columns_of_random_configurations_equal_solve_elementwise(model
     r = sweep(model, hardware, **cols)
     assert r.shape == (len(cfgs),)
     for i, cfg in enumerate(cfgs):
-        s = SOLVE(model, hardware, **cfg)
+        s = SOLVE(**seed_arguments(TrainingSetup.build(model, hardware, **cfg)))
         for key in r:
             assert r[key][i] == solved_value(s, key), (key, i)
 
@@ -140,126 +161,126 @@ def test_property_columns_of_random_configurations_equal_solve_elementwise(model
 # ----------------------------------------------------------------------------------- validation parity
 
 def scalar_error(**kw) -> str:
-    base = dict(model="llama-3.1-8b", hardware="h100", batch_size=8)
     with pytest.raises(TrainfitError) as e:
-        SOLVE(**{**base, **kw})
+        TrainingSetup.build("llama-3.1-8b", "h100", **{"batch": 8, **kw})
     return str(e.value)
 
 
 @pytest.mark.parametrize("name,values,bad_index", [
-    ("batch_size", [8, 0, 4], 1),
+    ("batch", [8, 0, 4], 1),
     ("seq_len", [1024, 2048, 10.5], 2),
-    ("tp_size", [2, -1], 1),
-    ("pp_size", [1.0, float("nan")], 1),
-    ("dp_size", [True, False], 0),
-    ("gradient_accumulation_steps", [1, 2, 0], 2),
+    ("tp", [2, -1], 1),
+    ("pp", [1.0, float("nan")], 1),
+    ("dp", [True, False], 0),
+    ("accumulation", [1, 2, 0], 2),
     ("trainable_fraction", [0.5, 1.5], 1),
-    ("communication_buffer_fraction", [-0.1, 0.2], 0),
-    ("zero_stage", [0, 4], 1),
+    ("zero", [0, 4], 1),
     ("precision", ["bf16", "bf61"], 1),
     ("optimizer", ["adam", "adan"], 1),
-    ("activation_checkpointing", ["full", "selectiv"], 1),
+    ("checkpointing", ["full", "selectiv"], 1),
+    ("fsdp", [True, "yes"], 1),
 ])
-def test_array_validation_names_argument_and_value_with_solves_message(name, values, bad_index):
-    arr = np.asarray(values)
-    bad_value = arr[bad_index].item()
+def test_array_validation_names_the_field_and_value_with_the_setups_message(name, values, bad_index):
+    arr = np.asarray(values, dtype=object if name == "fsdp" else None)
+    bad_value = arr[bad_index].item() if hasattr(arr[bad_index], "item") else arr[bad_index]
     expected = scalar_error(**{name: bad_value})
-    kw = {"batch_size": 8, name: arr}
     with pytest.raises(TrainfitError) as e:
-        sweep("llama-3.1-8b", "h100", **kw)
+        sweep("llama-3.1-8b", "h100", **{"batch": 8, name: arr})
     msg = str(e.value)
     assert msg.startswith(expected), (msg, expected)
     assert f"sweep element {bad_index}" in msg and "\n" not in msg
     assert name in msg
 
 
-def test_scalar_inputs_give_exactly_solves_message():
-    for kw in (dict(batch_size=0), dict(zero_stage=5), dict(precision="fp7"), dict(trainable_fraction=2.0)):
+def test_scalar_inputs_give_exactly_the_setups_message():
+    for kw in (dict(batch=0), dict(zero=5), dict(precision="fp7"), dict(trainable_fraction=2.0)):
         with pytest.raises(TrainfitError) as e:
-            sweep("llama-3.1-8b", "h100", **{"batch_size": 8, **kw})
+            sweep("llama-3.1-8b", "h100", **{"batch": 8, **kw})
         assert str(e.value) == scalar_error(**kw)
+
+
+def test_rules_between_fields_run_over_arrays():
+    with pytest.raises(TrainfitError, match=r"seq_len 1000 must divide evenly over cp 3 \(sweep element 1\)"):
+        sweep("llama-3.2-1b", "h100", method="detailed", seq_len=np.array([999, 1000]), cp=3)
+
+
+def test_what_a_method_cannot_express_is_refused_at_its_element():
+    with pytest.raises(TrainfitError, match=r"first-order method cannot express lora_rank=8.*sweep element 1"):
+        sweep("llama-3.2-1b", "h100", lora_rank=np.array([0, 8]))
+    with pytest.raises(TrainfitError, match="precision 'fp8' is not a training recipe of the detailed method"):
+        sweep("llama-3.2-1b", "h100", method="detailed", precision="fp8")
 
 
 def test_bad_model_or_hardware_in_an_array_is_located():
     with pytest.raises(TrainfitError) as e:
-        sweep(np.asarray(["llama-3.1-8b", "lama-3.1-70b"]), "h100", batch_size=8)
+        sweep(np.asarray(["llama-3.1-8b", "lama-3.1-70b"]), "h100", batch=8)
     assert "unknown model 'lama-3.1-70b'" in str(e.value) and "sweep element 1" in str(e.value)
     with pytest.raises(TrainfitError, match="unknown hardware 'h1000'"):
-        sweep("llama-3.1-8b", ["h100", "h1000"], batch_size=8)
+        sweep("llama-3.1-8b", ["h100", "h1000"], batch=8)
 
 
 def test_none_checkpointing_without_head_count_is_refused_like_solve():
     headless = SimpleNamespace(name="headless", parameters=1e9, layers=4)
-    with pytest.raises(TrainfitError) as s:
+    with pytest.raises(TrainfitError, match="needs the model's attention head count"):
         SOLVE(headless, "h100", batch_size=1, activation_checkpointing="none")
     with pytest.raises(TrainfitError) as v:
-        sweep(headless, "h100", batch_size=1, activation_checkpointing=np.asarray(["full", "none"]))
-    assert str(v.value).startswith(str(s.value)) and "sweep element 1" in str(v.value)
+        sweep(headless, "h100", batch=1, checkpointing=np.asarray(["full", "none"]))
+    assert "needs the model's attention head count" in str(v.value) and "sweep element 1" in str(v.value)
 
 
-def test_unknown_input_missing_batch_and_shape_mismatch_are_clear():
-    with pytest.raises(TrainfitError, match="unknown sweep input 'seq_length'.*did you mean 'seq_len'"):
-        sweep("llama-3.1-8b", "h100", batch_size=8, seq_length=10)
-    with pytest.raises(TrainfitError, match="batch_size is required"):
-        sweep("llama-3.1-8b", "h100")
-    with pytest.raises(TrainfitError, match="do not broadcast.*batch_size\\(3,\\).*seq_len\\(2,\\)"):
-        sweep("llama-3.1-8b", "h100", batch_size=np.arange(1, 4), seq_len=np.asarray([1, 2]))
+def test_unknown_field_and_shape_mismatch_are_clear():
+    with pytest.raises(TrainfitError, match="unknown training setup field or first-order option 'seq_length'.*did "
+                                            "you mean 'seq_len'"):
+        sweep("llama-3.1-8b", "h100", batch=8, seq_length=10)
+    with pytest.raises(TrainfitError, match="do not broadcast.*batch\\(3,\\).*seq_len\\(2,\\)"):
+        sweep("llama-3.1-8b", "h100", batch=np.arange(1, 4), seq_len=np.asarray([1, 2]))
     with pytest.raises(TrainfitError, match="grid axis 'seq_len' must be a 1-D"):
         grid(seq_len=1024)
+    with pytest.raises(TrainfitError, match="unknown training setup field or first-order option 'overheads'"):
+        sweep("llama-3.1-8b", "h100", overheads=False)
 
 
 # ------------------------------------------------------------------------------------- method registry
 
-def test_methods_plug_in_by_name():
-    assert "first-order" in SWEEP_METHODS
-    with pytest.raises(TrainfitError, match="unknown method 'detialed'; accepted: first-order, detailed"):
-        sweep("llama-3.1-8b", "h100", batch_size=8, method="detialed")
-
-    @register_sweep_method("weights-only-test")
-    def weights_only(x):
-        return SweepOutput({"weights": x.params * x.precision_bytes}, {})
-
-    try:
-        r = sweep("llama-3.1-8b", "h100", batch_size=np.array([1, 2]), precision="bf16", method="weights-only-test")
-        assert r.method == "weights-only-test" and r.component_names == ("weights",)
-        # 8.03e9 parameters x 2 bytes (bf16), the model card count
-        np.testing.assert_array_equal(r["total_bytes"], [16.06e9, 16.06e9])
-        assert r.shape == (2,)
-    finally:
-        del SWEEP_METHODS["weights-only-test"]
+def test_unknown_method_lists_the_registered_ones():
+    with pytest.raises(TrainfitError, match="unknown method 'detialed'; accepted: detailed, first-order, measured"):
+        sweep("llama-3.1-8b", "h100", batch=8, method="detialed")
 
 
-def test_encoded_inputs_carry_codes_and_resolved_models():
-    x = encode_inputs(["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-8b"], "h100", batch_size=1,
-                      precision=np.asarray(["bf16", "fp32", "bf16"]))
-    assert [s.name for s in x.model_shapes] == ["Llama-3.1-8B", "Llama-3.1-70B"]
+def test_encoded_setups_carry_codes_and_resolved_models():
+    x = encode(["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-8b"], "h100", batch=1,
+               precision=np.asarray(["bf16", "fp32", "bf16"]))
+    assert [m.name for m in x.models] == ["Llama-3.1-8B", "Llama-3.1-70B"]
     np.testing.assert_array_equal(x.model_index, [0, 1, 0])
-    np.testing.assert_array_equal(x.precision_bytes, [2.0, 4.0, 2.0])  # PRECISION_MAP widths (upstream.md §1.6)
+    assert [x.choices["precision"][c] for c in x["precision"]] == ["bf16", "fp32", "bf16"]
+    assert x.setup_at(1).model.name == "Llama-3.1-70B" and x.setup_at(1).recipe.precision == "fp32"
 
 
-def test_scalar_only_methods_run_element_by_element():
-    """A method of estimate.METHODS without a vectorised version (the detailed method today) still sweeps:
-    each distinct configuration goes through the scalar method once. Checked with a copy of first-order
-    registered under another name: it must reproduce the vectorised first-order sweep."""
-    from trainfit.estimate import METHODS, first_order
-    from trainfit.sweep import available_methods, is_vectorised
+class _ScalarOnly(FirstOrder):
+    """The first-order method without its vectorised form (what a new method has at first)."""
 
-    calls = []
+    name = "first-order-scalar-test"
+    vectorised = None
 
-    def counted(model, hardware, **kw):
-        calls.append(kw["batch_size"])
-        return first_order(model, hardware, **kw)
+    def __init__(self):
+        self.calls = 0
 
-    METHODS["first-order-scalar-test"] = counted
+    def estimate(self, setup, **kw):
+        self.calls += 1
+        return super().estimate(setup, **kw)
+
+
+def test_methods_without_a_vectorised_form_run_setup_by_setup():
+    m = _ScalarOnly()
+    METHODS[m.name] = m
     try:
-        assert "first-order-scalar-test" in available_methods() and not is_vectorised("first-order-scalar-test")
-        kw = dict(batch_size=np.array([1, 8, 8, 64]), seq_len=np.array([[512], [4096]]), precision="bf16")
-        slow = sweep("llama-3.1-8b", "h100", method="first-order-scalar-test", **kw)
+        assert not is_vectorised(m.name) and is_vectorised("first-order")
+        kw = dict(batch=np.array([1, 8, 8, 64]), seq_len=np.array([[512], [4096]]), precision="bf16")
+        slow = sweep("llama-3.1-8b", "h100", method=m.name, **kw)
         fast = sweep("llama-3.1-8b", "h100", **kw)
         assert slow.shape == fast.shape == (2, 4)
-        for key in fast:
+        for key in ("total_bytes", "feasible", "weights_bytes", "activations_bytes"):
             np.testing.assert_array_equal(slow[key], fast[key], err_msg=key)
-        assert len(calls) == 6  # the repeated batch 8 is evaluated once per sequence length
+        assert m.calls == 6  # the repeated batch 8 is evaluated once per sequence length
     finally:
-        del METHODS["first-order-scalar-test"]
-    assert "detailed" in available_methods()  # registered by the detailed estimator (issue 5)
+        del METHODS[m.name]

@@ -56,7 +56,7 @@ def _check_options(method: MemoryMethod, fn: Any, options: dict[str, Any]) -> No
     accepted = [p for p in inspect.signature(fn).parameters if p not in ("self", "setup", "x")]
     for k in options:
         if k not in accepted:
-            raise unknown_choice(f"option of the {method.name} method", k, [*accepted, *FIELDS])
+            raise unknown_choice(f"training setup field or {method.name} option", k, [*FIELDS, *accepted])
 
 
 def estimate(model: Any, hardware: Any = None, *, method: Optional[str] = None, suggestions: bool = True,

@@ -190,7 +190,10 @@ def flag_array(value: Any, name: str) -> np.ndarray:
         return np.asarray(flag(value, name))
     arr = np.asarray(value)
     if arr.dtype.kind != "b":
-        _fail_at(arr, np.ones(arr.shape, dtype=bool), lambda v: flag(v, name))
+        bad = np.asarray([not _is_bool(v) for v in arr.reshape(-1)], dtype=bool).reshape(arr.shape)
+        if bad.any():
+            _fail_at(arr, bad, lambda v: flag(v, name))
+        arr = arr.astype(bool)
     return arr
 
 

@@ -72,6 +72,11 @@ class SetupArrays:
         """Samples per rank per forward/backward (the setup's own rule, over arrays)."""
         return local_microbatch(self.values["batch"], self.values["dp"], self.values["accumulation"])
 
+    def first_index(self, idx: Any) -> Any:
+        """The array index of the first element of a group from :meth:`distinct`."""
+        first = 0 if isinstance(idx, slice) else int(idx[0])
+        return np.unravel_index(first, self.shape) if self.shape else ()
+
     def setup_at(self, index: Any) -> TrainingSetup:
         """The :class:`TrainingSetup` of one element."""
         m = int(np.broadcast_to(self.model_index, self.shape)[index])
@@ -164,6 +169,11 @@ class SweepResult(Mapping):
     def at(self, index: Any) -> dict[str, Any]:
         """One configuration's outputs as plain Python numbers."""
         return {k: v[index].item() if hasattr(v[index], "item") else v[index] for k, v in self.arrays.items()}
+
+    def first_index(self, idx: Any) -> Any:
+        """The array index of the first element of a group from :meth:`distinct`."""
+        first = 0 if isinstance(idx, slice) else int(idx[0])
+        return np.unravel_index(first, self.shape) if self.shape else ()
 
     def setup_at(self, index: Any) -> TrainingSetup:
         """The training setup of one configuration (e.g. to estimate it on its own)."""
@@ -262,10 +272,8 @@ def check_supported(x: SetupArrays, names: tuple[str, ...], check: Callable[[Tra
     """Run a method's scalar ``check`` once per distinct combination of the fields ``names`` it can refuse
     (the first element of each), so a sweep rejects what the method cannot express with its own message."""
     for idx, row in x.distinct(names):
-        first = idx if isinstance(idx, slice) else idx[0]
-        index = 0 if isinstance(first, slice) else np.unravel_index(int(first), x.shape) if x.shape else ()
         try:
-            check(x.setup_at(index if x.shape else ()))
+            check(x.setup_at(x.first_index(idx)))
         except TrainfitError as exc:
             where = f" (sweep element {V.position(_mask(x, idx))})" if x.shape else ""
             raise TrainfitError(f"{exc}{where}") from None
@@ -304,9 +312,7 @@ def elementwise(estimate: Callable[[TrainingSetup], Any]) -> Callable[[SetupArra
         total = np.empty(x.shape, dtype=np.float64)
         columns: dict[str, np.ndarray] = {}
         for idx, row in x.distinct(tuple(FIELD_NAMES)):
-            first = idx[0] if not isinstance(idx, slice) else 0
-            index = np.unravel_index(int(first), x.shape) if x.shape else ()
-            est = estimate(x.setup_at(index))
+            est = estimate(x.setup_at(x.first_index(idx)))
             flat_total = total.reshape(-1)
             flat_total[idx] = est.total_bytes
             for comp, b in est.components.items():
