@@ -5,7 +5,7 @@ make a prediction, switch on the physical model, walk the frontier, plan and fre
 download the report — and checks that every number on screen equals the library's for the same
 inputs (:mod:`trainfit.labs`, :func:`trainfit.estimate`), within the precision it is printed with.
 A few figures are also anchored to the upstream lab's worked results
-(``shared/reference/upstream.md`` §4.5), so a library regression cannot hide behind "app == library".
+(MLSys·im reference notes, upstream.md §4.5), so a library regression cannot hide behind "app == library".
 The page must not fetch anything from outside 127.0.0.1 (the app works offline).
 
 Needs: ``chromium`` on PATH (CI installs it with ``.ci/install-browser.sh``; ``TRAINFIT_CHROMIUM``

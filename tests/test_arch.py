@@ -77,22 +77,22 @@ def test_paths_and_directories(tmp_path):
 
 # --- exact counts against independent measurements -------------------------------------------------
 
-def _groundtruth_bases(shared_dir: Path) -> dict[str, set[int]]:
+def _groundtruth_bases(groundtruth_dir: Path) -> dict[str, set[int]]:
     out: dict[str, set[int]] = {}
-    for line in (shared_dir / "groundtruth" / "dev-cases.jsonl").read_text().splitlines():
+    for line in (groundtruth_dir / "dev-cases.jsonl").read_text().splitlines():
         case = json.loads(line)
         if case["lora_r"] == 0:
             out.setdefault(case["model"], set()).add((case["n_params"], tuple(case.get("notes") or ())))
     return out
 
 
-def test_shared_groundtruth_configs_match_measured_n_params(shared_dir):
+def test_groundtruth_configs_match_measured_n_params(groundtruth_dir):
     """dev-cases.jsonl's n_params were counted by independent code on the transformers model built from
-    ../shared/groundtruth/configs/<model>.json (groundtruth README); some cases raised the position table
+    tests/data/groundtruth/configs/<model>.json (PROVENANCE.md there); some cases raised the position table
     to fit the sequence (their `notes` say to what)."""
     checked = 0
-    for model, cases in _groundtruth_bases(shared_dir).items():
-        spec = resolve_arch(shared_dir / "groundtruth" / "configs" / f"{model}.json")
+    for model, cases in _groundtruth_bases(groundtruth_dir).items():
+        spec = resolve_arch(groundtruth_dir / "configs" / f"{model}.json")
         for n_params, notes in cases:
             if notes:  # e.g. 'n_positions raised from 1024 to 2048 to fit seq'
                 key, _, rest = notes[0].partition(" raised from ")

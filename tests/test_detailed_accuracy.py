@@ -1,7 +1,7 @@
 """Detailed method vs measured training steps (issue 5 accuracy targets).
 
-Ground truth: ``../shared/groundtruth/dev-cases.jsonl`` (77 measured steady-state steps, peak =
-torch.cuda.max_memory_allocated() emulated; README there) and, when present, the ``trainfit measure``
+Ground truth: ``tests/data/groundtruth/dev-cases.jsonl`` (77 measured steady-state steps, peak =
+torch.cuda.max_memory_allocated() emulated; PROVENANCE.md there) and, when present, the ``trainfit measure``
 corpus ``validation/corpus-measured.jsonl``. Targets from the issue: over all single-GPU cases the
 median |error| of the peak <= 3 %, 95th percentile <= 8 %, worst <= 12 %; parameter, gradient and
 optimizer-state bytes exact.
@@ -18,7 +18,7 @@ from trainfit.detailed.phases import compute_phases
 from trainfit.detailed.states import state_bytes
 
 REPO = Path(__file__).resolve().parents[1]
-GT = REPO.parent / "shared" / "groundtruth"
+GT = REPO / "tests" / "data" / "groundtruth"
 CORPUS = REPO / "validation" / "corpus-measured.jsonl"
 #: tiny models of every other supported type, measured with `trainfit measure` (validation/measure_arch_cases.py)
 ARCH = REPO / "validation" / "detailed-arch-cases.jsonl"
@@ -37,7 +37,7 @@ def _measured_peak(case):
 
 
 @pytest.fixture(scope="module")
-def results(shared_dir):
+def results(groundtruth_dir):
     out = []
     for case, cfgdir in _cases():
         arch, recipe = case_arch(case, cfgdir, REPO / "validation"), case_recipe(case)
