@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainfit.detailed.corpus import case_arch, case_recipe, read_jsonl, single_gpu
 from trainfit.detailed.phases import compute_phases
 from trainfit.detailed.states import state_bytes
+from validation.corpus import case_arch, case_recipe, read_jsonl, single_gpu
 
 REPO = Path(__file__).resolve().parents[1]
 GT = REPO / "tests" / "data" / "groundtruth"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trainfit.measure import measure
-from trainfit.measure.real import real_cpu_peaks
+from validation.real_cpu import real_cpu_peaks
 
 GROUNDTRUTH = Path(__file__).resolve().parent / "data" / "groundtruth"
 

@@ -29,11 +29,12 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO))  # for validation.corpus, as the tests import it
 
 from trainfit.arch import ArchSpec  # noqa: E402
-from trainfit.detailed.corpus import case_arch, case_recipe, read_jsonl, single_gpu  # noqa: E402
 from trainfit.detailed.phases import compute_phases  # noqa: E402
 from trainfit.memory import TrainingMemoryModel  # noqa: E402
+from validation.corpus import case_arch, case_recipe, read_jsonl, single_gpu  # noqa: E402
 
 GT = REPO / "tests" / "data" / "groundtruth"
 SOURCES = [("dev", GT / "dev-cases.jsonl"), ("corpus", HERE / "corpus-measured.jsonl"),
