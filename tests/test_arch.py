@@ -19,7 +19,7 @@ from trainfit.cli import app
 from trainfit.errors import TrainfitError
 from trainfit.memory import model_shape
 
-BRIEF_MODELS = {  # issue 4, "Bundled configs": the models the issue names, by our slug
+NAMED_MODELS = {  # the models trainfit ships configs for (docs/architectures.md, "Bundled configs"), by slug
     "llama-3.1-8b", "llama-3.1-70b", "llama-3.2-1b", "llama-3.2-3b", "mistral-7b", "qwen2.5-0.5b", "qwen2.5-7b",
     "gemma-2-2b", "gemma-2-9b", "phi-3-mini", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-base",
     "bert-large", "mixtral-8x7b",
@@ -27,7 +27,7 @@ BRIEF_MODELS = {  # issue 4, "Bundled configs": the models the issue names, by o
 
 
 def test_every_named_model_is_bundled_and_parses():
-    assert set(bundled_configs()) == BRIEF_MODELS
+    assert set(bundled_configs()) == NAMED_MODELS
     for slug in bundled_configs():
         spec = resolve_arch(slug)
         assert spec.name == slug and spec.hf_class == HF_CLASS[spec.model_type]

@@ -1,10 +1,10 @@
-"""Detailed method vs measured training steps (issue 5 accuracy targets).
+"""Detailed method vs measured training steps (the detailed method's accuracy targets).
 
 Ground truth: ``tests/data/groundtruth/dev-cases.jsonl`` (77 measured steady-state steps, peak =
 torch.cuda.max_memory_allocated() emulated; PROVENANCE.md there) and, when present, the ``trainfit measure``
-corpus ``validation/corpus-measured.jsonl``. Targets from the issue: over all single-GPU cases the
-median |error| of the peak <= 3 %, 95th percentile <= 8 %, worst <= 12 %; parameter, gradient and
-optimizer-state bytes exact.
+corpus ``validation/corpus-measured.jsonl``. The accuracy targets set for the detailed method: over
+all single-GPU cases the median |error| of the peak <= 3 %, 95th percentile <= 8 %, worst <= 12 %;
+parameter, gradient and optimizer-state bytes exact.
 """
 from __future__ import annotations
 

@@ -262,4 +262,4 @@ def test_scalar_only_methods_run_element_by_element():
         assert len(calls) == 6  # the repeated batch 8 is evaluated once per sequence length
     finally:
         del METHODS["first-order-scalar-test"]
-    assert "detailed" in available_methods()  # registered by the detailed estimator (issue 5)
+    assert "detailed" in available_methods()  # registered by the detailed estimator (trainfit.detailed)

@@ -215,7 +215,7 @@ def render(rows: list[dict[str, Any]]) -> str:
             continue
         out.append(f"| {m} | {s['n']} | {100 * s['median']:.3f} % | {100 * s['p95']:.3f} % | {100 * s['worst']:.3f} % | "
                    f"{100 * s['mean_signed']:+.1f} % | {100 * s['within_3']:.0f} % | {100 * s['within_10']:.0f} % |")
-    out += ["", "Issue 5 targets for the detailed method over all single-GPU cases: median <= 3 %, p95 <= 8 %, "
+    out += ["", "Accuracy targets for the detailed method over all single-GPU cases: median <= 3 %, p95 <= 8 %, "
             "worst <= 12 %.", ""]
     for src in ("dev", "corpus", "arch"):
         sub = [r for r in rows if r["source"] == src]
