@@ -1,6 +1,6 @@
 """The lab app without a browser: ``trainfit app`` CLI, the launcher, the view helpers, the notebook.
 
-Expected figures come from the upstream lab's worked results (``shared/reference/upstream.md`` §4.5)
+Expected figures come from the upstream lab's worked results (MLSys·im reference notes, upstream.md §4.5)
 or from the library itself where the point is that the app shows the library's numbers unchanged.
 The browser end-to-end test is ``tests/test_app_browser.py``.
 """

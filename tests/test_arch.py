@@ -23,7 +23,7 @@ from trainfit.errors import TrainfitError
 from trainfit.families import DEFAULT_MODULE_NAMES, FAMILIES, Family
 from trainfit.memory import model_shape
 
-BRIEF_MODELS = {  # issue 4, "Bundled configs": the models the issue names, by our slug
+NAMED_MODELS = {  # the models trainfit ships configs for (docs/architectures.md, "Bundled configs"), by slug
     "llama-3.1-8b", "llama-3.1-70b", "llama-3.2-1b", "llama-3.2-3b", "mistral-7b", "qwen2.5-0.5b", "qwen2.5-7b",
     "gemma-2-2b", "gemma-2-9b", "phi-3-mini", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-base",
     "bert-large", "mixtral-8x7b",
@@ -31,7 +31,7 @@ BRIEF_MODELS = {  # issue 4, "Bundled configs": the models the issue names, by o
 
 
 def test_every_named_model_is_bundled_and_parses():
-    assert set(bundled_configs()) == BRIEF_MODELS
+    assert set(bundled_configs()) == NAMED_MODELS
     for slug in bundled_configs():
         spec = resolve_arch(slug)
         assert spec.name == slug and spec.hf_class == HF_CLASS[spec.model_type]
@@ -81,22 +81,22 @@ def test_paths_and_directories(tmp_path):
 
 # --- exact counts against independent measurements -------------------------------------------------
 
-def _groundtruth_bases(shared_dir: Path) -> dict[str, set[int]]:
+def _groundtruth_bases(groundtruth_dir: Path) -> dict[str, set[int]]:
     out: dict[str, set[int]] = {}
-    for line in (shared_dir / "groundtruth" / "dev-cases.jsonl").read_text().splitlines():
+    for line in (groundtruth_dir / "dev-cases.jsonl").read_text().splitlines():
         case = json.loads(line)
         if case["lora_r"] == 0:
             out.setdefault(case["model"], set()).add((case["n_params"], tuple(case.get("notes") or ())))
     return out
 
 
-def test_shared_groundtruth_configs_match_measured_n_params(shared_dir):
+def test_groundtruth_configs_match_measured_n_params(groundtruth_dir):
     """dev-cases.jsonl's n_params were counted by independent code on the transformers model built from
-    ../shared/groundtruth/configs/<model>.json (groundtruth README); some cases raised the position table
+    tests/data/groundtruth/configs/<model>.json (PROVENANCE.md there); some cases raised the position table
     to fit the sequence (their `notes` say to what)."""
     checked = 0
-    for model, cases in _groundtruth_bases(shared_dir).items():
-        spec = resolve_arch(shared_dir / "groundtruth" / "configs" / f"{model}.json")
+    for model, cases in _groundtruth_bases(groundtruth_dir).items():
+        spec = resolve_arch(groundtruth_dir / "configs" / f"{model}.json")
         for n_params, notes in cases:
             if notes:  # e.g. 'n_positions raised from 1024 to 2048 to fit seq'
                 key, _, rest = notes[0].partition(" raised from ")

@@ -125,7 +125,7 @@ def test_python_dash_m_entry_point():
     (["estimate", "llama-3.1-8b", "h100", "--bogus"], "No such option"),
 ])
 def test_usage_errors_are_one_line_exit_1(args, needle):
-    # Click's own usage errors would exit 2 with a usage box; 2 means "does not fit" here (issue 2 §10).
+    # Click's own usage errors would exit 2 with a usage box; 2 means "does not fit" here (exit codes: README).
     p = subprocess.run([sys.executable, "-m", "trainfit", *args], capture_output=True, text=True, check=False)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 1 and len(lines) == 1 and lines[0].startswith("trainfit: error:") and needle in lines[0]

@@ -1,10 +1,10 @@
-"""Detailed method vs measured training steps (issue 5 accuracy targets).
+"""Detailed method vs measured training steps (the detailed method's accuracy targets).
 
-Ground truth: ``../shared/groundtruth/dev-cases.jsonl`` (77 measured steady-state steps, peak =
-torch.cuda.max_memory_allocated() emulated; README there) and, when present, the ``trainfit measure``
-corpus ``validation/corpus-measured.jsonl``. Targets from the issue: over all single-GPU cases the
-median |error| of the peak <= 3 %, 95th percentile <= 8 %, worst <= 12 %; parameter, gradient and
-optimizer-state bytes exact.
+Ground truth: ``tests/data/groundtruth/dev-cases.jsonl`` (77 measured steady-state steps, peak =
+torch.cuda.max_memory_allocated() emulated; PROVENANCE.md there) and, when present, the ``trainfit measure``
+corpus ``validation/corpus-measured.jsonl``. The accuracy targets set for the detailed method: over
+all single-GPU cases the median |error| of the peak <= 3 %, 95th percentile <= 8 %, worst <= 12 %;
+parameter, gradient and optimizer-state bytes exact.
 """
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainfit.detailed.corpus import case_arch, case_recipe, read_jsonl, single_gpu
 from trainfit.detailed.phases import compute_phases
 from trainfit.detailed.states import state_bytes
+from validation.corpus import case_arch, case_recipe, read_jsonl, single_gpu
 
 REPO = Path(__file__).resolve().parents[1]
-GT = REPO.parent / "shared" / "groundtruth"
+GT = REPO / "tests" / "data" / "groundtruth"
 CORPUS = REPO / "validation" / "corpus-measured.jsonl"
 #: tiny models of every other supported type, measured with `trainfit measure` (validation/measure_arch_cases.py)
 ARCH = REPO / "validation" / "detailed-arch-cases.jsonl"
@@ -37,7 +37,7 @@ def _measured_peak(case):
 
 
 @pytest.fixture(scope="module")
-def results(shared_dir):
+def results(groundtruth_dir):
     out = []
     for case, cfgdir in _cases():
         arch, recipe = case_arch(case, cfgdir, REPO / "validation"), case_recipe(case)

@@ -32,8 +32,8 @@ def test_default_method_is_detailed_for_models_with_architecture():
     assert "method: detailed" in r.output and "peak allocated" in r.output
 
 
-def test_config_path_is_accepted(tmp_path, shared_dir):
-    cfg = shared_dir / "groundtruth" / "configs" / "llama-1b.json"
+def test_config_path_is_accepted(tmp_path, groundtruth_dir):
+    cfg = groundtruth_dir / "configs" / "llama-1b.json"
     d = js("estimate", str(cfg), "h100", "-b", "4", "-s", "1024")
     assert d["method"] == "detailed" and d["inputs"]["parameters"] == 953223168  # dev-cases.jsonl n_params
 

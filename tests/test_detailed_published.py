@@ -4,7 +4,7 @@
   mixed-precision Adam (K = 12: fp32 master + two fp32 moments; 16-bit params and grads),
   N_d = 64: baseline 120 GB, P_os 31.4 GB, P_os+g 16.6 GB, P_os+g+p 1.9 GB (= 16Ψ/64 = 1.875 GB);
 * Korthikanti et al. 2022 (arXiv 2205.05198) Fig. 1 activation memory per GPU (numbers as embedded
-  in calculon llm/validation.py, see ../shared/reference/peers.md §5 cases 3-6): GPT with fp16,
+  in calculon llm/validation.py, see the peers reference notes, peers.md §5 cases 3-6): GPT with fp16,
   LayerNorm, GeLU, dropout 0.1, s = 2048, t = 8, no recomputation vs sequence parallel + selective;
   pipelines hold p in-flight micro-batches, interleaved ones x (1 + (p-1)/(p·v));
 * DeepSpeed's model-state estimators (peers.md §1.3): ZeRO-2 ``2P + 18P/N`` (18 = 2 fp16 grads +

@@ -9,7 +9,7 @@ import pytest
 from trainfit.errors import TrainfitError
 from trainfit.measure import COMPONENTS, components_of, measure
 
-GROUNDTRUTH = Path(__file__).resolve().parents[1].parent / "shared" / "groundtruth"
+GROUNDTRUTH = Path(__file__).resolve().parent / "data" / "groundtruth"
 
 
 def _cfg(name: str) -> dict:

@@ -11,7 +11,7 @@ from trainfit.cli import app
 from trainfit.memory import capacity_bytes
 
 runner = CliRunner()
-GROUNDTRUTH = Path(__file__).resolve().parents[1].parent / "shared" / "groundtruth"
+GROUNDTRUTH = Path(__file__).resolve().parent / "data" / "groundtruth"
 TINY = str(GROUNDTRUTH / "configs" / "gpt2-tiny.json")
 
 

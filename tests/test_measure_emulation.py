@@ -3,7 +3,7 @@
 Sources for the expected behaviour: PyTorch's CUDA caching allocator (kMinBlockSize = 512 bytes,
 also MemTracker's _PYTORCH_MIN_ALLOCATE), ATen's sdp_utils.cpp kernel selection, ATen's
 dropout (native_dropout when is_fused_kernel_acceptable) and autocast_mode.h op lists, and the
-ground truth's README (../shared/groundtruth/README.md).
+ground truth's provenance notes (tests/data/groundtruth/PROVENANCE.md).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 import torch
 
-GROUNDTRUTH = Path(__file__).resolve().parents[1].parent / "shared" / "groundtruth"
+GROUNDTRUTH = Path(__file__).resolve().parent / "data" / "groundtruth"
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 

@@ -1,8 +1,8 @@
 """`trainfit measure` against measurements made by independent code with the same method.
 
-Expected numbers are the ``peak_bytes`` of ``../shared/groundtruth/dev-cases.jsonl`` (CUDA
+Expected numbers are the ``peak_bytes`` of ``tests/data/groundtruth/dev-cases.jsonl`` (CUDA
 semantics) and the ``fake_memtracker_bytes`` of ``cpu-sanity.jsonl`` (CPU semantics); see that
-directory's README. The full 77-case comparison is ``validation/check_dev_cases.py``; here a few
+directory's PROVENANCE.md. The full 77-case comparison is ``validation/check_dev_cases.py``; here a few
 small cases run (GPT-2 small and BERT-base at short sequences, and the tiny CPU-sanity models).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from trainfit.measure import measure
 
-GROUNDTRUTH = Path(__file__).resolve().parents[1].parent / "shared" / "groundtruth"
+GROUNDTRUTH = Path(__file__).resolve().parent / "data" / "groundtruth"
 DEV = [json.loads(line) for line in (GROUNDTRUTH / "dev-cases.jsonl").read_text().splitlines() if line]
 SANITY = [json.loads(line) for line in (GROUNDTRUTH / "cpu-sanity.jsonl").read_text().splitlines() if line]
 

@@ -3,7 +3,7 @@
 Same small models, same step, CPU semantics (no CUDA emulation, since the real run is on the CPU):
 the fake-tensor measurement must equal (a) the same fixed MemTracker reading real tensors and
 (b) the CPU allocator's own allocation events read through the PyTorch profiler, with no tracker
-running, within 0.01 %. (``../shared/groundtruth/cpu-sanity.jsonl`` reports the same check by
+running, within 0.01 %. (``tests/data/groundtruth/cpu-sanity.jsonl`` reports the same check by
 independent code: identical tracker totals, allocator within 48 bytes.)
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from trainfit.measure import measure
-from trainfit.measure.real import real_cpu_peaks
+from validation.real_cpu import real_cpu_peaks
 
-GROUNDTRUTH = Path(__file__).resolve().parents[1].parent / "shared" / "groundtruth"
+GROUNDTRUTH = Path(__file__).resolve().parent / "data" / "groundtruth"
 
 CASES = [
     ("gpt2-tiny", dict(precision="fp32", optimizer="adamw")),

@@ -1,6 +1,6 @@
 """Planner: layout enumeration rules, memory and step-time breakdowns, ranking, --min-gpus, CLI.
 
-References: the issue's layout rules (tp | heads and tp <= node of 8, pp | layers, dp·tp·pp·ep = N, micro-batch ×
+References: the planner's layout rules (tp | heads and tp <= node of 8, pp | layers, dp·tp·pp·ep = N, micro-batch ×
 accumulation × dp = global batch); step-time terms 6·P·T/(N·peak·MFU) (Kaplan et al. 2020; Narayanan et al. 2021),
 bubble (p−1)/(m+p−1) (GPipe / Narayanan et al. 2021), ring all-reduce 2(d−1)/d and ZeRO-3 at 1.5× (Rajbhandari et
 al. 2020 §7); 1F1B in-flight activations min(p, m) (MLSys·im v2_05 training_memory_plan, upstream.md §1.8);
@@ -29,7 +29,7 @@ runner = CliRunner()
 
 
 def brute_force_layouts(n, heads, layers, batch, experts=None, node=8):
-    """Count layouts by the issue's rules with plain loops (the oracle for the vectorised enumeration)."""
+    """Count layouts by the planner's layout rules (module docstring) with plain loops (the oracle for the vectorised enumeration)."""
     count = 0
     for tp in range(1, node + 1):
         if heads % tp or n % tp:

@@ -1,6 +1,6 @@
 """Side-by-side check of `trainfit measure` against the 77 independently measured dev cases.
 
-Reads ../shared/groundtruth/dev-cases.jsonl (beside the repository; --groundtruth to point
+Reads tests/data/groundtruth/dev-cases.jsonl (in the repository; --groundtruth to point
 elsewhere), measures each case with trainfit.measure.measure and prints one row per case: the
 case, the peak measured by the independent code, ours, and the error in % of theirs. Exit status 1
 when any case is off by more than --tolerance % (default 1).
@@ -20,11 +20,11 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_GT = ROOT.parent / "shared" / "groundtruth"
+DEFAULT_GT = ROOT / "tests" / "data" / "groundtruth"
 
 
 def case_kwargs(case: dict) -> dict:
-    """measure() keyword arguments for one dev case (fields described in the groundtruth README)."""
+    """measure() keyword arguments for one dev case (fields described in tests/data/groundtruth/PROVENANCE.md)."""
     return {"batch": case["batch"], "seq": case["seq"], "precision": case["precision"],
             "optimizer": case["optimizer"], "opt_impl": case["opt_impl"],
             "checkpointing": "full" if case["ckpt"] else "none", "lora_r": case["lora_r"],

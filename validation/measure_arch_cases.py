@@ -1,5 +1,5 @@
 """Measure tiny models of every architecture type trainfit supports with ``trainfit measure`` and
-write ``validation/detailed-arch-cases.jsonl`` (same fields as ../shared/groundtruth/dev-cases.jsonl,
+write ``validation/detailed-arch-cases.jsonl`` (same fields as tests/data/groundtruth/dev-cases.jsonl,
 plus the config itself), so the detailed method is checked beyond the three families of the dev
 corpus: GQA, qkv biases, q/k norms, Gemma norms and soft-capping, fused projections, parallel
 residuals and partial rotary, learned positions with offsets, post-norm encoders and MoE routing.

@@ -1,6 +1,7 @@
-"""Reading measured training steps (``../shared/groundtruth/dev-cases.jsonl``, the ``trainfit
+"""Reading measured training steps (``tests/data/groundtruth/dev-cases.jsonl``, the ``trainfit
 measure`` corpus ``validation/corpus-measured.jsonl``) into the detailed method's inputs, so tests
-and the validation report compare like with like."""
+and the validation report compare like with like. Used by tests and validation only (not part of the
+installed package)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from ..arch import ArchSpec, arch_from_config, load_config
-from .recipe import Recipe, make_recipe
+from trainfit.arch import ArchSpec, arch_from_config, load_config
+from trainfit.detailed.recipe import Recipe, make_recipe
 
 _RAISED = re.compile(r"(\w+) raised from \d+ to (\d+)")
 

@@ -5,7 +5,8 @@
 tensors instead of fake ones) and once with no tracker at all, reading the CPU allocator's own
 allocation events through the PyTorch profiler (``profile_memory=True``; each allocation event
 carries its size, frees a negative size). Both use CPU semantics (no CUDA emulation), since a
-real CPU run is what they observe. For small models only: this allocates real memory.
+real CPU run is what they observe. For small models only: this allocates real memory. Used by
+``tests/test_measure_real.py`` only (not part of the installed package).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import gc
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from ._deps import require
+from trainfit.measure._deps import require
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,8 @@ class RealPeaks:
 def _setup(cfg: Mapping[str, Any], batch: int, seq: int, precision: str, optimizer: str, opt_impl: str,
            checkpointing: str, lora_r: int, seed: int) -> tuple[Any, Any, dict[str, Any], Any]:
     torch = require("torch")
-    from . import make_optimizer
-    from .fake import build_model, make_inputs
+    from trainfit.measure import make_optimizer
+    from trainfit.measure.fake import build_model, make_inputs
 
     torch.manual_seed(seed)
     built = build_model(cfg, seq=seq, precision=precision, checkpointing=checkpointing, lora_r=lora_r, device="cpu")
@@ -56,8 +57,8 @@ def real_cpu_peaks(cfg: Mapping[str, Any], batch: int, seq: int, *, precision: s
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
-    from . import _train_step, run_steps
-    from .emulation import CudaSemantics
+    from trainfit.measure import _train_step, run_steps
+    from trainfit.measure.emulation import CudaSemantics
 
     opt_impl = opt_impl or "forloop"  # PyTorch's default on the CPU
     autocast = torch.bfloat16 if precision == "amp-bf16" else None
