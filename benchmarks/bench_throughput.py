@@ -67,6 +67,13 @@ def trainfit_kwargs(c: dict[str, Any]) -> dict[str, Any]:
                 zero_stage=c["zero"], gradient_accumulation_steps=c["accumulation"])
 
 
+def sweep_kwargs(c: dict[str, Any]) -> dict[str, Any]:
+    """The same configuration in the training-setup vocabulary (fp16-master + Adam is the seed's fp16 + Adam)."""
+    return dict(batch=c["global_batch"], seq_len=c["seq_len"], precision="fp16-master", optimizer="adam",
+                checkpointing=CKPT[c["ckpt"]], tp=c["tp"], pp=c["pp"], dp=c["dp"], zero=c["zero"],
+                accumulation=c["accumulation"])
+
+
 def llm_analysis_call(train: Callable[..., Any], c: dict[str, Any]) -> Any:
     return train("NousResearch_Llama-2-7b-hf", "h100-sxm-80gb", "w16a16e16", log_level="ERROR",
                  batch_size_per_gpu=c["microbatch"], gradient_accumulation_steps=c["accumulation"],
@@ -145,7 +152,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # correctness before speed: scalar == sweep exactly, and both == mlsysim
     scalar_totals = np.array([ours.solve(model, hw, **kw).total_bytes for kw in kwargs])
-    cols = {k: np.array([kw[k] for kw in kwargs]) for k in kwargs[0]}
+    sweep_rows = [sweep_kwargs(c) for c in configs]
+    cols = {k: np.array([kw[k] for kw in sweep_rows]) for k in sweep_rows[0]}
     vec_totals = np.asarray(trainfit.sweep(model, hw, **cols)["total_bytes"])
     up_totals = np.array([up.solve(um, uh, **kw).total_memory.m_as("byte") for kw in kwargs])
     assert np.array_equal(scalar_totals, vec_totals), "scalar and vectorised totals differ"

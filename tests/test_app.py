@@ -155,11 +155,19 @@ def test_prediction_feedback() -> None:
 
 @pytest.mark.parametrize("method, fraction", [("first-order", "0.5"), ("detailed", "1.0")])
 def test_free_mode_options_are_the_cli_options(method: str, fraction: str) -> None:
-    """The free mode's controls map to the same estimate as `trainfit estimate` with those flags."""
-    values = {"batch": 16, "seq": 1024, "precision": "bf16", "optimizer": "adamw", "checkpointing": "full",
-              "tp": 2, "pp": 1, "dp": 4, "zero": "2", "accum": 2, "trainable_fraction": float(fraction),
-              "sequence_parallel": True}
-    est = trainfit.estimate("llama-3.1-8b", "h100", method=method, **views.estimate_options(values))
+    """The free mode's controls are the setup's fields: the same estimate as `trainfit estimate` with those flags."""
+    import marimo as mo
+
+    from trainfit.training_setup import DEFAULTS
+
+    controls = views.free_controls(mo)
+    assert set(controls) == set(views.FREE_FIELDS)
+    assert {k: views.setup_fields({k: c.value for k, c in controls.items()})[k] for k in controls} == \
+        {k: DEFAULTS[k] for k in controls}  # the controls start at the CLI's defaults
+    values = {"batch": 16, "seq_len": 1024, "precision": "bf16", "optimizer": "adamw", "checkpointing": "full",
+              "tp": 2, "pp": 1, "dp": 4, "zero": "2", "accumulation": 2, "trainable_fraction": float(fraction),
+              "sequence_parallel": True, "lora_rank": 0, "attention": "auto"}
+    est = trainfit.estimate("llama-3.1-8b", "h100", method=method, **views.setup_fields(values))
     r = runner.invoke(cli, ["estimate", "llama-3.1-8b", "h100", "--method", method, "--batch", "16", "--seq", "1024",
                             "--precision", "bf16", "--optimizer", "adamw", "--checkpointing", "full", "--tp", "2",
                             "--dp", "4", "--zero", "2", "--accum", "2", "--trainable-fraction", fraction,
@@ -179,7 +187,7 @@ def test_model_and_hardware_options_list_the_catalogs() -> None:
 
 
 def test_estimate_chart_is_a_png() -> None:
-    est = trainfit.estimate("llama-3.1-8b", "h100", batch_size=8, seq_len=1024)
+    est = trainfit.estimate("llama-3.1-8b", "h100", batch=8, seq_len=1024)
     png = views.plot_estimate_png(est)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 

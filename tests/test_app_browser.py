@@ -285,13 +285,14 @@ def test_app_in_headless_chromium(chromium: str, app_url: Callable[[], str]) -> 
             seq_box.fill("1024")
             seq_box.press("Enter")
             page.get_by_text("seq 1024").wait_for(timeout=TIMEOUT_MS)
-            est = trainfit.estimate("llama-3.1-8b", "h100", **views.estimate_options(
-                {"batch": 8, "seq": 1024, "precision": "fp16", "optimizer": "adam", "checkpointing": "selective",
-                 "tp": 1, "pp": 1, "dp": 1, "zero": 0, "accum": 1, "trainable_fraction": 1.0}))
+            page.locator("marimo-dropdown[data-label*='Activation checkpointing'] select").select_option("selective")
+            page.get_by_text("checkpointing selective").wait_for(timeout=TIMEOUT_MS)
+            est = trainfit.estimate("llama-3.1-8b", "h100", method="first-order", batch=8, seq_len=1024,
+                                    checkpointing="selective")
             total_row = page.get_by_test_id("free-estimate").locator("tr", has_text="total")
             shown_gb = total_row.locator("td").nth(1).inner_text()
             assert _close(shown_gb, est.total_bytes / 1e9, 3), (shown_gb, est.total_bytes)
-            # upstream.md §1.9 golden case (mlsysim): Llama-3.1-8B, H100, b=8, s=1024, fp16, adam, selective.
+            # MLSys·im golden case: Llama-3.1-8B, H100, b=8, s=1024, 16-bit, Adam, selective recomputation.
             assert _num(shown_gb) == 165.790
             _shoot(page, "free")
 
@@ -299,8 +300,7 @@ def test_app_in_headless_chromium(chromium: str, app_url: Callable[[], str]) -> 
             # 8. The planner one click away: same inputs, 8 accelerators.
             page.get_by_role("radio", name=re.compile("^Plan: best layouts")).click()
             page.get_by_test_id("free-plan").wait_for(timeout=TIMEOUT_MS)
-            best = layout_plan("llama-3.1-8b", "h100", 8, global_batch=8, seq_len=1024, precision="fp16",
-                               optimizer="adam")
+            best = layout_plan("llama-3.1-8b", "h100", 8, global_batch=8, seq_len=1024)
             summary = page.get_by_test_id("free-plan").inner_text()
             assert f"{best.fitting} fit, {best.searched - best.fitting} do not" in summary
             assert f"Plan: {best.model} on 8 x {best.hardware}" in summary

@@ -15,7 +15,7 @@ import pytest
 
 from trainfit.detailed.phases import compute_phases
 from trainfit.detailed.states import state_bytes
-from validation.corpus import case_arch, case_recipe, read_jsonl, single_gpu
+from validation.corpus import case_arch, case_setup, read_jsonl, single_gpu
 
 REPO = Path(__file__).resolve().parents[1]
 GT = REPO / "tests" / "data" / "groundtruth"
@@ -40,8 +40,9 @@ def _measured_peak(case):
 def results(groundtruth_dir):
     out = []
     for case, cfgdir in _cases():
-        arch, recipe = case_arch(case, cfgdir, REPO / "validation"), case_recipe(case)
-        out.append((case, arch, recipe, compute_phases(arch, recipe)))
+        arch = case_arch(case, cfgdir, REPO / "validation")
+        setup = case_setup(case, arch)
+        out.append((case, arch, setup, compute_phases(arch, setup)))
     return out
 
 
@@ -82,11 +83,11 @@ def test_each_phase_peak(results):
 
 def test_model_states_exact(results):
     """Parameter, gradient and optimizer-state bytes exactly as the tracker saw them."""
-    for c, arch, recipe, _ in results:
+    for c, arch, setup, _ in results:
         s = c.get("static")
         if not s:
             continue
-        st = state_bytes(arch, recipe)
+        st = state_bytes(arch, setup.recipe, setup.parallel)
         assert st.params == s["param_bytes"], c.get("case")
         assert st.grads == s["grad_bytes_end_of_backward"], c.get("case")
         assert st.opt_states + st.step_counters == s["optimizer_state_bytes"], c.get("case")

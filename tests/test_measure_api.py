@@ -26,7 +26,7 @@ def test_components_cover_every_tracker_category_once():
 def test_lora_trains_only_the_adapters():
     # LoRA adds r * (d_in + d_out) parameters per target: llama-tiny has 2 layers, q_proj and v_proj
     # are 256 -> 256 (4 KV heads x 64), so r = 8 gives 2 * 2 * 8 * (256 + 256) = 16,384 trainable parameters
-    est = measure(_cfg("llama-tiny"), 1, 64, lora_r=8)
+    est = measure(_cfg("llama-tiny"), batch=1, seq_len=64, precision="fp32", lora_rank=8)
     assert est.extra["n_trainable_params"] == 2 * 2 * 8 * (256 + 256)
     assert est.inputs["lora_targets"] == ["q_proj", "v_proj"]
     # optimizer state: AdamW's two fp32 moments per trainable parameter plus a 4-byte step per tensor
@@ -35,14 +35,14 @@ def test_lora_trains_only_the_adapters():
 
 
 def test_position_table_is_enlarged_to_fit_seq_like_the_ground_truth():
-    est = measure(_cfg("gpt2-tiny"), 1, 1024, precision="bf16")
+    est = measure(_cfg("gpt2-tiny"), batch=1, seq_len=1024, precision="bf16")
     # same note as the ground truth's GPT-2 cases at seq 2048 ("n_positions raised from 1024 to 2048 to fit seq")
     assert est.extra["build_notes"] == ["n_positions raised from 512 to 1024 to fit seq"]
 
 
 def test_no_dropout_removes_the_dropout_masks():
-    with_do = measure(_cfg("gpt2-tiny"), 2, 128, precision="bf16")
-    without = measure(_cfg("gpt2-tiny"), 2, 128, precision="bf16", dropout=False)
+    with_do = measure(_cfg("gpt2-tiny"), batch=2, seq_len=128, precision="bf16")
+    without = measure(_cfg("gpt2-tiny"), batch=2, seq_len=128, precision="bf16", dropout=False)
     # GPT-2 tiny has 2 layers x (attention-output + MLP dropout) + the embedding dropout = 5 bool masks of
     # batch x seq x 256 bytes saved for backward (attention dropout is inside the flash kernel)
     act = lambda e: e.extra["phases"]["forward"]["end_breakdown"]["activation"]  # noqa: E731
@@ -50,7 +50,7 @@ def test_no_dropout_removes_the_dropout_masks():
 
 
 def test_phases_chain_and_the_step_is_steady():
-    est = measure(_cfg("llama-tiny"), 2, 64, precision="amp-bf16", optimizer="sgd-momentum")
+    est = measure(_cfg("llama-tiny"), batch=2, seq_len=64, precision="amp-bf16", optimizer="sgd-momentum")
     ph = est.extra["phases"]
     assert ph["forward"]["end_bytes"] == ph["backward"]["start_bytes"]
     assert ph["backward"]["end_bytes"] == ph["optimizer"]["start_bytes"]
@@ -59,14 +59,16 @@ def test_phases_chain_and_the_step_is_steady():
 
 
 @pytest.mark.parametrize("kwargs,needle", [
-    (dict(precision="fp8"), "unknown precision"),
+    (dict(precision="fp8"), "unknown precision for the measured method 'fp8'"),
     (dict(semantics="tpu"), "unknown semantics"),
-    (dict(lora_r=-1), "lora rank"),
+    (dict(lora_rank=-1), "lora_rank must be >= 0"),
     (dict(task="seq2seq"), "unknown task"),
+    (dict(tp=2), "measured method cannot express tp=2"),
+    (dict(attention="flash"), "unknown attention for the measured method 'flash'"),
 ])
 def test_bad_options_raise_one_line(kwargs, needle):
     with pytest.raises(TrainfitError, match=needle):
-        measure(_cfg("gpt2-tiny"), 1, 8, **kwargs)
+        measure(_cfg("gpt2-tiny"), batch=1, seq_len=8, **kwargs)
 
 
 MIXTRAL_TINY = {"model_type": "mixtral", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -76,10 +78,10 @@ MIXTRAL_TINY = {"model_type": "mixtral", "hidden_size": 256, "num_hidden_layers"
 
 def test_moe_in_bf16_measures_and_fp32_fails_with_one_line():
     # transformers runs MoE experts through grouped_mm, whose fake (meta) kernel accepts bf16 only
-    est = measure(MIXTRAL_TINY, 1, 32, precision="bf16")
+    est = measure(MIXTRAL_TINY, batch=1, seq_len=32, precision="bf16")
     # every parameter is a bf16 storage: 2 bytes per parameter, each tensor rounded up to 512 bytes
     assert est.components["parameters"] >= 2 * est.extra["n_params"]
     assert est.extra["arch"] == "mixtral"
     with pytest.raises(TrainfitError, match="could not run on fake tensors") as info:
-        measure(MIXTRAL_TINY, 1, 32, precision="fp32")
+        measure(MIXTRAL_TINY, batch=1, seq_len=32, precision="fp32")
     assert "\n" not in str(info.value)

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainfit.cli import app
-from trainfit.memory import capacity_bytes
+from trainfit.refs import capacity_bytes
 
 runner = CliRunner()
 GROUNDTRUTH = Path(__file__).resolve().parent / "data" / "groundtruth"
@@ -56,12 +56,14 @@ def test_text_output_has_breakdown_units_phase_and_method():
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--batch", "2", "--seq", "64", "--precision", "fp16"], "unknown precision 'fp16'"),
+    (["--batch", "2", "--seq", "64", "--precision", "fp16"], "unknown precision for the measured method 'fp16'"),
     (["--batch", "2", "--seq", "64", "--optimizer", "adan"], "unknown optimizer 'adan'"),
-    (["--batch", "2", "--seq", "64", "--opt-impl", "fast"], "unknown optimizer implementation 'fast'"),
-    (["--batch", "2", "--seq", "64", "--checkpointing", "selective"], "unknown checkpointing 'selective'"),
-    (["--batch", "0", "--seq", "64"], "batch must be a positive integer"),
-    (["--batch", "2", "--seq", "64", "--lora-targets", "q_proj"], "--lora-targets needs --lora"),
+    (["--batch", "2", "--seq", "64", "--opt-impl", "fast"], "unknown opt_impl 'fast'"),
+    (["--batch", "2", "--seq", "64", "--checkpointing", "selective"],
+     "unknown checkpointing for the measured method 'selective'"),
+    (["--batch", "0", "--seq", "64"], "batch must be >= 1"),
+    (["--batch", "2", "--seq", "64", "--lora-targets", "q_proj"], "lora_targets q_proj need a LoRA rank"),
+    (["--batch", "4", "--seq", "64", "--dp", "2"], "measured method cannot express dp=2"),
     (["--batch", "2", "--seq", "64", "--lora", "4", "--lora-targets", "nope"], "LoRA targets nope not found"),
 ])
 def test_bad_input_is_one_line_and_exit_1(args, needle):

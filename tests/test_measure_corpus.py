@@ -27,9 +27,9 @@ def test_corpus_covers_the_required_variety():
     assert [r["index"] for r in rows] == list(range(len(cases)))
     archs = Counter(r["arch"] for r in rows)
     assert len(archs) >= 6 and {"gpt2", "llama", "qwen2", "bert"} <= set(archs)
-    for key in ("precision", "optimizer", "checkpointing", "batch", "seq"):
+    for key in ("precision", "optimizer", "checkpointing", "batch", "seq_len"):
         assert len({r[key] for r in rows}) >= 2, key
-    assert any(r["lora_r"] for r in rows) and any(not r["lora_r"] for r in rows)
+    assert any(r["lora_rank"] for r in rows) and any(not r["lora_rank"] for r in rows)
     for r in rows:  # each line is a measurement whose breakdown adds up to its peak
         assert r["method"] == "measured" and sum(r["components"].values()) == r["peak_bytes"] > 0
 
@@ -43,7 +43,7 @@ def test_a_corpus_case_regenerates_to_the_committed_bytes():
         sys.path.remove(str(VALIDATION))
     cases = load_cases(VALIDATION / "corpus.yaml")
     committed = {r["index"]: r for r in _rows()}
-    i = next(i for i, c in enumerate(cases) if c == {"model": "gpt2-small", "batch": 4, "seq": 512, "precision": "bf16"})
+    i = next(i for i, c in enumerate(cases) if c == {"model": "gpt2-small", "batch": 4, "seq_len": 512, "precision": "bf16"})
     fresh = run_case(i, cases[i])
     assert fresh["peak_bytes"] == committed[i]["peak_bytes"]
     assert fresh["tracker_breakdown"] == committed[i]["tracker_breakdown"]

@@ -173,7 +173,7 @@ def test_foreach_is_the_default_and_holds_a_parameter_sized_temporary():
     cfg = json.loads((GROUNDTRUTH / "configs" / "llama-tiny.json").read_text())
     extra_opt = {}
     for impl in (None, "forloop", "fused"):
-        est = measure(cfg, 1, 32, opt_impl=impl)
+        est = measure(cfg, batch=1, seq_len=32, precision="fp32", **({"opt_impl": impl} if impl else {}))
         x = est.extra
         extra_opt[impl] = x["phases"]["optimizer"]["peak_breakdown"]["optstate"] - x["static"]["optimizer_state_bytes"]
         if impl is None:

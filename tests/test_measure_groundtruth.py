@@ -41,10 +41,10 @@ SMALL_DEV_CASES = [
 @pytest.mark.parametrize("case_text", SMALL_DEV_CASES)
 def test_dev_case_peak_within_1_percent(case_text):
     case = _dev(case_text)
-    est = measure(str(GROUNDTRUTH / "configs" / f"{case['model']}.json"), case["batch"], case["seq"],
+    est = measure(str(GROUNDTRUTH / "configs" / f"{case['model']}.json"), batch=case["batch"], seq_len=case["seq"],
                   precision=case["precision"], optimizer=case["optimizer"], opt_impl=case["opt_impl"],
-                  checkpointing="full" if case["ckpt"] else "none", lora_r=case["lora_r"],
-                  lora_targets=case["lora_targets"], task=case["task"])
+                  checkpointing="full" if case["ckpt"] else "none", lora_rank=case["lora_r"],
+                  **({"lora_targets": case["lora_targets"]} if case["lora_targets"] else {}), task=case["task"])
     assert est.method == "measured"
     assert abs(est.total_bytes - case["peak_bytes"]) <= 0.01 * case["peak_bytes"]
     assert est.extra["peak_phase"] == case["peak_phase"]
@@ -58,9 +58,9 @@ def test_dev_case_peak_within_1_percent(case_text):
 @pytest.mark.parametrize("row", SANITY[:9], ids=lambda r: r["case"][8:])
 def test_cpu_semantics_matches_the_independent_fake_runs(row):
     words = row["case"].split()
-    est = measure(str(GROUNDTRUTH / "configs" / f"{_flag(words, '--model')}.json"), int(_flag(words, "--batch")),
-                  int(_flag(words, "--seq")), precision=_flag(words, "--precision"),
+    est = measure(str(GROUNDTRUTH / "configs" / f"{_flag(words, '--model')}.json"), batch=int(_flag(words, "--batch")),
+                  seq_len=int(_flag(words, "--seq")), precision=_flag(words, "--precision"),
                   optimizer=_flag(words, "--optimizer"), checkpointing="full" if "--ckpt" in words else "none",
-                  lora_r=int(_flag(words, "--lora", 0)), semantics="cpu")
+                  lora_rank=int(_flag(words, "--lora", 0)), semantics="cpu", opt_impl="forloop")  # CPU default
     assert abs(est.total_bytes - row["fake_memtracker_bytes"]) <= 1e-4 * row["fake_memtracker_bytes"]
     assert est.extra["peak_phase"] == row["fake_peak_phase"]

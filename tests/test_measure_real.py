@@ -21,7 +21,7 @@ GROUNDTRUTH = Path(__file__).resolve().parent / "data" / "groundtruth"
 CASES = [
     ("gpt2-tiny", dict(precision="fp32", optimizer="adamw")),
     ("llama-tiny", dict(precision="amp-bf16", optimizer="adamw", checkpointing="full")),
-    ("llama-tiny", dict(precision="fp32", optimizer="adam", lora_r=8)),
+    ("llama-tiny", dict(precision="fp32", optimizer="adam", lora_rank=8)),
     ("bert-tiny", dict(precision="bf16", optimizer="sgd-momentum")),
 ]
 
@@ -30,7 +30,7 @@ CASES = [
 @pytest.mark.parametrize("model,recipe", CASES, ids=[f"{m}-{'-'.join(map(str, r.values()))}" for m, r in CASES])
 def test_fake_measurement_equals_a_real_cpu_run(model, recipe):
     cfg = json.loads((GROUNDTRUTH / "configs" / f"{model}.json").read_text())
-    fake = measure(cfg, 2, 64, semantics="cpu", **recipe)
+    fake = measure(cfg, batch=2, seq_len=64, semantics="cpu", opt_impl="forloop", **recipe)  # PyTorch's CPU default
     real = real_cpu_peaks(cfg, 2, 64, **recipe)
     assert real.allocation_events > 100  # the profiler saw the step's allocations
     assert fake.total_bytes == real.memtracker_bytes
@@ -41,8 +41,8 @@ def test_cuda_semantics_differ_from_the_cpu_run():
     # the emulations matter: the same GPT-2-shaped step under CUDA semantics is smaller than on the CPU
     # (fused 1-byte dropout masks and a memory-efficient attention kernel instead of CPU paths)
     cfg = json.loads((GROUNDTRUTH / "configs" / "gpt2-tiny.json").read_text())
-    cpu = measure(cfg, 2, 128, semantics="cpu")
-    cuda = measure(cfg, 2, 128, semantics="cuda")
+    cpu = measure(cfg, batch=2, seq_len=128, precision="fp32", semantics="cpu", opt_impl="forloop")
+    cuda = measure(cfg, batch=2, seq_len=128, precision="fp32", semantics="cuda")
     assert cuda.total_bytes % 512 == 0
     assert cuda.extra["phases"]["forward"]["end_breakdown"]["activation"] < \
         cpu.extra["phases"]["forward"]["end_breakdown"]["activation"]
@@ -58,8 +58,8 @@ def test_lora_with_checkpointing_real_run_and_the_rng_states():
     import torch
 
     cfg = json.loads((GROUNDTRUTH / "configs" / "llama-tiny.json").read_text())
-    recipe = dict(precision="amp-bf16", lora_r=8, checkpointing="full")
-    fake = measure(cfg, 2, 128, semantics="cpu", **recipe)
+    recipe = dict(precision="amp-bf16", lora_rank=8, checkpointing="full")
+    fake = measure(cfg, batch=2, seq_len=128, semantics="cpu", opt_impl="forloop", **recipe)
     real = real_cpu_peaks(cfg, 2, 128, **recipe)
     assert fake.total_bytes == real.memtracker_bytes
     rng = torch.get_rng_state().nbytes

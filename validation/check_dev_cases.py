@@ -25,11 +25,14 @@ DEFAULT_GT = ROOT / "tests" / "data" / "groundtruth"
 
 def case_kwargs(case: dict) -> dict:
     """measure() keyword arguments for one dev case (fields described in tests/data/groundtruth/PROVENANCE.md)."""
-    return {"batch": case["batch"], "seq": case["seq"], "precision": case["precision"],
-            "optimizer": case["optimizer"], "opt_impl": case["opt_impl"],
-            "checkpointing": "full" if case["ckpt"] else "none", "lora_r": case["lora_r"],
-            "lora_targets": case["lora_targets"], "attn": case.get("attn_implementation", "sdpa"),
-            "task": case["task"], "warmup": _warmup(case)}
+    attn = case.get("attn_implementation", "sdpa")
+    kw = {"batch": case["batch"], "seq_len": case["seq"], "precision": case["precision"],
+          "optimizer": case["optimizer"], "opt_impl": case["opt_impl"],
+          "checkpointing": "full" if case["ckpt"] else "none", "lora_rank": case["lora_r"],
+          "attention": "auto" if attn == "sdpa" else attn, "task": case["task"], "warmup": _warmup(case)}
+    if case["lora_targets"]:
+        kw["lora_targets"] = case["lora_targets"]
+    return kw
 
 
 def _warmup(case: dict) -> int:

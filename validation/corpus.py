@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from trainfit.arch import ArchSpec, arch_from_config, load_config
-from trainfit.detailed.recipe import Recipe, make_recipe
+from trainfit.training_setup import TrainingSetup
 
 _RAISED = re.compile(r"(\w+) raised from \d+ to (\d+)")
 
@@ -51,17 +51,20 @@ def case_arch(case: dict[str, Any], configs_dir: Optional[Path] = None, base_dir
     return arch_from_config(case_config(case, configs_dir, base_dir), name=str(case.get("model", "config")))
 
 
-def case_recipe(case: dict[str, Any]) -> Recipe:
-    """The recipe of a measured case (field names of dev-cases.jsonl and of ``trainfit measure``)."""
-    ck = case.get("checkpointing", "full" if case.get("ckpt") else "none")
-    attn = str(case.get("attn", case.get("attn_implementation", "sdpa")))
-    lora = int(case.get("lora_r") or 0)
-    targets = tuple(case.get("lora_targets") or ("q_proj", "v_proj"))
-    return make_recipe(micro_batch=int(case["batch"]), seq_len=int(case["seq"]), precision=case["precision"],
-                       optimizer=case["optimizer"], opt_impl=case.get("opt_impl", "foreach"),
-                       checkpointing=ck, attention="auto" if attn == "sdpa" else attn,
-                       dropout=bool(case.get("dropout", True)), lora_rank=lora, lora_targets=targets,
-                       overheads=False)
+def case_setup(case: dict[str, Any], arch: ArchSpec) -> TrainingSetup:
+    """The training setup of a measured single-GPU case: the field names of dev-cases.jsonl (``batch``,
+    ``seq``, ``ckpt``, ``lora_r``, ``attn_implementation``) or of a ``trainfit measure`` JSON echo."""
+    inputs = case.get("inputs") or {}
+    get = lambda *keys, default=None: next((src[k] for k in keys for src in (case, inputs) if k in src), default)  # noqa: E731
+    ck = get("checkpointing", default="full" if case.get("ckpt") else "none")
+    attn = str(get("attention", "attn", "attn_implementation", default="sdpa"))
+    lora = int(get("lora_rank", "lora_r", default=0) or 0)
+    targets = tuple(get("lora_targets", default=None) or ("q_proj", "v_proj"))
+    return TrainingSetup.build(arch, batch=int(get("batch")), seq_len=int(get("seq_len", "seq")),
+                               precision=get("precision"), optimizer=get("optimizer"),
+                               opt_impl=get("opt_impl", default="foreach"), checkpointing=ck,
+                               attention="auto" if attn == "sdpa" else attn, dropout=bool(get("dropout", default=True)),
+                               lora_rank=lora, lora_targets=targets)
 
 
 def single_gpu(case: dict[str, Any]) -> bool:
@@ -69,6 +72,7 @@ def single_gpu(case: dict[str, Any]) -> bool:
     return int(case.get("world_size", 1) or 1) == 1
 
 
-def iter_cases(path: Path, configs_dir: Optional[Path] = None) -> Iterator[tuple[dict[str, Any], ArchSpec, Recipe]]:
+def iter_cases(path: Path, configs_dir: Optional[Path] = None) -> Iterator[tuple[dict[str, Any], ArchSpec, TrainingSetup]]:
     for case in read_jsonl(path):
-        yield case, case_arch(case, configs_dir, path.parent), case_recipe(case)
+        arch = case_arch(case, configs_dir, path.parent)
+        yield case, arch, case_setup(case, arch)

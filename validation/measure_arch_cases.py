@@ -65,8 +65,9 @@ def main() -> None:
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        e = measure(cfg, b, s, precision=prec, optimizer=opt, opt_impl=impl, checkpointing=ck,
-                                    lora_r=lora, lora_targets=targets, attn=attn, dropout=drop)
+                        e = measure(cfg, batch=b, seq_len=s, precision=prec, optimizer=opt, opt_impl=impl,
+                                    checkpointing=ck, lora_rank=lora, attention="auto" if attn == "sdpa" else attn,
+                                    dropout=drop, **({"lora_targets": targets} if targets else {}))
                 except (TrainfitError, RuntimeError, AssertionError, ValueError) as exc:
                     print(f"skip {name} {prec} {attn} {ck} lora{lora}: {str(exc).splitlines()[0][:120]}")
                     continue

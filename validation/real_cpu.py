@@ -51,7 +51,7 @@ def _live_bytes(model: Any, inputs: dict[str, Any], opt: Any) -> int:
 
 def real_cpu_peaks(cfg: Mapping[str, Any], batch: int, seq: int, *, precision: str = "fp32",
                    optimizer: str = "adamw", opt_impl: Optional[str] = None, checkpointing: str = "none",
-                   lora_r: int = 0, warmup: int = 1, seed: int = 0) -> RealPeaks:
+                   lora_rank: int = 0, warmup: int = 1, seed: int = 0) -> RealPeaks:
     """Peak bytes of the step after ``warmup`` steps, run for real on the CPU (see the module docstring)."""
     torch = require("torch")
     from torch._C._profiler import _EventType
@@ -64,14 +64,14 @@ def real_cpu_peaks(cfg: Mapping[str, Any], batch: int, seq: int, *, precision: s
     autocast = torch.bfloat16 if precision == "amp-bf16" else None
 
     # 1. the fixed MemTracker on real tensors
-    built, model, inputs, opt = _setup(cfg, batch, seq, precision, optimizer, opt_impl, checkpointing, lora_r, seed)
+    built, model, inputs, opt = _setup(cfg, batch, seq, precision, optimizer, opt_impl, checkpointing, lora_rank, seed)
     tracker, _ = run_steps(model, inputs, opt, task=built.task, precision=precision, warmup=warmup, cuda=False)
     tracked = tracker.steps[-1].peak.total
     del built, model, inputs, opt, tracker
     gc.collect()
 
     # 2. no tracker: the CPU allocator's events during the measured step, on top of what was alive before it
-    built, model, inputs, opt = _setup(cfg, batch, seq, precision, optimizer, opt_impl, checkpointing, lora_r, seed)
+    built, model, inputs, opt = _setup(cfg, batch, seq, precision, optimizer, opt_impl, checkpointing, lora_rank, seed)
 
     class _NoTracker:  # phases only, so the very same step function runs
         import contextlib

@@ -34,7 +34,8 @@ sys.path.insert(0, str(REPO))  # for validation.corpus, as the tests import it
 from trainfit.arch import ArchSpec  # noqa: E402
 from trainfit.detailed.phases import compute_phases  # noqa: E402
 from trainfit.memory import TrainingMemoryModel  # noqa: E402
-from validation.corpus import case_arch, case_recipe, read_jsonl, single_gpu  # noqa: E402
+from trainfit.training_setup import TrainingSetup  # noqa: E402
+from validation.corpus import case_arch, case_setup, read_jsonl, single_gpu  # noqa: E402
 
 GT = REPO / "tests" / "data" / "groundtruth"
 SOURCES = [("dev", GT / "dev-cases.jsonl"), ("corpus", HERE / "corpus-measured.jsonl"),
@@ -54,25 +55,24 @@ class _Shape:
         self.heads = arch.num_heads
 
 
-def _fo_inputs(case: dict[str, Any], arch: ArchSpec) -> dict[str, Any]:
-    prec = "fp32" if case["precision"] == "fp32" else "bf16"
-    opt = {"sgd-momentum": "sgd"}.get(case["optimizer"], case["optimizer"])
-    ck = case.get("checkpointing", "full" if case.get("ckpt") else "none")
+def _fo_inputs(s: TrainingSetup, arch: ArchSpec) -> dict[str, Any]:
+    r = s.recipe
+    prec = "fp32" if r.precision == "fp32" else "bf16"
+    opt = {"sgd-momentum": "sgd"}.get(r.optimizer, r.optimizer)
     tf = 1.0
-    if int(case.get("lora_r") or 0):
-        r = case_recipe(case)
+    if r.lora:
         from trainfit.detailed.states import state_bytes
-        st = state_bytes(arch, r)
+        st = state_bytes(arch, r, s.parallel)
         tf = st.n_trainable / st.n_params
-    return dict(batch_size=int(case["batch"]), seq_len=int(case["seq"]), precision=prec, optimizer=opt,
-                activation_checkpointing=ck, trainable_fraction=tf)
+    return dict(batch_size=s.batch, seq_len=s.seq_len, precision=prec, optimizer=opt,
+                activation_checkpointing=r.checkpointing, trainable_fraction=tf)
 
 
-def first_order(case, arch) -> float:
-    return TrainingMemoryModel().solve(_Shape(arch), "h100", **_fo_inputs(case, arch)).total_bytes
+def first_order(s: TrainingSetup, arch: ArchSpec) -> float:
+    return TrainingMemoryModel().solve(_Shape(arch), "h100", **_fo_inputs(s, arch)).total_bytes
 
 
-def mlsysim_peak(case, arch) -> Optional[float]:
+def mlsysim_peak(s: TrainingSetup, arch: ArchSpec) -> Optional[float]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -83,14 +83,15 @@ def mlsysim_peak(case, arch) -> Optional[float]:
             w = TransformerWorkload(name=arch.name, architecture="Transformer", parameters=arch.parameters * ureg.count,
                                     layers=arch.num_layers, hidden_dim=arch.hidden_size, heads=arch.num_heads,
                                     kv_heads=arch.num_kv_heads)
-            r = Upstream().solve(w, Hardware.Cloud.H100, **_fo_inputs(case, arch))
+            r = Upstream().solve(w, Hardware.Cloud.H100, **_fo_inputs(s, arch))
             return float(r.total_memory.to("byte").magnitude)
     except Exception:  # noqa: BLE001 - a tool that cannot take the case is reported as n/a
         return None
 
 
-def llm_analysis_peak(case, arch) -> Optional[float]:
-    if int(case.get("lora_r") or 0):
+def llm_analysis_peak(s: TrainingSetup, arch: ArchSpec) -> Optional[float]:
+    r = s.recipe
+    if r.lora:
         return None  # no PEFT in llm-analysis
     try:
         import logging
@@ -100,19 +101,19 @@ def llm_analysis_peak(case, arch) -> Optional[float]:
         from llm_analysis.config import DtypeConfig, ModelConfig, ParallelismConfig, get_gpu_config_by_name
         i = arch.intermediate_size
         mc = ModelConfig(name=arch.name, num_layers=arch.num_layers, n_head=arch.num_heads, hidden_dim=arch.hidden_size,
-                         vocab_size=arch.vocab_size, max_seq_len=max(int(case["seq"]), arch.max_position_embeddings),
+                         vocab_size=arch.vocab_size, max_seq_len=max(s.seq_len, arch.max_position_embeddings),
                          num_key_value_heads=arch.num_kv_heads, ffn_embed_dim=i, expansion_ratio=i / arch.hidden_size,
                          model_type=arch.model_type)
-        bits = 32 if case["precision"] == "fp32" else 16
+        bits = 32 if r.precision == "fp32" else 16
         dtype = DtypeConfig(name=f"w{bits}a{bits}e{bits}", weight_bits=bits, activation_bits=bits, embedding_bits=bits)
         la = LLMAnalysis(mc, get_gpu_config_by_name("h100-sxm-80gb"), dtype, ParallelismConfig())
-        other = {"adam": None, "adamw": None, "sgd": 0, "sgd-momentum": 4}[case["optimizer"]]
-        ck = case.get("checkpointing", "full" if case.get("ckpt") else "none")
-        s = la.training(batch_size_per_gpu=int(case["batch"]), seq_len=int(case["seq"]), gradient_accumulation_steps=1,
-                        activation_recomputation=ActivationRecomputation.FULL if ck == "full" else ActivationRecomputation.NONE,
-                        master_weights_dtype_bytes=4 if case["precision"] == "amp-bf16" else 0, other_op_bytes=other,
-                        flash_attn=True, mlp_gated_linear_units=arch.mlp_gated)
-        return float(s["(weight+op_state+grad+act)_memory_per_gpu"])
+        other = {"adam": None, "adamw": None, "sgd": 0, "sgd-momentum": 4}[r.optimizer]
+        out = la.training(batch_size_per_gpu=s.micro_batch, seq_len=s.seq_len, gradient_accumulation_steps=1,
+                          activation_recomputation=ActivationRecomputation.FULL if r.checkpointing == "full"
+                          else ActivationRecomputation.NONE,
+                          master_weights_dtype_bytes=4 if r.precision == "amp-bf16" else 0, other_op_bytes=other,
+                          flash_attn=True, mlp_gated_linear_units=arch.mlp_gated)
+        return float(out["(weight+op_state+grad+act)_memory_per_gpu"])
     except Exception:  # noqa: BLE001
         return None
     finally:
@@ -121,19 +122,18 @@ def llm_analysis_peak(case, arch) -> Optional[float]:
         logging.disable(logging.NOTSET)
 
 
-def label(case: dict[str, Any]) -> str:
-    ck = case.get("checkpointing", "full" if case.get("ckpt") else "none")
-    parts = [str(case.get("model")), f"b{case['batch']}", f"s{case['seq']}", case["precision"], case["optimizer"]]
-    if case.get("opt_impl", "foreach") != "foreach":
-        parts.append(case["opt_impl"])
-    if ck != "none":
+def label(case: dict[str, Any], s: TrainingSetup) -> str:
+    r = s.recipe
+    parts = [str(case.get("model")), f"b{s.batch}", f"s{s.seq_len}", r.precision, r.optimizer]
+    if r.opt_impl != "foreach":
+        parts.append(r.opt_impl)
+    if r.checkpointing != "none":
         parts.append("ckpt")
-    if int(case.get("lora_r") or 0):
-        parts.append(f"lora{case['lora_r']}")
-    attn = case.get("attn", case.get("attn_implementation", "sdpa"))
-    if attn != "sdpa":
-        parts.append(attn)
-    if case.get("dropout") is False:
+    if r.lora:
+        parts.append(f"lora{r.lora_rank}")
+    if r.attention != "auto":
+        parts.append(r.attention)
+    if not r.dropout:
         parts.append("no-dropout")
     return " ".join(parts)
 
@@ -147,13 +147,14 @@ def collect() -> list[dict[str, Any]]:
             if not single_gpu(case) or ("peak_bytes" not in case and "total_bytes" not in case):
                 continue
             arch = case_arch(case, GT / "configs", path.parent)
-            res = compute_phases(arch, case_recipe(case))
+            setup = case_setup(case, arch)
+            res = compute_phases(arch, setup)
             meas = float(case.get("peak_bytes", case.get("total_bytes")))
-            rows.append({"source": source, "case": label(case), "measured": meas,
+            rows.append({"source": source, "case": label(case, setup), "measured": meas,
                          "measured_phase": case.get("peak_phase", case.get("extra", {}).get("peak_phase", "")),
                          "detailed": float(res.peak), "detailed_phase": res.peak_phase,
-                         "first-order": first_order(case, arch), "mlsysim 0.3.0": mlsysim_peak(case, arch),
-                         "llm-analysis 0.2.2": llm_analysis_peak(case, arch)})
+                         "first-order": first_order(setup, arch), "mlsysim 0.3.0": mlsysim_peak(setup, arch),
+                         "llm-analysis 0.2.2": llm_analysis_peak(setup, arch)})
     return rows
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import warnings
@@ -22,18 +21,21 @@ from pathlib import Path
 
 import yaml
 
+from trainfit.files import write_text
+
 HERE = Path(__file__).resolve().parent
-RECIPE_KEYS = ("precision", "optimizer", "opt_impl", "checkpointing", "lora_r", "lora_targets", "attn", "dropout",
-               "task", "warmup")
+FIELDS = ("batch", "seq_len", "precision", "optimizer", "opt_impl", "checkpointing", "lora_rank", "lora_targets",
+          "attention", "dropout")
+OPTIONS = ("task", "warmup")
 
 
 def load_cases(path: Path) -> list[dict]:
     data = yaml.safe_load(path.read_text())
     cases = data["cases"]
     for i, c in enumerate(cases):
-        unknown = set(c) - {"model", "batch", "seq", *RECIPE_KEYS}
-        if unknown or not {"model", "batch", "seq"} <= set(c):
-            raise SystemExit(f"{path}: case {i}: needs model, batch, seq; unknown keys: {sorted(unknown)}")
+        unknown = set(c) - {"model", *FIELDS, *OPTIONS}
+        if unknown or not {"model", "batch", "seq_len"} <= set(c):
+            raise SystemExit(f"{path}: case {i}: needs model, batch, seq_len; unknown keys: {sorted(unknown)}")
     return cases
 
 
@@ -46,9 +48,9 @@ def model_ref(model: str) -> str:
 def run_case(i: int, case: dict) -> dict:
     from trainfit.measure import measure
 
-    recipe = {k: case[k] for k in RECIPE_KEYS if k in case}
+    kw = {k: case[k] for k in (*FIELDS, *OPTIONS) if k in case}
     t = time.perf_counter()
-    est = measure(model_ref(case["model"]), case["batch"], case["seq"], **recipe)
+    est = measure(model_ref(case["model"]), **kw)
     x = est.extra
     return {**est.inputs, "index": i, "model": case["model"], "arch": x["arch"],
             "peak_bytes": int(est.total_bytes), "peak_phase": x["peak_phase"],
@@ -73,16 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     for i in picked:
         row = run_case(i, cases[i])
         rows.append(row)
-        print(f"{i:>3} {row['arch']:<9} {row['model']:<32} b{row['batch']:<3} s{row['seq']:<5} {row['precision']:<8} "
-              f"{row['optimizer']:<12} ckpt={row['checkpointing']:<4} lora={row['lora_r']:<2} "
+        print(f"{i:>3} {row['arch']:<9} {row['model']:<32} b{row['batch']:<3} s{row['seq_len']:<5} "
+              f"{row['precision']:<8} {row['optimizer']:<12} ckpt={row['checkpointing']:<4} lora={row['lora_rank']:<2} "
               f"{row['peak_bytes'] / 1e9:8.3f} GB  {row['peak_phase']:<9} {row['seconds']:6.1f}s", flush=True)
     if args.only:
         return 0
-    tmp = args.out.with_suffix(".jsonl.tmp")
-    with tmp.open("w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, sort_keys=False) + "\n")
-    os.replace(tmp, args.out)
+    write_text(args.out, "".join(json.dumps(row, sort_keys=False) + "\n" for row in rows))
     print(f"wrote {len(rows)} cases to {args.out}")
     return 0
 

@@ -24,6 +24,10 @@ class Rule(NamedTuple):
 RULES: tuple[Rule, ...] = (
     Rule(("qlora", "lora_rank"), lambda v: v.present("qlora") & (v["lora_rank"] == 0),
          lambda d: f"qlora {d['qlora']!r} needs a LoRA rank (lora_rank > 0): the quantised base is frozen"),
+    Rule(("lora_targets", "lora_rank"), lambda v: ~v.is_default("lora_targets") & (v["lora_rank"] == 0),
+         lambda d: f"lora_targets {','.join(d['lora_targets'])} need a LoRA rank (lora_rank > 0)"),
+    Rule(("lora_dtype", "lora_rank"), lambda v: ~v.is_default("lora_dtype") & (v["lora_rank"] == 0),
+         lambda d: f"lora_dtype {d['lora_dtype']} needs a LoRA rank (lora_rank > 0)"),
     Rule(("seq_len", "cp"), lambda v: v["seq_len"] % v["cp"] != 0,
          lambda d: f"seq_len {d['seq_len']} must divide evenly over cp {d['cp']}"),
 )
@@ -34,12 +38,16 @@ class _SetupValues:
 
     def __init__(self, setup: Any):
         self.setup = setup
+        self.defaults = type(setup).defaults()
 
     def __getitem__(self, name: str) -> Any:
         return self.setup.value(name)
 
     def present(self, name: str) -> bool:
         return self.setup.value(name) is not None
+
+    def is_default(self, name: str) -> Any:
+        return np.bool_(self.setup.value(name) == self.defaults[name])
 
 
 def check_setup(setup: Any) -> None:
@@ -51,8 +59,8 @@ def check_setup(setup: Any) -> None:
 
 
 def check_arrays(view: Any, scalar_at: Callable[[str, Any], Any], shape: tuple[int, ...]) -> None:
-    """Run every rule over a sweep's arrays. ``view`` answers ``view[name]`` (arrays) and
-    ``view.present(name)``; ``scalar_at(name, index)`` gives one element's value for the message."""
+    """Run every rule over a sweep's arrays. ``view`` answers ``view[name]`` (arrays), ``view.present(name)``
+    and ``view.is_default(name)``; ``scalar_at(name, index)`` gives one element's value for the message."""
     for rule in RULES:
         bad = np.broadcast_to(np.asarray(rule.bad(view), dtype=bool), shape)
         if bad.any():

@@ -231,6 +231,12 @@ class _ArrayValues:
     def present(self, name: str) -> np.ndarray:
         return np.asarray([c is not None for c in self.choices[name]], dtype=bool)[self.values[name]]
 
+    def is_default(self, name: str) -> np.ndarray:
+        default = DEFAULTS[name]
+        if name in self.choices:
+            return np.asarray([c == default for c in self.choices[name]], dtype=bool)[self.values[name]]
+        return np.asarray(self.values[name] == default)
+
 
 def encode(model: Any, hardware: Any, **fields: Any) -> SetupArrays:
     """Validate flat setup fields (scalars or arrays; defaults for the others) and encode them."""

@@ -286,6 +286,11 @@ class TrainingSetup:
         check_setup(self)
 
     # ------------------------------------------------------------------------------ construction
+    @staticmethod
+    def defaults() -> dict[str, Any]:
+        """Every flat field's default."""
+        return DEFAULTS
+
     @classmethod
     def build(cls, model: Any, hardware: Any = None, **fields: Any) -> "TrainingSetup":
         """A setup from flat field names: ``TrainingSetup.build("llama-3.1-8b", "h100", batch=8, tp=2,

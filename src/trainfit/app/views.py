@@ -192,6 +192,11 @@ FREE_FIELDS = ("batch", "seq_len", "precision", "optimizer", "checkpointing", "l
                "trainable_fraction", "tp", "pp", "dp", "zero", "accumulation", "sequence_parallel")
 #: the subset the planner does not search (it chooses parallelism, ZeRO, checkpointing and micro-batches)
 PLAN_FIELDS = ("batch", "seq_len", "precision", "optimizer", "lora_rank", "attention", "trainable_fraction")
+FREE_LABELS = {"batch": "Global batch (samples)", "seq_len": "Sequence length (tokens)", "precision": "Precision",
+               "optimizer": "Optimizer", "checkpointing": "Activation checkpointing", "lora_rank": "LoRA rank (0: all "
+               "parameters)", "attention": "Attention kernel", "trainable_fraction": "Trainable fraction",
+               "tp": "Tensor parallel", "pp": "Pipeline parallel", "dp": "Data parallel", "zero": "ZeRO stage",
+               "accumulation": "Gradient accumulation", "sequence_parallel": "Sequence parallelism (with TP > 1)"}
 
 
 def free_controls(mo: Any) -> dict[str, Any]:
@@ -201,7 +206,7 @@ def free_controls(mo: Any) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for name in FREE_FIELDS:
-        meta, default, text = FIELDS[name].metadata, FIELDS[name].default, name.replace("_", " ")
+        meta, default, text = FIELDS[name].metadata, FIELDS[name].default, FREE_LABELS[name]
         if meta["kind"] == "flag":
             out[name] = mo.ui.checkbox(value=default, label=text)
         elif meta["kind"] in ("choice", "zero"):

@@ -6,7 +6,7 @@ separate, labelled component with its assumption (``--no-overheads`` leaves them
 
 * **CUDA context**: driver state, kernel images and cuDNN/cuBLAS handles, outside PyTorch's
   allocator. 0.3-1 GiB per process depending on GPU, driver and how many kernels load (see
-  ``../shared/groundtruth/README.md`` "Excluded"); we assume 512 MiB, CUDA 12 lazy module loading
+  ``tests/data/groundtruth/PROVENANCE.md``, "Excluded"); we assume 512 MiB, CUDA 12 lazy module loading
   on an sm80/sm90 GPU.
 * **library workspaces**: cuBLAS/cuBLASLt workspaces that PyTorch allocates per handle (32 MiB on
   Hopper, 4+1 MiB on older GPUs: ``getChosenWorkspaceSize`` in ATen), plus flash-attention

@@ -1,7 +1,7 @@
 """CUDA semantics on CPU fake tensors: what one NVIDIA sm80/sm90 GPU would allocate.
 
 A training step run on the CPU allocates differently from the same step on a GPU, up to 2x for
-GPT-2/BERT (see ``../shared/groundtruth/README.md``). Each difference is emulated here, one piece
+GPT-2/BERT (see ``tests/data/groundtruth/PROVENANCE.md``). Each difference is emulated here, one piece
 each, so every piece can be tested on its own:
 
 * :func:`select_sdpa_kernel` / :func:`cuda_sdpa` -- ``scaled_dot_product_attention`` picks its

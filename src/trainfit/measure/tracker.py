@@ -3,7 +3,7 @@
 ``torch.distributed._tools.mem_tracker.MemTracker`` (a ``TorchDispatchMode``) sees every tensor
 an op returns and every storage freed, and sorts them into categories (parameter, buffer,
 gradient, activation, temp, optstate, other). Used as is, it is wrong in two ways for training
-steps (see ``../shared/groundtruth/README.md``):
+steps (see ``tests/data/groundtruth/PROVENANCE.md``):
 
 1. It registers gradient hooks on *every* parameter of every module it sees; PyTorch refuses a hook
    on a tensor that does not require grad, so frozen parameters (LoRA) raise. We hook only

@@ -28,14 +28,15 @@ def setup_line(est: Estimate) -> str:
     if p.zero_stage:
         parts.append("FSDP" if p.fsdp else f"ZeRO-{p.zero_stage}")
     others = {k: v for k, v in s.differs().items() if k not in _SHOWN and k not in ("lora_rank", "lora_targets", "qlora")}
-    parts += [f"{k} {','.join(v) if isinstance(v, tuple) else v}" for k, v in others.items()]
+    parts += [(f"{k} {'on' if v else 'off'}" if isinstance(v, bool) else
+               f"{k} {','.join(v) if isinstance(v, tuple) else v}") for k, v in others.items()]
     return ", ".join(parts)
 
 
 def shown_components(est: Estimate) -> dict[str, float]:
-    """Components worth a row: all of the first-order five, and the others that are not zero for this
-    recipe (JSON keeps every key)."""
-    if est.method == "first-order":
+    """Components worth a row: all of the first-order five and the six measured categories, and the
+    detailed method's that are not zero for this recipe (JSON keeps every key)."""
+    if est.method in ("first-order", "measured"):
         return dict(est.components)
     return {k: v for k, v in est.components.items() if v != 0}
 

@@ -69,8 +69,8 @@ def _tables(doc: Document, rows: list[Layout], title: str) -> None:
 def plan_document(p: Plan) -> Document:
     head = header_lines(p)
     doc = Document()
-    doc.line(head[0], "title")
-    for s in head[1:]:
+    doc.line(f"Plan: {p.model} on {p.n_gpus} x {p.hardware}", "title")
+    for s in head:
         doc.line(s)
     if p.top:
         _tables(doc, p.top, "Best layouts, fastest first")
