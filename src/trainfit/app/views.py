@@ -21,6 +21,7 @@ from typing import Any, Optional
 from ..errors import TrainfitError
 from ..labs import (TrackProfile, TrainingFrontierResult, TrainingMemoryStackResult, TrainingTrackProfile,
                     list_tracks)
+from ..report import Document, to_markdown
 from ..report import labs as lab_tables
 from ..report.backends import table_html
 
@@ -134,15 +135,19 @@ def student_notes(prediction: Optional[str], stack: TrainingMemoryStackResult, r
                             "prediction_correct": (prediction == stack.dominant_component) if prediction else None,
                             "strategy_id": stack.strategy_id, "batch_size": stack.batch_size,
                             "reflection": reflection}
-    lines = ["", "## Predictions", ""]
+    doc = Document(level=1).line("Predictions", "heading")  # sections of the lab report it follows
     if prediction:
         verdict = "correct" if data["prediction_correct"] else "not correct"
-        lines.append(f"- Dominant memory component of `{stack.strategy_id}` at batch {stack.batch_size}: predicted "
-                     f"**{prediction}**, lab result **{stack.dominant_component}** ({verdict}).")
+        doc.line(f"Dominant memory component of `{stack.strategy_id}` at batch {stack.batch_size}: predicted "
+                 f"**{prediction}**, lab result **{stack.dominant_component}** ({verdict}).", item=True)
     else:
-        lines.append("- no prediction made")
-    lines += ["", "## Reflections", "", reflection or "- none written", ""]
-    return "\n".join(lines), data
+        doc.line("no prediction made", item=True)
+    doc.line("Reflections", "heading")
+    if reflection:
+        doc.line(reflection)
+    else:
+        doc.line("none written", item=True)
+    return "\n" + to_markdown(doc), data
 
 
 def plot_png(draw: Callable[..., Path], *args: Any) -> bytes:
