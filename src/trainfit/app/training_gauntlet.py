@@ -25,7 +25,7 @@ def _():
     from trainfit.report.frontier import plot_frontier as plot_trainfit_frontier
     from trainfit.report.plan import plan_document
     from trainfit.labs.plots import plot_frontier, plot_memory_stack
-    from trainfit.labs.report import frontier_summary
+    from trainfit.report.labs import frontier_summary
     from trainfit.planner import plan as trainfit_plan
     return (METHODS, TrainfitError, estimate_document, frontier_document, frontier_summary, io, json, labs, mo,
             plan_document, plot_frontier, plot_memory_stack, plot_trainfit_frontier, to_markdown, trainfit,

@@ -2,9 +2,9 @@
 
 The notebook (``training_gauntlet.py``) stays a thin layout over these functions so they can be
 tested without a browser. Nothing here computes a memory figure: the track lab's numbers come from
-:mod:`trainfit.labs` (the table rows are the lab report's own :func:`~trainfit.labs.report.stack_rows`
-and :func:`~trainfit.labs.report.physics_rows`), the free mode's from :func:`trainfit.estimate` and
-:func:`trainfit.render.estimate_markdown`, the charts from :mod:`trainfit.labs.plots`. Units: the lab
+:mod:`trainfit.labs` and its tables are the lab report's own (:mod:`trainfit.report.labs`, rendered
+with :func:`~trainfit.report.backends.table_html`), the free mode's from :func:`trainfit.estimate` and
+the report builders of :mod:`trainfit.report`, the charts from :mod:`trainfit.labs.plots`. Units: the lab
 speaks decimal MB (1e6 bytes); the free mode GB (1e9 bytes) and GiB (2^30 bytes).
 
 Every table carries ``data-testid`` (the table) and ``data-col`` (each cell) attributes so the browser
@@ -19,27 +19,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import TrainfitError
-from ..report.backends import table_html
-from ..report.document import Column, Table
 from ..labs import (TrackProfile, TrainingFrontierResult, TrainingMemoryStackResult, TrainingTrackProfile,
                     list_tracks)
-from ..labs.report import PHYSICS_HEADER, STACK_HEADER, physics_rows, stack_rows
+from ..report import Document, to_markdown
+from ..report import labs as lab_tables
+from ..report.backends import table_html
 
 #: The lab's five components, in the seed's order (the prediction choices).
 COMPONENTS = ("weights", "gradients", "optimizer state", "activations", "data batch")
-
-#: Machine-readable column keys for the lab report's table headers (``data-col`` attributes).
-STACK_COLS = ("strategy", "batch", "weights_mb", "gradients_mb", "optimizer_mb", "activations_mb", "data_batch_mb",
-              "total_mb", "budget_mb", "memory_utilization_pct", "throughput_samples_s", "dominant_component",
-              "feasible", "violations")
-PHYSICS_COLS = ("strategy", "engine", "settings", "physics_total_mb", "physics_activations_mb", "capacity_mb",
-                "physics_fit", "lab_total_mb", "lab_budget_mb", "lab_memory", "agree")
-FRONTIER_HEADER = ("batch", "total MB", "samples/s", "feasible")
-FRONTIER_COLS = ("batch_size", "total_mb", "throughput_samples_s", "feasible")
-
-# Check the header keys line up with the report's headers (fail at import, not with a wrong column).
-assert len(STACK_COLS) == len(STACK_HEADER) and len(PHYSICS_COLS) == len(PHYSICS_HEADER)
-
 
 def track_options(tracks: Optional[Sequence[TrackProfile]] = None) -> dict[str, str]:
     """Radio options ``'📱 iPhone — mobile, phone' -> 'iphone'`` for the canonical tracks (file order).
@@ -79,15 +66,6 @@ def hardware_options() -> dict[str, str]:
     return {f"{h.name} ({h.slug}, {h.memory.capacity / 1e9:,.4g} GB)": h.slug for h in Hardware}
 
 
-def html_table(header: Sequence[str], cols: Sequence[str], rows: Sequence[Sequence[Any]], *, testid: str,
-               row_keys: Optional[Sequence[str]] = None, row_classes: Optional[Sequence[str]] = None,
-               numeric: Sequence[str] = ()) -> str:
-    """A report table as HTML (``data-testid`` on the table, ``data-row`` on rows, ``data-col`` on cells)."""
-    table = Table("", tuple(Column(h, c, c in numeric) for h, c in zip(header, cols)),
-                  tuple(tuple(str(v) for v in r) for r in rows), keys=tuple(row_keys or ()), testid=testid)
-    return table_html(table, row_classes)
-
-
 #: Table styling: red tint for rows that do not fit, a marker for the selected strategy.
 TABLE_CSS = """<style>
 .tf-table{border-collapse:collapse;font-size:0.85rem;margin:0.4rem 0}
@@ -100,34 +78,23 @@ TABLE_CSS = """<style>
 .tf-table tr.tf-selected td:first-child{border-left:4px solid #0072B2}
 </style>"""
 
-_STACK_NUMERIC = STACK_COLS[1:11]
-
 
 def stack_table(stacks: Sequence[TrainingMemoryStackResult], selected_id: str) -> str:
-    """Every strategy's lab stack (the report's rows; MB = 1e6 bytes), infeasible rows red."""
+    """Every strategy's lab stack (the report's table; MB = 1e6 bytes), infeasible rows red, the selected
+    one marked."""
     classes = [("tf-ok" if s.feasible else "tf-bad") + (" tf-selected" if s.strategy_id == selected_id else "")
                for s in stacks]
-    return html_table(STACK_HEADER, STACK_COLS, stack_rows(list(stacks)), testid="stack-table",
-                      row_keys=[s.strategy_id for s in stacks], row_classes=classes, numeric=_STACK_NUMERIC)
+    return table_html(lab_tables.stack_table(stacks), classes)
 
 
 def physics_table(views: Sequence[Any]) -> str:
-    """The lab heuristic beside the physical engine (the report's rows); disagreements red."""
-    classes = ["" if v.agree else "tf-bad" for v in views]
-    return html_table(PHYSICS_HEADER, PHYSICS_COLS, physics_rows(list(views)), testid="physics-table",
-                      row_keys=[v.strategy_id for v in views], row_classes=classes,
-                      numeric=("physics_total_mb", "physics_activations_mb", "capacity_mb", "lab_total_mb",
-                               "lab_budget_mb"))
+    """The lab heuristic beside the physical engine (the report's table); disagreements red."""
+    return table_html(lab_tables.physics_table(views))
 
 
 def frontier_table(frontier: TrainingFrontierResult) -> str:
-    """One row per batch of the track's range (MB = 1e6 bytes)."""
-    rows = [[p.batch_size, f"{p.total_mb:,.2f}", f"{p.throughput_samples_s:,.2f}", "yes" if p.feasible else "no"]
-            for p in frontier.points]
-    classes = ["tf-ok" if p.feasible else "tf-bad" for p in frontier.points]
-    return html_table(FRONTIER_HEADER, FRONTIER_COLS, rows, testid="frontier-table",
-                      row_keys=[str(p.batch_size) for p in frontier.points], row_classes=classes,
-                      numeric=FRONTIER_COLS[:3])
+    """One row per batch of the track's range (the report's table; MB = 1e6 bytes), infeasible rows red."""
+    return table_html(lab_tables.frontier_table(frontier))
 
 
 def key_figures(items: Sequence[tuple[str, str, str]], testid: str) -> str:
@@ -168,15 +135,19 @@ def student_notes(prediction: Optional[str], stack: TrainingMemoryStackResult, r
                             "prediction_correct": (prediction == stack.dominant_component) if prediction else None,
                             "strategy_id": stack.strategy_id, "batch_size": stack.batch_size,
                             "reflection": reflection}
-    lines = ["", "## Predictions", ""]
+    doc = Document(level=1).line("Predictions", "heading")  # sections of the lab report it follows
     if prediction:
         verdict = "correct" if data["prediction_correct"] else "not correct"
-        lines.append(f"- Dominant memory component of `{stack.strategy_id}` at batch {stack.batch_size}: predicted "
-                     f"**{prediction}**, lab result **{stack.dominant_component}** ({verdict}).")
+        doc.line(f"Dominant memory component of `{stack.strategy_id}` at batch {stack.batch_size}: predicted "
+                 f"**{prediction}**, lab result **{stack.dominant_component}** ({verdict}).", item=True)
     else:
-        lines.append("- no prediction made")
-    lines += ["", "## Reflections", "", reflection or "- none written", ""]
-    return "\n".join(lines), data
+        doc.line("no prediction made", item=True)
+    doc.line("Reflections", "heading")
+    if reflection:
+        doc.line(reflection)
+    else:
+        doc.line("none written", item=True)
+    return "\n" + to_markdown(doc), data
 
 
 def plot_png(draw: Callable[..., Path], *args: Any) -> bytes:

@@ -2,21 +2,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from ..errors import TrainfitError
 from ..labs.data import TRAINING_LAB_ID, load_lab_data
 from ..labs.physics import physics_view
-from ..labs.report import (PHYSICS_HEADER, STACK_HEADER, _table, frontier_summary, lab_report, physics_rows,
-                           report_markdown, stack_rows)
+from ..labs.report import lab_report
 from ..labs.schemas import TrainingTrackProfile, to_plain
 from ..labs.training import all_memory_stacks, clamp_batch, get_strategy, training_frontier, training_memory_stack, \
     training_track_profile
-from ._common import Output, app, console, err_console, guarded, print_json
+from ..report.labs import (batch_frontier_document, lab_report_document, plan_summary_document, stack_document,
+                           tracks_document)
+from ._common import Output, app, emit, err_console, guarded
 
 lab_app = typer.Typer(
     name="lab",
@@ -56,26 +55,6 @@ def _note_clamp(profile: TrainingTrackProfile, batch: Optional[int]) -> None:
                           f"{profile.batch_min}–{profile.batch_max})", markup=False)
 
 
-def _rich_table(title: str, header: list[str], rows: list[list[Any]], right: int = 1) -> Table:
-    t = Table(title=title, title_justify="left")
-    for i, h in enumerate(header):
-        t.add_column(h, justify="right" if i >= right else "left", overflow="fold")
-    for r in rows:
-        t.add_row(*[str(c) for c in r])
-    return t
-
-
-def _short(mb: float) -> str:
-    """A compact MB figure for terminal tables (4 significant digits below 1000 MB)."""
-    return f"{mb:,.0f}" if abs(mb) >= 1000 else f"{mb:.4g}"
-
-
-def _header(profile: TrainingTrackProfile) -> Text:
-    return Text(f"{profile.label} ({profile.track_id}) — {profile.workload_label}; {profile.hardware_name}, "
-                f"{profile.memory_capacity_mb:,.2f} MB; budget {profile.training_memory_budget_mb:,.2f} MB, "
-                f"throughput floor {profile.throughput_budget_samples_s:g} samples/s", style="dim")
-
-
 @lab_app.command("tracks")
 @guarded
 def tracks_command(output: Output = OUTPUT_OPT, tracks_file: Optional[Path] = TRACKS_FILE_OPT) -> None:
@@ -89,19 +68,7 @@ def tracks_command(output: Output = OUTPUT_OPT, tracks_file: Optional[Path] = TR
             "lab_id": v.lab_id, "scenario_id": v.scenario_id, "model_ref": v.model_ref,
             "strategies": list((v.defaults.get("strategy_options") or {}).keys())}
         rows.append(item)
-    if output is Output.json:
-        print_json(rows)
-        return
-    header = ["track", "label", "aliases", "category", "hardware", "model", "scenario", "strategies"]
-    table_rows = [[r["track_id"], r["label"], ", ".join(r["aliases"]), r["category"], r["hardware_ref"],
-                   (r["training_variant"] or {}).get("model_ref", "–"), (r["training_variant"] or {}).get("scenario_id", "–"),
-                   ", ".join((r["training_variant"] or {}).get("strategies", []))] for r in rows]
-    if output is Output.markdown:
-        console.print("\n".join(["# Training-lab tracks", ""] + _table(header, table_rows)), markup=False)
-    else:
-        keep = [0, 1, 2, 4, 5, 7]  # the terminal table leaves category and scenario to json/markdown
-        console.print(_rich_table("Training-lab tracks (first = default)", [header[i] for i in keep],
-                                  [[r[i] for i in keep] for r in table_rows], right=len(keep)))
+    emit(tracks_document(rows, compact=output is Output.text), output, json=rows)
 
 
 @lab_app.command("stack")
@@ -124,46 +91,9 @@ def stack_command(track: str = TRACK_ARG,
     if plot is not None:
         from ..labs.plots import plot_memory_stack
         plot_memory_stack(profile, stacks, plot)
-    if output is Output.json:
-        items = [dict(to_plain(s), physics=to_plain(v)) for s, v in zip(stacks, views)]
-        print_json(items[0] if strategy else items)
-    elif output is Output.markdown:
-        lines = [f"# {profile.label}: training memory stack at batch {stacks[0].batch_size}", "",
-                 "Lab heuristic (MB = 10^6 bytes):", ""] + _table(STACK_HEADER, stack_rows(stacks))
-        lines += ["", "Physical engine (see docs/labs.md for the mapping):", ""] + _table(PHYSICS_HEADER, physics_rows(views))
-        lines += [""] + [f"- `{v.strategy_id}`: {v.note}" for v in views if not v.agree]
-        console.print("\n".join(lines), markup=False)
-    else:
-        console.print(_header(profile))
-        t = Table(title=f"Lab memory stack at batch {stacks[0].batch_size} (MB = 1e6 bytes)", title_justify="left")
-        for h in ("strategy", "weights", "grads", "optim", "activ", "data", "total", "budget", "used %",
-                  "samples/s", "dominant", "feasible"):
-            t.add_column(h, justify="left" if h in ("strategy", "dominant", "feasible") else "right",
-                         overflow="fold")
-        for s in stacks:
-            t.add_row(s.strategy_id, *(_short(x) for x in (s.weights_mb, s.gradients_mb, s.optimizer_mb,
-                                                            s.activations_mb, s.data_batch_mb)),
-                      _short(s.total_mb), _short(s.budget_mb), f"{s.memory_utilization_pct:.1f}",
-                      f"{s.throughput_samples_s:,.2f}", s.dominant_component, "yes" if s.feasible else "no")
-        console.print(t)
-        for s in stacks:
-            for v in s.violations:
-                console.print(f"  {s.strategy_id}: {v}", markup=False)
-        t = Table(title=f"Physical engine vs lab, against {profile.hardware_name} ({profile.memory_capacity_mb:,.2f} MB)",
-                  title_justify="left")
-        for h in ("strategy", "engine setting", "physical MB", "activations MB", "physical verdict", "lab MB",
-                  "lab budget", "agree"):
-            t.add_column(h, justify="right" if "MB" in h or h == "lab budget" else "left", overflow="fold")
-        for v in views:
-            setting = f"{v.precision}/{v.optimizer}/{v.checkpointing}" + (
-                f"/ZeRO-{v.zero_stage} dp{v.dp_size}" if v.zero_stage or v.dp_size > 1 else "")
-            t.add_row(v.strategy_id, setting, _short(v.total_mb),
-                      _short(v.activations_mb) if v.activations_mb is not None else "not modelled", v.physics_fit,
-                      _short(v.lab_total_mb), _short(v.lab_budget_mb), "yes" if v.agree else "NO")
-        console.print(t)
-        for v in views:
-            if not v.agree:
-                console.print(f"disagree: {v.strategy_id}: {v.note}", markup=False)
+    items = [dict(to_plain(s), physics=to_plain(v)) for s, v in zip(stacks, views)]
+    emit(stack_document(profile, stacks, views, compact=output is Output.text), output,
+         json=items[0] if strategy else items)
     if plot is not None:
         err_console.print(f"wrote {plot}", markup=False)
 
@@ -182,20 +112,7 @@ def frontier_command(track: str = TRACK_ARG,
     if plot is not None:
         from ..labs.plots import plot_frontier
         plot_frontier(profile, f, plot)
-    if output is Output.json:
-        print_json(to_plain(f))
-    else:
-        rows = [[p.batch_size, f"{p.total_mb:,.2f}", f"{p.throughput_samples_s:,.2f}", "yes" if p.feasible else "no"]
-                for p in f.points]
-        header = ["batch", "total MB", "samples/s", "feasible"]
-        if output is Output.markdown:
-            lines = [f"# {profile.label}: batch frontier of {f.strategy_label} (`{f.strategy_id}`)", "",
-                     frontier_summary(f) + ".", ""] + _table(header, rows)
-            console.print("\n".join(lines), markup=False)
-        else:
-            console.print(_header(profile))
-            console.print(_rich_table(f"Batch frontier: {f.strategy_label} ({f.strategy_id})", header, rows))
-            console.print(frontier_summary(f), markup=False)
+    emit(batch_frontier_document(profile, f, compact=output is Output.text), output, json=to_plain(f))
     if plot is not None:
         err_console.print(f"wrote {plot}", markup=False)
 
@@ -212,31 +129,5 @@ def plan_command(track: str = TRACK_ARG,
     sid = _strategy_required(profile, strategy)
     _note_clamp(profile, batch)
     report = lab_report(profile, strategy_id=sid, batch_size=batch)
-    if output is Output.json:
-        print_json(report.to_dict())
-    elif output is Output.markdown:
-        console.print(report_markdown(report), markup=False)
-    else:
-        plan = report.plan
-        console.print(_header(profile))
-        t = Table(title=f"Plan: {plan.selected_label} ({plan.selected_id}) at batch {plan.batch_size}",
-                  title_justify="left", show_header=False)
-        t.add_column("field")
-        t.add_column("value", overflow="fold")
-        sel = next(s for s in report.stacks if s.strategy_id == plan.selected_id)
-        for k, v in [("feasible", "yes" if plan.feasible else "no — " + "; ".join(sel.violations)),
-                     ("training location", plan.training_location), ("validation location", plan.validation_location),
-                     ("total memory", f"{plan.total_memory_mb:,.2f} MB of {sel.budget_mb:,.2f} MB budget"),
-                     ("dominant component", plan.dominant_component),
-                     ("largest feasible batch", str(plan.max_feasible_batch) if plan.max_feasible_batch is not None else "none"),
-                     ("convergence risk", plan.convergence_risk), ("hidden cost", plan.hidden_cost),
-                     ("deployment handoff", plan.deployment_handoff), ("residual risk", plan.residual_risk),
-                     ("rejected alternatives", "\n".join(plan.rejected_alternatives) or "none"),
-                     ("validation tests", ", ".join(profile.validation_tests) or "none")]:
-            t.add_row(k, v)
-        console.print(t)
-        console.print(f"memo: {plan.memo_summary}", markup=False)
-        phys = next(v for v in report.physics if v.strategy_id == plan.selected_id)
-        console.print(f"physical engine: {phys.total_mb:,.2f} MB ({phys.engine}) — {phys.physics_fit} on "
-                      f"{profile.hardware_name}; {'agrees' if phys.agree else 'DISAGREES'} with the lab: {phys.note}",
-                      markup=False)
+    doc = plan_summary_document(report) if output is Output.text else lab_report_document(report)
+    emit(doc, output, json=report.to_dict())

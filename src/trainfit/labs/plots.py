@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import TrainfitError
+from ..report.labels import colours, label
 from .schemas import TrainingFrontierResult, TrainingMemoryStackResult, TrainingTrackProfile
 from .training import get_strategy
 
 FORMATS = (".png", ".svg")
-#: Component colours (colour-blind-safe Okabe–Ito palette), in the seed's component order.
-COLOURS = {"weights": "#0072B2", "gradients": "#56B4E9", "optimizer state": "#E69F00", "activations": "#D55E00",
-           "data batch": "#999999"}
+#: The lab's five components in the seed's order; a stack names them by their labels (``optimizer state``).
+COMPONENTS = ("weights", "gradients", "optimizer_state", "activations", "data_batch")
 
 
 def _figure(width: float, height: float, rows: int = 1) -> tuple[Any, Any]:
@@ -56,9 +56,9 @@ def plot_memory_stack(profile: TrainingTrackProfile, stacks: Sequence[TrainingMe
     fig, ax = _figure(max(6.5, 2.3 * len(stacks) + 2.5), 5.2)
     xs = list(range(len(stacks)))
     bottoms = [0.0] * len(stacks)
-    for name, colour in COLOURS.items():
-        heights = [s.components[name] for s in stacks]
-        ax.bar(xs, heights, 0.6, bottom=bottoms, color=colour, label=name, edgecolor="white", linewidth=0.5)
+    for key, colour in zip(COMPONENTS, colours(list(COMPONENTS))):
+        heights = [s.components[label(key)] for s in stacks]
+        ax.bar(xs, heights, 0.6, bottom=bottoms, color=colour, label=label(key), edgecolor="white", linewidth=0.5)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     over = [(i, s) for i, s in enumerate(stacks) if s.total_mb > s.budget_mb]
     for k, (i, s) in enumerate(over):  # the part above the budget turns red

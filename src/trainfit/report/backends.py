@@ -11,7 +11,8 @@ from typing import Any
 
 from .document import Document, Line, Table
 
-_RICH = {"title": "bold", "heading": "bold", "good": "green bold", "bad": "red bold", "dim": "dim", "bold": "bold"}
+_RICH = {"title": "bold", "heading": "bold", "good": "green bold", "bad": "red bold", "dim": "dim", "bold": "bold",
+         "quote": "italic"}
 
 
 def to_rich(doc: Document) -> Any:
@@ -26,8 +27,8 @@ def to_rich(doc: Document) -> Any:
             parts.append(Text(("  - " if b.item else "") + b.text, style=_RICH.get(b.style or "", "")))
             continue
         t = RichTable(title=b.title or None, title_justify="left", show_header=b.header)
-        for c in b.columns:
-            t.add_column(c.title, justify="right" if c.right else "left")
+        for c in b.columns:  # fold, not an ellipsis: a narrow terminal must not cut digits off
+            t.add_column(c.title, justify="right" if c.right else "left", overflow="fold")
         for i, row in enumerate(b.rows):
             style = b.style(i)
             t.add_row(*row, style={"bad": "dim", "good": None}.get(style or "", _RICH.get(style or "")))
@@ -35,12 +36,14 @@ def to_rich(doc: Document) -> Any:
     return Group(*parts)
 
 
-def _md_line(b: Line) -> str:
+def _md_line(b: Line, level: int) -> str:
     text = b.text
     if b.style == "title":
-        return f"### {text}"
+        return f"{'#' * level} {text}"
     if b.style == "heading":
-        return f"#### {text}"
+        return f"{'#' * (level + 1)} {text}"
+    if b.style == "quote":
+        return f"> {text}"
     if b.style in ("good", "bad", "bold"):
         text = f"**{text}**"
     elif b.style == "dim":
@@ -52,12 +55,9 @@ def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _md_table(t: Table) -> list[str]:
-    out = [f"#### {t.title}", ""] if t.title else []
-    if t.header:
-        out.append("| " + " | ".join(c.title for c in t.columns) + " |")
-    else:
-        out.append("| " + " | ".join(" " for _ in t.columns) + " |")
+def _md_table(t: Table, level: int) -> list[str]:
+    out = [f"{'#' * (level + 1)} {t.title}", ""] if t.title else []
+    out.append("| " + " | ".join(c.title for c in t.columns) + " |")  # markdown has no headerless table
     out.append("|" + "".join("---:|" if c.right else "---|" for c in t.columns))
     for i, row in enumerate(t.rows):
         cells = [_md_cell(v) for v in row]
@@ -75,13 +75,13 @@ def to_markdown(doc: Document) -> str:
         if isinstance(b, Table):
             if out and out[-1] != "":
                 out.append("")
-            out += _md_table(b)
+            out += _md_table(b, doc.level)
             out.append("")
         else:
             kind = ("item" if b.item else b.style or "text")
             if out and out[-1] != "" and (kind != prev or b.style in ("title", "heading") or kind == "text"):
                 out.append("")
-            out.append(_md_line(b))
+            out.append(_md_line(b, doc.level))
             if b.style in ("title", "heading"):
                 out.append("")
             prev = kind
@@ -122,15 +122,18 @@ def table_html(t: Table, row_classes: Any = None) -> str:
 def to_html(doc: Document) -> str:
     """The whole document as HTML fragments (paragraphs, lists and tables)."""
     out = []
+    h1, h2 = f"h{min(doc.level, 6)}", f"h{min(doc.level + 1, 6)}"
     for b in doc.blocks:
         if isinstance(b, Table):
             if b.title:
-                out.append(f"<h4>{html.escape(b.title)}</h4>")
+                out.append(f"<{h2}>{html.escape(b.title)}</{h2}>")
             out.append(table_html(b))
         elif b.style == "title":
-            out.append(f"<h3>{html.escape(b.text)}</h3>")
+            out.append(f"<{h1}>{html.escape(b.text)}</{h1}>")
         elif b.style == "heading":
-            out.append(f"<h4>{html.escape(b.text)}</h4>")
+            out.append(f"<{h2}>{html.escape(b.text)}</{h2}>")
+        elif b.style == "quote":
+            out.append(f"<blockquote>{_cell_html(b.text)}</blockquote>")
         else:
             tag = "li" if b.item else "p"
             text = _cell_html(b.text)

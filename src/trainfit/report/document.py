@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
-#: ``title`` and ``heading`` start a section; ``good``/``bad`` are verdicts; ``dim`` is a note; ``bold`` stands out
-Style = Optional[Literal["title", "heading", "good", "bad", "dim", "bold"]]
+#: ``title`` and ``heading`` start a section; ``good``/``bad`` are verdicts; ``dim`` is a note; ``bold`` stands out;
+#: ``quote`` is a statement quoted as a whole (the lab's memo)
+Style = Optional[Literal["title", "heading", "good", "bad", "dim", "bold", "quote"]]
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,13 @@ Block = Union[Line, Table]
 
 @dataclass
 class Document:
-    """A report: blocks in order. Build it with :meth:`add`, :meth:`line` and :meth:`table`."""
+    """A report: blocks in order. Build it with :meth:`add`, :meth:`line` and :meth:`table`.
+
+    ``level`` is the heading depth of its title in markdown and HTML: 3 for a section of a page (the
+    default), 1 for a document that stands alone (the lab report)."""
 
     blocks: list[Block] = field(default_factory=list)
+    level: int = 3
 
     def add(self, *blocks: Block) -> "Document":
         self.blocks.extend(blocks)

@@ -8,7 +8,7 @@ LABELS = {
     "master_weights": "master weights", "optimizer_temporaries": "optimizer temporaries",
     "temporaries": "temporaries", "inputs": "inputs", "buffers": "buffers", "cuda_context": "CUDA context",
     "workspaces": "workspaces", "nccl_buffers": "NCCL buffers", "allocator_reserve": "allocator reserve",
-    "other": "other (inputs, buffers)",
+    "other": "other (inputs, buffers)", "data_batch": "data batch",
 }
 #: component -> short column head (wide tables: frontier curves, plan layouts)
 SHORT = {
@@ -23,7 +23,8 @@ COLOURS = {"weights": "#0072B2", "parameters": "#0072B2", "master_weights": "#00
            "optimizer_state": "#E69F00", "optimizer_temporaries": "#F5C46B", "activations": "#D55E00",
            "temporaries": "#F0A07A", "communication_buffers": "#CC79A7", "inputs": "#009E73", "buffers": "#7FC9B0",
            "cuda_context": "#666666", "workspaces": "#999999", "nccl_buffers": "#B3B3B3", "allocator_reserve": "#C8C8C8",
-           "other": "#DDDDDD"}
+           "other": "#DDDDDD",
+           "data_batch": "#999999"}  # the training lab's; its charts never show workspaces beside it
 _SPARE = ("#332288", "#117733", "#44AA99", "#88CCEE", "#DDCC77", "#AA4499", "#882255")
 
 
