@@ -203,7 +203,7 @@ def setup_fields(values: Mapping[str, Any], names: Sequence[str] = FREE_FIELDS) 
 
 
 def plot_estimate_png(est: Any) -> bytes:
-    """One horizontal stacked bar of an :class:`~trainfit.estimate.Estimate`'s components (GB = 1e9
+    """One horizontal stacked bar of an :class:`~trainfit.result.Estimate`'s components (GB = 1e9
     bytes) with the device capacity as a dashed line; the total is labelled red when it does not fit."""
     import io
 

@@ -1,7 +1,7 @@
 """The ``trainfit`` command line: one Typer app, one module per command group.
 
 Every command turns :class:`~trainfit.errors.TrainfitError` into one line on stderr and exit code 1
-(see :func:`trainfit.cli._common.run`); 2 is reserved for ``--require-fit`` when a run does not fit.
+(see :func:`trainfit.cli._common.guarded`); 2 is reserved for ``--require-fit`` when a run does not fit.
 """
 from __future__ import annotations
 

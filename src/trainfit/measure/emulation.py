@@ -16,7 +16,8 @@ each, so every piece can be tested on its own:
   the outermost autocast region exits.
 * :func:`cuda_block_bytes` -- every allocation rounded up to 512 bytes (the CUDA caching
   allocator's minimum block size; ``kMinBlockSize`` in ``CUDACachingAllocator.cpp``).
-* The optimizer default (foreach on CUDA) is chosen in :mod:`trainfit.measure.step`.
+* The optimizer implementation is the setup's ``opt_impl`` (foreach by default, as on CUDA), passed explicitly
+  by :func:`trainfit.measure.make_optimizer` (on the CPU PyTorch would pick the for-loop).
 * :func:`transformers_real_data_path` -- transformers treats fake tensors as tracing and then
   materialises a causal mask (which forces a slower SDPA kernel); real unpadded inputs take the
   no-mask path, which is what we emulate.
