@@ -157,32 +157,28 @@ def _has_big_int(values: Any) -> bool:
         values, dtype=object)))
 
 
-def fraction_array(value: Any, name: str) -> np.ndarray:
+def _float_array(value: Any, name: str, rule: Callable[[Any, str], float],
+                 ok: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """A float64 array whose elements pass ``ok`` (numeric arrays), else ``rule``'s message for the first bad one."""
     if is_scalar(value):
-        return np.asarray(fraction(value, name), dtype=np.float64)
+        return np.asarray(rule(value, name), dtype=np.float64)
     arr = np.asarray(value)
     if arr.dtype.kind in "iuf":
         with np.errstate(invalid="ignore"):
-            bad = ~((arr >= 0.0) & (arr <= 1.0))
+            bad = ~ok(arr)
     else:
         bad = np.ones(arr.shape, dtype=bool)
     if bad.any():
-        _fail_at(arr, bad, lambda v: fraction(v, name))
+        _fail_at(arr, bad, lambda v: rule(v, name))
     return arr.astype(np.float64)
+
+
+def fraction_array(value: Any, name: str) -> np.ndarray:
+    return _float_array(value, name, fraction, lambda a: (a >= 0.0) & (a <= 1.0))
 
 
 def non_negative_array(value: Any, name: str) -> np.ndarray:
-    if is_scalar(value):
-        return np.asarray(non_negative(value, name), dtype=np.float64)
-    arr = np.asarray(value)
-    if arr.dtype.kind in "iuf":
-        with np.errstate(invalid="ignore"):
-            bad = ~(np.isfinite(arr) & (arr >= 0))
-    else:
-        bad = np.ones(arr.shape, dtype=bool)
-    if bad.any():
-        _fail_at(arr, bad, lambda v: non_negative(v, name))
-    return arr.astype(np.float64)
+    return _float_array(value, name, non_negative, lambda a: np.isfinite(a) & (a >= 0))
 
 
 def flag_array(value: Any, name: str) -> np.ndarray:
