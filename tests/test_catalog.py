@@ -102,7 +102,7 @@ def test_bad_hardware_data_points_at_file_line_and_key(tmp_path):
     from trainfit.datafile import load_entries
     bad = tmp_path / "hw.yaml"
     bad.write_text(yaml.safe_dump([{
-        "key": "X1", "tier": "cloud", "name": "X One", "slug": "x1",
+        "key": "X1", "tier": "cloud", "platform": "cuda", "name": "X One", "slug": "x1",
         "memory": {"capacity": "80 GiBs", "bandwidth": "1 TB/s"},
         "compute": {"peak_flops": "1 TFLOP/s"}, "source": {"kind": "estimate", "ref": "test"}}]))
     with pytest.raises(TrainfitError) as e:
@@ -113,7 +113,7 @@ def test_bad_hardware_data_points_at_file_line_and_key(tmp_path):
 
 def test_unknown_field_is_rejected():
     with pytest.raises(TrainfitError, match="unknown field"):
-        validate_entries("x.yaml", [{"key": "X", "tier": "cloud", "name": "X", "slug": "x", "colour": "red",
+        validate_entries("x.yaml", [{"key": "X", "tier": "cloud", "platform": "cuda", "name": "X", "slug": "x", "colour": "red",
                                      "memory": {"capacity": 1, "bandwidth": 1}, "compute": {"peak_flops": 1},
                                      "source": {"kind": "estimate", "ref": "r"}}], None, HardwareSpec, what="hardware")
 

@@ -345,6 +345,14 @@ def _looks_like_path(text: str) -> bool:
             and not _squash(text) in _bundled_index()[0])
 
 
+def _probe(path: Path) -> Optional[str]:
+    """"dir", "file" or None; a name the file system cannot even look up (too long, a NUL byte) is None."""
+    try:
+        return "dir" if path.is_dir() else "file" if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
 def _locate(name_or_path: Any) -> tuple[str, dict[str, Any]]:
     """(display name, config dict) for a bundled name, a catalog name or a path."""
     if isinstance(name_or_path, os.PathLike) or (isinstance(name_or_path, str) and name_or_path.strip()):
@@ -353,11 +361,12 @@ def _locate(name_or_path: Any) -> tuple[str, dict[str, Any]]:
         raise TrainfitError(f"model config must be a name such as 'llama-3.2-1b' or a path to a config.json, "
                             f"got {name_or_path!r}")
     path = Path(text).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
+    kind = _probe(path)
+    if kind == "dir":
+        if _probe(path / "config.json") != "file":
             raise TrainfitError(f"{path}: directory has no config.json")
         return str(path / "config.json"), _read_json(path / "config.json")
-    if path.is_file():
+    if kind == "file":
         return str(path), _read_json(path)
     if isinstance(name_or_path, os.PathLike):
         raise TrainfitError(f"{path}: file not found (expected a config.json or a directory holding one)")

@@ -54,7 +54,7 @@ class Memory(BaseModel):
     """Device memory. ``capacity`` in bytes (for microcontrollers: the flash), ``bandwidth`` in bytes/s."""
 
     model_config = _FROZEN
-    capacity: Bytes
+    capacity: Annotated[Bytes, Field(gt=0)]
     bandwidth: Rate
     sram_capacity: Optional[Bytes] = None
 
@@ -67,12 +67,20 @@ class Compute(BaseModel):
     precision_flops: dict[str, Flops] = Field(default_factory=dict)
 
 
+#: The software stack a training step runs on; decides runtime overheads and attention kernels.
+Platform = Literal["cuda", "rocm", "tpu", "gaudi", "neuron", "apple", "mobile", "cpu", "mcu", "other"]
+#: What to call one device of a platform in reports ("8 GPUs", "8 TPU chips", "8 devices").
+DEVICE_NOUN = {"cuda": "GPU", "rocm": "GPU", "tpu": "TPU chip", "gaudi": "Gaudi device", "neuron": "Trainium chip",
+               "mcu": "microcontroller"}
+
+
 class HardwareSpec(BaseModel):
     """One accelerator or device."""
 
     model_config = _FROZEN
     key: str
     tier: Literal["cloud", "workstation", "mobile", "edge", "tiny"]
+    platform: Platform
     name: str
     slug: str
     aliases: tuple[str, ...] = ()
@@ -97,6 +105,11 @@ class HardwareSpec(BaseModel):
     @property
     def memory_bytes(self) -> float:
         return self.memory.capacity
+
+    @property
+    def noun(self) -> str:
+        """What one device is called in reports (``GPU``, ``TPU chip``, ``device``)."""
+        return DEVICE_NOUN.get(self.platform, "device")
 
     def flops(self, precision: str | None = None) -> float:
         """Peak FLOP/s at ``precision`` (``bf16``/``fp16`` and unknown keys fall back to the default peak)."""

@@ -14,6 +14,12 @@ class TrainfitError(ValueError):
     """Bad input: the message is one line and safe to show a user as is."""
 
 
+def clip(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error line stays readable whatever was passed."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def close_matches(value: str, choices: Iterable[str], n: int = 3) -> list[str]:
     """Return up to ``n`` choices that look like ``value`` (case-insensitive)."""
     choices = list(choices)
@@ -33,7 +39,7 @@ def unknown_choice(what: str, value: object, choices: Iterable[str], *, show: in
     """
     choices = list(choices)
     listed = ", ".join(choices[:show]) + (f", … ({len(choices)} in all)" if len(choices) > show else "")
-    msg = f"unknown {what} {value!r}; accepted: {listed}"
+    msg = f"unknown {what} {clip(value)}; accepted: {listed}"
     hints = close_matches(str(value), choices if match_against is None else match_against)
     if hints:
         msg += " (did you mean " + " or ".join(repr(h) for h in hints) + "?)"

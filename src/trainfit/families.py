@@ -20,6 +20,15 @@ from .errors import TrainfitError
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 
+#: Largest value of any whole-number config key, and of the keys whose size sets how long a model takes to
+#: walk (the largest released models have about 130 layers, 256 experts and 256k-token vocabularies).
+MAX_CONFIG_INT = 2**31
+SIZE_LIMITS = {"num_hidden_layers": 4096, "n_layer": 4096, "num_layers": 4096, "num_experts": 65536,
+               "num_local_experts": 65536, "n_routed_experts": 65536, "vocab_size": 2**24,
+               "hidden_size": 2**20, "n_embd": 2**20, "intermediate_size": 2**22, "n_inner": 2**22,
+               "num_attention_heads": 2**16, "n_head": 2**16}
+
+
 class ConfigReader:
     """Typed access to one config dict with its type's defaults; errors name the config and key."""
 
@@ -40,8 +49,12 @@ class ConfigReader:
 
     def int(self, key: str, minimum: int = 1, value: Any = None) -> int:
         v = self.raw(key) if value is None else value
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < minimum:
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or int(v) != v
+                or v < minimum):
             raise self.bad(key, f"a whole number >= {minimum}", v)
+        top = SIZE_LIMITS.get(self.aliases.get(key, key), SIZE_LIMITS.get(key, MAX_CONFIG_INT))
+        if v > top:
+            raise self.bad(key, f"at most {top:,} (no trainable model is larger)", v)
         return int(v)
 
     def opt_int(self, key: str) -> Optional[int]:

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .errors import TrainfitError, unknown_choice
+from .errors import TrainfitError, clip, unknown_choice
 
 #: Largest whole number accepted: 2^53, the largest integer a float64 holds exactly (sizes are bytes in
 #: float64, so larger counts could not be computed with).
@@ -35,15 +35,15 @@ def whole(value: Any, name: str, minimum: int = 1, maximum: int = MAX_WHOLE) -> 
         return value
     v = magnitude(value)
     if _is_bool(v) or not isinstance(v, numbers.Real):
-        raise TrainfitError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+        raise TrainfitError(f"{name} must be a whole number >= {minimum}, got {clip(value)}")
     if isinstance(v, (float, np.floating)) and not math.isfinite(v):
-        raise TrainfitError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+        raise TrainfitError(f"{name} must be a whole number >= {minimum}, got {clip(value)}")
     if int(v) != v:
-        raise TrainfitError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+        raise TrainfitError(f"{name} must be a whole number >= {minimum}, got {clip(value)}")
     if v < minimum:
-        raise TrainfitError(f"{name} must be >= {minimum}, got {value!r}")
+        raise TrainfitError(f"{name} must be >= {minimum}, got {clip(value)}")
     if v > maximum:
-        raise TrainfitError(f"{name} must be at most {maximum:,}, got {value!r}")
+        raise TrainfitError(f"{name} must be at most {maximum:,}, got {clip(value)}")
     return int(v)
 
 
@@ -53,7 +53,7 @@ def fraction(value: Any, name: str) -> float:
         return value
     v = magnitude(value)
     if _is_bool(v) or not isinstance(v, numbers.Real) or not (0.0 <= v <= 1.0):
-        raise TrainfitError(f"{name} must be in [0, 1], got {value!r}")
+        raise TrainfitError(f"{name} must be in [0, 1], got {clip(value)}")
     return float(v)
 
 
@@ -61,7 +61,7 @@ def non_negative(value: Any, name: str) -> float:
     """``value`` as a finite float >= 0."""
     v = magnitude(value)
     if _is_bool(v) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
-        raise TrainfitError(f"{name} must be a finite number >= 0, got {value!r}")
+        raise TrainfitError(f"{name} must be a finite number >= 0, got {clip(value)}")
     return float(v)
 
 
@@ -69,7 +69,7 @@ def flag(value: Any, name: str) -> bool:
     """``value`` as a bool (Python or numpy booleans only: ``"no"`` is not False)."""
     if _is_bool(value):
         return bool(value)
-    raise TrainfitError(f"{name} must be true or false, got {value!r}")
+    raise TrainfitError(f"{name} must be true or false, got {clip(value)}")
 
 
 def _key(value: Any) -> str:
@@ -91,15 +91,15 @@ def names(value: Any, name: str) -> tuple[str, ...]:
     """A tuple of module names from ``"q_proj,v_proj"`` or a sequence of strings."""
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, Iterable) or isinstance(items, Mapping):
-        raise TrainfitError(f"{name} must be comma-separated names, got {value!r}")
+        raise TrainfitError(f"{name} must be comma-separated names, got {clip(value)}")
     out = []
     for item in items:
         if not isinstance(item, str):
-            raise TrainfitError(f"{name} must be comma-separated names, got {value!r}")
+            raise TrainfitError(f"{name} must be comma-separated names, got {clip(value)}")
         if item.strip():
             out.append(item.strip())
     if not out:
-        raise TrainfitError(f"{name} must name at least one module, got {value!r}")
+        raise TrainfitError(f"{name} must name at least one module, got {clip(value)}")
     return tuple(out)
 
 

@@ -14,6 +14,7 @@ The :class:`ModelRef` it returns carries both views the memory methods read:
 """
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,9 +27,10 @@ from pydantic import BaseModel, ConfigDict
 
 from .arch import (ArchSpec, UnknownConfigError, arch_from_config, arch_reference, bundled_configs, locate_config,
                    resolve_arch)
-from .catalog import HardwareSpec, Models, ModelSpec, get_hardware, get_model
-from .errors import TrainfitError, unknown_choice
-from .fields import magnitude
+from .catalog import DEVICE_NOUN, HardwareSpec, Models, ModelSpec, get_hardware, get_model
+from .errors import TrainfitError, clip, unknown_choice
+from .families import SIZE_LIMITS
+from .fields import magnitude, whole
 from .units import parse_bytes
 
 
@@ -73,11 +75,24 @@ class ModelRef:
 
 @dataclass(frozen=True)
 class DeviceRef:
-    """A resolved accelerator: its name and memory capacity in bytes (``spec`` for catalog entries)."""
+    """A resolved accelerator: its name, memory capacity in bytes, the software platform a step runs on
+    (``cuda`` for a device the catalog does not know: the measurements' semantics) and its catalog entry."""
 
     name: str
     capacity_bytes: float
     spec: Optional[HardwareSpec] = field(default=None, compare=False)
+    platform: str = "cuda"
+    tier: str = "cloud"
+
+    @property
+    def noun(self) -> str:
+        """What one device is called in reports (``GPU``, ``TPU chip``, ``device``)."""
+        return DEVICE_NOUN.get(self.platform, "device")
+
+    @property
+    def scales_out(self) -> bool:
+        """Whether a job spreads over many such devices (data-centre parts), so more of them is advice."""
+        return self.tier == "cloud" and self.platform not in ("cpu", "mcu")
 
 
 # -------------------------------------------------------------------------------------------- models
@@ -146,9 +161,13 @@ def model_shape(model: Any) -> ModelShape:
             pass
     heads = getattr(model, "heads", None)
     hidden = getattr(model, "hidden_dim", None)
-    return ModelShape(name=str(getattr(model, "name", "model")), parameters=float(magnitude(params)),
-                      layers=int(magnitude(layers)), hidden_dim=None if hidden is None else int(magnitude(hidden)),
-                      heads=None if heads is None else int(magnitude(heads)),
+    p = magnitude(params)
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or p <= 0:
+        raise TrainfitError(f"model parameters must be a positive number, got {clip(params)}")
+    return ModelShape(name=str(getattr(model, "name", "model")), parameters=float(p),
+                      layers=whole(layers, "model layers", maximum=SIZE_LIMITS["num_hidden_layers"]),
+                      hidden_dim=None if hidden is None else whole(hidden, "model hidden_dim"),
+                      heads=None if heads is None else whole(heads, "model heads"),
                       is_moe=hasattr(model, "experts") and getattr(model, "experts", None) is not None)
 
 
@@ -242,10 +261,13 @@ def _looks_like_file(text: str) -> bool:
 
 # ------------------------------------------------------------------------------------------- devices
 
+def _spec_device(hw: HardwareSpec) -> DeviceRef:
+    return DeviceRef(hw.name, hw.memory.capacity, hw, hw.platform, hw.tier)
+
+
 @lru_cache(maxsize=512)
 def _catalog_device(name: str) -> DeviceRef:
-    hw = get_hardware(name)
-    return DeviceRef(hw.name, hw.memory.capacity, hw)
+    return _spec_device(get_hardware(name))
 
 
 def resolve_device(hardware: Any) -> DeviceRef:
@@ -256,12 +278,15 @@ def resolve_device(hardware: Any) -> DeviceRef:
     if isinstance(hardware, str):
         return _catalog_device(hardware)
     if isinstance(hardware, HardwareSpec):
-        return DeviceRef(hardware.name, hardware.memory.capacity, hardware)
+        return _spec_device(hardware)
     memory = getattr(hardware, "memory", None)
     cap = getattr(memory, "capacity", None)
     if cap is None:
-        raise TrainfitError(f"hardware must be a catalog name or have 'memory.capacity', got {hardware!r}")
-    return DeviceRef(str(getattr(hardware, "name", "hardware")), parse_bytes(cap, what="memory capacity"))
+        raise TrainfitError(f"hardware must be a catalog name or have 'memory.capacity', got {clip(hardware)}")
+    capacity = parse_bytes(cap, what="memory capacity")
+    if not (math.isfinite(capacity) and capacity > 0):
+        raise TrainfitError(f"hardware memory capacity must be a positive number of bytes, got {clip(cap)}")
+    return DeviceRef(str(getattr(hardware, "name", "hardware")), capacity)
 
 
 def capacity_bytes(hardware: Any) -> tuple[str, float]:
