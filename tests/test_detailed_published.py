@@ -36,7 +36,7 @@ def _gpt_7_5b():
 def test_zero_paper_table1(zero, published, exact):
     arch = _gpt_7_5b()
     assert arch.parameters == pytest.approx(7.5e9, rel=1e-6)
-    st = states(arch, precision="bf16-master", optimizer="adam", dp=64, zero=zero)
+    st = states(arch, precision="bf16-master", optimizer="adam", dp=64, zero=zero, seq_len=1024)  # model states
     model_states = st.params + st.grads + st.master + st.opt_states  # the paper counts no step counters
     assert model_states / 1e9 == pytest.approx(exact, rel=0.005)
     assert round(model_states / 1e9, 1) == published

@@ -44,10 +44,12 @@ def test_eager_attention_is_quadratic_flash_is_linear():
 
 
 def test_checkpointing_levels_order():
-    none, sel = saved(GPT2, attention="eager"), saved(GPT2, attention="eager", checkpointing="selective")
-    every2 = saved(GPT2, checkpointing="every-k", checkpoint_every=2)
-    full = saved(GPT2, checkpointing="full")
-    assert full < every2 < saved(GPT2) and sel < none
+    s = 1024  # GPT-2's learned position table
+    none = saved(GPT2, attention="eager", seq_len=s)
+    sel = saved(GPT2, attention="eager", checkpointing="selective", seq_len=s)
+    every2 = saved(GPT2, checkpointing="every-k", checkpoint_every=2, seq_len=s)
+    full = saved(GPT2, checkpointing="full", seq_len=s)
+    assert full < every2 < saved(GPT2, seq_len=s) and sel < none
 
 
 def test_dropout_masks_are_one_byte_per_element():
@@ -175,7 +177,7 @@ def test_replayed_blocks_match_a_full_walk(model, kw):
     from trainfit.detailed.activations import _Walker
 
     arch = resolve_arch(model)
-    r = make_setup(arch, micro_batch=2, seq_len=1024, **kw)
+    r = make_setup(arch, micro_batch=2, seq_len=min(1024, arch.max_position_embeddings), **kw)
     fast, full = _Walker(arch, r.recipe, r.parallel).run(), _Walker(arch, r.recipe, r.parallel, replay=False).run()
     sh = shape_of(r)
     ev = lambda v: vbytes(v, sh.tokens, sh.positions, sh.scores)  # noqa: E731

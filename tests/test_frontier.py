@@ -79,9 +79,18 @@ def test_nothing_fits_gives_zero_and_says_so():
 
 def test_search_cap_is_reported():
     f = frontier("gpt2-small", "b200", checkpointing="full", zero=3, dp=8, max_microbatch=64,
-                 max_seq_len=1024)
+                 max_seq_len=512, seq_len=1024)
     assert (f.max_microbatch, f.max_microbatch_capped) == (64, True)
+    assert (f.max_seq_len, f.max_seq_len_capped) == (512, True)
+
+
+def test_sequence_search_stops_at_a_learned_position_table():
+    # GPT-2 small has 1,024 learned positions (n_positions): no longer sequence can train, whatever the memory
+    f = frontier("gpt2-small", "b200", checkpointing="full", zero=3, dp=8, seq_len=512)
     assert (f.max_seq_len, f.max_seq_len_capped) == (1024, True)
+    assert any("position table" in n for n in f.notes)
+    with pytest.raises(TrainfitError, match="seq_len 2048 exceeds the 1024 positions"):
+        frontier("gpt2-small", "b200", seq_len=2048)
 
 
 def test_headroom_lowers_the_frontier_and_is_respected():

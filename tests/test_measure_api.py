@@ -34,10 +34,13 @@ def test_lora_trains_only_the_adapters():
     assert est.extra["static"]["optimizer_state_bytes"] == 2 * 16384 * 4 + 8 * 512
 
 
-def test_position_table_is_enlarged_to_fit_seq_like_the_ground_truth():
-    est = measure(_cfg("gpt2-tiny"), batch=1, seq_len=1024, precision="bf16")
-    # same note as the ground truth's GPT-2 cases at seq 2048 ("n_positions raised from 1024 to 2048 to fit seq")
-    assert est.extra["build_notes"] == ["n_positions raised from 512 to 1024 to fit seq"]
+def test_a_sequence_beyond_the_learned_position_table_is_refused_and_a_larger_table_measures():
+    # GPT-2 tiny has 512 learned positions (n_positions): a 1,024-token step cannot run on that model. The ground
+    # truth measured GPT-2 at seq 2048 with n_positions raised to 2048 in its config, which is how to ask for it.
+    with pytest.raises(TrainfitError, match="seq_len 1024 exceeds the 512 positions .*n_positions"):
+        measure(_cfg("gpt2-tiny"), batch=1, seq_len=1024, precision="bf16")
+    est = measure({**_cfg("gpt2-tiny"), "n_positions": 1024}, batch=1, seq_len=1024, precision="bf16")
+    assert est.extra["build_notes"] == [] and est.total_bytes > 0
 
 
 def test_no_dropout_removes_the_dropout_masks():

@@ -232,8 +232,8 @@ class Family:
     #: projection role (q, k, v, o, qkv, gate, up, down, gate_up, fc1, fc2) -> HF module name
     module_names: Mapping[str, str] = field(default_factory=lambda: DEFAULT_MODULE_NAMES)
 
-    # --- what ``trainfit measure`` needs to build and feed the model
-    #: config key holding the learned position table's size (None: rotary, nothing to enlarge for long sequences)
+    # --- the learned position table (the setup refuses longer sequences) and what ``trainfit measure`` feeds
+    #: config key holding the learned position table's size (None: rotary, no hard limit on the sequence)
     position_key: Optional[str] = None
     #: positions the table reserves before the first token (RoBERTa starts at padding_idx + 1 = 2)
     position_offset: int = 0

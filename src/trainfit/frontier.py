@@ -24,6 +24,7 @@ import numpy as np
 
 from .engine import is_vectorised, split_options, sweep
 from .errors import TrainfitError, unknown_choice
+from .rules import model_values
 from .sweep import SweepResult
 from .training_setup import TrainingSetup
 
@@ -174,10 +175,13 @@ def frontier(model: Any, hardware: Any, *, method: str = "first-order", over: tu
     def run_seq(seqs: np.ndarray) -> SweepResult:
         return sweep(model, hardware, method=method, seq_len=seqs, batch=setup.batch, **rest, **options)
 
+    # a learned position table bounds the sequence whatever the memory (the setup's own rule)
+    positions = model_values(setup.model)["max_positions"]
+    seq_limit = min(max_seq_len, positions) if positions else max_seq_len
     # a method without a vectorised version runs element by element: bisect instead of 4,096-way steps
     k = _CANDIDATES if is_vectorised(method) else 3
     max_mb, mb_capped = largest_feasible(lambda v: run_batch(v)["total_bytes"] <= usable, max_microbatch, k)
-    max_s, s_capped = largest_feasible(lambda v: run_seq(v)["total_bytes"] <= usable, max_seq_len, k)
+    max_s, s_capped = largest_feasible(lambda v: run_seq(v)["total_bytes"] <= usable, seq_limit, k)
 
     def curve(name: str, xs: np.ndarray, res: SweepResult) -> Curve:
         total = np.asarray(res["total_bytes"])
@@ -188,13 +192,15 @@ def frontier(model: Any, hardware: Any, *, method: str = "first-order", over: tu
         xs = _axis(max_mb, mb_capped, 1, max_microbatch)
         batch_curve = curve("batch", xs, run_batch(xs))
     if "seq" in over:
-        xs = _axis(max_s, s_capped, 128 if max_s >= 128 or max_s == 0 else 1, max_seq_len)
+        xs = _axis(max_s, s_capped, 128 if max_s >= 128 or max_s == 0 else 1, seq_limit)
         seq_curve = curve("seq", xs, run_seq(xs))
     notes = ["micro-batch = samples one accelerator holds at once = global batch / (dp * accumulation)",
              f"searches assume memory never decreases as micro-batch or sequence length grows (the {method} "
              "method's terms all grow with both)"]
     if headroom:
         notes.append(f"feasible = total <= {100 * (1 - headroom):.0f} % of capacity ({headroom:.0%} headroom kept free)")
+    if seq_limit < max_seq_len:
+        notes.append(f"the sequence search stops at the {positions:,} positions of the model's learned position table")
     return Frontier(model=setup.model.name, hardware=base.inputs.devices[0].name, method=method,
                     available_bytes=available, headroom=float(headroom), setup=setup, seq_len=seq, microbatch=mb,
                     max_microbatch=max_mb, max_microbatch_capped=mb_capped, max_seq_len=max_s,

@@ -20,6 +20,7 @@ for which any layout fits. Sizes in bytes, times in seconds.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -33,6 +34,7 @@ from .errors import TrainfitError, unknown_choice
 from .engine import get_method, is_vectorised, split_options, sweep
 from .first_order import storage_bytes
 from .refs import resolve_device, resolve_model
+from .rules import model_values
 from .steptime import (DEFAULT_MFU, DEFAULT_NODE_SIZE, TIME_COMPONENTS, Network, assumptions, network_for,
                        step_time)
 from .training_setup import DEFAULTS, OPTIMIZER_ALIASES, OPTIMIZERS, PRECISION_ALIASES, PRECISIONS
@@ -146,8 +148,11 @@ class _Space:
 
 
 def _enumerate(n: int, global_batch: int, *, heads: Optional[int], layers: int, experts: Optional[int],
-               node_size: int, zero_stages: Sequence[int], ckpt_codes: Sequence[int]) -> _Space:
-    head_divs = divisors(heads) if heads else [1]
+               node_size: int, zero_stages: Sequence[int], ckpt_codes: Sequence[int], kv_heads: int = 0) -> _Space:
+    # tp splits whole attention heads and whole key/value heads (the setup's own rule)
+    all_divs = divisors(heads) if heads else [1]
+    kv = kv_heads or heads or 1
+    head_divs = [t for t in all_divs if kv % t == 0]
     tps = [t for t in head_divs if t <= node_size and n % t == 0]
     pps = [p for p in divisors(layers) if n % p == 0]
     eps = [e for e in divisors(experts) if n % e == 0] if experts else [1]
@@ -155,6 +160,10 @@ def _enumerate(n: int, global_batch: int, *, heads: Optional[int], layers: int, 
     too_wide = [t for t in head_divs if t > node_size]
     if too_wide:
         excluded.append(f"tp {', '.join(map(str, too_wide))}: divides {heads} heads but exceeds a node of {node_size}")
+    split_kv = [t for t in all_divs if kv % t]
+    if split_kv:
+        excluded.append(f"tp {', '.join(map(str, split_kv))}: divides {heads} heads but would split the {kv} "
+                        "key/value heads")
     if not heads:
         excluded.append("tp > 1: the model states no attention-head count")
     for name, values, what in (("tp", [t for t in head_divs if t <= node_size and n % t], f"{heads} heads"),
@@ -208,6 +217,7 @@ class _Context:
     layers: int
     hidden: int
     heads: Optional[int]
+    kv_heads: int
     experts: Optional[int]
     top_k: int
     moe: bool
@@ -235,6 +245,7 @@ def _context(model: Any, hardware: Any, precision: str, optimizer: str, node_siz
     top_k = int(spec.active_experts_per_token) if spec is not None and spec.active_experts_per_token else 1
     return _Context(model=model, hw=hw, name=shape.name, params=shape.parameters, active_params=active,
                     layers=shape.layers, hidden=shape.hidden_dim or F.DEFAULT_HIDDEN, heads=shape.heads,
+                    kv_heads=model_values(ref)["kv_heads"],
                     experts=experts, top_k=top_k, moe=experts is not None, precision=prec, precision_bytes=bpp,
                     optimizer=optimizer, peak=hw.flops(PRECISIONS[prec].flops), net=net)
 
@@ -401,7 +412,8 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
     if ctx.heads is None and 0 in cks:
         cks = [c for c in cks if c]
         notes.append("checkpointing 'none' skipped: the model states no attention-head count")
-    space = _enumerate(int(n_gpus), int(global_batch), heads=ctx.heads, layers=ctx.layers, experts=ctx.experts,
+    space = _enumerate(int(n_gpus), int(global_batch), heads=ctx.heads, kv_heads=ctx.kv_heads, layers=ctx.layers,
+                       experts=ctx.experts,
                        node_size=ctx.net.node_size, zero_stages=zs, ckpt_codes=cks)
     capacity = float(ctx.hw.memory.capacity)
     usable = capacity * (1.0 - headroom)

@@ -23,7 +23,7 @@ from .catalog import HardwareSpec, ModelSpec
 from .errors import TrainfitError, unknown_choice
 from .formulas import local_microbatch
 from .refs import DeviceRef, ModelRef, resolve_device, resolve_model
-from .rules import check_arrays
+from .rules import check_arrays, model_values
 from .training_setup import DEFAULTS, FIELD_NAMES, FIELDS, TrainingSetup, zero_stage
 
 _CATEGORICAL = ("choice", "optional-choice", "names")
@@ -206,7 +206,7 @@ def _encode_field(name: str, value: Any) -> tuple[np.ndarray, Optional[tuple[Any
     meta = FIELDS[name].metadata
     kind = meta["kind"]
     if kind == "whole":
-        return V.whole_array(value, name, meta["minimum"]), None
+        return V.whole_array(value, name, meta["minimum"], meta.get("maximum", V.MAX_WHOLE)), None
     if kind == "fraction":
         return V.fraction_array(value, name), None
     if kind == "number":
@@ -265,11 +265,18 @@ def encode(model: Any, hardware: Any, **fields: Any) -> SetupArrays:
                             "an outer product)") from None
     shape = tuple(shape)
 
+    per_model = [model_values(m) for m in models]
+    model_arrays = {k: np.asarray([mv[k] for mv in per_model], dtype=object if k in ("model", "position_key")
+                                  else np.int64)[model_code] for k in per_model[0]}
+
     def scalar_at(name: str, idx: Any) -> Any:
+        if name in model_arrays:
+            v = np.broadcast_to(model_arrays[name], shape)[idx]
+            return v.item() if hasattr(v, "item") else v
         v = np.broadcast_to(values[name], shape)[idx].item()
         return choices[name][v] if name in choices else v
 
-    check_arrays(_ArrayValues(values, choices), scalar_at, shape)
+    check_arrays(_ArrayValues({**values, **model_arrays}, choices), scalar_at, shape)
     return SetupArrays(shape=shape, models=tuple(models), model_index=model_code, devices=tuple(devices),
                        device_index=dev_code, values=values, choices=choices)
 

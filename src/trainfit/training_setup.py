@@ -64,6 +64,10 @@ LORA_DTYPES = ("fp32", "bf16", "fp16")
 QLORA = ("nf4", "int8")
 PP_SCHEDULES = ("1f1b", "interleaved", "gpipe")
 LORA_DEFAULT_TARGETS = ("q_proj", "v_proj")
+#: Largest model-parallel degree (tp, cp, ep, pp) and data-parallel degree or accumulation: far beyond any
+#: cluster, and small enough that a world size (their product) stays an exact 64-bit integer in sweeps.
+MAX_DEGREE = 2**16
+MAX_DATA_PARALLEL = 2**24
 
 
 def _meta(kind: str, flag: Optional[str], help: str, **rule: Any) -> dict[str, Any]:
@@ -88,7 +92,7 @@ def _flag(default: bool, flag: Optional[str], help: str) -> Any:
 def _apply_rule(name: str, value: Any, meta: dict[str, Any]) -> Any:
     kind = meta["kind"]
     if kind == "whole":
-        return V.whole(value, name, meta["minimum"])
+        return V.whole(value, name, meta["minimum"], meta.get("maximum", V.MAX_WHOLE))
     if kind == "fraction":
         return V.fraction(value, name)
     if kind == "number":
@@ -190,17 +194,17 @@ class Parallelism:
     the degrees (expert parallelism is its own factor, as the seed's model and the planner count it).
     """
 
-    tp: int = _whole(1, "--tp", "Tensor-parallel degree (GPUs).")
+    tp: int = _whole(1, "--tp", "Tensor-parallel degree (GPUs).", maximum=MAX_DEGREE)
     sequence_parallel: bool = _flag(True, "--no-sequence-parallel", "With --tp > 1, keep activations unsharded "
                                     "(no Megatron sequence parallelism).")
-    cp: int = _whole(1, "--cp", "Context-parallel degree (sequence split across GPUs).")
-    ep: int = _whole(1, "--ep", "Expert-parallel degree.")
-    dp: int = _whole(1, "--dp", "Data-parallel degree (replicas).")
+    cp: int = _whole(1, "--cp", "Context-parallel degree (sequence split across GPUs).", maximum=MAX_DEGREE)
+    ep: int = _whole(1, "--ep", "Expert-parallel degree.", maximum=MAX_DEGREE)
+    dp: int = _whole(1, "--dp", "Data-parallel degree (replicas).", maximum=MAX_DATA_PARALLEL)
     zero: int = field(default=0, metadata=_meta("zero", "--zero", "ZeRO stage 0-3 across --dp (1 shards optimizer "
                                                 "state, 2 also gradients, 3 also weights)."))
     fsdp: bool = _flag(False, "--fsdp", "PyTorch FSDP full sharding over --dp (as ZeRO-3).")
     fsdp_prefetch: int = _whole(1, "--fsdp-prefetch", "Blocks gathered ahead by ZeRO-3/FSDP.", minimum=0)
-    pp: int = _whole(1, "--pp", "Pipeline-parallel degree (stages).")
+    pp: int = _whole(1, "--pp", "Pipeline-parallel degree (stages).", maximum=MAX_DEGREE)
     pp_schedule: str = _choice("1f1b", "--pp-schedule", "Pipeline schedule 1f1b | interleaved | gpipe "
                                "(micro-batches = --accum).", PP_SCHEDULES,
                                {"interleave": "interleaved", "1f1b-interleaved": "interleaved"},
@@ -270,7 +274,7 @@ class TrainingSetup:
                         "(micro-batch per GPU = batch / (dp x accum), at least 1).", short="-b")
     seq_len: int = _whole(2048, "--seq", "Sequence length in tokens.", short="-s")
     accumulation: int = _whole(1, "--accum", "Gradient-accumulation steps (micro-batches per optimizer step; the "
-                               "pipeline's micro-batches with --pp).")
+                               "pipeline's micro-batches with --pp).", maximum=MAX_DATA_PARALLEL)
     recipe: Recipe = Recipe()
     parallel: Parallelism = Parallelism()
 

@@ -109,9 +109,8 @@ class Detailed:
         peak = np.zeros(n)
         phase = np.zeros(n, dtype=np.int64)
         discrete = tuple(f for f in FIELD_NAMES if f not in ("batch", "seq_len"))
-        for idx, row in x.distinct(discrete):
-            fields = {k: row[k] for k in discrete}
-            setup = TrainingSetup.build(x.models[row["model_index"]], x.devices[row["device_index"]], **fields)
+        for idx, _ in x.distinct(discrete):
+            setup = x.setup_at(x.first_index(idx))  # the group's discrete choices (batch and seq vary within it)
             self.check(setup)
             arch = setup.model.arch
             res = compute_phases(arch, setup, micro_batch=micro[idx], seq_len=seq[idx])

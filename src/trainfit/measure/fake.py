@@ -41,8 +41,9 @@ def default_task(model_type: str) -> str:
 
 
 def prepare_config(cfg: Mapping[str, Any], *, seq: int, attn: str, dropout: bool) -> tuple[Any, list[str]]:
-    """A transformers config object from a config dict, with the position table enlarged to fit
-    ``seq`` when needed and dropout switched off when ``dropout`` is False."""
+    """A transformers config object from a config dict, with dropout switched off when ``dropout`` is
+    False. (A sequence longer than a learned position table is refused before this, by the setup's
+    rules: the table is the model's, not the measurement's, to change.)"""
     transformers = require("transformers")
     d = copy.deepcopy(dict(cfg))
     model_type = d.pop("model_type", None)
@@ -51,15 +52,6 @@ def prepare_config(cfg: Mapping[str, Any], *, seq: int, attn: str, dropout: bool
     if model_type not in transformers.CONFIG_MAPPING:
         raise TrainfitError(f"transformers {transformers.__version__} does not know model_type {model_type!r}")
     notes: list[str] = []
-    family = FAMILIES.get(model_type)
-    if family is not None and family.position_key is not None:  # a learned table: enlarge it to fit seq
-        key, offset = family.position_key, family.position_offset
-        have = d.get(key)
-        if have is None:
-            have = getattr(transformers.CONFIG_MAPPING[model_type](), key)
-        if seq + offset > have:
-            d[key] = seq + offset
-            notes.append(f"{key} raised from {have} to {seq + offset} to fit seq")
     for k in ("architectures", "auto_map", "transformers_version", "_name_or_path", "torch_dtype", "dtype"):
         d.pop(k, None)
     config = transformers.CONFIG_MAPPING[model_type](**d)
