@@ -186,12 +186,16 @@ def test_restrictions_and_validation():
         plan("llama-3.1-8b", "h100", 8, zero_stages=[4])
     with pytest.raises(TrainfitError, match="unknown checkpointing 'ful'"):
         plan("llama-3.1-8b", "h100", 8, checkpointing=["ful"])
-    with pytest.raises(TrainfitError, match="gpus must be a whole number >= 1"):
+    with pytest.raises(TrainfitError, match="gpus must be >= 1, got 0"):
         plan("llama-3.1-8b", "h100", 0)
     with pytest.raises(TrainfitError, match="rejected must be a whole number >= 0"):
         plan("llama-3.1-8b", "h100", 8, rejected=-1)
     with pytest.raises(TrainfitError, match="headroom must be a fraction"):
         plan("llama-3.1-8b", "h100", 8, headroom=-0.1)
+    with pytest.raises(TrainfitError, match="global batch must be at most 16,777,216"):
+        plan("llama-3.1-8b", "h100", 8, global_batch=2**64)  # the divisor enumeration stays instant below it
+    with pytest.raises(TrainfitError, match=r"mfu must be in \[0.01, 1\]"):
+        plan("llama-3.1-8b", "h100", 8, mfu=5e-324)  # would make every step infinitely long
     with pytest.raises(TrainfitError, match="unknown hardware 'h1000'"):
         plan("llama-3.1-8b", "h1000", 8)
     empty = plan("llama-3.1-8b", "h100", 7, global_batch=8)  # 7 GPUs cannot split a batch of 8

@@ -344,14 +344,22 @@ def _layout(space: _Space, arr: dict[str, np.ndarray], i: int, usable: float, ca
                   tokens_per_s=float(arr["time_tokens_per_s"][i]), mfu=float(arr["time_mfu"][i]), reason=reason)
 
 
+#: The search enumerates divisors of the GPU count and of the per-replica batch: beyond these the layouts
+#: no longer describe a cluster and the enumeration stops being instant.
+MAX_GPUS = 2**20
+MAX_GLOBAL_BATCH = 2**24
+MIN_MFU = 0.01
+
+
 def _validate(n_gpus: Any, global_batch: Any, seq_len: Any, headroom: Any, mfu: Any, top: Any, method: str) -> None:
-    for name, v in (("gpus", n_gpus), ("global batch", global_batch), ("seq", seq_len), ("top", top)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise TrainfitError(f"{name} must be a whole number >= 1, got {v!r}")
+    V.whole(n_gpus, "gpus", maximum=MAX_GPUS)
+    V.whole(global_batch, "global batch", maximum=MAX_GLOBAL_BATCH)
+    V.whole(seq_len, "seq")
+    V.whole(top, "top", maximum=10**6)
     if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0.0 <= headroom < 1.0:
         raise TrainfitError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
-    if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0.0 < mfu <= 1.0:
-        raise TrainfitError(f"mfu must be in (0, 1], got {mfu!r}")
+    if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not MIN_MFU <= mfu <= 1.0:
+        raise TrainfitError(f"mfu must be in [{MIN_MFU}, 1] (a model-FLOPs utilisation), got {mfu!r}")
     get_method(method)
 
 
@@ -460,16 +468,24 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
 def min_gpus(model: Any, hardware: Any, *, max_gpus: int = 4096, **options: Any) -> tuple[Optional[Plan], int]:
     """The smallest N <= ``max_gpus`` for which some layout fits, and its plan; ``(None, searched)``
     when none does. ``options`` are :func:`plan`'s keyword arguments."""
-    if isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1:
-        raise TrainfitError(f"max gpus must be a whole number >= 1, got {max_gpus!r}")
-    _context(model, hardware, options.get("precision", DEFAULTS["precision"]), options.get("optimizer", DEFAULTS["optimizer"]),
-             options.get("node_size", DEFAULT_NODE_SIZE), options.get("inter_node_bandwidth"))  # load catalogs
+    max_gpus = V.whole(max_gpus, "max gpus", maximum=MAX_GPUS)
+    ctx = _context(model, hardware, options.get("precision", DEFAULTS["precision"]),
+                   options.get("optimizer", DEFAULTS["optimizer"]), options.get("node_size", DEFAULT_NODE_SIZE),
+                   options.get("inter_node_bandwidth"))
+    batch = V.whole(options.get("global_batch", DEFAULT_GLOBAL_BATCH), "global batch", maximum=MAX_GLOBAL_BATCH)
     started = time.perf_counter()
-    for n in range(1, max_gpus + 1):
+    # only N = dp x tp x pp x ep with dp dividing the batch can hold any layout: try those, smallest first
+    kv = ctx.kv_heads or ctx.heads or 1
+    tps = [t for t in (divisors(ctx.heads) if ctx.heads else [1]) if kv % t == 0 and t <= ctx.net.node_size]
+    eps = divisors(ctx.experts) if ctx.experts else [1]
+    split = sorted({t * p * e for t in tps for p in divisors(ctx.layers) for e in eps})
+    candidates = sorted({d * m for d in divisors(batch) for m in split if d * m <= max_gpus})
+    for n in candidates:
         p = plan(model, hardware, n, **options)
         if p.fitting:
             return (Plan(**{**p.__dict__, "elapsed_s": time.perf_counter() - started,
-                            "notes": p.notes + [f"smallest N that fits: {n} (searched N = 1..{n})"]}), n)
+                            "notes": p.notes + [f"smallest N that fits: {n} (searched the {candidates.index(n) + 1} "
+                                                "GPU counts up to it that can split the batch)"]}), n)
     return None, max_gpus
 
 

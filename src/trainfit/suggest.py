@@ -37,9 +37,13 @@ def candidates(setup: TrainingSetup) -> list[tuple[str, dict[str, Any]]]:
     if p.dp > 1 and not p.fsdp:
         for z in range(p.zero + 1, 4):
             out.append((f"ZeRO stage {z} across the {p.dp} data-parallel ranks", {"zero": z}))
-    for n in (2, 4, 8):  # more GPUs at the same global batch: the micro-batch splits across them
+    device = setup.hardware
+    if device is not None and not device.scales_out:
+        return out  # a phone, a laptop or a microcontroller: more of them is no advice
+    noun = device.noun if device is not None else "GPU"
+    for n in (2, 4, 8):  # more devices at the same global batch: the micro-batch splits across them
         dp = p.dp * n
-        out.append((f"{n}x more data-parallel GPUs ({dp} in all) with ZeRO-3, micro-batch "
+        out.append((f"{n}x more data-parallel {noun}s ({dp} in all) with ZeRO-3, micro-batch "
                     f"{max(1, -(-setup.batch // (dp * setup.accumulation)))}", {"dp": dp, "zero": 3}))
     for n in (2, 4, 8):
         if p.tp * n <= 8:

@@ -28,9 +28,27 @@ ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n != "trainable_fr
                            "precision": TRAINING_PRECISIONS}
 
 
+#: platforms whose PyTorch SDPA has the flash and memory-efficient kernels "auto" picks from (CUDA; ROCm's
+#: aotriton/CK kernels); elsewhere "auto" is the math kernel, which materialises the attention scores
+FUSED_ATTENTION_PLATFORMS = ("cuda", "rocm")
+
+
+def platform_of(setup: TrainingSetup) -> str:
+    """The device's platform; a step with no device is modelled as on CUDA (what the measurements emulate)."""
+    return setup.hardware.platform if setup.hardware is not None else "cuda"
+
+
+def effective(setup: TrainingSetup) -> TrainingSetup:
+    """The setup the step runs as on its platform: ``attention="auto"`` off CUDA/ROCm is the math kernel."""
+    if setup.recipe.attention == "auto" and platform_of(setup) not in FUSED_ATTENTION_PLATFORMS:
+        return setup.replace(attention="math")
+    return setup
+
+
 def total_and_overheads(arch: Any, setup: TrainingSetup, res: PhaseResult, include: bool) -> tuple[Any, list]:
-    """The total (allocated peak plus the overheads, when included) and the overhead components."""
-    ovh = overheads(arch, setup.parallel, res.peak, res.shape.tokens, res.profile.kernel) if include else []
+    """The total (allocated peak plus the platform's overheads, when included) and the overhead components."""
+    ovh = (overheads(arch, setup.parallel, res.peak, res.shape.tokens, res.profile.kernel, platform_of(setup))
+           if include else [])
     return res.peak + sum(o.bytes for o in ovh), ovh
 
 
@@ -56,9 +74,9 @@ class Detailed:
         check_accepts(setup, NAME, ACCEPTS)
 
     def phases(self, setup: TrainingSetup) -> PhaseResult:
-        """Per-phase peaks and components of one setup (no device needed)."""
+        """Per-phase peaks and components of one setup (no device needed: then as on CUDA)."""
         self.check(setup)
-        return compute_phases(setup.model.arch, setup)
+        return compute_phases(setup.model.arch, effective(setup))
 
     def estimate(self, setup: TrainingSetup, *, overheads: bool = True, explain: bool = False) -> Estimate:
         """``components`` are the peak phase's parts plus the overheads (they add up to ``total_bytes``);
@@ -78,21 +96,27 @@ class Detailed:
         inputs.update(tokens_per_microbatch=setup.micro_batch * setup.seq_len, parameters=res.states.n_params,
                       trainable_parameters=res.states.n_trainable)
         notes: list[str] = []
+        platform = platform_of(setup)
+        if effective(setup) is not setup:
+            notes.append(f"attention auto runs the math kernel on {platform} (no fused flash kernel): the scores are "
+                         "materialised, an upper bound where the platform fuses attention")
         pp = setup.parallel.pp
         if pp > 1:
             notes.append(f"pipeline: stage {int(res.stage)} of {pp} reported, the busier of the first (embeddings, "
                          "most in-flight micro-batches) and the last (head and loss)")
-        if overheads:
-            notes.append("total includes CUDA context, workspaces and allocator reserve (leave them out with "
-                         "overheads off)")
+        if overheads and ovh:
+            notes.append("total includes the runtime context, workspaces and allocator reserve (leave them out "
+                         "with overheads off)")
+        elif overheads:
+            notes.append(f"no runtime overheads are modelled on {platform}: the total is the step's allocated peak")
         extra: dict[str, Any] = {
             "peak_allocated_bytes": float(res.peak), "peak_phase": phase,
             "phases": {p: float(v) for p, v in res.peaks.items()},
             "overheads_bytes": float(sum(o.bytes for o in ovh)), "overheads_included": bool(overheads),
-            "attention_kernel": res.profile.kernel, "pipeline_stage": int(res.stage),
+            "attention_kernel": res.profile.kernel, "pipeline_stage": int(res.stage), "platform": platform,
         }
         if explain:
-            extra["explain"] = [ln.as_dict() for ln in explain_lines(arch, setup, res, ovh)]
+            extra["explain"] = [ln.as_dict() for ln in explain_lines(arch, effective(setup), res, ovh)]
         return Estimate(method=NAME, model=setup.model.name, hardware=setup.hardware.name if setup.hardware else "none",
                         feasible=feasible, total_bytes=float(total), available_bytes=available, utilization=util,
                         components=comps, dominant=max(comps, key=comps.__getitem__), inputs=inputs, notes=notes,
@@ -112,6 +136,7 @@ class Detailed:
         for idx, _ in x.distinct(discrete):
             setup = x.setup_at(x.first_index(idx))  # the group's discrete choices (batch and seq vary within it)
             self.check(setup)
+            setup = effective(setup)
             arch = setup.model.arch
             res = compute_phases(arch, setup, micro_batch=micro[idx], seq_len=seq[idx])
             size = batch[idx].shape

@@ -17,6 +17,11 @@ separate, labelled component with its assumption (``--no-overheads`` leaves them
 * **allocator reserve**: the caching allocator reserves more than it hands out (block rounding,
   fragmentation). The replay of the 77 measured steps through a caching-allocator model put
   reserved/allocated - 1 between 0.1 % and 35 %, median 8.6 %; we add 8.6 % of the allocated peak.
+
+On ROCm (AMD GPUs) PyTorch runs the same caching allocator and the same library roles (HIP context,
+hipBLASLt workspaces, RCCL): the same figures are assumed, named for ROCm, not measured. Other
+platforms (TPU, Apple, CPUs, microcontrollers, dataflow parts) get none: their runtimes are not
+modelled, and the total is the step's allocated peak.
 """
 from __future__ import annotations
 
@@ -41,21 +46,34 @@ class Overhead:
     assumption: str
 
 
-def overheads(arch: ArchSpec, par: Parallelism, peak_allocated: Any, tokens: Any, kernel: str) -> list[Overhead]:
-    """The overhead components for a step whose allocated peak is ``peak_allocated`` bytes."""
-    out = [Overhead("cuda_context", float(CUDA_CONTEXT_BYTES), "512 MiB",
-                    "CUDA context + kernel images (0.3-1 GiB observed; CUDA 12 lazy loading, sm80/sm90)")]
+#: platform -> names of its (context, collective-buffer) components; platforms not listed get no overheads
+PLATFORM_NAMES = {"cuda": ("cuda_context", "nccl_buffers", "CUDA", "cuBLAS", "NCCL"),
+                  "rocm": ("hip_context", "rccl_buffers", "HIP", "hipBLASLt", "RCCL")}
+
+
+def overheads(arch: ArchSpec, par: Parallelism, peak_allocated: Any, tokens: Any, kernel: str,
+              platform: str = "cuda") -> list[Overhead]:
+    """The overhead components for a step whose allocated peak is ``peak_allocated`` bytes on ``platform``."""
+    names = PLATFORM_NAMES.get(platform)
+    if names is None:
+        return []
+    context, collectives, runtime, blas, comm = names
+    assumed = "" if platform == "cuda" else " (assumed as on CUDA, not measured)"
+    out = [Overhead(context, float(CUDA_CONTEXT_BYTES), "512 MiB",
+                    f"{runtime} context + kernel images (0.3-1 GiB observed on CUDA; lazy loading, sm80/sm90)"
+                    + assumed)]
     flash = 0.0
     if kernel == "flash":
         flash = 4.0 * tokens * arch.num_heads / par.tp * arch.head_dim
     out.append(Overhead("workspaces", CUBLAS_WORKSPACE_BYTES + flash,
-                        "32 MiB cuBLAS + 4 B x tokens x heads x head_dim (flash backward dQ accumulator)"
-                        if kernel == "flash" else "32 MiB cuBLAS",
-                        "cuBLAS/cuBLASLt workspace (Hopper size) and attention-kernel scratch"))
+                        f"32 MiB {blas} + 4 B x tokens x heads x head_dim (flash backward dQ accumulator)"
+                        if kernel == "flash" else f"32 MiB {blas}",
+                        f"{blas} workspace (Hopper size) and attention-kernel scratch" + assumed))
     if par.world_size > 1:
-        out.append(Overhead("nccl_buffers", float(NCCL_BYTES), "256 MiB",
-                            "NCCL communicator buffers (4 MiB per channel and peer)"))
+        out.append(Overhead(collectives, float(NCCL_BYTES), "256 MiB",
+                            f"{comm} communicator buffers (4 MiB per channel and peer)" + assumed))
     out.append(Overhead("allocator_reserve", ALLOCATOR_RESERVE_FRACTION * peak_allocated,
                         f"{ALLOCATOR_RESERVE_FRACTION:.3f} x peak allocated",
-                        "caching-allocator reserved minus allocated (median of the dev-corpus allocator replay)"))
+                        "caching-allocator reserved minus allocated (median of the dev-corpus allocator replay)"
+                        + assumed))
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from ..result import Estimate
-from ..units import GB, GiB
+from ..units import GB, GiB, format_bytes
 from .document import Column, Document
 from .labels import label
 
@@ -45,12 +45,19 @@ def _pct(part: float, total: float) -> str:
     return f"{100 * part / total:.1f} %" if total else "-"
 
 
+def size(nbytes: float) -> str:
+    """GB (1e9 bytes) with two decimals, or a smaller decimal unit when that would read 0.00 GB."""
+    return format_bytes(nbytes) if nbytes < 0.01 * GB else f"{nbytes / GB:.2f} GB"
+
+
 def verdict(est: Estimate) -> str:
     if est.feasible is None or est.available_bytes is None:
-        return f"peak {est.total_bytes / GB:.2f} GB ({est.total_bytes / GiB:.2f} GiB)"
+        return f"peak {size(est.total_bytes)} ({est.total_bytes / GiB:.2f} GiB)"
     word = "FITS" if est.feasible else "DOES NOT FIT"
-    return (f"{word}: {est.total_bytes / GB:.2f} GB of {est.available_bytes / GB:.2f} GB "
-            f"({est.available_bytes / GiB:.0f} GiB) = {100 * (est.utilization or 0):.1f} % of {est.hardware}")
+    cap = est.available_bytes
+    binary = f"{cap / GiB:.0f} GiB" if cap >= GiB else format_bytes(cap, "MiB" if cap >= 2**20 else "KiB")
+    return (f"{word}: {size(est.total_bytes)} of {size(cap)} ({binary}) = {100 * (est.utilization or 0):.1f} % "
+            f"of {est.hardware}")
 
 
 def component_table(est: Estimate, doc: Document, first: str = "component") -> None:
@@ -84,10 +91,14 @@ def estimate_document(est: Estimate, *, flags: Optional[Callable[[dict[str, Any]
     if "peak_allocated_bytes" in x:
         pk = x["peak_allocated_bytes"]
         phases = ", ".join(f"{p} {v / GiB:.2f}" for p, v in x["phases"].items())
-        doc.line(f"peak allocated (torch.cuda.max_memory_allocated): {pk / GB:.3f} GB ({pk / GiB:.3f} GiB) in the "
+        measure = ("torch.cuda.max_memory_allocated" if x.get("platform", "cuda") in ("cuda", "rocm")
+                   else "by the step's tensors")
+        doc.line(f"peak allocated ({measure}): {pk / GB:.3f} GB ({pk / GiB:.3f} GiB) in the "
                  f"{x['peak_phase']} phase; phase peaks GiB: {phases}; attention kernel {x['attention_kernel']}", "dim")
-        doc.line(f"overheads included in the total: {x['overheads_bytes'] / GiB:.3f} GiB" if x["overheads_included"]
-                 else "overheads left out: the total is the allocated peak", "dim")
+        if x["overheads_included"] and x["overheads_bytes"]:
+            doc.line(f"overheads included in the total: {x['overheads_bytes'] / GiB:.3f} GiB", "dim")
+        elif not x["overheads_included"]:
+            doc.line("overheads left out: the total is the allocated peak", "dim")
     if explain and x.get("explain"):
         doc.line("explain (formula with numbers; source):", "heading")
         for ln in x["explain"]:
