@@ -225,8 +225,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"warm {pl['warm_median_s'] * 1e3:.1f} ms (median), first call {pl['cold_first_call_s'] * 1e3:.0f} ms "
           "(includes loading the catalogs)")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(res, fh, indent=2)
+        from trainfit.files import write_text
+
+        write_text(args.json, json.dumps(res, indent=2))
     return res
 
 

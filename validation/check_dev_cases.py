@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cases = [json.loads(line) for line in (args.groundtruth / "dev-cases.jsonl").read_text().splitlines() if line]
     picked = args.only if args.only else range(len(cases))
-    out = args.out.open("w") if args.out else None
+    out_lines: list[str] = []
     errors: list[float] = []
     print(f"{'#':>3}  {'case':<92} {'theirs B':>14} {'ours B':>14} {'error %':>9} {'phase':>9} {'s':>6}")
     for i in picked:
@@ -70,12 +70,15 @@ def main(argv: list[str] | None = None) -> int:
         phase = est.extra["peak_phase"] + ("" if est.extra["peak_phase"] == case["peak_phase"] else "!")
         print(f"{i:>3}  {case['case'][8:]:<92} {theirs:>14,} {ours:>14,} {err:>+9.4f} {phase:>9} {secs:>6.1f}",
               flush=True)
-        if out:
-            out.write(json.dumps({"index": i, "case": case["case"], "theirs_bytes": theirs, "ours_bytes": ours,
-                                  "error_pct": err, "their_phase": case["peak_phase"],
-                                  "our_phase": est.extra["peak_phase"], "their_sdpa": case["sdpa_kernels"],
-                                  "our_sdpa": est.extra["sdpa_kernels"], "seconds": round(secs, 1)}) + "\n")
-            out.flush()
+        if args.out:
+            out_lines.append(json.dumps({"index": i, "case": case["case"], "theirs_bytes": theirs,
+                                         "ours_bytes": ours, "error_pct": err, "their_phase": case["peak_phase"],
+                                         "our_phase": est.extra["peak_phase"], "their_sdpa": case["sdpa_kernels"],
+                                         "our_sdpa": est.extra["sdpa_kernels"], "seconds": round(secs, 1)}))
+    if args.out:
+        from trainfit.files import write_text
+
+        write_text(args.out, "".join(line + "\n" for line in out_lines))
     absr = [abs(e) for e in errors]
     exact = sum(1 for e in errors if e == 0.0)
     print(f"\n{len(errors)} cases: max |error| {max(absr):.4f} %, median |error| {statistics.median(absr):.4f} %, "

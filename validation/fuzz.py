@@ -225,6 +225,43 @@ api_value = st.one_of(
                      np.array(8), np.array([[1], [2]]), object()]))
 
 
+def _python_value(name: str) -> st.SearchStrategy[Any]:
+    """A plausible Python value for a setup field (valid most of the time, an edge now and then)."""
+    meta = FIELDS[name].metadata
+    kind = meta["kind"]
+    edge = st.sampled_from([0, -1, 2**64, float("nan"), None, "x"])
+    if kind == "whole":
+        good = st.one_of(st.integers(max(1, meta["minimum"]), 8), st.sampled_from([16, 64, 1024, 4096]))
+    elif kind == "zero":
+        good = st.integers(0, 3)
+    elif kind == "fraction":
+        good = st.floats(0, 1)
+    elif kind == "number":
+        good = st.floats(0, 4)
+    elif kind == "flag":
+        good = st.booleans()
+    elif kind == "names":
+        good = st.sampled_from(["q_proj,v_proj", ("q_proj",), "c_attn"])
+    else:
+        good = st.sampled_from([c for c in meta.get("choices", ())] + ([None] if kind == "optional-choice" else []))
+    return st.one_of(good, good, good, edge)
+
+
+@st.composite
+def plausible_call(draw: Any) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """A library call with mostly valid values: it reaches the methods, not only the validation."""
+    fn = draw(st.sampled_from(["estimate", "estimate", "estimate", "sweep", "frontier"]))
+    model = draw(st.sampled_from(MODELS[:11]))
+    hw = draw(st.sampled_from(HARDWARE[:8]))
+    names = draw(st.lists(st.sampled_from(list(FIELDS)), max_size=5, unique=True))
+    kwargs = {n: draw(_python_value(n)) for n in names}
+    if fn == "frontier":
+        kwargs.update(max_microbatch=1024, max_seq_len=1 << 16)
+    if fn in ("estimate", "sweep", "frontier"):
+        kwargs["method"] = draw(st.sampled_from(["first-order", "detailed"] + ([None] if fn == "estimate" else [])))
+    return fn, (model, hw), kwargs
+
+
 @st.composite
 def api_call(draw: Any) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     """(function name, positional args, keyword args) of one library call."""
@@ -361,6 +398,6 @@ def scratch() -> Path:
     return Path(tempfile.mkdtemp(prefix="trainfit-fuzz-"))
 
 
-__all__ = ["api_call", "call_api", "check_config_text", "check_tracks_text", "cli_problem", "command_line",
+__all__ = ["api_call", "call_api", "plausible_call", "check_config_text", "check_tracks_text", "cli_problem", "command_line",
            "malformed_config", "malformed_tracks", "run_cli", "scratch"]
 

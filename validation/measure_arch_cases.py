@@ -56,9 +56,11 @@ def main() -> None:
     from trainfit.errors import TrainfitError
     from trainfit.measure import measure
 
+    from trainfit.files import atomic_path
+
     out = HERE / "detailed-arch-cases.jsonl"
     n = 0
-    with open(out, "w", encoding="utf-8") as fh:
+    with atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         for name, cfg in CONFIGS.items():
             for prec, attn, ck, lora, drop, b, s, opt, impl in VARIANTS:
                 targets = LORA_TARGETS.get(cfg["model_type"], ["q_proj", "v_proj"]) if lora else None

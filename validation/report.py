@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO))  # for validation.corpus, as the tests import it
 
 from trainfit.arch import ArchSpec  # noqa: E402
+from trainfit.files import atomic_path, write_text  # noqa: E402
 from trainfit.detailed.phases import compute_phases  # noqa: E402
 from trainfit.memory import TrainingMemoryModel  # noqa: E402
 from trainfit.training_setup import TrainingSetup  # noqa: E402
@@ -193,7 +194,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="both", alpha=0.2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -247,7 +249,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     rows = collect()
     plot(rows, HERE / "predicted-vs-measured.png")
-    (HERE / "report.md").write_text(render(rows), encoding="utf-8")
+    write_text(HERE / "report.md", render(rows))
     s = stats(rows, "detailed")
     print(f"{len(rows)} cases; detailed median {100 * s['median']:.3f} %, p95 {100 * s['p95']:.3f} %, "
           f"worst {100 * s['worst']:.3f} %; wrote validation/report.md and validation/predicted-vs-measured.png")

@@ -11,12 +11,16 @@ from collections.abc import Iterable
 
 
 class TrainfitError(ValueError):
-    """Bad input: the message is one line and safe to show a user as is."""
+    """Bad input: the message is one line and safe to show a user as is (line breaks in it, from the repr
+    of a value a caller passed, are folded into spaces)."""
+
+    def __init__(self, message: object = "") -> None:
+        super().__init__(" ".join(str(message).split()))
 
 
 def clip(value: object, limit: int = 80) -> str:
     """``repr(value)``, cut to ``limit`` characters: an error line stays readable whatever was passed."""
-    text = repr(value)
+    text = " ".join(repr(value).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -90,7 +90,7 @@ def choice(value: Any, name: str, choices: tuple[str, ...], aliases: Optional[Ma
 def names(value: Any, name: str) -> tuple[str, ...]:
     """A tuple of module names from ``"q_proj,v_proj"`` or a sequence of strings."""
     items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, Iterable) or isinstance(items, Mapping):
+    if not isinstance(items, (list, tuple)):
         raise TrainfitError(f"{name} must be comma-separated names, got {clip(value)}")
     out = []
     for item in items:

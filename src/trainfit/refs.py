@@ -29,7 +29,7 @@ from .arch import (ArchSpec, UnknownConfigError, arch_from_config, arch_referenc
                    resolve_arch)
 from .catalog import DEVICE_NOUN, HardwareSpec, Models, ModelSpec, get_hardware, get_model
 from .errors import TrainfitError, clip, unknown_choice
-from .families import SIZE_LIMITS
+from .families import FAMILIES, SIZE_LIMITS
 from .fields import magnitude, whole
 from .units import parse_bytes
 
@@ -199,6 +199,8 @@ def _from_config(label: str, cfg: Mapping[str, Any], source: Any) -> ModelRef:
     try:
         arch, why = arch_from_config(cfg, name=label), None
     except TrainfitError as exc:
+        if cfg.get("model_type") in FAMILIES:
+            raise  # a type trainfit reads, with a bad value: bad for every method, the measured one too
         arch, why = None, str(exc)
     shape = _arch_shape(arch) if arch is not None else None
     return ModelRef(name=label, shape=shape, arch=arch, arch_error=why, config=MappingProxyType(dict(cfg)),

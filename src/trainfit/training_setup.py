@@ -14,11 +14,14 @@ seed's rule (MLSys·im ``TrainingMemoryModel``), derived here and nowhere else.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
+import numpy as np
+
 from . import fields as V
-from .errors import TrainfitError, unknown_choice
+from .errors import TrainfitError, clip, unknown_choice
 from .refs import DeviceRef, ModelRef, resolve_device, resolve_model
 from .rules import check_setup
 
@@ -248,8 +251,8 @@ class Parallelism:
 def zero_stage(value: Any) -> int:
     """A ZeRO stage 0, 1, 2 or 3."""
     v = V.magnitude(value)
-    if isinstance(v, bool) or v not in (0, 1, 2, 3):
-        raise TrainfitError(f"zero must be 0, 1, 2 or 3, got {value!r}")
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) or v not in (0, 1, 2, 3):
+        raise TrainfitError(f"zero must be 0, 1, 2 or 3, got {clip(value)}")
     return int(v)
 
 

@@ -21,7 +21,6 @@ from .overheads import overheads
 from .phases import COMPONENTS, PHASES, PhaseResult, compute_phases
 
 NAME = "detailed"
-OVERHEADS = ("cuda_context", "workspaces", "nccl_buffers", "allocator_reserve")
 TRAINING_PRECISIONS = tuple(p for p, spec in PRECISIONS.items() if spec.trainable)
 #: every field is modelled; precision only as a training recipe, and partial training through LoRA
 ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n != "trainable_fraction"},
@@ -129,7 +128,7 @@ class Detailed:
         seq = np.broadcast_to(x["seq_len"], shape).reshape(-1).astype(np.float64)
         micro = np.broadcast_to(x.micro_batch, shape).reshape(-1).astype(np.float64)
         n = batch.size
-        comps = {c: np.zeros(n) for c in (*COMPONENTS, *OVERHEADS)}
+        comps = {c: np.zeros(n) for c in COMPONENTS}  # the overheads' names depend on the platform: added as met
         peak = np.zeros(n)
         phase = np.zeros(n, dtype=np.int64)
         discrete = tuple(f for f in FIELD_NAMES if f not in ("batch", "seq_len"))
@@ -150,10 +149,10 @@ class Detailed:
             for c in COMPONENTS:
                 comps[c][idx] = np.take_along_axis(stacked[c], codes[None], axis=0)[0]
             for o in total_and_overheads(arch, setup, res, overheads)[1]:
-                comps[o.name][idx] = np.broadcast_to(o.bytes, size)
+                comps.setdefault(o.name, np.zeros(n))[idx] = np.broadcast_to(o.bytes, size)
         out = {c: v.reshape(shape) for c, v in comps.items()}
         return SweepOutput(components=out, extra={"peak_allocated_bytes": peak.reshape(shape),
                                                   "peak_phase": phase.reshape(shape)})
 
 
-__all__ = ["ACCEPTS", "Detailed", "NAME", "OVERHEADS", "TRAINING_PRECISIONS", "total_and_overheads"]
+__all__ = ["ACCEPTS", "Detailed", "NAME", "TRAINING_PRECISIONS", "total_and_overheads"]

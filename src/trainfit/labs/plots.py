@@ -45,7 +45,10 @@ def _check_path(path: str | Path) -> Path:
 
 
 def _save(fig: Any, p: Path) -> Path:
-    fig.savefig(p, dpi=150 if p.suffix.lower() == ".png" else None)
+    from ..files import atomic_path
+
+    with atomic_path(p) as tmp:  # an interrupted run leaves the old chart or none, never half of one
+        fig.savefig(tmp, dpi=150 if p.suffix.lower() == ".png" else None, format=p.suffix.lower().lstrip("."))
     return p
 
 

@@ -24,7 +24,7 @@ from ..fields import whole
 from ..method import check_accepts
 from ..result import Estimate, verdict_of
 from ..training_setup import TrainingSetup, setup_of
-from ._deps import require
+from ._deps import quiet, require
 
 NAME = "measured"
 TASKS = ("clm", "mlm")
@@ -34,6 +34,9 @@ ACCEPTS: dict[str, Any] = {
     "optimizer": ("adamw", "adam", "sgd", "sgd-momentum"), "opt_impl": None, "checkpointing": ("none", "full"),
     "attention": ("auto", "eager"), "dropout": None, "lora_rank": None, "lora_targets": None,
 }
+#: the most tokens (micro-batch x sequence) one measured step runs: beyond it tensor sizes overflow kernels'
+#: int32 indexing, and no single GPU step is that large
+MAX_TOKENS = 2**31
 #: transformers' attn_implementation for each attention setting (auto: SDPA, whose kernel the CUDA emulation picks)
 ATTN_IMPLEMENTATION = {"auto": "sdpa", "eager": "eager"}
 
@@ -141,6 +144,9 @@ class Measured:
             raise TrainfitError(f"the {NAME} method builds the model from its Hugging Face config; "
                                 f"{setup.model.name!r} has none ({setup.model.arch_error})")
         check_accepts(setup, NAME, ACCEPTS)
+        if setup.micro_batch * setup.seq_len > MAX_TOKENS:
+            raise TrainfitError(f"the {NAME} method runs at most {MAX_TOKENS:,} tokens per micro-batch (its fake "
+                                f"tensors index with 32-bit kernels' limits); got {setup.micro_batch * setup.seq_len:,}")
 
     def estimate(self, setup: TrainingSetup, *, task: Optional[str] = None, warmup: int = 1,
                  semantics: str = "cuda") -> Estimate:
@@ -170,25 +176,26 @@ class Measured:
 
         from .fake import build_model, count_params, make_inputs, to_fake
 
-        built = build_model(cfg, seq=seq, task=task, precision=r.precision, attn=attn, dropout=r.dropout,
-                            checkpointing=r.checkpointing, lora_r=r.lora_rank,
-                            lora_targets=list(r.lora_targets) if r.lora else None)
-        model = built.model
-        n_params, n_trainable = count_params(model)
-        fake_mode = FakeTensorMode()
-        to_fake(model, fake_mode)
-        t_build = time.perf_counter() - t0
-        with fake_mode:
-            inputs = make_inputs(built.config.vocab_size, batch, seq, built.task, built.model_type)
-            opt = make_optimizer([p for p in model.parameters() if p.requires_grad], r.optimizer, r.opt_impl)
-            try:
-                tracker, emulation = run_steps(model, inputs, opt, task=built.task, precision=r.precision,
-                                               warmup=warmup, cuda=semantics == "cuda")
-            except (RuntimeError, NotImplementedError, TypeError) as exc:
-                # e.g. an op whose fake (meta) kernel refuses this dtype: MoE experts' grouped_mm wants bf16
-                first = (str(exc).strip().splitlines() or [""])[0][:300]
-                raise TrainfitError(f"the {built.model_type} training step could not run on fake tensors with this "
-                                    f"recipe ({type(exc).__name__}: {first})") from None
+        with quiet():  # third-party warnings and log lines a user cannot act on
+            built = build_model(cfg, seq=seq, task=task, precision=r.precision, attn=attn, dropout=r.dropout,
+                                checkpointing=r.checkpointing, lora_r=r.lora_rank,
+                                lora_targets=list(r.lora_targets) if r.lora else None)
+            model = built.model
+            n_params, n_trainable = count_params(model)
+            fake_mode = FakeTensorMode()
+            to_fake(model, fake_mode)
+            t_build = time.perf_counter() - t0
+            with fake_mode:
+                inputs = make_inputs(built.config.vocab_size, batch, seq, built.task, built.model_type)
+                opt = make_optimizer([p for p in model.parameters() if p.requires_grad], r.optimizer, r.opt_impl)
+                try:
+                    tracker, emulation = run_steps(model, inputs, opt, task=built.task, precision=r.precision,
+                                                   warmup=warmup, cuda=semantics == "cuda")
+                except (RuntimeError, NotImplementedError, TypeError) as exc:
+                    # e.g. an op whose fake (meta) kernel refuses this dtype: MoE experts' grouped_mm wants bf16
+                    first = (str(exc).strip().splitlines() or [""])[0][:300]
+                    raise TrainfitError(f"the {built.model_type} training step could not run on fake tensors with this "
+                                        f"recipe ({type(exc).__name__}: {first})") from None
         elapsed = time.perf_counter() - t0
         step = tracker.steps[-1]
         first = tracker.steps[0]

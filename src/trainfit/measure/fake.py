@@ -54,7 +54,11 @@ def prepare_config(cfg: Mapping[str, Any], *, seq: int, attn: str, dropout: bool
     notes: list[str] = []
     for k in ("architectures", "auto_map", "transformers_version", "_name_or_path", "torch_dtype", "dtype"):
         d.pop(k, None)
-    config = transformers.CONFIG_MAPPING[model_type](**d)
+    try:
+        config = transformers.CONFIG_MAPPING[model_type](**d)
+    except Exception as exc:  # noqa: BLE001 - transformers' own checks of the config's values
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise TrainfitError(f"transformers rejects this {model_type} config ({type(exc).__name__}: {first})") from None
     if not dropout:
         for k in _DROPOUT_KEYS:
             if isinstance(getattr(config, k, None), (int, float)) and not isinstance(getattr(config, k), bool):
@@ -88,9 +92,10 @@ def build_model(cfg: Mapping[str, Any], *, seq: int, task: Optional[str] = None,
             # dtype at construction (not .to() afterwards): buffers computed in fp32 on purpose
             # (rotary inv_freq) stay fp32, as they do when a bf16 model is loaded
             model = auto.from_config(config, attn_implementation=attn, dtype=dtype)
-    except ValueError as exc:
-        raise TrainfitError(f"transformers cannot build a {task} model for model_type {model_type!r}: "
-                            f"{str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # noqa: BLE001 - a config transformers refuses, whatever it raises
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise TrainfitError(f"transformers cannot build a {task} model for model_type {model_type!r} from this "
+                            f"config ({type(exc).__name__}: {first})") from None
     if checkpointing == "full":
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise TrainfitError(f"{type(model).__name__} does not support gradient checkpointing")
