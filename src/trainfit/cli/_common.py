@@ -69,7 +69,12 @@ def emit(doc: Any, output: "Output", *, json: Any = None) -> None:
 
 def print_json(obj: Any) -> None:
     """Print one JSON document on stdout (plain types only)."""
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, allow_nan=False, default=_plain) + "\n")
+    try:
+        text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False, default=_plain)
+    except ValueError:  # an infinity or NaN: no answer is better than one JSON cannot even hold
+        raise TrainfitError("the answer holds a number that is not finite (an input at the edge of its range); "
+                            "nothing was printed") from None
+    sys.stdout.write(text + "\n")
 
 
 def _plain(obj: Any) -> Any:
