@@ -65,14 +65,16 @@ def estimate(model: Any, hardware: Any = None, *, method: Optional[str] = None, 
 
     ``model`` is a :class:`TrainingSetup` or anything :func:`trainfit.refs.resolve_model` accepts;
     ``kwargs`` are setup fields and method options. ``method`` None picks :func:`default_method`. When
-    the run does not fit, ``suggestions`` adds single changes re-estimated by the same method.
+    the run does not fit, ``suggestions`` adds single changes re-estimated by the same method (methods
+    with a vectorised form only: a measurement per candidate would take minutes).
     """
     fields, options = split_options(kwargs)
     setup = setup_of(model, hardware, **fields)
     m = get_method(method if method is not None else default_method(setup))
     _check_options(m, m.estimate, options)
     est = m.estimate(setup, **options)
-    if suggestions and est.feasible is False:
+    # suggestions re-estimate a dozen changed setups: cheap for the formula methods, minutes for a measurement
+    if suggestions and est.feasible is False and m.vectorised is not None:
         est = est.with_suggestions(_suggest(setup, est.total_bytes, lambda s: m.estimate(s, **options), m.check))
     return est
 
