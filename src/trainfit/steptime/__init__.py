@@ -51,6 +51,8 @@ class StepTime:
     exact_arch: bool
     network: Network = field(repr=False)
     overlap: Overlap = field(repr=False, default=DEFAULT_OVERLAP)
+    detail: dict[str, float] = field(repr=False, default_factory=dict)  #: intermediate quantities (seconds, bytes)
+    setup: Any = field(repr=False, default=None)
 
     def to_json(self) -> dict[str, Any]:
         return {"seconds": self.seconds, "tokens_per_second": self.tokens_per_second,
@@ -165,7 +167,8 @@ def setup_step_time(setup: TrainingSetup, *, node_size: int = DEFAULT_NODE_SIZE,
                     tokens_per_second_per_device=float(res["tokens_per_second_per_device"]),
                     tflops_per_device=float(res["tflops_per_device"]), mfu=float(res["mfu"]),
                     devices=int(res["devices"]), peak_flops=dev.peak_flops, kernel=rc.kernel, exact_arch=ta.exact,
-                    network=net, overlap=overlap)
+                    network=net, overlap=overlap, setup=setup,
+                    detail={k[7:]: float(v) for k, v in res.items() if k.startswith("detail_")})
 
 
 def assumptions(*, net: Network, overlap: Overlap, hardware: str, precision: str, peak_flops: float,

@@ -377,6 +377,16 @@ def evaluate(ta: TimeArch, dev: Device, net: Network, rc: TimeRecipe, lay: dict[
     out["mfu"] = np.broadcast_to(model_flops / (step * world * dev.peak_flops), shape)
     out["devices"] = np.broadcast_to(world, shape)
     out["model_flops"] = np.broadcast_to(model_flops, shape)
+    # what the explanation quotes (per block and micro-batch unless said otherwise)
+    detail = dict(microbatches=m, layers_per_stage=Ls, virtual=v, tokens=M, gemm_fwd=gemm_f, gemm_input_grad=gemm_bx,
+                  gemm_weight_grad=gemm_bw, attention_fwd=core_f, attention_bwd=core_b, memory_bound_fwd=elem_f,
+                  tp_fwd=tp_f, tp_bwd=tp_b, tp_buffer_bytes=S_act, recompute=rec, stage_first=t_first,
+                  stage_last=t_last, stage_mid=t_mid, stage_max=t_max, dp_allreduce=reduce_ar,
+                  dp_reduce_scatter=reduce_rs, dp_allgather=gather_p, zero3_per_microbatch=z3_mb,
+                  grad_bytes_rank=grads_bytes, optimizer_bytes=(train_dense + train_exp) / shard * moved,
+                  pp_send=pp_send, ep_fwd=ep_f, cp_fwd=cp_f)
+    for k, val in detail.items():
+        out[f"detail_{k}"] = np.broadcast_to(_f(val), shape)
     return out
 
 
