@@ -285,7 +285,8 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
     done = np.zeros(n, dtype=bool)
 
     def fill(idx: np.ndarray) -> None:
-        part = _memory(x.take(idx) if len(idx) < n else x, **memory_args)
+        whole = len(idx) == n and bool(np.all(idx == np.arange(n)))
+        part = _memory(x if whole else x.take(idx), **memory_args)
         for k, v in part.items():
             if k not in arr:
                 arr[k] = np.zeros(n)
