@@ -96,7 +96,8 @@ def bus_bandwidth(n: Any, stride: Any, net: Network) -> np.ndarray:
 
 def collective_time(kind: str, nbytes: Any, n: Any, stride: Any, net: Network) -> np.ndarray:
     """Seconds of one ``kind`` collective (``all_reduce``, ``reduce_scatter``, ``all_gather``) of a
-    buffer of ``nbytes`` (the full, unsharded buffer) over ``n`` ranks ``stride`` apart; 0 when n = 1."""
+    buffer of ``nbytes`` (the full, unsharded buffer) over ``n`` ranks ``stride`` apart; 0 when n = 1 or
+    there is nothing to move."""
     n = np.asarray(n, dtype=float)
     factor = 2.0 if kind == "all_reduce" else 1.0
     moved = factor * (n - 1.0) / np.maximum(n, 1.0) * np.asarray(nbytes, dtype=float)
@@ -106,7 +107,7 @@ def collective_time(kind: str, nbytes: Any, n: Any, stride: Any, net: Network) -
     latency = (C.NCCL_BASE_LATENCY + (steps - inter_steps) * C.NCCL_NVLINK_STEP_LATENCY
                + inter_steps * C.NCCL_NET_STEP_LATENCY)
     t = latency + moved / bus_bandwidth(n, stride, net)
-    return np.where(n > 1, t, 0.0)
+    return np.where((n > 1) & (moved > 0), t, 0.0)
 
 
 def p2p_time(nbytes: Any, distance: Any, net: Network, active: Any = True) -> np.ndarray:
