@@ -12,7 +12,8 @@ In the process, after the imports and the catalogs are loaded (a "warm process")
   (detailed) method, ranked by the step-time model; with **cold caches** (the forward walks, tensor
   inventories and architecture views cleared before the call: a model the process has not planned yet)
   and **warm caches** (the same plan again); a **second, different plan** (512 GPUs, global batch 512,
-  sequence 4096) right after a cold first one; and the same plan with ``method="first-order"``;
+  sequence 4096) right after a cold first one; the **first plan of a new process** (after its imports
+  and catalogs; timed inside that process); and the same plan with ``method="first-order"``;
 * **frontier**: Llama-3.1-8B on H100, bf16, ZeRO-3 over 8 GPUs, selective checkpointing, sequence 4096, by the
   default (detailed) method with cold and warm caches, and by first-order;
 * **peers on the plan's 1,080 layouts**, one call per layout: mlsysim 0.3.0 ``TrainingMemoryModel().solve``
@@ -94,6 +95,17 @@ def process(args: list[str]) -> Callable[[], float]:
     return run
 
 
+FIRST_PLAN = ("import time; from trainfit.planner import plan; from trainfit.refs import resolve_model, resolve_device; "
+              "resolve_model('llama-3.1-70b'); resolve_device('h100'); t = time.perf_counter(); "
+              "plan('llama-3.1-70b', 'h100', 1024); print(time.perf_counter() - t)")
+
+
+def first_plan_in_a_new_process() -> float:
+    """The first plan a fresh process makes, after its imports and catalogs: nothing cached, no code warm."""
+    out = subprocess.run([sys.executable, "-c", FIRST_PLAN], check=True, capture_output=True, text=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=7, help="rounds (median reported)")
@@ -160,6 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "plan_detailed_cold_caches": cold(plan_d),
         "plan_detailed_warm_caches": warm(plan_d),
         "plan_detailed_second_different_plan": second_plan,
+        "plan_detailed_first_in_a_new_process": first_plan_in_a_new_process,
         "plan_first_order": warm(plan_f),
         "frontier_detailed_cold_caches": cold(front_d),
         "frontier_detailed_warm_caches": warm(front_d),

@@ -35,7 +35,7 @@ from .engine import default_method, get_method, is_vectorised, split_options, sw
 from .errors import TrainfitError, unknown_choice
 from .refs import DeviceRef, ModelRef, resolve_device, resolve_model
 from .steptime import (DEFAULT_NODE_SIZE, DEFAULT_OVERLAP, TIME_COMPONENTS, Network, Overlap, assumptions,
-                       network_for, step_time_arrays)
+                       network_for, step_time_arrays, time_arch)
 from .sweep import SetupArrays, encode
 from .training_setup import DEFAULTS, OPTIMIZER_ALIASES, OPTIMIZERS, PRECISION_ALIASES, PRECISIONS, TrainingSetup
 from .units import GB
@@ -418,7 +418,6 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
     evaluated = 0
     if exhaustive is None:
         exhaustive = is_vectorised(method)  # one vectorised pass over every layout
-    exact = True
     if space.size:
         x = _encode(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
         st = step_time_arrays(x, node_size=ctx.net.node_size, inter_node_bandwidth=inter_node_bandwidth,
@@ -444,8 +443,6 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
             notes.append(f"the {method!r} memory method has no vectorised version: it ran layout by layout")
     else:
         notes.append("no valid layout: no tp x pp x ep x dp split of the GPUs reaches the global batch exactly")
-    from .steptime import time_arch
-
     exact = time_arch(ctx.model).exact
     peak = ctx.hw.flops(PRECISIONS[ctx.precision].flops)
     lines = assumptions(net=ctx.net, overlap=overlap, hardware=ctx.hw.name, precision=ctx.precision, peak_flops=peak,

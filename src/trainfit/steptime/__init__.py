@@ -15,7 +15,7 @@ no recomputation) per accelerator in 10^12 FLOP/s, and ``mfu`` divides it by the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from . import constants as C
-from .kernels import Device, fused_attention_time, gemm_flops, gemm_time, memory_time
+from .kernels import Device, fused_attention_time, gemm_time, memory_time
 from .links import Network, all_to_all_time, collective_time, p2p_time
 from .shapes import Projection, TimeArch
 
