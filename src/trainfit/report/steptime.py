@@ -17,7 +17,8 @@ def _ms(x: float) -> str:
 
 def summary_line(st: StepTime) -> str:
     """The step in one line."""
-    return (f"step time {st.seconds:.3g} s on {st.devices:,} accelerators: {st.tokens_per_second:,.0f} tokens/s "
+    where = f"{st.devices:,} accelerators" if st.devices != 1 else "1 accelerator"
+    return (f"step time {st.seconds:.3g} s on {where}: {st.tokens_per_second:,.0f} tokens/s "
             f"({st.tokens_per_second_per_device:,.0f} per device), {st.tflops_per_device:.0f} TFLOP/s per device, "
             f"MFU {100 * st.mfu:.1f} %")
 
