@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     scalar_totals = np.array([ours.solve(model, hw, **kw).total_bytes for kw in kwargs])
     sweep_rows = [sweep_kwargs(c) for c in configs]
     cols = {k: np.array([kw[k] for kw in sweep_rows]) for k in sweep_rows[0]}
-    vec_totals = np.asarray(trainfit.sweep(model, hw, **cols)["total_bytes"])
+    vec_totals = np.asarray(trainfit.sweep(model, hw, method="first-order", **cols)["total_bytes"])
     up_totals = np.array([up.solve(um, uh, **kw).total_memory.m_as("byte") for kw in kwargs])
     assert np.array_equal(scalar_totals, vec_totals), "scalar and vectorised totals differ"
     parity = float(np.max(np.abs(up_totals - scalar_totals) / up_totals))
@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     big_n = n * tiles
     work: dict[str, tuple[Callable[[], Any], int]] = {
         "scalar": (lambda: [ours.solve(model, hw, **kw) for kw in kwargs], n),
-        "vector": (lambda: trainfit.sweep(model, hw, **big), big_n),
-        "vector_small": (lambda: trainfit.sweep(model, hw, **cols), n),
+        "vector": (lambda: trainfit.sweep(model, hw, method="first-order", **big), big_n),
+        "vector_small": (lambda: trainfit.sweep(model, hw, method="first-order", **cols), n),
         "mlsysim": (lambda: [up.solve(um, uh, **kw) for kw in kwargs], n),
         "llm_analysis": (lambda: [llm_analysis_call(la_train, c) for c in configs], n),
         "plan": (lambda: plan("llama-3.1-70b", "h100", 1024), 1),

@@ -287,14 +287,25 @@ def test_app_in_headless_chromium(chromium: str, app_url: Callable[[], str]) -> 
             page.get_by_text("seq 1024").wait_for(timeout=TIMEOUT_MS)
             page.locator("marimo-dropdown[data-label*='Activation checkpointing'] select").select_option("selective")
             page.get_by_text("checkpointing selective").wait_for(timeout=TIMEOUT_MS)
+            # the default method is the engine's default for the model (detailed: it has an architecture)
+            page.get_by_test_id("free-estimate").get_by_text("method: detailed").first.wait_for(timeout=TIMEOUT_MS)
+            est = trainfit.estimate("llama-3.1-8b", "h100", batch=8, seq_len=1024, checkpointing="selective")
+            assert est.method == "detailed"
+            total_row = page.get_by_test_id("free-estimate").locator("tr", has_text="total")
+            assert _close(total_row.locator("td").nth(1).inner_text(), est.total_bytes / 1e9, 3)
+            _shoot(page, "free")
+            # first-order by name: MLSys·im golden case (Llama-3.1-8B, H100, b=8, s=1024, 16-bit, Adam, selective)
+            method_box = page.locator("marimo-dropdown[data-label*='Memory method'] select")
+            method_box.select_option("first-order")
+            page.get_by_test_id("free-estimate").get_by_text("method: first-order").first.wait_for(timeout=TIMEOUT_MS)
             est = trainfit.estimate("llama-3.1-8b", "h100", method="first-order", batch=8, seq_len=1024,
                                     checkpointing="selective")
             total_row = page.get_by_test_id("free-estimate").locator("tr", has_text="total")
             shown_gb = total_row.locator("td").nth(1).inner_text()
             assert _close(shown_gb, est.total_bytes / 1e9, 3), (shown_gb, est.total_bytes)
-            # MLSys·im golden case: Llama-3.1-8B, H100, b=8, s=1024, 16-bit, Adam, selective recomputation.
             assert _num(shown_gb) == 165.790
-            _shoot(page, "free")
+            method_box.select_option(label=views.DEFAULT_METHOD)
+            page.get_by_test_id("free-estimate").get_by_text("method: detailed").first.wait_for(timeout=TIMEOUT_MS)
 
             laps.append(('step 8', time.monotonic()))
             # 8. The planner one click away: same inputs, 8 accelerators.

@@ -18,8 +18,16 @@ from typer.testing import CliRunner
 
 from trainfit import Hardware, Models, TrainfitError, TrainingMemoryModel
 from trainfit.cli import app
-from trainfit.frontier import frontier, largest_feasible
+from trainfit.frontier import frontier as default_frontier
+from trainfit.frontier import largest_feasible
 from trainfit.report.frontier import plot_frontier
+
+
+def frontier(*args, **kwargs):
+    """The frontier by the first-order method, whose closed forms this file checks (the library's default is
+    the model's default method: detailed for these models; test_defaults.py checks that)."""
+    kwargs.setdefault("method", "first-order")
+    return default_frontier(*args, **kwargs)
 
 SOLVE = TrainingMemoryModel().solve
 H100 = Hardware.Cloud.H100.memory.capacity  # 80 GiB in bytes
@@ -145,8 +153,9 @@ def test_frontier_validates_like_a_setup():
 def test_cli_text_json_markdown():
     args = ["frontier", "llama-3.1-8b", "h100", "--precision", "bf16", "--checkpointing", "full", "--dp", "8",
             "--zero", "3", "--seq", "4096"]
-    f = frontier("llama-3.1-8b", "h100", precision="bf16", checkpointing="full", dp=8, zero=3,
-                 seq_len=4096)
+    f = default_frontier("llama-3.1-8b", "h100", precision="bf16", checkpointing="full", dp=8, zero=3,
+                         seq_len=4096)
+    assert f.method == "detailed"  # the command and the library share the model's default method
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     assert f"largest micro-batch at seq 4,096: {f.max_microbatch:,} samples" in r.output
@@ -154,7 +163,7 @@ def test_cli_text_json_markdown():
     assert "GB" in r.output and "GiB" in r.output
     r = runner.invoke(app, args + ["--output", "json", "--over", "batch"])
     d = json.loads(r.stdout)
-    assert d["max_microbatch"] == f.max_microbatch and d["seq_curve"] is None
+    assert d["max_microbatch"] == f.max_microbatch and d["seq_curve"] is None and d["method"] == "detailed"
     assert d["batch_curve"]["x"][0] == 1 and len(d["batch_curve"]["total_bytes"]) == len(d["batch_curve"]["x"])
     r = runner.invoke(app, args + ["--output", "markdown", "--over", "seq"])
     assert "| seq (tokens) |" in r.output and "| micro-batch |" not in r.output

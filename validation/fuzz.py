@@ -89,7 +89,7 @@ def command_line(draw: Any) -> list[str]:
         searched = ("tp", "pp", "dp", "ep", "cp", "zero", "fsdp", "fsdp_prefetch", "checkpointing", "checkpoint_every",
                     "accumulation", "pp_schedule", "pp_virtual")
         extra = draw(st.lists(st.sampled_from(
-            [["--gpus", draw(whole_text)], ["--gpus", "8"], ["--gpus", "64"], ["--mfu", draw(fraction_text)],
+            [["--gpus", draw(whole_text)], ["--gpus", "8"], ["--gpus", "64"],
              ["--headroom", draw(fraction_text)], ["--zero", "1,3"], ["--zero", "5"], ["--checkpointing", "full"],
              ["--node-size", draw(whole_text)], ["--inter-node-bandwidth", draw(st.sampled_from(
                  ["400 Gbps", "0 GB/s", "1e-300 B/s", "fast", "1e308 TB/s"]))], ["--top", draw(whole_text)],

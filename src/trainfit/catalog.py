@@ -90,6 +90,8 @@ class HardwareSpec(BaseModel):
     tdp: Optional[Watts] = None
     interconnect: Optional[Link] = None
     nvlink: Optional[Link] = None
+    nic: Optional[Link] = None  #: the network interface each accelerator of a typical node has (scale-out)
+    sm_count: Optional[int] = Field(default=None, ge=1)  #: streaming multiprocessors / compute units
     unit_cost_usd: Optional[float] = None
     source: Source
 

@@ -21,7 +21,7 @@ from .measure import Measured
 from .method import MemoryMethod, refusable
 from .result import Estimate
 from .suggest import suggest as _suggest
-from .sweep import SweepResult, check_supported, elementwise, encode, evaluate
+from .sweep import SetupArrays, SweepResult, check_supported, elementwise, encode, evaluate
 from .training_setup import FIELDS, TrainingSetup, setup_of
 
 #: every memory method, by name
@@ -79,18 +79,37 @@ def estimate(model: Any, hardware: Any = None, *, method: Optional[str] = None, 
     return est
 
 
-def sweep(model: Any, hardware: Any, *, method: str = "first-order", **kwargs: Any) -> SweepResult:
+def sweep(model: Any, hardware: Any, *, method: Optional[str] = None, **kwargs: Any) -> SweepResult:
     """Evaluate many training setups at once.
 
     ``kwargs`` are flat setup fields (each a scalar or a numpy array; everything broadcasts together,
-    ``model`` and ``hardware`` may be arrays of names too) and the method's options. Bad values raise
-    :class:`~trainfit.errors.TrainfitError` with the single-setup message plus the first bad element's
-    position. Returns a :class:`~trainfit.sweep.SweepResult` of read-only arrays (bytes); element ``i``
-    equals :func:`estimate` of element ``i``'s setup with the same method.
+    ``model`` and ``hardware`` may be arrays of names too) and the method's options. ``method`` None picks
+    the first method of :data:`DEFAULT_ORDER` that applies to every model of the sweep (detailed when they
+    all have architecture details). Bad values raise :class:`~trainfit.errors.TrainfitError` with the
+    single-setup message plus the first bad element's position. Returns a
+    :class:`~trainfit.sweep.SweepResult` of read-only arrays (bytes); element ``i`` equals :func:`estimate`
+    of element ``i``'s setup with the same method.
     """
-    m = get_method(method)
+    if method is not None:
+        get_method(method)
     fields, options = split_options(kwargs)
     x = encode(model, hardware, **fields)
+    return sweep_encoded(x, method if method is not None else default_method_for(x), **options)
+
+
+def default_method_for(x: SetupArrays) -> str:
+    """The first method of :data:`DEFAULT_ORDER` that applies to every model of encoded setups."""
+    probe = [x.setup_at(x.first_index(idx)) for idx, _ in x.distinct(())]
+    for name in DEFAULT_ORDER:
+        if all(METHODS[name].applies(s) for s in probe):
+            return name
+    return DEFAULT_ORDER[-1]
+
+
+def sweep_encoded(x: SetupArrays, method: str, **options: Any) -> SweepResult:
+    """:func:`sweep` over setups already encoded and validated by :func:`~trainfit.sweep.encode` (the
+    planner encodes its layouts once for the memory method and the step-time model)."""
+    m = get_method(method)
     check_supported(x, refusable(m.accepts), m.check)
     if m.vectorised is not None:
         _check_options(m, m.vectorised, options)
@@ -105,4 +124,4 @@ def is_vectorised(method: str) -> bool:
 
 
 __all__ = ["DEFAULT_ORDER", "METHODS", "default_method", "estimate", "get_method", "is_vectorised", "split_options",
-           "sweep"]
+           "sweep", "sweep_encoded", "default_method_for"]

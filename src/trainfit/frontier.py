@@ -22,11 +22,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .engine import is_vectorised, split_options, sweep
+from .engine import default_method, is_vectorised, split_options, sweep
 from .errors import TrainfitError, unknown_choice
 from .rules import model_values
 from .sweep import SweepResult
-from .training_setup import TrainingSetup
+from .training_setup import TrainingSetup, setup_of
 
 #: Search caps: 2^24 samples per micro-batch, 2^24 tokens per sequence (16.7 M).
 MAX_MICROBATCH = 1 << 24
@@ -137,12 +137,14 @@ def _axis(frontier_x: int, capped: bool, start: int, limit: int) -> np.ndarray:
     return np.unique(np.asarray(xs, dtype=np.int64))
 
 
-def frontier(model: Any, hardware: Any, *, method: str = "first-order", over: tuple[str, ...] = ("batch", "seq"),
+def frontier(model: Any, hardware: Any, *, method: Optional[str] = None, over: tuple[str, ...] = ("batch", "seq"),
              headroom: float = 0.0, max_microbatch: int = MAX_MICROBATCH, max_seq_len: int = MAX_SEQ_LEN,
              **kwargs: Any) -> Frontier:
     """Largest micro-batch, longest sequence and the memory curves for one strategy.
 
-    ``kwargs`` are the training-setup fields of the strategy (and the method's options). ``seq_len``
+    ``method`` None picks the model's default (:func:`trainfit.engine.default_method`: detailed when it has
+    architecture details), as ``estimate`` does. ``kwargs`` are the training-setup fields of the strategy
+    (and the method's options). ``seq_len``
     (default 2048) fixes the sequence for the batch frontier; ``batch`` (global; default ``dp ·
     accumulation``, i.e. micro-batch 1) fixes the micro-batch for the sequence frontier. ``over``
     selects which curves to compute; both frontiers are always found. ``headroom`` in [0, 1) keeps that
@@ -159,6 +161,8 @@ def frontier(model: Any, hardware: Any, *, method: str = "first-order", over: tu
     if not batch_given:
         fields.pop("batch", None)
     # Validate everything once, on a single configuration (the method's own rules and messages).
+    if method is None:
+        method = default_method(setup_of(model, hardware, **{k: v for k, v in fields.items() if v is not None}))
     base = sweep(model, hardware, method=method, **fields, **options)
     setup = base.setup_at(())
     dp_acc = setup.parallel.dp * setup.accumulation

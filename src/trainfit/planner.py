@@ -11,12 +11,14 @@
 * activation checkpointing none / selective / full;
 * micro-batch ``b`` and accumulation ``m`` with ``b · m · dp`` = the global batch exactly.
 
-It evaluates the memory of all of them in one vectorised sweep (:mod:`trainfit.sweep`, the chosen
-memory method; with pipelining the first stage holds ``min(pp, m)`` micro-batches of activations,
-1F1B), keeps those whose total fits under ``capacity · (1 − headroom)``, ranks them by the explicit
-step-time model of :mod:`trainfit.steptime`, and reports the best layouts with their memory and
-time breakdowns, plus the best rejected ones and why they fail. :func:`min_gpus` finds the smallest N
-for which any layout fits. Sizes in bytes, times in seconds.
+The layouts are encoded once as arrays of training setups (:mod:`trainfit.sweep`). Their memory comes
+from the chosen method — by default the one :func:`trainfit.engine.default_method` picks for the
+model, the detailed method when it has architecture details, so ``plan``, ``frontier`` and
+``estimate`` agree on the memory of the same configuration — evaluated for every layout at once; the
+step time of every layout comes from :mod:`trainfit.steptime`. Layouts whose total fits under
+``capacity · (1 − headroom)`` are ranked fastest first; the report carries the best layouts with their
+memory and time breakdowns, the best rejected ones and why they fail. :func:`min_gpus` finds the
+smallest N for which any layout fits. Sizes in bytes, times in seconds.
 """
 from __future__ import annotations
 
@@ -30,19 +32,21 @@ import numpy as np
 from . import formulas as F
 from . import fields as V
 from .catalog import HardwareSpec
+from .engine import default_method, get_method, is_vectorised, split_options, sweep_encoded
 from .errors import TrainfitError, unknown_choice
-from .engine import get_method, is_vectorised, split_options, sweep
-from .first_order import storage_bytes
-from .refs import resolve_device, resolve_model
+from .refs import DeviceRef, ModelRef, resolve_device, resolve_model
+from .steptime import (DEFAULT_NODE_SIZE, DEFAULT_OVERLAP, TIME_COMPONENTS, Network, Overlap, assumptions,
+                       network_for, step_time_arrays, time_arch)
+from .sweep import SetupArrays, encode
+from .training_setup import DEFAULTS, OPTIMIZER_ALIASES, OPTIMIZERS, PRECISION_ALIASES, PRECISIONS, TrainingSetup
 from .rules import model_values
-from .steptime import (DEFAULT_MFU, DEFAULT_NODE_SIZE, TIME_COMPONENTS, Network, assumptions, network_for,
-                       step_time)
-from .training_setup import DEFAULTS, OPTIMIZER_ALIASES, OPTIMIZERS, PRECISION_ALIASES, PRECISIONS
 from .units import GB
 
 DEFAULT_GLOBAL_BATCH = 1024
 DEFAULT_SEQ_LEN = 2048
 DEFAULT_HEADROOM = 0.10
+#: the throughput figures of every layout (JSON ``step_time``)
+STEP_FIGURES = ("seconds", "tokens_per_second", "tokens_per_second_per_device", "tflops_per_device", "mfu")
 
 
 def divisors(n: int) -> list[int]:
@@ -78,12 +82,21 @@ class Layout:
     tokens_per_s: float
     mfu: float
     reason: Optional[str] = None
+    tokens_per_s_per_device: float = 0.0
+    tflops_per_device: float = 0.0
+
+    @property
+    def step_time(self) -> dict[str, float]:
+        """The layout's throughput figures, as ``estimate --output json`` reports them."""
+        return {"seconds": self.step_s, "tokens_per_second": self.tokens_per_s,
+                "tokens_per_second_per_device": self.tokens_per_s_per_device,
+                "tflops_per_device": self.tflops_per_device, "mfu": self.mfu}
 
     def to_json(self) -> dict[str, Any]:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "zero_stage": self.zero_stage,
                 "checkpointing": self.checkpointing, "microbatch": self.microbatch,
                 "accumulation": self.accumulation, "memory_bytes": dict(self.memory), "total_bytes": self.total_bytes,
-                "fits": self.fits, "time_s": dict(self.time), "step_s": self.step_s,
+                "fits": self.fits, "step_time": self.step_time, "time_s": dict(self.time), "step_s": self.step_s,
                 "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "reason": self.reason}
 
 
@@ -125,7 +138,8 @@ class Plan:
                 "top": [x.to_json() for x in self.top], "rejected": [x.to_json() for x in self.rejected],
                 "candidates": self.candidates, "excluded": list(self.excluded),
                 "assumptions": list(self.assumptions), "elapsed_s": self.elapsed_s, "notes": list(self.notes),
-                "units": "bytes per accelerator (GB = 1e9 bytes, GiB = 2^30 bytes where shown); seconds per step"}
+                "units": "bytes per accelerator (GB = 1e9 bytes, GiB = 2^30 bytes where shown); seconds per step; "
+                         "tokens/s; 10^12 model FLOP/s per device"}
 
 
 # ------------------------------------------------------------------------------------------ enumeration
@@ -209,75 +223,57 @@ def _enumerate(n: int, global_batch: int, *, heads: Optional[int], layers: int, 
 
 @dataclass(frozen=True)
 class _Context:
-    model: Any
+    model: ModelRef
+    device: DeviceRef
     hw: HardwareSpec
     name: str
-    params: float
-    active_params: float
     layers: int
-    hidden: int
     heads: Optional[int]
     kv_heads: int
     experts: Optional[int]
-    top_k: int
-    moe: bool
     precision: str
-    precision_bytes: float
     optimizer: str
-    peak: float
     net: Network
 
 
 def _context(model: Any, hardware: Any, precision: str, optimizer: str, node_size: int,
              inter_node_bandwidth: Any) -> _Context:
-    hw = resolve_device(hardware).spec
+    device = resolve_device(hardware)
+    hw = device.spec
     if hw is None:
         raise TrainfitError(f"the planner needs a catalog accelerator (its FLOP/s and links), got {hardware!r}")
     ref = resolve_model(model)
     shape = ref.require_shape("planner")
-    spec = ref.spec
     prec = V.choice(precision, "precision", tuple(PRECISIONS), PRECISION_ALIASES)
-    bpp = storage_bytes(prec)
     optimizer = V.choice(optimizer, "optimizer", OPTIMIZERS, OPTIMIZER_ALIASES)
     net = network_for(hw, node_size=node_size, inter_node_bandwidth=inter_node_bandwidth)
-    experts = spec.experts if spec is not None and spec.experts and spec.experts > 1 else None
-    active = float(spec.active_parameters) if spec is not None and spec.active_parameters else shape.parameters
-    top_k = int(spec.active_experts_per_token) if spec is not None and spec.active_experts_per_token else 1
-    return _Context(model=model, hw=hw, name=shape.name, params=shape.parameters, active_params=active,
-                    layers=shape.layers, hidden=shape.hidden_dim or F.DEFAULT_HIDDEN, heads=shape.heads,
-                    kv_heads=model_values(ref)["kv_heads"],
-                    experts=experts, top_k=top_k, moe=experts is not None, precision=prec, precision_bytes=bpp,
-                    optimizer=optimizer, peak=hw.flops(PRECISIONS[prec].flops), net=net)
+    if ref.arch is not None:
+        heads, experts = ref.arch.num_heads, (ref.arch.num_experts if ref.arch.is_moe else None)
+    else:
+        spec = ref.spec
+        heads = shape.heads
+        experts = spec.experts if spec is not None and spec.experts and spec.experts > 1 else None
+    return _Context(model=ref, device=device, hw=hw, name=shape.name, layers=shape.layers, heads=heads,
+                    kv_heads=model_values(ref)["kv_heads"], experts=experts, precision=prec, optimizer=optimizer,
+                    net=net)
 
 
-def _subset(space: _Space, idx: np.ndarray) -> _Space:
-    return _Space(tp=space.tp[idx], pp=space.pp[idx], dp=space.dp[idx], ep=space.ep[idx], zero=space.zero[idx],
-                  ckpt=space.ckpt[idx], mb=space.mb[idx], candidates=space.candidates, excluded=space.excluded)
-
-
-def _times(ctx: _Context, space: _Space, *, global_batch: int, seq_len: int, mfu: float) -> dict[str, np.ndarray]:
-    """Step-time arrays (seconds) for every layout of ``space``; cheap, independent of memory."""
-    t = step_time(params=ctx.params, active_params=ctx.active_params, layers=ctx.layers, hidden=ctx.hidden,
-                  seq_len=seq_len, global_batch=global_batch, microbatch=space.mb, tp=space.tp, pp=space.pp,
-                  dp=space.dp, ep=space.ep, zero_stage=space.zero, checkpointing=space.ckpt,
-                  precision_bytes=ctx.precision_bytes, peak_flops=ctx.peak, mfu=mfu, net=ctx.net, top_k=ctx.top_k,
-                  moe=ctx.moe)
-    return {f"time_{k}": np.broadcast_to(np.asarray(v, dtype=float), space.tp.shape) for k, v in t.items()}
-
-
-def _memory(ctx: _Context, space: _Space, *, global_batch: int, seq_len: int, method: str, inflight: bool,
-            options: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Memory arrays (bytes per accelerator) for every layout of ``space``, from the chosen method."""
-    ckpt_names = np.asarray(F.CHECKPOINTING)[space.ckpt]
+def _encode(ctx: _Context, space: _Space, *, global_batch: int, seq_len: int, fields: dict[str, Any]) -> SetupArrays:
+    """Every layout of ``space`` as encoded, validated training setups (one per element)."""
     acc = global_batch // (space.dp * space.mb)
-    res = sweep(ctx.model, ctx.hw, method=method, batch=global_batch, seq_len=seq_len, precision=ctx.precision,
-                optimizer=ctx.optimizer, checkpointing=ckpt_names, tp=space.tp, pp=space.pp, dp=space.dp,
-                ep=space.ep, zero=space.zero, accumulation=acc, **options)
+    return encode(ctx.model, ctx.device, batch=global_batch, seq_len=seq_len, precision=ctx.precision,
+                  optimizer=ctx.optimizer, checkpointing=np.asarray(F.CHECKPOINTING)[space.ckpt], tp=space.tp,
+                  pp=space.pp, dp=space.dp, ep=space.ep, zero=space.zero, accumulation=acc, **fields)
+
+
+def _memory(x: SetupArrays, *, method: str, inflight: bool, options: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Memory arrays (bytes per accelerator) for every layout of ``x``, from the chosen method."""
+    res = sweep_encoded(x, method, **options)
     comps = {k: np.array(v, dtype=float) for k, v in res.components.items()}
-    # Only the first-order model keeps one micro-batch per stage; other methods (the detailed one) count
-    # the in-flight micro-batches of their pipeline schedule themselves.
+    # Only the first-order model keeps one micro-batch per stage; other methods (the detailed one)
+    # count the in-flight micro-batches of their pipeline schedule themselves.
     if inflight and method == "first-order" and "activations" in comps:
-        comps["activations"] = comps["activations"] * F.pipeline_inflight_microbatches(space.pp, acc)
+        comps["activations"] = comps["activations"] * F.pipeline_inflight_microbatches(x["pp"], x["accumulation"])
         total = None
         for v in comps.values():
             total = v if total is None else total + v
@@ -288,19 +284,20 @@ def _memory(ctx: _Context, space: _Space, *, global_batch: int, seq_len: int, me
     return out
 
 
-def _rank(ctx: _Context, space: _Space, times: dict[str, np.ndarray], usable: float, *, top: int, rejected: int,
+def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: int, rejected: int,
           exhaustive: bool, **memory_args: Any) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
     """Memory for the layouts needed to rank: all of them (``exhaustive``), or in order of step time until
-    the fastest ``top`` fitting and ``rejected`` non-fitting layouts are known, ties included (for slow
-    methods; the layouts never evaluated are all slower). Returns (arrays over all layouts, NaN where not
-    evaluated; the evaluated mask; how many were evaluated)."""
-    n = space.size
+    the fastest ``top`` fitting and ``rejected`` non-fitting layouts are known, ties included (for methods
+    without a vectorised form; the layouts never evaluated are all slower). Returns (arrays over all
+    layouts, NaN where not evaluated; the evaluated mask; how many were evaluated)."""
+    n = x.size
     step = times["time_step"]
     arr: dict[str, np.ndarray] = {"total_bytes": np.full(n, np.nan)}
     done = np.zeros(n, dtype=bool)
 
     def fill(idx: np.ndarray) -> None:
-        part = _memory(ctx, _subset(space, idx), **memory_args)
+        whole = len(idx) == n and bool(np.all(idx == np.arange(n)))
+        part = _memory(x if whole else x.take(idx), **memory_args)
         for k, v in part.items():
             if k not in arr:
                 arr[k] = np.zeros(n)
@@ -341,26 +338,26 @@ def _layout(space: _Space, arr: dict[str, np.ndarray], i: int, usable: float, ca
                   zero_stage=int(space.zero[i]), checkpointing=F.CHECKPOINTING[int(space.ckpt[i])],
                   microbatch=int(space.mb[i]), accumulation=int(arr["accumulation"][i]), memory=memory,
                   total_bytes=total, fits=fits, time=times, step_s=float(arr["time_step"][i]),
-                  tokens_per_s=float(arr["time_tokens_per_s"][i]), mfu=float(arr["time_mfu"][i]), reason=reason)
+                  tokens_per_s=float(arr["time_tokens_per_second"][i]), mfu=float(arr["time_mfu"][i]), reason=reason,
+                  tokens_per_s_per_device=float(arr["time_tokens_per_second_per_device"][i]),
+                  tflops_per_device=float(arr["time_tflops_per_device"][i]))
 
 
 #: The search enumerates divisors of the GPU count and of the per-replica batch: beyond these the layouts
 #: no longer describe a cluster and the enumeration stops being instant.
 MAX_GPUS = 2**20
 MAX_GLOBAL_BATCH = 2**24
-MIN_MFU = 0.01
 
 
-def _validate(n_gpus: Any, global_batch: Any, seq_len: Any, headroom: Any, mfu: Any, top: Any, method: str) -> None:
+def _validate(n_gpus: Any, global_batch: Any, seq_len: Any, headroom: Any, top: Any, method: Optional[str]) -> None:
     V.whole(n_gpus, "gpus", maximum=MAX_GPUS)
     V.whole(global_batch, "global batch", maximum=MAX_GLOBAL_BATCH)
     V.whole(seq_len, "seq")
     V.whole(top, "top", maximum=10**6)
     if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0.0 <= headroom < 1.0:
         raise TrainfitError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
-    if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not MIN_MFU <= mfu <= 1.0:
-        raise TrainfitError(f"mfu must be in [{MIN_MFU}, 1] (a model-FLOPs utilisation), got {mfu!r}")
-    get_method(method)
+    if method is not None:
+        get_method(method)
 
 
 def _choices(values: Optional[Sequence[Any]], allowed: Sequence[Any], what: str, resolve: Any) -> list[Any]:
@@ -385,24 +382,31 @@ def _zero_value(v: Any) -> int:
     return z
 
 
+#: fields the planner's search chooses
+SEARCHED = ("batch", "seq_len", "precision", "optimizer", "checkpointing", "tp", "pp", "dp", "ep", "zero", "accumulation")
+
+
 def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_GLOBAL_BATCH,
          seq_len: int = DEFAULT_SEQ_LEN, precision: str = DEFAULTS["precision"], optimizer: str = DEFAULTS["optimizer"],
          headroom: float = DEFAULT_HEADROOM, zero_stages: Optional[Sequence[Any]] = None,
-         checkpointing: Optional[Sequence[str]] = None, method: str = "first-order", mfu: float = DEFAULT_MFU,
+         checkpointing: Optional[Sequence[str]] = None, method: Optional[str] = None,
          node_size: int = DEFAULT_NODE_SIZE, inter_node_bandwidth: Any = None, inflight: bool = True,
-         top: int = 5, rejected: int = 5, exhaustive: Optional[bool] = None, **options: Any) -> Plan:
+         top: int = 5, rejected: int = 5, exhaustive: Optional[bool] = None, overlap: Overlap = DEFAULT_OVERLAP,
+         **options: Any) -> Plan:
     """Every valid layout of ``model`` on ``n_gpus`` accelerators of ``hardware``, ranked.
 
     ``global_batch`` in sequences, ``seq_len`` in tokens; ``headroom`` the fraction of memory kept
-    free; ``zero_stages``/``checkpointing`` restrict the search (default: all); ``mfu``, ``node_size``
-    and ``inter_node_bandwidth`` (e.g. ``"400 Gbps"``) set the time model's assumptions;
-    ``inflight=False`` keeps the seed's one-micro-batch activation memory for pipelines.
-    ``exhaustive`` evaluates the memory of every layout (default for first-order, which takes
-    milliseconds); otherwise memory is evaluated in order of step time until the ranking is settled.
-    ``options`` are the other training-setup fields (``sequence_parallel``, ``lora_rank``, ...), the same for
-    every layout, and the memory method's own options.
+    free; ``zero_stages``/``checkpointing`` restrict the search (default: all); ``method`` the memory
+    method (None: :func:`~trainfit.engine.default_method` for the model — detailed when it has
+    architecture details); ``node_size``, ``inter_node_bandwidth`` (e.g. ``"400 Gbps"``; default the
+    catalog's NIC) and ``overlap`` set the step-time model's network and overlap;
+    ``inflight=False`` keeps the seed's one-micro-batch activation memory for first-order pipelines.
+    ``exhaustive`` evaluates the memory of every layout (the default for methods with a vectorised
+    form); otherwise memory is evaluated in order of step time until the ranking is settled.
+    ``options`` are the other training-setup fields (``sequence_parallel``, ``lora_rank``, ...), the
+    same for every layout, and the memory method's own options.
     """
-    _validate(n_gpus, global_batch, seq_len, headroom, mfu, top, method)
+    _validate(n_gpus, global_batch, seq_len, headroom, top, method)
     if isinstance(rejected, bool) or not isinstance(rejected, int) or rejected < 0:
         raise TrainfitError(f"rejected must be a whole number >= 0, got {rejected!r}")
     ctx = _context(model, hardware, precision, optimizer, node_size, inter_node_bandwidth)
@@ -410,12 +414,14 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
     zs = _choices(zero_stages, [0, 1, 2, 3], "ZeRO stage", _zero_value)
     cks = [F.CHECKPOINTING.index(c) for c in _choices(checkpointing, list(F.CHECKPOINTING), "checkpointing",
                                                         lambda v: V.choice(v, "checkpointing", F.CHECKPOINTING))]
-    searched = ("batch", "seq_len", "precision", "optimizer", "checkpointing", "tp", "pp", "dp", "ep", "zero",
-                "accumulation")
-    fixed = [k for k in split_options(options)[0] if k in searched]
+    fields, method_options = split_options(options)
+    fixed = [k for k in fields if k in SEARCHED]
     if fixed:
         raise TrainfitError(f"{fixed[0]} is chosen by the planner's search; pass the search's own arguments "
                             "(n_gpus, global_batch, seq_len, precision, optimizer, zero_stages, checkpointing)")
+    if method is None:
+        method = default_method(TrainingSetup.build(ctx.model, ctx.device, precision=ctx.precision,
+                                                    optimizer=ctx.optimizer, **fields))
     notes: list[str] = []
     if ctx.heads is None and 0 in cks:
         cks = [c for c in cks if c]
@@ -423,19 +429,21 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
     space = _enumerate(int(n_gpus), int(global_batch), heads=ctx.heads, kv_heads=ctx.kv_heads, layers=ctx.layers,
                        experts=ctx.experts,
                        node_size=ctx.net.node_size, zero_stages=zs, ckpt_codes=cks)
-    capacity = float(ctx.hw.memory.capacity)
+    capacity = float(ctx.device.capacity_bytes)
     usable = capacity * (1.0 - headroom)
     top_rows: list[Layout] = []
     rej_rows: list[Layout] = []
     fitting = 0
     evaluated = 0
     if exhaustive is None:
-        exhaustive = method == "first-order"  # milliseconds for every layout; other methods cost more
+        exhaustive = is_vectorised(method)  # one vectorised pass over every layout
     if space.size:
-        times = _times(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), mfu=mfu)
-        mem, done, evaluated = _rank(ctx, space, times, usable, top=top, rejected=rejected, exhaustive=exhaustive,
-                                     global_batch=int(global_batch), seq_len=int(seq_len), method=method,
-                                     inflight=inflight, options=options)
+        x = _encode(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
+        st = step_time_arrays(x, node_size=ctx.net.node_size, inter_node_bandwidth=inter_node_bandwidth,
+                              overlap=overlap)
+        times = {f"time_{k}": v for k, v in st.items()}
+        mem, done, evaluated = _rank(x, times, usable, top=top, rejected=rejected, exhaustive=exhaustive,
+                                     method=method, inflight=inflight, options=method_options)
         arr = {**times, **mem, "accumulation": global_batch // (space.dp * space.mb)}
         fits = done & (mem["total_bytes"] <= usable)
         misses = done & ~fits
@@ -454,15 +462,26 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
             notes.append(f"the {method!r} memory method has no vectorised version: it ran layout by layout")
     else:
         notes.append("no valid layout: no tp x pp x ep x dp split of the GPUs reaches the global batch exactly")
+    exact = time_arch(ctx.model).exact
+    peak = ctx.hw.flops(PRECISIONS[ctx.precision].flops)
+    lines = assumptions(net=ctx.net, overlap=overlap, hardware=ctx.hw.name, precision=ctx.precision, peak_flops=peak,
+                        exact_arch=exact)
+    lines.append(_memory_assumption(method, inflight, headroom))
     return Plan(model=ctx.name, hardware=ctx.hw.name, method=method, n_gpus=int(n_gpus),
                 global_batch=int(global_batch), seq_len=int(seq_len), precision=ctx.precision,
                 optimizer=ctx.optimizer, headroom=float(headroom), capacity_bytes=capacity, searched=space.size,
                 fitting=fitting, evaluated=evaluated, top=top_rows, rejected=rej_rows, candidates=space.candidates,
-                excluded=space.excluded,
-                assumptions=assumptions(mfu=mfu, peak_flops=ctx.peak, precision=ctx.precision, net=ctx.net,
-                                        hardware=ctx.hw.name, moe=ctx.moe, inflight=inflight, headroom=headroom,
-                                        method=method),
-                elapsed_s=time.perf_counter() - started, notes=notes)
+                excluded=space.excluded, assumptions=lines, elapsed_s=time.perf_counter() - started, notes=notes)
+
+
+def _memory_assumption(method: str, inflight: bool, headroom: float) -> str:
+    if method == "first-order":
+        what = ("trainfit's first-order model per accelerator (MLSys·im TrainingMemoryModel), with "
+                + ("the first pipeline stage holding min(p, m) micro-batches of activations (1F1B)" if inflight
+                   else "one micro-batch of activations per stage (the seed's assumption)"))
+    else:
+        what = f"trainfit's {method!r} method per accelerator, as it reports it (its own pipeline accounting)"
+    return f"memory: {what}; a layout fits when its total <= capacity x (1 - {headroom:g}) headroom"
 
 
 def min_gpus(model: Any, hardware: Any, *, max_gpus: int = 4096, **options: Any) -> tuple[Optional[Plan], int]:
@@ -489,4 +508,4 @@ def min_gpus(model: Any, hardware: Any, *, max_gpus: int = 4096, **options: Any)
     return None, max_gpus
 
 
-__all__ = ["Layout", "Plan", "divisors", "min_gpus", "plan"]
+__all__ = ["Layout", "Plan", "STEP_FIGURES", "divisors", "min_gpus", "plan"]

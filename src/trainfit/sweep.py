@@ -77,6 +77,15 @@ class SetupArrays:
         first = 0 if isinstance(idx, slice) else int(idx[0])
         return np.unravel_index(first, self.shape) if self.shape else ()
 
+    def take(self, idx: np.ndarray) -> "SetupArrays":
+        """The 1-D sweep of the elements at flat positions ``idx`` (already validated: nothing re-checked)."""
+        def pick(a: np.ndarray) -> np.ndarray:
+            return np.broadcast_to(a, self.shape).reshape(-1)[idx] if np.ndim(a) else a
+
+        return SetupArrays(shape=(int(len(idx)),), models=self.models, model_index=pick(self.model_index),
+                           devices=self.devices, device_index=pick(self.device_index),
+                           values={k: pick(v) for k, v in self.values.items()}, choices=self.choices)
+
     def setup_at(self, index: Any) -> TrainingSetup:
         """The :class:`TrainingSetup` of one element."""
         m = int(np.broadcast_to(self.model_index, self.shape)[index])

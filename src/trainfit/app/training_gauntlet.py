@@ -115,7 +115,8 @@ def _(METHODS, mo, views):
                                 label="Model", searchable=True),
         "hardware": mo.ui.dropdown(_hardware, value=next(k for k, v in _hardware.items() if v == "h100"),
                                    label="Accelerator", searchable=True),
-        "method": mo.ui.dropdown([m for m in METHODS if m != "measured"], value="first-order", label="Memory method"),
+        "method": mo.ui.dropdown(views.method_options(list(METHODS)), value=views.DEFAULT_METHOD,
+                                 label="Memory method"),
         **views.free_controls(mo),  # the training setup's fields, as `trainfit estimate` offers them
         "gpus": mo.ui.number(start=1, stop=4096, step=1, value=8, label="Accelerators for the plan (N)"),
     })
@@ -253,17 +254,17 @@ def _(TrainfitError, estimate_document, free, free_task, frontier_document, io, 
         try:
             if free_task.value.startswith("Frontier"):
                 _fields = views.setup_fields(_v)
-                _f = trainfit_frontier(_v["model"], _v["hardware"], method=_v["method"], **_fields)
+                _f = trainfit_frontier(_v["model"], _v["hardware"], method=views.method_of(_v["method"]), **_fields)
                 _result = mo.vstack([mo.image(io.BytesIO(views.plot_png(plot_trainfit_frontier, _f)), style=_img),
                                      mo.Html(f'<div data-testid="free-frontier">'
                                              f'{mo.md(to_markdown(frontier_document(_f))).text}</div>')])
             elif _is_plan:
                 _fields = views.setup_fields(_v, views.PLAN_FIELDS)
                 _pl = trainfit_plan(_v["model"], _v["hardware"], int(_v["gpus"]), global_batch=_fields.pop("batch"),
-                                    method=_v["method"], **_fields)
+                                    method=views.method_of(_v["method"]), **_fields)
                 _result = mo.Html(f'<div data-testid="free-plan">{mo.md(to_markdown(plan_document(_pl))).text}</div>')
             else:
-                _e = trainfit.estimate(_v["model"], _v["hardware"], method=_v["method"], **views.setup_fields(_v))
+                _e = trainfit.estimate(_v["model"], _v["hardware"], method=views.method_of(_v["method"]), **views.setup_fields(_v))
                 _result = mo.vstack([mo.image(io.BytesIO(views.plot_estimate_png(_e)), style=_img),
                                      mo.Html(f'<div data-testid="free-estimate">'
                                              f'{mo.md(to_markdown(estimate_document(_e))).text}</div>')])

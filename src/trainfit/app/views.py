@@ -190,6 +190,20 @@ def free_controls(mo: Any) -> dict[str, Any]:
     return out
 
 
+#: free mode's method choice that lets the engine pick, as ``estimate``, ``frontier`` and ``plan`` do
+DEFAULT_METHOD = "default (detailed where the model has an architecture)"
+
+
+def method_options(methods: Sequence[str]) -> list[str]:
+    """Free mode's memory-method choices: the engine's default first, then every method but measured."""
+    return [DEFAULT_METHOD] + [m for m in methods if m != "measured"]
+
+
+def method_of(value: str) -> Optional[str]:
+    """The ``method=`` argument of a free-mode choice (None: the engine's default for the model)."""
+    return None if value == DEFAULT_METHOD else value
+
+
 def setup_fields(values: Mapping[str, Any], names: Sequence[str] = FREE_FIELDS) -> dict[str, Any]:
     """The flat training-setup fields of free mode's control values (whole numbers as ints)."""
     from ..training_setup import FIELDS

@@ -49,15 +49,37 @@ def estimate_command(
     elif no_overheads or explain:
         raise_unused("--no-overheads" if no_overheads else "--explain", name)
     est = estimate(setup, method=name, **options)
-    emit(estimate_document(est, flags=flags_for, explain=explain), output, json=_json(est))
+    st, why = _step_time(setup)
+    emit(estimate_document(est, flags=flags_for, explain=explain, step_time=st), output,
+         json=_json(est, st, why, explain))
     if require_fit and est.feasible is False:
         raise typer.Exit(2)
 
 
-def _json(est: Any) -> dict[str, Any]:
+def _step_time(setup: TrainingSetup) -> tuple[Any, Optional[str]]:
+    """The setup's step time on tp x pp x dp x cp x ep accelerators, or None and why not."""
+    from ..errors import TrainfitError
+    from ..steptime import setup_step_time
+
+    try:
+        return setup_step_time(setup), None
+    except TrainfitError as exc:
+        return None, str(exc)
+
+
+def _json(est: Any, st: Any, why: Optional[str], explain: bool) -> dict[str, Any]:
     d = est.to_json()
     for s in d["suggestions"]:
         s["flags"] = flags_for(s["changes"])
+    if st is not None:
+        d["step_time"] = st.to_json()
+        if explain:
+            from ..report.steptime import explain_lines
+
+            d["step_time"]["explain"] = explain_lines(st)
+    else:
+        d["step_time"] = None
+        d["step_time_note"] = why
     return d
 
 

@@ -17,8 +17,9 @@ class Over(str, Enum):
     seq = "seq"
 
 
-_METHOD_HELP = ("Memory model: " + ", ".join(METHODS) + " (first-order and detailed are vectorised; measured runs "
-                "configuration by configuration).")
+_METHOD_HELP = ("Memory model: " + ", ".join(METHODS) + ". Default: detailed for models with architecture details "
+                "(as estimate), else first-order. First-order and detailed are vectorised; measured runs "
+                "configuration by configuration.")
 
 
 @app.command("frontier")
@@ -35,7 +36,7 @@ def frontier_command(
     headroom: float = typer.Option(0.0, "--headroom", help="Fraction of memory kept free, in [0, 1) (default 0)."),
     comm_buffer_fraction: Optional[float] = typer.Option(None, "--comm-buffer-fraction",
                                                          help="first-order: gradient bucket as a fraction of local gradient bytes."),
-    method: str = typer.Option("first-order", "--method", help=_METHOD_HELP),
+    method: Optional[str] = typer.Option(None, "--method", help=_METHOD_HELP),
     plot: Optional[str] = typer.Option(None, "--plot", help="Save the curves to FILE (.png, .svg or .pdf; needs "
                                        "matplotlib: pip install 'trainfit[plot]')."),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text | json | markdown."),
@@ -86,27 +87,29 @@ def plan_command(
     checkpointing: Optional[str] = typer.Option(None, "--checkpointing",
                                                 help="Checkpointing modes to consider, e.g. 'selective,full' "
                                                      "(default none,selective,full)."),
-    mfu: float = typer.Option(0.40, "--mfu", help="Model-FLOPs utilisation of the compute term, in (0, 1]."),
     node_size: int = typer.Option(8, "--node-size", help="Accelerators per node (TP stays inside one)."),
     inter_node: Optional[str] = typer.Option(None, "--inter-node-bandwidth",
                                              help="Per-GPU network bandwidth per direction, e.g. '400 Gbps' or "
-                                                  "'50 GB/s' (default 400 Gb/s)."),
+                                                  "'50 GB/s' (default: the accelerator's NIC in the catalog, else "
+                                                  "400 Gb/s)."),
     no_inflight: bool = typer.Option(False, "--no-inflight",
                                      help="first-order: keep one micro-batch of activations per pipeline stage (the "
                                           "seed's assumption) instead of 1F1B's min(pp, accumulation)."),
     exhaustive: bool = typer.Option(False, "--exhaustive",
-                                    help="Evaluate the memory of every layout. First-order always does (it takes "
-                                         "milliseconds); slower methods otherwise stop once the ranking is settled."),
+                                    help="Evaluate the memory of every layout. Vectorised methods (first-order, "
+                                         "detailed) always do; the measured method otherwise stops once the ranking is "
+                                         "settled."),
     top: int = typer.Option(5, "--top", help="Layouts to show."),
     rejected: int = typer.Option(5, "--rejected", help="Best rejected layouts to show."),
-    method: str = typer.Option("first-order", "--method", help=_METHOD_HELP),
+    method: Optional[str] = typer.Option(None, "--method", help=_METHOD_HELP),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text | json | markdown."),
     setup_fields: Optional[dict[str, Any]] = None,
 ) -> None:
     """Every valid TP/PP/DP/EP/ZeRO/checkpointing/micro-batch layout on N accelerators, ranked by step time.
 
-    Memory per accelerator in GB (1e9 bytes); times in seconds per optimizer step. Every assumption of the
-    time model is printed with the result.
+    Memory per accelerator in GB (1e9 bytes) from the model's default memory method (detailed when it has
+    architecture details); times in seconds per optimizer step from the step-time model. Every assumption
+    of the time model is printed with the result; --output json gives each layout's step_time and memory.
     """
     from ..planner import min_gpus, plan
     from ..report.plan import plan_document
@@ -115,7 +118,7 @@ def plan_command(
     global_batch, seq = fields.pop("batch"), fields.pop("seq_len")
     opts = dict(global_batch=global_batch, seq_len=seq, precision=fields.pop("precision"),
                 optimizer=fields.pop("optimizer"), headroom=headroom, zero_stages=_split(zero),
-                checkpointing=_split(checkpointing), method=method, mfu=mfu, node_size=node_size,
+                checkpointing=_split(checkpointing), method=method, node_size=node_size,
                 inter_node_bandwidth=inter_node, inflight=not no_inflight, exhaustive=True if exhaustive else None,
                 top=top, rejected=rejected, **fields)
     if min_gpus_flag:

@@ -22,6 +22,7 @@ Kernel facts used (PyTorch 2.x CUDA SDPA):
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
@@ -618,6 +619,21 @@ class _Walker:
                                  head_saved=head_saved, loss_saved=loss_saved, forward_candidates=tuple(cands),
                                  loss_backward=loss_bwd, weight_copies=wc, weight_copies_saved=wcs,
                                  per_layer_weight_copies=per_layer_wc, pieces=pieces)
+
+
+#: the only :class:`Parallelism` fields the forward walk reads (a field the walk starts reading must be
+#: added here, or walks would be shared between setups that differ in it)
+WALK_FIELDS = ("tp", "sequence_parallel", "cp", "ep", "pp")
+_WALK_DEFAULT = Parallelism()
+
+
+def walk_parallelism(par: Parallelism) -> Parallelism:
+    """``par`` with every field the walk does not read at its default, so that setups differing only in
+    data parallelism, ZeRO, FSDP or the pipeline schedule share one walk (and one cache entry)."""
+    if all(getattr(par, f.name) == getattr(_WALK_DEFAULT, f.name) for f in dataclasses.fields(par)
+           if f.name not in WALK_FIELDS):
+        return par
+    return Parallelism(**{f: getattr(par, f) for f in WALK_FIELDS})
 
 
 @lru_cache(maxsize=512)

@@ -17,7 +17,9 @@ from ..result import Estimate, verdict_of
 from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, PRECISIONS, TrainingSetup
 from .explain import explain as explain_lines
+from .layouts import PER_ELEMENT, SHARDING_FIELDS, layout_phases, sharding_groups
 from .overheads import overheads
+from .overheads import overheads as overheads_of
 from .phases import COMPONENTS, PHASES, PhaseResult, compute_phases
 
 NAME = "detailed"
@@ -122,37 +124,50 @@ class Detailed:
                         extra=extra, setup=setup)
 
     def vectorised(self, x: SetupArrays, *, overheads: bool = True) -> SweepOutput:
-        """Arrays of setups: one walk per distinct discrete choice, batch and sequence as arrays."""
+        """Arrays of setups: one forward walk per distinct model split and recipe; data-parallel sharding,
+        accumulation, batch and sequence as arrays (:mod:`trainfit.detailed.layouts`)."""
         shape = x.shape
-        batch = np.broadcast_to(x["batch"], shape).reshape(-1).astype(np.float64)
-        seq = np.broadcast_to(x["seq_len"], shape).reshape(-1).astype(np.float64)
+        flat = lambda name: np.broadcast_to(x[name], shape).reshape(-1)  # noqa: E731
+        seq = flat("seq_len").astype(np.float64)
         micro = np.broadcast_to(x.micro_batch, shape).reshape(-1).astype(np.float64)
-        n = batch.size
+        n = micro.size
         comps = {c: np.zeros(n) for c in COMPONENTS}  # the overheads' names depend on the platform: added as met
         peak = np.zeros(n)
+        total = np.zeros(n)
         phase = np.zeros(n, dtype=np.int64)
-        discrete = tuple(f for f in FIELD_NAMES if f not in ("batch", "seq_len"))
-        for idx, _ in x.distinct(discrete):
-            setup = x.setup_at(x.first_index(idx))  # the group's discrete choices (batch and seq vary within it)
-            self.check(setup)
-            setup = effective(setup)
-            arch = setup.model.arch
-            res = compute_phases(arch, setup, micro_batch=micro[idx], seq_len=seq[idx])
-            size = batch[idx].shape
+        shared = tuple(f for f in FIELD_NAMES if f not in PER_ELEMENT)
+        for idx, row in x.distinct(shared):
+            idx = np.arange(n)[idx] if isinstance(idx, slice) else idx
+            first = x.setup_at(x.first_index(idx))
+            self.check(first)
+            platform = platform_of(first)
+            first = effective(first)
+            arch = first.model.arch
+            pars, which = sharding_groups({f: flat(f)[idx] for f in SHARDING_FIELDS}, first.parallel)
+            acc = flat("accumulation")[idx]
+            res = layout_phases(arch, first.recipe, pars, which, acc, micro[idx], seq[idx])
+            size = idx.shape
             codes = np.broadcast_to(np.asarray(res.peak_phase) if not isinstance(res.peak_phase, str)
                                     else PHASES.index(res.peak_phase), size)
-            pk = np.broadcast_to(res.peak, size)
-            peak[idx] = pk
+            peak[idx] = np.broadcast_to(res.peak, size)
             phase[idx] = codes
             stacked = {c: np.stack([np.broadcast_to(np.asarray(res.phases[p][c], dtype=float), size) for p in PHASES])
                        for c in COMPONENTS}
             for c in COMPONENTS:
                 comps[c][idx] = np.take_along_axis(stacked[c], codes[None], axis=0)[0]
-            for o in total_and_overheads(arch, setup, res, overheads)[1]:
-                comps.setdefault(o.name, np.zeros(n))[idx] = np.broadcast_to(o.bytes, size)
+            total[idx] = peak[idx]
+            if overheads:
+                for k, par in enumerate(pars):  # the overheads read the world size: one call per sharding
+                    sel = which == k
+                    pk = peak[idx[sel]]
+                    ovh = overheads_of(arch, par, pk, np.broadcast_to(res.shape.tokens, size)[sel], res.profile.kernel,
+                                       platform)
+                    for o in ovh:
+                        comps.setdefault(o.name, np.zeros(n))[idx[sel]] = np.broadcast_to(o.bytes, pk.shape)
+                    total[idx[sel]] = pk + sum(o.bytes for o in ovh)  # as total_and_overheads adds them
         out = {c: v.reshape(shape) for c, v in comps.items()}
         return SweepOutput(components=out, extra={"peak_allocated_bytes": peak.reshape(shape),
-                                                  "peak_phase": phase.reshape(shape)})
+                                                  "peak_phase": phase.reshape(shape)}, total=total.reshape(shape))
 
 
 __all__ = ["ACCEPTS", "Detailed", "NAME", "TRAINING_PRECISIONS", "total_and_overheads"]

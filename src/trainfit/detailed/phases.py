@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import ArchSpec
-from .activations import ActivationProfile, activation_profile
+from .activations import ActivationProfile, activation_profile, walk_parallelism
 from .graph import Vec, ZERO, tok, vadd, vbytes, vsub
 from .layout import block_linears
 from ..training_setup import Parallelism, Recipe, TrainingSetup
@@ -39,6 +39,16 @@ def _is_array(*xs: Any) -> bool:
     return any(isinstance(x, np.ndarray) for x in xs)
 
 
+def _num(x: Any) -> Any:
+    """A byte count as a float, or the array it is (a layout sweep passes arrays)."""
+    return x if isinstance(x, np.ndarray) else float(x)
+
+
+def _pick(cond: Any, a: Any, b: Any) -> Any:
+    """``a if cond else b`` for a flag that may be an array."""
+    return np.where(cond, a, b) if _is_array(cond) else (a if cond else b)
+
+
 def inflight_microbatches(par: Parallelism, accumulation: int) -> float:
     """Micro-batches whose activations the first pipeline stage holds at once: 1F1B keeps ``pp``
     (fewer if the step has fewer micro-batches); the interleaved schedule ``pp·(1 + (pp-1)/(pp·v))``
@@ -47,10 +57,10 @@ def inflight_microbatches(par: Parallelism, accumulation: int) -> float:
     if p == 1:
         return 1.0
     if par.pp_schedule == "gpipe":
-        return float(m)
+        return _num(m)
     if par.pp_schedule == "interleaved":
         return p * (1.0 + (p - 1) / (p * par.pp_virtual))
-    return float(min(p, m))
+    return np.minimum(float(p), m) if _is_array(m) else float(min(p, m))
 
 
 @dataclass(frozen=True)
@@ -146,7 +156,12 @@ def compute_phases(arch: ArchSpec, setup: TrainingSetup, micro_batch: Any = None
     first = _compute_stage(*args, 0, b, s)
     if setup.parallel.pp == 1:
         return first
-    last = _compute_stage(*args, setup.parallel.pp - 1, b, s)
+    return busier_stage(first, _compute_stage(*args, setup.parallel.pp - 1, b, s))
+
+
+def busier_stage(first: PhaseResult, last: PhaseResult) -> PhaseResult:
+    """The first or the last pipeline stage, whichever peaks higher (element-wise for arrays; the first on
+    a tie)."""
     if not _is_array(first.peak, last.peak):
         return first if first.peak >= last.peak else last
     pick = np.asarray(last.peak) > np.asarray(first.peak)
@@ -160,16 +175,26 @@ def compute_phases(arch: ArchSpec, setup: TrainingSetup, micro_batch: Any = None
 def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulation: int, stage: int,
                    micro_batch: Any, seq_len: Any) -> PhaseResult:
     st = state_bytes(arch, recipe, par, stage)
-    pr = activation_profile(arch, recipe, par, stage)
+    pr = activation_profile(arch, recipe, walk_parallelism(par), stage)
+    comm = comm_buffers(arch, recipe, par, st)
+    return stage_phases(arch, recipe, par, st, pr, comm, accumulation, stage, micro_batch, seq_len)
+
+
+def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, pr: ActivationProfile,
+                 comm: dict[str, dict[str, Any]], accumulation: Any, stage: int, micro_batch: Any,
+                 seq_len: Any) -> PhaseResult:
+    """The phases of one pipeline stage from its state bytes, forward walk and communication buffers.
+    ``st``'s fields, ``comm``'s values and ``accumulation`` may be arrays (one element per setup of a
+    layout sweep; :mod:`trainfit.detailed.layouts`); ``par`` then supplies only what the sweep's
+    elements share (tp, sequence parallelism, pp and its schedule)."""
     sh = step_shape(par, micro_batch, seq_len)
     B = sh.bytes
     # 1F1B: the first stage holds the most micro-batches, the last only the one it is working on
     inflight = inflight_microbatches(par, accumulation) if stage == 0 else (
-        float(accumulation) if par.pp_schedule == "gpipe" else 1.0)
-    grads_present = accumulation > 1 or par.pp > 1
-    comm = comm_buffers(arch, recipe, par, st)
-    opt_state = float(st.opt_states + st.step_counters)
-    base = dict(parameters=float(st.params), buffers=float(st.buffers), master_weights=float(st.master + st.fp32_grads), optimizer_state=opt_state,
+        _num(accumulation) if par.pp_schedule == "gpipe" else 1.0)
+    grads_present = (accumulation > 1) | (par.pp > 1) if _is_array(accumulation) else (accumulation > 1 or par.pp > 1)
+    opt_state = _num(st.opt_states + st.step_counters)
+    base = dict(parameters=_num(st.params), buffers=_num(st.buffers), master_weights=_num(st.master + st.fp32_grads), optimizer_state=opt_state,
                 optimizer_temporaries=0.0, inputs=INPUT_BYTES_PER_TOKEN * sh.tokens)
     saved_total = B(pr.saved_total)
     extra_inflight = (inflight - 1.0) * saved_total
@@ -181,21 +206,22 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulatio
         fwd_cands.append({"activations": _min(live, saved_total) + extra_inflight,
                           "temporaries": live - _min(live, saved_total)})
     fwd = _select(fwd_cands)
-    forward = {**base, "gradients": float(st.grads) if grads_present else 0.0, **fwd,
-               "communication_buffers": float(sum(comm["forward"].values()))}
+    forward = {**base, "gradients": _pick(grads_present, _num(st.grads), 0.0), **fwd,
+               "communication_buffers": _num(sum(comm["forward"].values()))}
 
     # backward
-    g_all = float(st.grads)
-    g_head = float(st.grads_head)
-    g_layers = float(st.grads - st.grads_head - st.grads_embed)
+    g_all = _num(st.grads)
+    g_head = _num(st.grads_head)
+    g_layers = _num(st.grads - st.grads_head - st.grads_embed)
     n_layers = max(len(pr.layers), 1)
     head_loss = vadd(pr.head_saved, pr.loss_saved)
     bwd_cands = [{"activations": saved_total + extra_inflight, "temporaries": B(pr.loss_backward),
-                  "gradients": g_all if grads_present else 0.0}]
+                  "gradients": _pick(grads_present, g_all, 0.0)}]
     # a tied LM head's weight gradient waits in autograd's input buffer until the embedding's own
     # contribution arrives (one AccumulateGrad for both uses): held from the head to the embeddings
-    tied = float(st.grads_embed) if arch.tie_word_embeddings and par.pp == 1 else 0.0
-    g_emb = float(st.grads_embed) if stage == 0 else 0.0
+    tied_head = arch.tie_word_embeddings and par.pp == 1
+    tied = _num(st.grads_embed) if tied_head else 0.0
+    g_emb = _num(st.grads_embed) if stage == 0 else 0.0
     lins = block_linears(arch, 0)
     first_op_grad = (lins[-1].in_features * lins[-1].out_features / par.tp * recipe.param_bytes
                      if not recipe.lora and lins else 0.0)
@@ -211,20 +237,20 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulatio
             done = g_head + g_layers * pos_ / n_layers + first_op_grad
             bwd_cands.append({"activations": B(vadd(remaining, lp.recompute)) + extra_inflight,
                               "temporaries": B(lp.transient_bwd) + tied,
-                              "gradients": g_all if grads_present else done})
+                              "gradients": _pick(grads_present, g_all, done)})
         later = vadd(later, lp.saved)
     # the embeddings' backward, last: every other gradient exists; the embedding gradient is built
     # (dense, like the table) from the incoming gradient; tied, it is summed with the held head part
     h_res = arch.hidden_size / (par.tp if par.sequence_parallel and par.tp > 1 else 1)
     bwd_cands.append({"activations": B(pr.embed_saved) + extra_inflight,
-                      "temporaries": B(tok(h_res * recipe.param_bytes)) + (3 * g_emb if tied else g_emb),
-                      "gradients": g_all if grads_present else g_all - g_emb})
+                      "temporaries": B(tok(h_res * recipe.param_bytes)) + (3 * g_emb if tied_head else g_emb),
+                      "gradients": _pick(grads_present, g_all, g_all - g_emb)})
     bwd = _select(bwd_cands)
-    backward = {**base, **bwd, "communication_buffers": float(sum(comm["backward"].values()))}
+    backward = {**base, **bwd, "communication_buffers": _num(sum(comm["backward"].values()))}
 
-    optimizer = {**base, "gradients": g_all, "optimizer_temporaries": float(st.opt_temp),
+    optimizer = {**base, "gradients": g_all, "optimizer_temporaries": _num(st.opt_temp),
                  "activations": 0.0 * sh.tokens, "temporaries": 0.0 * sh.tokens,
-                 "communication_buffers": float(sum(comm["optimizer"].values()))}
+                 "communication_buffers": _num(sum(comm["optimizer"].values()))}
     phases = {"forward": _order(forward), "backward": _order(backward), "optimizer": _order(optimizer)}
     peaks = {p: sum(c.values()) for p, c in phases.items()}
     vals = [peaks[p] for p in PHASES]

@@ -134,12 +134,37 @@ def _adafactor_state(shape: tuple[int, ...]) -> int:
     return rounded(4 * shape[0])
 
 
+@dataclass(frozen=True)
+class _Unsharded:
+    """One rank's model-state bytes before ZeRO/FSDP sharding (what tp, ep and the stage decide)."""
+
+    params_b: int
+    train_b: int
+    n_all: int
+    n_train: int
+    master: int
+    grads: int
+    fp32g: int
+    states: int
+    steps: int
+    temp: int
+    largest_layer: int
+    largest: int
+    n_tensors: int
+    n_trainable_tensors: int
+    grads_part: tuple[tuple[str, int], ...]
+
+
+#: the recipe fields the state bytes read (setups differing only in others share one inventory)
+_STATE_RECIPE_FIELDS = ("precision", "optimizer", "opt_impl", "lora_rank", "lora_targets", "lora_dtype", "qlora",
+                        "fp32_grads")
+
+
 @lru_cache(maxsize=1024)
-def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> StateBytes:
-    """Exact model-state bytes of ``arch`` trained with ``recipe``, split as ``par`` says, on one rank of
-    pipeline ``stage``."""
+def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage: int) -> _Unsharded:
+    """The tensor inventory of one rank of pipeline ``stage``, summed (before any ZeRO/FSDP sharding)."""
+    par = Parallelism(tp=tp, ep=ep, pp=pp)
     keep = _stage_filter(arch, par, stage)
-    tp, ep, dp, zero = par.tp, par.ep, par.dp, par.zero_stage
     pb = recipe.param_bytes
     state_b = 4 if recipe.master_weights else pb
     tensors = [t for t in param_tensors(arch) if keep(t)]
@@ -210,6 +235,22 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
     emb = sum(_tp_numel(t, tp, ep) for t in tensors if t.layer is None and t.group in ("embeddings", "position"))
     head = sum(_tp_numel(t, tp, ep) for t in tensors if t.layer is None and t.group not in ("embeddings", "position"))
     largest_layer = max(largest_layer, emb, head)
+    return _Unsharded(params_b=params_b, train_b=train_b, n_all=n_all, n_train=n_train, master=master, grads=grads,
+                      fp32g=fp32g, states=states, steps=steps, temp=temp, largest_layer=largest_layer,
+                      largest=largest, n_tensors=len(items), n_trainable_tensors=len(train),
+                      grads_part=tuple(grads_part.items()))
+
+
+@lru_cache(maxsize=1024)
+def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> StateBytes:
+    """Exact model-state bytes of ``arch`` trained with ``recipe``, split as ``par`` says, on one rank of
+    pipeline ``stage``."""
+    tp, ep, dp, zero = par.tp, par.ep, par.dp, par.zero_stage
+    u = _unsharded(arch, Recipe(**{f: getattr(recipe, f) for f in _STATE_RECIPE_FIELDS}), tp, ep, par.pp, stage)
+    params_b, train_b, n_all, n_train, master, grads, fp32g, states, steps, temp = (
+        u.params_b, u.train_b, u.n_all, u.n_train, u.master, u.grads, u.fp32g, u.states, u.steps, u.temp)
+    largest_layer, largest, grads_part = u.largest_layer, u.largest, dict(u.grads_part)
+    items_len, train_len = u.n_tensors, u.n_trainable_tensors
     if zero >= 1 and dp > 1:
         states, steps, master, temp, fp32g = (_shard(x, dp) for x in (states, steps, master, temp, fp32g))
     if zero >= 2 and dp > 1:
@@ -225,7 +266,7 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
     return StateBytes(params=params_b, trainable_params=train_b, frozen_params=params_b - train_b, n_params=n_all,
                       n_trainable=n_train, master=master, grads=grads, fp32_grads=fp32g, opt_states=states,
                       step_counters=steps, opt_temp=temp, largest_layer_params=largest_layer,
-                      largest_tensor=largest, n_tensors=len(items), n_trainable_tensors=len(train),
+                      largest_tensor=largest, n_tensors=items_len, n_trainable_tensors=train_len,
                       grads_embed=grads_part["embed"], grads_head=grads_part["head"],
                       compute_copy_params=n_all, buffers=model_buffers(arch, recipe) if stage == 0 else 0)
 

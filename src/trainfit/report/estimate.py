@@ -70,8 +70,10 @@ def component_table(est: Estimate, doc: Document, first: str = "component") -> N
 
 
 def estimate_document(est: Estimate, *, flags: Optional[Callable[[dict[str, Any]], str]] = None,
-                      explain: bool = False) -> Document:
-    """An estimate as a report. ``flags`` turns a suggestion's changes into command-line flags."""
+                      explain: bool = False, step_time: Any = None) -> Document:
+    """An estimate as a report. ``flags`` turns a suggestion's changes into command-line flags;
+    ``step_time`` (a :class:`~trainfit.steptime.StepTime`) adds the step's time, broken down with
+    ``explain``."""
     if est.method == "measured":
         return measurement_document(est)
     doc = Document()
@@ -107,6 +109,10 @@ def estimate_document(est: Estimate, *, flags: Optional[Callable[[dict[str, Any]
         if n.startswith("Training Memory:"):
             continue  # the seed's trace restates the table
         doc.line(n, "dim")
+    if step_time is not None:
+        from .steptime import add_step_time
+
+        add_step_time(doc, step_time, explain=explain)
     return doc
 
 

@@ -18,6 +18,19 @@ SHORT = {
 }
 
 
+#: step-time component -> label (time tables and explanations; seconds per optimizer step)
+TIME_LABELS = {
+    "gemm": "matmuls", "attention": "attention", "memory_bound": "memory-bound ops", "recompute": "recompute",
+    "tp_comm": "TP comm", "cp_comm": "CP comm", "ep_comm": "EP comm", "pp_comm": "PP comm", "bubble": "bubble",
+    "dp_comm": "DP comm", "optimizer": "optimizer step",
+}
+
+
+def time_label(name: str) -> str:
+    """A step-time component's label (``tp_comm`` -> ``TP comm``)."""
+    return TIME_LABELS.get(name, name.replace("_", " "))
+
+
 #: component -> colour (Okabe–Ito first, then muted shades for the detailed method's extra components)
 COLOURS = {"weights": "#0072B2", "parameters": "#0072B2", "master_weights": "#004C7A", "gradients": "#56B4E9",
            "optimizer_state": "#E69F00", "optimizer_temporaries": "#F5C46B", "activations": "#D55E00",
@@ -44,4 +57,4 @@ def short(name: str) -> str:
     return SHORT.get(name, label(name))
 
 
-__all__ = ["COLOURS", "LABELS", "SHORT", "colours", "label", "short"]
+__all__ = ["COLOURS", "LABELS", "SHORT", "TIME_LABELS", "colours", "label", "short", "time_label"]

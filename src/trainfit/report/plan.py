@@ -6,11 +6,7 @@ from ..planner import Layout, Plan
 from ..steptime import TIME_COMPONENTS
 from ..units import GB, GiB
 from .document import Column, Document
-from .labels import short
-
-_TIME_HEAD = {"compute": "compute", "recompute": "recompute", "bubble": "bubble", "tp_comm": "TP comm",
-              "pp_comm": "PP comm", "dp_comm": "DP comm", "ep_comm": "EP comm"}
-
+from .labels import short, time_label
 
 def layout_name(x: Layout) -> str:
     return f"tp{x.tp} pp{x.pp} dp{x.dp}" + (f" ep{x.ep}" if x.ep > 1 else "")
@@ -58,11 +54,12 @@ def _tables(doc: Document, rows: list[Layout], title: str) -> None:
         mem.append([str(i), layout_name(x), str(x.zero_stage), x.checkpointing, f"{x.microbatch} x {x.accumulation}"]
                    + cells + [f"{x.total_bytes / GB:,.1f}"])
     doc.table(f"{title} — memory per accelerator", [Column(h, right=h not in ("layout", "ckpt")) for h in head], mem)
-    # EP communication only exists with expert parallelism; drop the all-zero column otherwise
-    parts = [t for t in TIME_COMPONENTS if t != "ep_comm" or any(x.ep > 1 for x in rows)]
-    head = ["#"] + [f"{_TIME_HEAD[t]} s" for t in parts] + ["step s", "tokens/s", "MFU %"]
+    # components that are zero in every row shown (EP without experts, CP, ...) get no column
+    parts = [t for t in TIME_COMPONENTS if any(x.time.get(t, 0.0) for x in rows)]
+    head = ["#"] + [f"{time_label(t)} s" for t in parts] + ["step s", "tokens/s", "TFLOP/s/GPU", "MFU %"]
     times = [[str(i)] + [f"{x.time[k]:.3g}" for k in parts] + [f"{x.step_s:.3g}", f"{x.tokens_per_s:,.0f}",
-                                                               f"{100 * x.mfu:.1f}"] for i, x in enumerate(rows, 1)]
+                                                               f"{x.tflops_per_device:.0f}", f"{100 * x.mfu:.1f}"]
+             for i, x in enumerate(rows, 1)]
     doc.table(f"{title} — time per step (seconds)", [Column(h, right=True) for h in head], times)
 
 

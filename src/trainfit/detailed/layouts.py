@@ -1,0 +1,88 @@
+"""The detailed method over arrays of layouts: one forward walk per distinct model split, numpy for the rest.
+
+What each quantity of a step depends on decides how it is evaluated:
+
+* the forward walk (:func:`~trainfit.detailed.activations.activation_profile`) reads only the model,
+  the recipe and :data:`~trainfit.detailed.activations.WALK_FIELDS` (tp, sequence parallelism, cp,
+  ep, pp) and the stage: one walk per distinct combination, cached;
+* the model-state bytes (:func:`~trainfit.detailed.states.state_bytes`) and the communication buffers
+  (:func:`~trainfit.detailed.phases.comm_buffers`) also depend on the data-parallel sharding
+  (:data:`SHARDING_FIELDS`): a scalar call per distinct combination (the tensor inventory behind them
+  is cached per tp/ep/stage), gathered into arrays;
+* the micro-batch, the sequence length and the accumulation steps enter only the phase arithmetic.
+
+:func:`layout_phases` runs :func:`~trainfit.detailed.phases.stage_phases` — the same arithmetic as a
+single setup, written once — on those arrays, so element ``i`` equals the scalar method on setup ``i``
+exactly (``tests/test_detailed_sweep.py`` checks it across layouts).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..arch import ArchSpec
+from ..training_setup import Parallelism, Recipe
+from .activations import activation_profile, walk_parallelism
+from .phases import PHASES, PhaseResult, busier_stage, comm_buffers, stage_phases
+from .states import StateBytes, state_bytes
+
+#: Parallelism fields that change only the sharding of the model states and the communication buffers
+SHARDING_FIELDS = ("dp", "zero", "fsdp", "fsdp_prefetch", "ddp_bucket_view", "ddp_bucket_bytes", "zero_bucket_elems")
+#: setup fields that vary element by element inside one group of a layout sweep
+PER_ELEMENT = ("batch", "seq_len", "accumulation") + SHARDING_FIELDS
+_STATE_FIELDS = tuple(f.name for f in dataclasses.fields(StateBytes))
+
+
+def _gather(values: Sequence[Any], which: np.ndarray) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64)[which]
+
+
+def stage_arrays(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], which: np.ndarray,
+                 stage: int) -> tuple[StateBytes, dict[str, dict[str, np.ndarray]]]:
+    """State bytes and communication buffers of pipeline ``stage`` for every element: element ``i`` has
+    the sharding of ``pars[which[i]]``. Fields and buffer totals come back as arrays."""
+    sts = [state_bytes(arch, recipe, p, stage) for p in pars]
+    st = StateBytes(**{f: _gather([getattr(x, f) for x in sts], which) for f in _STATE_FIELDS})
+    comms = [comm_buffers(arch, recipe, p, x) for p, x in zip(pars, sts)]
+    comm = {ph: {"all buffers": _gather([float(sum(c[ph].values())) for c in comms], which)} for ph in PHASES}
+    return st, comm
+
+
+def layout_phases(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], which: np.ndarray,
+                  accumulation: np.ndarray, micro_batch: np.ndarray, seq_len: np.ndarray) -> PhaseResult:
+    """Each phase's peak and components for elements that share the model split of ``pars[0]`` (every
+    field but :data:`SHARDING_FIELDS`): element ``i`` shards as ``pars[which[i]]`` and runs
+    ``accumulation[i]`` micro-batches of ``micro_batch[i]`` samples of ``seq_len[i]`` tokens. With
+    pipelining, the busier of the first and the last stage, element by element (as
+    :func:`~trainfit.detailed.phases.compute_phases`)."""
+    rep = pars[0]
+    walk = walk_parallelism(rep)
+    out = []
+    for stage in ([0, rep.pp - 1] if rep.pp > 1 else [0]):
+        st, comm = stage_arrays(arch, recipe, pars, which, stage)
+        pr = activation_profile(arch, recipe, walk, stage)
+        out.append(stage_phases(arch, recipe, rep, st, pr, comm, accumulation, stage, micro_batch, seq_len))
+    return out[0] if len(out) == 1 else busier_stage(out[0], out[1])
+
+
+def sharding_groups(columns: dict[str, np.ndarray], base: Parallelism) -> tuple[list[Parallelism], np.ndarray]:
+    """The distinct shardings among elements (``columns``: one array per :data:`SHARDING_FIELDS` name)
+    as Parallelism objects (``base`` with those fields replaced) and each element's index into them."""
+    n = len(next(iter(columns.values())))
+    if n == 0:
+        return [base], np.zeros(0, dtype=np.int64)
+    stacked = np.stack([np.asarray(columns[f], dtype=np.float64) for f in SHARDING_FIELDS], axis=1)
+    uniq, which = np.unique(stacked, axis=0, return_inverse=True)
+    pars = []
+    for row in uniq:
+        vals = dict(zip(SHARDING_FIELDS, row.tolist()))
+        pars.append(dataclasses.replace(
+            base, dp=int(vals["dp"]), zero=int(vals["zero"]), fsdp=bool(vals["fsdp"]),
+            fsdp_prefetch=int(vals["fsdp_prefetch"]), ddp_bucket_view=bool(vals["ddp_bucket_view"]),
+            ddp_bucket_bytes=float(vals["ddp_bucket_bytes"]), zero_bucket_elems=float(vals["zero_bucket_elems"])))
+    return pars, np.asarray(which).reshape(-1)
+
+
+__all__ = ["PER_ELEMENT", "SHARDING_FIELDS", "layout_phases", "sharding_groups", "stage_arrays"]

@@ -1,0 +1,115 @@
+"""Every constant of the step-time model, with its meaning and its source.
+
+Two kinds: **facts** taken from a document (a library's source, a vendor guide, a paper) and
+**efficiencies** — the fraction of a rated peak a kind of kernel reaches. The efficiencies are the
+same for every model, layout and row of ``validation/steptime.md``; they are not tuned per row.
+Hardware figures (peak FLOP/s, HBM and link bandwidths, SM counts, NICs) live in the hardware
+catalog (``data/hardware.yaml``), not here.
+"""
+from __future__ import annotations
+
+# --------------------------------------------------------------------------- kernels (efficiencies)
+
+#: Fraction of the dense tensor-core peak a large, well-shaped GEMM sustains (cuBLAS/cuBLASLt, 16-bit
+#: inputs, fp32 accumulation). NVIDIA's A100 and H100 GEMM benchmarks put large square GEMMs at
+#: 80-90 % of the datasheet peak (A100: about 250-280 of 312 TFLOP/s); clock throttling under
+#: sustained training load costs a few percent more. Shape losses come on top (wave quantisation,
+#: memory-bound thin GEMMs), see :data:`GEMM_TILE` and :data:`EXPECTED_TAIL_WAVES`.
+GEMM_EFFICIENCY = 0.80
+
+#: Output tile of one thread block of a large cuBLAS tensor-core GEMM (rows x columns): 256 x 128,
+#: the tile NVIDIA's "Matrix Multiplication Background User's Guide" (Deep Learning Performance
+#: documentation, "Tile quantization" and "Wave quantization") uses for A100 fp16 examples.
+GEMM_TILE = (256, 128)
+
+#: A GEMM's tiles run in waves of one tile per SM; the last wave is on average half full
+#: (wave quantisation, same guide), so ``waves / (waves + 0.5)`` of the SMs do useful work on average.
+EXPECTED_TAIL_WAVES = 0.5
+
+#: Fraction of HBM bandwidth that memory-bound kernels (norms, activations, softmax, dropout,
+#: residual adds, optimizer updates) sustain. STREAM-like copy kernels reach about 80-90 % of the
+#: rated HBM bandwidth on A100/H100 (NVIDIA's "GPU Performance Background User's Guide" treats
+#: element-wise ops as memory-bound at the achievable, not the rated, bandwidth).
+HBM_EFFICIENCY = 0.80
+
+#: Fraction of the tensor-core peak FlashAttention-2 sustains, forward and backward: Dao (2023),
+#: "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning", reaches 50-73 %
+#: of the theoretical maximum FLOP/s on A100; we take 0.60. FlashAttention's backward does 2.5x the
+#: forward's matmul FLOPs (it recomputes the scores): :data:`FLASH_BACKWARD_FLOPS`.
+FLASH_EFFICIENCY = 0.60
+FLASH_BACKWARD_FLOPS = 2.5
+
+#: Backward of a memory-bound op moves about twice its forward's bytes: it reads the saved input(s)
+#: and the output gradient and writes the input gradient (PyTorch ``derivatives.yaml`` formulas).
+BACKWARD_TRAFFIC = 2.0
+
+#: Bytes moved per attention score by the eager/math kernel's fused scale-mask-softmax (read 2, write 2)
+#: and, with dropout, the dropout on the probabilities (read 2, write 2, a 1-byte mask):
+#: Megatron-LM ``FusedScaleMaskSoftmax`` and ``torch.nn.functional.dropout``.
+SOFTMAX_BYTES_PER_SCORE = 4.0
+DROPOUT_BYTES_PER_ELEMENT_16 = 5.0
+
+#: Bytes moved per logit by the loss in the forward: the logits read, their fp32 upcast written and
+#: read, the log-softmax written and read (transformers ``ForCausalLMLoss``: ``logits.float()`` then
+#: cross-entropy); the backward moves :data:`BACKWARD_TRAFFIC` times as much.
+LOSS_BYTES_PER_LOGIT = 14.0
+
+# --------------------------------------------------------------------------- communication
+
+#: Fraction of the per-direction NVLink bandwidth NCCL ring collectives reach as bus bandwidth. NCCL's
+#: own tuning model caps sm80 (A100) bus bandwidth at 235 GB/s of NVLink 3's 300 GB/s per direction
+#: (``src/graph/tuning.cc``: ``if (compCap80) busBw = std::min(busBw, 235.0f)``) = 0.78, which is also
+#: what ``nccl-tests`` all_reduce_perf reports on a DGX A100.
+NVLINK_EFFICIENCY = 0.78
+
+#: Fraction of a NIC's line rate NCCL reaches across nodes (InfiniBand/RoCE, GPUDirect RDMA): NCCL's
+#: tuning model derates the LL128 protocol to 120/128 = 0.92 (``tuning.cc``), and ``nccl-tests`` on
+#: multi-node DGX systems reports bus bandwidths of 90-95 % of the NICs' aggregate line rate.
+NIC_EFFICIENCY = 0.92
+
+#: NCCL ring latency model (``src/graph/tuning.cc``): a base latency per collective and a latency per
+#: ring step over NVLink or the network. The base is Ring/Simple's 8.4 us; the per-step figures are
+#: Ring/LL128's hardware latencies (1.9 us NVLink, 4.0 us network) — the Simple figures include a
+#: 256 kB chunk transfer, which the bandwidth term already counts. Seconds.
+NCCL_BASE_LATENCY = 8.4e-6
+NCCL_NVLINK_STEP_LATENCY = 1.9e-6
+NCCL_NET_STEP_LATENCY = 4.0e-6
+
+#: GPUs per node when nothing else is said: an 8-GPU NVLink server (DGX/HGX A100, H100, H200, B200; the
+#: MI300X platform).
+DEFAULT_NODE_SIZE = 8
+
+#: Per-GPU network bandwidth per direction for accelerators whose catalog entry names no NIC: one
+#: 400 Gb/s NDR InfiniBand / RoCE NIC per GPU (DGX H100: eight ConnectX-7 at 400 Gb/s) = 50 GB/s.
+DEFAULT_NIC_BANDWIDTH = 400e9 / 8
+
+#: SMs assumed for wave quantisation when the catalog entry gives none (the A100's 108).
+DEFAULT_SM_COUNT = 108
+
+# --------------------------------------------------------------------------- optimizer
+
+#: Bytes the optimizer step reads and writes per trainable parameter, by optimizer, with ``p`` the
+#: parameter bytes, ``g`` the gradient bytes and ``s`` the state element bytes (fp32 with master
+#: weights or fp32 parameters): AdamW reads p, g, m, v (and the fp32 master) and writes p, m, v (and
+#: the master) — ``torch.optim.adamw`` / apex ``FusedAdam``; SGD with momentum reads p, g, buf and
+#: writes p, buf; plain SGD reads p, g and writes p. Evaluated in :func:`optimizer_bytes_per_param`.
+OPTIMIZER_STATE_TENSORS = {"adamw": 2, "adam": 2, "adam8bit": 2, "adafactor": 0, "sgd-momentum": 1, "sgd": 0,
+                           "none": 0}
+
+
+def optimizer_bytes_per_param(optimizer: str, param_bytes: float, grad_bytes: float, state_bytes: float,
+                              master: bool) -> float:
+    """HBM bytes the optimizer step moves per trainable parameter (see :data:`OPTIMIZER_STATE_TENSORS`)."""
+    if optimizer == "none":
+        return 0.0
+    states = OPTIMIZER_STATE_TENSORS.get(optimizer, 2)
+    sb = 1.0 if optimizer == "adam8bit" else state_bytes
+    moved = 2 * param_bytes + grad_bytes + 2 * states * sb
+    if optimizer == "adafactor":
+        moved += 2 * 4  # the factored second moment is re-expanded element by element (fp32)
+    if master:
+        moved += 2 * 4  # fp32 master weights read and written
+    return moved
+
+
+__all__ = [n for n in dir() if n.isupper()] + ["optimizer_bytes_per_param"]

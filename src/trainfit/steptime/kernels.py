@@ -1,0 +1,54 @@
+"""How long one kernel runs on one accelerator: GEMMs (roofline with wave quantisation), the fused
+attention kernel, and memory-bound kernels. Arrays broadcast; seconds."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import constants as C
+
+
+@dataclass(frozen=True)
+class Device:
+    """What a kernel's time depends on: the dense peak at the training precision (FLOP/s), the HBM
+    bandwidth (bytes/s), the SM count and the element width of matmul operands (bytes)."""
+
+    name: str
+    peak_flops: float
+    hbm_bandwidth: float
+    sm_count: int
+    element_bytes: float
+
+
+def gemm_time(M: Any, N: Any, K: Any, dev: Device, batch: Any = 1.0) -> np.ndarray:
+    """Seconds of ``batch`` GEMMs ``C[M,N] = A[M,K] @ B[K,N]``: the larger of the compute time (at
+    :data:`~constants.GEMM_EFFICIENCY` of peak, times the expected wave utilisation of its
+    ``ceil(M/256)·ceil(N/128)`` output tiles over the SMs) and the memory time (A, B and C once
+    through HBM at :data:`~constants.HBM_EFFICIENCY`)."""
+    M, N, K = (np.asarray(v, dtype=float) for v in (M, N, K))
+    flops = 2.0 * M * N * K * batch
+    tiles = np.ceil(M / C.GEMM_TILE[0]) * np.ceil(N / C.GEMM_TILE[1]) * batch
+    waves = tiles / dev.sm_count
+    util = waves / (waves + C.EXPECTED_TAIL_WAVES)
+    compute = flops / (dev.peak_flops * C.GEMM_EFFICIENCY * util)
+    memory = dev.element_bytes * (M * K + K * N + M * N) * batch / (dev.hbm_bandwidth * C.HBM_EFFICIENCY)
+    return np.where(flops > 0, np.maximum(compute, memory), 0.0)
+
+
+def gemm_flops(M: Any, N: Any, K: Any, batch: Any = 1.0) -> np.ndarray:
+    return 2.0 * np.asarray(M, dtype=float) * N * K * batch
+
+
+def memory_time(nbytes: Any, dev: Device) -> np.ndarray:
+    """Seconds to move ``nbytes`` through HBM at :data:`~constants.HBM_EFFICIENCY`."""
+    return np.asarray(nbytes, dtype=float) / (dev.hbm_bandwidth * C.HBM_EFFICIENCY)
+
+
+def fused_attention_time(flops: Any, dev: Device) -> np.ndarray:
+    """Seconds of a fused (flash / memory-efficient) attention kernel doing ``flops``."""
+    return np.asarray(flops, dtype=float) / (dev.peak_flops * C.FLASH_EFFICIENCY)
+
+
+__all__ = ["Device", "fused_attention_time", "gemm_flops", "gemm_time", "memory_time"]
