@@ -54,7 +54,9 @@ def test_a_300_character_model_name_is_an_unknown_name(command):
     (["plan", "gpt2-small", "--gpus", "8", "--batch", str(2**64)], "global batch must be at most"),
     (["estimate", "gpt2-small", "h100", "--accum", str(2**64)], "accumulation must be at most"),
     (["estimate", "gpt2-small", "h100", "--seq", "1" + "0" * 308], "seq_len must be at most"),
-    (["plan", "llama-3.1-8b", "--gpus", "8", "--mfu", "5e-324", "-o", "json"], "mfu must be in [0.01, 1]"),
+    (["plan", "llama-3.1-8b", "--gpus", "16", "--inter-node-bandwidth", "1e-300 B/s", "-o", "json"],
+     "inter-node bandwidth must be between 1 MB/s and 1 PB/s"),
+    (["plan", "llama-3.1-8b", "--gpus", "16", "--node-size", str(2**64)], "node size must be at most"),
 ])
 def test_huge_and_vanishing_numbers_are_one_line_errors(args, needle):
     fails_in_one_line(*args, needle=needle)

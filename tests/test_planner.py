@@ -136,7 +136,7 @@ def test_network_assumptions():
     assert network_for(H100, inter_node_bandwidth="100 Gbps").inter_node == 12.5e9
     capped = network_for(H100, inter_node_bandwidth="200 GB/s")
     assert capped.inter_node == 64e9 and "capped by the host link" in capped.inter_source
-    with pytest.raises(TrainfitError, match="node size must be a whole number >= 1"):
+    with pytest.raises(TrainfitError, match="node size must be >= 1, got 0"):
         network_for(H100, node_size=0)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..catalog import HardwareSpec
 from ..errors import TrainfitError
+from ..fields import whole
 from ..units import GB, parse_rate
 from . import constants as C
 
@@ -46,13 +47,16 @@ class Network:
         return self.inter_node * C.NIC_EFFICIENCY
 
 
+#: a link slower than a modem or faster than any fabric makes no step-time question (and overflows the times)
+MIN_LINK, MAX_LINK = 1e6, 1e15
+
+
 def network_for(hw: HardwareSpec, *, node_size: int = C.DEFAULT_NODE_SIZE,
                 inter_node_bandwidth: Any = None) -> Network:
     """Intra-node: the accelerator's NVLink per direction (else its host interconnect); inter-node:
     ``inter_node_bandwidth`` when given, else the catalog's NIC (else 400 Gb/s), capped by the host link
     the NIC hangs off."""
-    if isinstance(node_size, bool) or not isinstance(node_size, int) or node_size < 1:
-        raise TrainfitError(f"node size must be a whole number >= 1, got {node_size!r}")
+    node_size = whole(node_size, "node size", maximum=2**16)
     host = hw.interconnect.bandwidth_per_direction if hw.interconnect else None
     if hw.nvlink is not None:
         intra = hw.nvlink.bandwidth_per_direction
@@ -64,8 +68,9 @@ def network_for(hw: HardwareSpec, *, node_size: int = C.DEFAULT_NODE_SIZE,
                             "needs one")
     if inter_node_bandwidth is not None:
         inter = parse_rate(inter_node_bandwidth, what="inter-node bandwidth")
-        if not inter > 0:
-            raise TrainfitError(f"inter-node bandwidth must be > 0, got {inter_node_bandwidth!r}")
+        if not MIN_LINK <= inter <= MAX_LINK:
+            raise TrainfitError(f"inter-node bandwidth must be between 1 MB/s and 1 PB/s per GPU, got "
+                                f"{inter_node_bandwidth!r}")
         inter_src = f"given {inter / GB:g} GB/s per GPU per direction"
     elif hw.nic is not None:
         inter = hw.nic.bandwidth_per_direction
