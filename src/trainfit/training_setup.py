@@ -198,7 +198,11 @@ class Parallelism:
     dp: int = _whole(1, "--dp", "Data-parallel degree (replicas).")
     zero: int = field(default=0, metadata=_meta("zero", "--zero", "ZeRO stage 0-3 across --dp (1 shards optimizer "
                                                 "state, 2 also gradients, 3 also weights)."))
-    fsdp: bool = _flag(False, "--fsdp", "PyTorch FSDP full sharding over --dp (as ZeRO-3).")
+    fsdp: bool = _flag(False, "--fsdp", "PyTorch FSDP2 fully_shard over --dp: every block, then the root; "
+                       "parameters, gradients and optimizer state sharded (--zero is DeepSpeed's).")
+    reshard_after_forward: bool = _flag(True, "--no-reshard-after-forward", "With --fsdp, keep each block's "
+                                        "gathered parameters from its forward to its backward (ZeRO-2-like; "
+                                        "default: free them after the forward, ZeRO-3).")
     fsdp_prefetch: int = _whole(1, "--fsdp-prefetch", "Blocks gathered ahead by ZeRO-3/FSDP.", minimum=0)
     pp: int = _whole(1, "--pp", "Pipeline-parallel degree (stages).")
     pp_schedule: str = _choice("1f1b", "--pp-schedule", "Pipeline schedule 1f1b | interleaved | gpipe "
@@ -206,6 +210,10 @@ class Parallelism:
                                {"interleave": "interleaved", "1f1b-interleaved": "interleaved"},
                                what="pipeline schedule")
     pp_virtual: int = _whole(1, "--pp-virtual", "Virtual stages per rank with --pp-schedule interleaved.")
+    pp_stage: int = _whole(-1, "--pp-stage", "With --pp, the pipeline stage reported: 0 (first) to pp-1 (last); "
+                           "-1: the busier of the first and the last.", minimum=-1)
+    loss_parallel: bool = _flag(False, "--loss-parallel", "With --tp > 1, keep the logits vocabulary-sharded into "
+                                "the cross-entropy (no all-gather of the logits).")
     ddp_bucket_view: bool = _flag(False, "--ddp-bucket-view", "DDP gradient_as_bucket_view (gradients live in the "
                                   "buckets: no second copy).")
     ddp_bucket_bytes: float = field(default=25 * 2**20, metadata=_meta(
@@ -218,8 +226,11 @@ class Parallelism:
 
     @property
     def zero_stage(self) -> int:
-        """The data-parallel sharding stage: FSDP full sharding counts as ZeRO-3."""
-        return 3 if self.fsdp else self.zero
+        """The data-parallel sharding stage, as the first-order arithmetic counts it: FSDP counts as ZeRO-3
+        (ZeRO-2 when each block keeps its gathered parameters until its backward)."""
+        if self.fsdp:
+            return 3 if self.reshard_after_forward else 2
+        return self.zero
 
     @property
     def world_size(self) -> int:
@@ -358,6 +369,9 @@ _RELEVANT_WHEN: dict[str, Any] = {
     "sequence_parallel": lambda s: s.parallel.tp > 1,
     "pp_schedule": lambda s: s.parallel.pp > 1,
     "pp_virtual": lambda s: s.parallel.pp > 1 and s.parallel.pp_schedule == "interleaved",
+    "pp_stage": lambda s: s.parallel.pp > 1,
+    "loss_parallel": lambda s: s.parallel.tp > 1,
+    "reshard_after_forward": lambda s: s.parallel.fsdp and s.parallel.dp > 1,
     "fsdp_prefetch": lambda s: s.parallel.dp > 1 and s.parallel.zero_stage == 3,
     "ddp_bucket_view": lambda s: s.parallel.dp > 1 and s.parallel.zero_stage == 0,
     "ddp_bucket_bytes": lambda s: s.parallel.dp > 1 and s.parallel.zero_stage == 0,
