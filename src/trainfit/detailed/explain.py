@@ -104,7 +104,7 @@ def explain(arch: ArchSpec, setup: TrainingSetup, res: PhaseResult, overheads: l
              f"saved for backward at the {phase} peak; tokens = micro-batch x seq / cp = {T:,.0f}; "
              f"embeddings {_vec(pr.pieces[0][1])}; {L} blocks {_vec(layer_total)} (last block {_vec(per_layer)}); "
              f"head {_vec(pr.pieces[2][1])}; loss {_vec(pr.pieces[3][1])}; kernel {pr.kernel}"
-             + (f"; x {inflight_microbatches(par, setup.accumulation):g} in-flight micro-batches ({par.pp_schedule})"
+             + (f"; x {inflight_microbatches(par, setup.accumulation, int(res.stage)):g} in-flight micro-batches ({par.pp_schedule})"
                 if par.pp > 1 else "")
              + f". Last block saves: {saved}",
              "forward walk of the transformers 5 model (detailed/activations.py) with PyTorch autograd saving rules"))

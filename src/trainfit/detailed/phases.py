@@ -39,18 +39,39 @@ def _is_array(*xs: Any) -> bool:
     return any(isinstance(x, np.ndarray) for x in xs)
 
 
-def inflight_microbatches(par: Parallelism, accumulation: int) -> float:
-    """Micro-batches whose activations the first pipeline stage holds at once: 1F1B keeps ``pp``
-    (fewer if the step has fewer micro-batches); the interleaved schedule ``pp·(1 + (pp-1)/(pp·v))``
-    (Narayanan et al. 2021; Korthikanti et al. 2022 §4.2.3); GPipe all of them."""
+def inflight_microbatches(par: Parallelism, accumulation: int, stage: int = 0) -> float:
+    """Micro-batches whose activations pipeline ``stage`` holds at once: 1F1B keeps ``pp - stage`` on
+    stage ``stage`` (``pp`` on the first, one on the last; fewer if the step has fewer micro-batches);
+    the interleaved schedule ``pp·(1 + (pp-1)/(pp·v))`` on the first stage (Narayanan et al. 2021;
+    Korthikanti et al. 2022 §4.2.3); GPipe all of them."""
     p, m = par.pp, accumulation
     if p == 1:
         return 1.0
     if par.pp_schedule == "gpipe":
         return float(m)
     if par.pp_schedule == "interleaved":
-        return p * (1.0 + (p - 1) / (p * par.pp_virtual))
-    return float(min(p, m))
+        return p * (1.0 + (p - 1) / (p * par.pp_virtual)) if stage == 0 else 1.0
+    return float(min(p - stage, m))
+
+
+def step_scenarios(par: Parallelism, accumulation: int, stage: int = 0) -> list[tuple[float, bool]]:
+    """(micro-batches in flight, gradients of earlier micro-batches present) at the moments that can set
+    a stage's peak. One micro-batch per step: (1, no). Accumulating without a pipeline: (1, yes) from the
+    second micro-batch on. 1F1B with ``n = min(pp - stage, m)`` in flight: the first backward starts with
+    ``n`` in flight and no gradient yet; from the second micro-batch's backward on, gradients exist and
+    ``n`` are again in flight when the step has more micro-batches than ``n`` (``n - 1`` otherwise).
+    GPipe: ``m`` in flight at the first backward, then ``m - 1`` with gradients."""
+    m = accumulation
+    if par.pp == 1:
+        return [(1.0, m > 1)]
+    if par.pp_schedule == "interleaved":
+        n = inflight_microbatches(par, m, stage)
+        return [(n, False), (n, True)] if m > 1 else [(n, False)]
+    n = m if par.pp_schedule == "gpipe" else min(par.pp - stage, m)
+    out = [(float(n), False)]
+    if m > 1:
+        out.append((float(n if (m > n and par.pp_schedule != "gpipe") else n - 1), True))
+    return out
 
 
 @dataclass(frozen=True)
@@ -139,10 +160,13 @@ def compute_phases(arch: ArchSpec, setup: TrainingSetup, micro_batch: Any = None
     """Each phase's peak and its components, in bytes, on the busiest rank of ``setup``. ``micro_batch``
     and ``seq_len`` (scalars or numpy arrays) override the setup's own. With pipelining, the first
     stage (most in-flight micro-batches) and the last (the head and the loss) are both worked out and
-    the larger peak is reported (``stage`` 0 or pp-1 in :attr:`PhaseResult.stage`)."""
+    the larger peak is reported (``stage`` 0 or pp-1 in :attr:`PhaseResult.stage`), unless the setup's
+    ``pp_stage`` names one."""
     b = setup.micro_batch if micro_batch is None else micro_batch
     s = setup.seq_len if seq_len is None else seq_len
     args = (arch, setup.recipe, setup.parallel, setup.accumulation)
+    if setup.parallel.pp > 1 and setup.parallel.pp_stage >= 0:  # the stage asked for
+        return _compute_stage(*args, setup.parallel.pp_stage, b, s)
     first = _compute_stage(*args, 0, b, s)
     if setup.parallel.pp == 1:
         return first
@@ -163,35 +187,16 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulatio
     pr = activation_profile(arch, recipe, par, stage)
     sh = step_shape(par, micro_batch, seq_len)
     B = sh.bytes
-    # 1F1B: the first stage holds the most micro-batches, the last only the one it is working on
-    inflight = inflight_microbatches(par, accumulation) if stage == 0 else (
-        float(accumulation) if par.pp_schedule == "gpipe" else 1.0)
-    grads_present = accumulation > 1 or par.pp > 1
     comm = comm_buffers(arch, recipe, par, st)
     opt_state = float(st.opt_states + st.step_counters)
     base = dict(parameters=float(st.params), buffers=float(st.buffers), master_weights=float(st.master + st.fp32_grads), optimizer_state=opt_state,
                 optimizer_temporaries=0.0, inputs=INPUT_BYTES_PER_TOKEN * sh.tokens)
     saved_total = B(pr.saved_total)
-    extra_inflight = (inflight - 1.0) * saved_total
-
-    # forward: the walk's largest live set
-    fwd_cands = []
-    for v in pr.forward_candidates:
-        live = B(v)
-        fwd_cands.append({"activations": _min(live, saved_total) + extra_inflight,
-                          "temporaries": live - _min(live, saved_total)})
-    fwd = _select(fwd_cands)
-    forward = {**base, "gradients": float(st.grads) if grads_present else 0.0, **fwd,
-               "communication_buffers": float(sum(comm["forward"].values()))}
-
-    # backward
     g_all = float(st.grads)
     g_head = float(st.grads_head)
     g_layers = float(st.grads - st.grads_head - st.grads_embed)
     n_layers = max(len(pr.layers), 1)
     head_loss = vadd(pr.head_saved, pr.loss_saved)
-    bwd_cands = [{"activations": saved_total + extra_inflight, "temporaries": B(pr.loss_backward),
-                  "gradients": g_all if grads_present else 0.0}]
     # a tied LM head's weight gradient waits in autograd's input buffer until the embedding's own
     # contribution arrives (one AccumulateGrad for both uses): held from the head to the embeddings
     tied = float(st.grads_embed) if arch.tie_word_embeddings and par.pp == 1 else 0.0
@@ -199,26 +204,43 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulatio
     lins = block_linears(arch, 0)
     first_op_grad = (lins[-1].in_features * lins[-1].out_features / par.tp * recipe.param_bytes
                      if not recipe.lora and lins else 0.0)
-    later = ZERO
-    order = list(range(len(pr.layers) - 1, -1, -1))
-    picks = {order[0], order[-1]} if order else set()
-    for pos_, i in enumerate(order):
-        lp = pr.layers[i]
-        if i in picks:
-            remaining = vsub(vsub(pr.saved_total, head_loss), later)
-            # a block's weight gradients appear op by op (last op first): at the working set's peak
-            # the first op's gradient exists, the rest of the block's not yet
-            done = g_head + g_layers * pos_ / n_layers + first_op_grad
-            bwd_cands.append({"activations": B(vadd(remaining, lp.recompute)) + extra_inflight,
-                              "temporaries": B(lp.transient_bwd) + tied,
-                              "gradients": g_all if grads_present else done})
-        later = vadd(later, lp.saved)
-    # the embeddings' backward, last: every other gradient exists; the embedding gradient is built
-    # (dense, like the table) from the incoming gradient; tied, it is summed with the held head part
     h_res = arch.hidden_size / (par.tp if par.sequence_parallel and par.tp > 1 else 1)
-    bwd_cands.append({"activations": B(pr.embed_saved) + extra_inflight,
-                      "temporaries": B(tok(h_res * recipe.param_bytes)) + (3 * g_emb if tied else g_emb),
-                      "gradients": g_all if grads_present else g_all - g_emb})
+    fwd_cands: list[dict[str, Any]] = []
+    bwd_cands: list[dict[str, Any]] = []
+    for inflight, grads_present in step_scenarios(par, accumulation, stage):
+        extra_inflight = (inflight - 1.0) * saved_total
+        # forward: the walk's largest live set. A pipeline's forwards that run once backwards have begun
+        # (1F1B's steady state) belong to its backward phase, as the measurement counts them.
+        into = bwd_cands if (grads_present and par.pp > 1) else fwd_cands
+        for v in pr.forward_candidates:
+            live = B(v)
+            into.append({"gradients": g_all if grads_present else 0.0,
+                              "activations": _min(live, saved_total) + extra_inflight,
+                              "temporaries": live - _min(live, saved_total)})
+        # backward: the loss backward first
+        bwd_cands.append({"activations": saved_total + extra_inflight, "temporaries": B(pr.loss_backward),
+                          "gradients": g_all if grads_present else 0.0})
+        later = ZERO
+        order = list(range(len(pr.layers) - 1, -1, -1))
+        picks = {order[0], order[-1]} if order else set()
+        for pos_, i in enumerate(order):
+            lp = pr.layers[i]
+            if i in picks:
+                remaining = vsub(vsub(pr.saved_total, head_loss), later)
+                # a block's weight gradients appear op by op (last op first): at the working set's peak
+                # the first op's gradient exists, the rest of the block's not yet
+                done = g_head + g_layers * pos_ / n_layers + first_op_grad
+                bwd_cands.append({"activations": B(vadd(remaining, lp.recompute)) + extra_inflight,
+                                  "temporaries": B(lp.transient_bwd) + tied,
+                                  "gradients": g_all if grads_present else done})
+            later = vadd(later, lp.saved)
+        # the embeddings' backward, last: every other gradient exists; the embedding gradient is built
+        # (dense, like the table) from the incoming gradient; tied, it is summed with the held head part
+        bwd_cands.append({"activations": B(pr.embed_saved) + extra_inflight,
+                          "temporaries": B(tok(h_res * recipe.param_bytes)) + (3 * g_emb if tied else g_emb),
+                          "gradients": g_all if grads_present else g_all - g_emb})
+    fwd = _select(fwd_cands)
+    forward = {**base, **fwd, "communication_buffers": float(sum(comm["forward"].values()))}
     bwd = _select(bwd_cands)
     backward = {**base, **bwd, "communication_buffers": float(sum(comm["backward"].values()))}
 
