@@ -24,6 +24,7 @@ import numpy as np
 
 from ..arch import ArchSpec
 from .activations import ActivationProfile, activation_profile
+from .distributed import ddp_bucket_bytes, ddp_bucket_label
 from .graph import Vec, ZERO, tok, vadd, vbytes, vsub
 from .layout import block_linears
 from ..training_setup import Parallelism, Recipe, TrainingSetup
@@ -124,8 +125,8 @@ class PhaseResult:
 def comm_buffers(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes) -> dict[str, dict[str, float]]:
     """Communication buffers by phase (bytes), each with its source:
 
-    * DDP (dp > 1, no ZeRO): the reducer's flat buckets hold a second copy of every gradient for
-      the whole run unless ``gradient_as_bucket_view`` (PyTorch DDP docs);
+    * DDP (dp > 1, no ZeRO): the reducer's flat buckets, as large as the gradients, for the whole run
+      (with ``gradient_as_bucket_view`` the gradients are views of them: no second copy);
     * ZeRO-1/2 (DeepSpeed): the contiguous reduce bucket (``reduce_bucket_size`` = 5e8 elements,
       gradient dtype) in backward and the all-gather bucket (5e8 elements, parameter dtype) after the step;
     * ZeRO-3 / FSDP: the unsharded parameters of the block being computed and of ``fsdp_prefetch``
@@ -138,9 +139,8 @@ def comm_buffers(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     gb = recipe.param_bytes
     z = par.zero_stage
     if z == 0:
-        if not par.ddp_bucket_view:
-            for p in PHASES:
-                out[p]["DDP gradient buckets"] = float(st.trainable_params)
+        for p in PHASES:
+            out[p][ddp_bucket_label(par)] = ddp_bucket_bytes(st)
         return out
     if z in (1, 2):
         bucket = min(par.zero_bucket_elems, st.n_trainable)

@@ -19,7 +19,9 @@ How PyTorch allocates them (torch 2.x ``torch.optim``; PEFT; bitsandbytes; DeepS
   the division); fused Adam needs none; SGD none; Adafactor materialises one full-size fp32
   second-moment estimate per tensor (two of the largest);
 * ZeRO-1/2/3 (DeepSpeed) and FSDP shard flat buffers evenly over ``dp``: stage 1 the optimizer
-  state (and master weights), 2 also gradients, 3 also parameters.
+  state (and master weights), 2 also gradients, 3 also parameters;
+* DDP with ``gradient_as_bucket_view``: the gradients are views of the reducer's buckets, which are
+  counted as communication buffers (:mod:`.distributed`), so no gradient bytes of their own.
 """
 from __future__ import annotations
 
@@ -210,6 +212,10 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
     emb = sum(_tp_numel(t, tp, ep) for t in tensors if t.layer is None and t.group in ("embeddings", "position"))
     head = sum(_tp_numel(t, tp, ep) for t in tensors if t.layer is None and t.group not in ("embeddings", "position"))
     largest_layer = max(largest_layer, emb, head)
+    if dp > 1 and zero == 0 and par.ddp_bucket_view:
+        # DDP's gradient_as_bucket_view: .grad are views of the reducer's buckets (counted with them)
+        grads = 0
+        grads_part = {k: 0 for k in grads_part}
     if zero >= 1 and dp > 1:
         states, steps, master, temp, fp32g = (_shard(x, dp) for x in (states, steps, master, temp, fp32g))
     if zero >= 2 and dp > 1:
