@@ -39,6 +39,7 @@ ACCEPTS: dict[str, Any] = {
     "optimizer": tuple(F.OPTIMIZER_BYTES), "checkpointing": F.CHECKPOINTING, "trainable_fraction": None,
     "tp": None, "sequence_parallel": None, "pp": None, "dp": None, "ep": None, "zero": None, "fsdp": None,
     "reshard_after_forward": None,  # FSDP without resharding counts as ZeRO-2 (Parallelism.zero_stage)
+    "tp_plan": None,  # Korthikanti et al.'s activation formula, whichever plan
 }
 HINTS = {"lora_rank": "it trains all parameters or a trainable_fraction of them",
          "attention": "its activation formula assumes materialised attention scores",

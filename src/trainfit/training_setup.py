@@ -63,6 +63,7 @@ ATTENTION = ("auto", "flash", "mem-efficient", "eager", "math")
 LORA_DTYPES = ("fp32", "bf16", "fp16")
 QLORA = ("nf4", "int8")
 PP_SCHEDULES = ("1f1b", "interleaved", "gpipe")
+TP_PLANS = ("dtensor", "megatron")
 LORA_DEFAULT_TARGETS = ("q_proj", "v_proj")
 
 
@@ -192,7 +193,13 @@ class Parallelism:
 
     tp: int = _whole(1, "--tp", "Tensor-parallel degree (GPUs).")
     sequence_parallel: bool = _flag(True, "--no-sequence-parallel", "With --tp > 1, keep activations unsharded "
-                                    "(no Megatron sequence parallelism).")
+                                    "(no sequence parallelism).")
+    tp_plan: str = _choice("dtensor", "--tp-plan", "How --tp splits a block: dtensor (PyTorch DTensor, torchtitan's "
+                           "plan: sequence-parallel inputs all-gathered once per attention/MLP and saved, logits "
+                           "gathered unless --loss-parallel) | megatron (Megatron-LM: sequence shards saved and "
+                           "gathered again in backward, vocabulary-parallel cross-entropy).", TP_PLANS,
+                           {"torchtitan": "dtensor", "pytorch": "dtensor", "megatron-lm": "megatron"},
+                           what="tensor-parallel plan")
     cp: int = _whole(1, "--cp", "Context-parallel degree (sequence split across GPUs).")
     ep: int = _whole(1, "--ep", "Expert-parallel degree.")
     dp: int = _whole(1, "--dp", "Data-parallel degree (replicas).")
@@ -367,10 +374,11 @@ _RELEVANT_WHEN: dict[str, Any] = {
     "lora_dtype": lambda s: s.recipe.lora,
     "checkpoint_every": lambda s: s.recipe.checkpointing == "every-k",
     "sequence_parallel": lambda s: s.parallel.tp > 1,
+    "tp_plan": lambda s: s.parallel.tp > 1,
     "pp_schedule": lambda s: s.parallel.pp > 1,
     "pp_virtual": lambda s: s.parallel.pp > 1 and s.parallel.pp_schedule == "interleaved",
     "pp_stage": lambda s: s.parallel.pp > 1,
-    "loss_parallel": lambda s: s.parallel.tp > 1,
+    "loss_parallel": lambda s: s.parallel.tp > 1 and s.parallel.tp_plan == "dtensor",
     "reshard_after_forward": lambda s: s.parallel.fsdp and s.parallel.dp > 1,
     "fsdp_prefetch": lambda s: s.parallel.dp > 1 and s.parallel.zero_stage == 3,
     "ddp_bucket_view": lambda s: s.parallel.dp > 1 and s.parallel.zero_stage == 0,
@@ -422,5 +430,5 @@ def setup_of(model: Any, hardware: Any = None, **fields: Any) -> TrainingSetup:
 
 
 __all__ = ["ATTENTION", "CHECKPOINTING", "DEFAULTS", "FIELDS", "FIELD_NAMES", "LORA_DEFAULT_TARGETS", "OPTIMIZERS",
-           "OPT_IMPLS", "PARALLEL_FIELDS", "PRECISIONS", "PP_SCHEDULES", "Parallelism", "Precision", "QLORA",
+           "OPT_IMPLS", "PARALLEL_FIELDS", "PRECISIONS", "PP_SCHEDULES", "Parallelism", "TP_PLANS", "Precision", "QLORA",
            "RECIPE_FIELDS", "Recipe", "SHAPE_FIELDS", "TrainingSetup", "setup_of", "split_fields", "zero_stage"]

@@ -29,20 +29,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..arch import ArchSpec
+from .alloc import BLOCK, rounded
+from .distributed import replicated_gradient_bytes
 from .layout import ParamTensor, block_linears, param_tensors, stage_layers
 from ..training_setup import Parallelism, Recipe
 
-BLOCK = 512  #: CUDA caching allocator: every allocation is a multiple of 512 bytes
 STEP_COUNTER_BYTES = BLOCK  #: one 0-d fp32 tensor, rounded to a block
 BNB_MIN_8BIT_SIZE = 4096  #: bitsandbytes keeps 32-bit states for smaller tensors
 BNB_BLOCK = 256  #: bitsandbytes blockwise quantisation block of the optimizer states
 NF4_BLOCK, NF4_BLOCK2 = 64, 256  #: QLoRA: 4-bit weights in blocks of 64, absmax double-quantised in blocks of 256
-
-
-def rounded(nbytes: float) -> int:
-    """Bytes the caching allocator hands out for a tensor of ``nbytes`` (multiple of 512)."""
-    n = int(-(-nbytes // 1))
-    return -(-n // BLOCK) * BLOCK
 
 
 @dataclass(frozen=True)
@@ -192,6 +187,10 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
     steps = STEP_COUNTER_BYTES * len(train) if opt in ("adam", "adamw", "adam8bit", "adafactor") else 0
     master = sum(stored(n, 4) for _, n, b in train if b < 4) if recipe.master_weights else 0
     grads = train_b  # backward fills .grad for every trainable tensor, whatever the optimizer
+    if not frozen_base:
+        extra = replicated_gradient_bytes(arch, par, [t for t in tensors], pb)
+        grads += extra
+        grads_part["embed"] += extra
     fp32g = sum(stored(n, 4) for _, n, _ in train) if recipe.fp32_grads else 0
     largest = max((n for _, n, _ in train), default=0)
     largest_b = max((n * st_b(b) for _, n, b in train), default=0)

@@ -34,7 +34,7 @@ ACCEPTS: dict[str, Any] = {
     "batch": None, "seq_len": None, "accumulation": None, "precision": ("fp32", "amp-bf16", "bf16"),
     "optimizer": ("adamw", "adam", "sgd", "sgd-momentum"), "opt_impl": None, "checkpointing": ("none", "full"),
     "attention": ("auto", "eager"), "dropout": None, "lora_rank": None, "lora_targets": None,
-    "tp": None, "sequence_parallel": None, "loss_parallel": None, "dp": None, "fsdp": None,
+    "tp": None, "sequence_parallel": None, "tp_plan": ("dtensor",), "loss_parallel": None, "dp": None, "fsdp": None,
     "reshard_after_forward": None, "fsdp_prefetch": (1,), "ddp_bucket_view": None, "ddp_bucket_bytes": None,
     "pp": None, "pp_schedule": ("1f1b", "gpipe"), "pp_stage": None,
 }
