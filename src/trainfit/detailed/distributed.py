@@ -12,6 +12,8 @@ against ``trainfit measure`` on a fake process group (``validation/multigpu-meas
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from ..training_setup import Parallelism
@@ -39,3 +41,278 @@ def replicated_gradient_bytes(arch: Any, par: Parallelism, tensors: list[Any], p
             shard = -(-t.shape[0] // par.tp) * t.numel // t.shape[0]
             out += rounded(t.numel * param_bytes) - rounded(shard * param_bytes)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP2 (fully_shard on every block, then the root)
+
+def is_fsdp(par: Parallelism) -> bool:
+    """FSDP2 sharding across more than one rank (``fsdp`` over ``dp`` > 1)."""
+    return bool(par.fsdp) and par.dp > 1
+
+
+def local_rows(t: Any, tp: int, ep: int) -> tuple[int, int]:
+    """(rows, elements per row) of parameter tensor ``t`` on this rank after tensor/expert parallelism:
+    column-parallel and vocabulary-parallel tensors split their first dimension, row-parallel ones their
+    second (FSDP then shards the first dimension of what is left)."""
+    shape = tuple(int(d) for d in t.shape)
+    rows = shape[0]
+    rest = 1
+    for d in shape[1:]:
+        rest *= d
+    if getattr(t, "expert", False) and ep > 1:
+        rows = -(-rows // ep)
+    kind = getattr(t, "tp", "")
+    if tp > 1 and kind:
+        if kind in ("col", "vocab") and not getattr(t, "expert", False):
+            rows = -(-rows // tp)
+        else:
+            rest = -(-rest // tp)
+    return rows, rest
+
+
+def fsdp_shard_numel(rows: int, rest: int, dp: int) -> int:
+    """Elements of a tensor's FSDP2 shard on rank 0: dimension 0 split in ``ceil(rows / dp)`` rows (FSDP2
+    pads the last shards; rank 0 always holds a full one)."""
+    return -(-rows // dp) * rest
+
+
+def fsdp_padded_numel(rows: int, rest: int, dp: int) -> int:
+    """Elements of a tensor's all-gathered (padded) form: ``dp`` full shards."""
+    return -(-rows // dp) * dp * rest
+
+
+def fsdp_compute_bytes(recipe: Any) -> float:
+    """Bytes per element of the parameters FSDP gathers for compute: bf16 under FSDP's mixed precision
+    (``amp-bf16``: ``MixedPrecisionPolicy(param_dtype=bf16)``), else the parameters' own width."""
+    return 2.0 if recipe.autocast else float(recipe.param_bytes)
+
+
+def fsdp_reduce_bytes(recipe: Any) -> float:
+    """Bytes per element of FSDP's reduce-scatter: fp32 under its mixed precision (``reduce_dtype=fp32``),
+    else the gradients' own width."""
+    return 4.0 if recipe.autocast else float(recipe.param_bytes)
+
+
+def walk_recipe(recipe: Any, par: Parallelism) -> Any:
+    """The recipe the forward walk runs under: FSDP's mixed precision computes in bf16 with bf16 copies of
+    every parameter, LoRA adapters included (no autocast), so its activations are those of a pure bf16 step
+    with bf16 adapters."""
+    if is_fsdp(par) and recipe.autocast:
+        import dataclasses
+
+        low = "bf16" if recipe.precision == "amp-bf16" else "fp16"
+        return dataclasses.replace(recipe, precision=low, lora_dtype=low if recipe.lora else recipe.lora_dtype)
+    return recipe
+
+
+@dataclass(frozen=True)
+class FsdpGroup:
+    """Bytes of one FSDP parameter group (a block, or the root) on one rank."""
+
+    gathered: int  #: the unsharded parameters, one allocation per tensor (compute dtype)
+    all_gather: int  #: the flat all-gather buffer (compute dtype)
+    reduce_scatter: int  #: the flat reduce-scatter input (reduce dtype), trainable tensors only
+    unsharded_grads: int  #: gradients of the unsharded parameters, one per tensor (compute dtype)
+    sharded_grads: int  #: the reduce-scatter output, this rank's gradients (reduce dtype)
+    first_op_grad: int = 0  #: the unsharded gradient of the block's last projection (made first in backward)
+
+
+def fsdp_groups(recipe: Any, par: Parallelism, tensors: list[Any], lora: list[tuple[str, tuple[int, int]]]
+                ) -> tuple[FsdpGroup, list[FsdpGroup], int, int]:
+    """The root group and the block groups (in block order) of an FSDP2-wrapped model on one rank, plus the
+    root's unsharded gradient bytes produced at the head (final norm, untied head) and at the embeddings.
+
+    ``tensors`` are the model's parameter tensors on this rank (:func:`~.layout.param_tensors`, stage-
+    filtered), ``lora`` its LoRA adapters (name, shape). Every tensor is its own allocation (512-byte
+    blocks); the all-gather and reduce-scatter buffers are one flat allocation per group.
+    """
+    from .alloc import rounded
+
+    dp, tp, ep = par.dp, par.tp, par.ep
+    cb, rb = fsdp_compute_bytes(recipe), fsdp_reduce_bytes(recipe)
+    full = not recipe.lora
+    acc: dict[Any, dict[str, float]] = {}
+    head_ug = embed_ug = 0
+
+    def add(key: Any, rows: int, rest: int, trainable: bool, last: bool = False) -> int:
+        a = acc.setdefault(key, dict(gathered=0, ag=0, rs=0, ug=0, sg=0, first=0))
+        padded, shard, numel = fsdp_padded_numel(rows, rest, dp), fsdp_shard_numel(rows, rest, dp), rows * rest
+        a["gathered"] += rounded(padded * cb)
+        a["ag"] += padded
+        if trainable:
+            a["rs"] += padded
+            a["ug"] += rounded(numel * cb)
+            a["sg"] += shard
+            if last:
+                a["first"] = rounded(numel * cb)
+        return rounded(numel * cb) if trainable else 0
+
+    last_roles = {"down", "fc2"}
+    for t in tensors:
+        rows, rest = local_rows(t, tp, ep)
+        is_last = t.layer is not None and t.name.rsplit(".", 2)[-2] in last_roles and t.name.endswith("weight")
+        ug = add(t.layer if t.layer is not None else "root", rows, rest, full, is_last)
+        if t.layer is None:
+            if t.group in ("embeddings", "position"):
+                embed_ug += ug
+            else:
+                head_ug += ug
+    for name, shape in lora:
+        layer = int(name.split(".")[1])
+        add(layer, shape[0], shape[1], True)
+
+    def group(a: dict[str, float]) -> FsdpGroup:
+        return FsdpGroup(gathered=int(a["gathered"]), all_gather=rounded(a["ag"] * cb),
+                         reduce_scatter=rounded(a["rs"] * rb), unsharded_grads=int(a["ug"]),
+                         sharded_grads=rounded(a["sg"] * rb), first_op_grad=int(a["first"]))
+
+    empty = dict(gathered=0, ag=0, rs=0, ug=0, sg=0, first=0)
+    root = group(acc.get("root", empty))
+    blocks = [group(acc[k]) for k in sorted(k for k in acc if k != "root")]
+    return root, blocks, head_ug, embed_ug
+
+
+@dataclass(frozen=True)
+class ForwardRegions:
+    """The forward walk's live bytes by where they occur (byte-vectors, see :mod:`.graph`): candidates in
+    the embeddings, in the blocks and in the head and loss, and the live set just before the first and
+    the last block start (when FSDP gathers them)."""
+
+    embed: tuple[Any, ...]
+    blocks: tuple[Any, ...]
+    head: tuple[Any, ...]
+    before_first_block: Any
+    before_last_block: Any
+
+
+@lru_cache(maxsize=256)
+def forward_regions(arch: Any, recipe: Any, par: Parallelism, stage: int = 0) -> ForwardRegions:
+    """Split the forward walk's timeline (:func:`~.activations.walk`) by region."""
+    from .activations import walk
+    from .graph import ZERO, pareto
+
+    tape = walk(arch, recipe, par, stage)
+    timeline = tape.timeline()
+    by: dict[str, list[Any]] = {"embed": [], "blocks": [], "head": []}
+    firsts: dict[str, int] = {}
+    for i, t in enumerate(tape.tensors, start=1):
+        kind = "blocks" if t.region.startswith("layer") else ("embed" if t.region == "embed" else "head")
+        by[kind].append(timeline[i])
+        firsts.setdefault(t.region, i)
+    layers = sorted((r for r in firsts if r.startswith("layer")), key=lambda r: int(r[5:]))
+    before = [timeline[firsts[r] - 1] for r in (layers[:1] + layers[-1:])] if layers else [ZERO, ZERO]
+    return ForwardRegions(embed=tuple(pareto(by["embed"] or [ZERO])), blocks=tuple(pareto(by["blocks"] or [ZERO])),
+                          head=tuple(pareto(by["head"] or [ZERO])), before_first_block=before[0],
+                          before_last_block=before[-1])
+
+
+def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegions, root: FsdpGroup,
+                    blocks: list[FsdpGroup], head_ug: float, embed_ug: float, nbytes: Any, saved_total: Any,
+                    residual_grad: Any, accumulating: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Forward and backward candidates (each a dict of activations, temporaries, gradients and
+    communication_buffers, in bytes) of one FSDP2 rank, at the moments that can set the peak.
+
+    ``nbytes`` evaluates a byte-vector; ``pr`` is the activation profile of the walk recipe;
+    ``residual_grad`` the bytes of the residual stream's gradient. FSDP2's order (torch 2.13):
+
+    * forward: the root's parameters are gathered first and stay gathered until the root's backward ends;
+      each block's all-gather buffer is freed only after the next block's copy-out (the last one at the end
+      of the forward), so a block computes with its gathered parameters and its buffer, and its copy-out
+      briefly holds the previous buffer too; ``reshard_after_forward`` frees the block's gathered
+      parameters after its forward (otherwise they stay until its backward);
+    * backward: the root's pre-backward prefetches the last block (its buffer is allocated during the loss
+      backward); each block, once gathered, frees its buffer and prefetches the next block
+      (``fsdp_prefetch`` ahead); its gradients appear unsharded (compute dtype), are copied into the flat
+      reduce-scatter input (reduce dtype) after its parameters are freed, and the reduce-scatter output is
+      the rank's sharded gradient. One reduce-scatter input stays alive until the next group's; the root
+      (embeddings, final norm, head) reduces last, its unsharded gradients held until then.
+    """
+    import numpy as np
+
+    raf = par.reshard_after_forward
+    pre = max(int(par.fsdp_prefetch), 0)
+    L = len(blocks)
+    big = max(blocks, key=lambda g: g.gathered) if blocks else FsdpGroup(0, 0, 0, 0, 0)
+    first = blocks[0] if blocks else big
+    last = blocks[-1] if blocks else big
+    all_gathered = sum(g.gathered for g in blocks)
+    sharded_after = [sum(g.sharded_grads for g in blocks[i + 1:]) for i in range(L)]
+    all_sharded = sum(g.sharded_grads for g in blocks)
+    acc = float(all_sharded + root.sharded_grads) if accumulating else 0.0
+
+    def split(live: Any) -> dict[str, Any]:
+        act = np.minimum(live, saved_total) if isinstance(live, np.ndarray) or isinstance(saved_total, np.ndarray) \
+            else min(live, saved_total)
+        return {"activations": act, "temporaries": live - act}
+
+    def cand(live: Any, comm: float, grads: float = 0.0) -> dict[str, Any]:
+        return {**split(live), "gradients": grads + acc, "communication_buffers": float(comm)}
+
+    fwd: list[dict[str, Any]] = []
+    R = root.gathered
+    for v in regions.embed:
+        fwd.append(cand(nbytes(v), R + root.all_gather))
+    held_blocks = all_gathered if not raf else big.gathered
+    for v in regions.blocks:
+        fwd.append(cand(nbytes(v), R + held_blocks + big.all_gather))
+    for v in regions.head:
+        fwd.append(cand(nbytes(v), R + (all_gathered if not raf else 0) + last.all_gather))
+    if blocks:
+        fwd.append(cand(nbytes(regions.before_first_block), R + root.all_gather + first.all_gather + first.gathered))
+        prev = blocks[-2].all_gather if L > 1 else root.all_gather
+        below = sum(g.gathered for g in blocks[:-1]) if not raf else 0
+        fwd.append(cand(nbytes(regions.before_last_block), R + below + prev + last.all_gather + last.gathered))
+
+    held_head = float(head_ug + (embed_ug if arch.tie_word_embeddings else 0))
+
+    def prefetch(i: int) -> float:
+        """All-gather buffers of the blocks prefetched while block i computes its backward."""
+        if not raf:
+            return 0.0
+        return float(sum(blocks[j].all_gather for j in range(max(i - pre, 0), i)))
+
+    def gathered_at(i: int) -> float:
+        return float(sum(g.gathered for g in blocks[: i + 1])) if not raf else float(blocks[i].gathered)
+
+    bwd: list[dict[str, Any]] = []
+    head_loss = _vadd(pr.head_saved, pr.loss_saved)
+    # the loss backward: every activation saved, the last block already being gathered again
+    bwd.append({"activations": saved_total, "temporaries": nbytes(pr.loss_backward), "gradients": acc,
+                "communication_buffers": float(R + (last.all_gather * (pre > 0) if raf else all_gathered))})
+    later = (0.0, 0.0, 0.0, 0.0)
+    for k, i in enumerate(range(L - 1, -1, -1)):
+        lp = pr.layers[i] if i < len(pr.layers) else None
+        if lp is None:
+            continue
+        remaining = _vsub(_vsub(pr.saved_total, head_loss), later)
+        if k in (0, 1, L - 1):
+            rs_prev = float(blocks[i + 1].reduce_scatter) if i + 1 < L else 0.0
+            # inside the block's backward: its first projection's gradient made, the block's working set
+            bwd.append({"activations": nbytes(_vadd(remaining, lp.recompute)), "temporaries": nbytes(lp.transient_bwd),
+                        "gradients": held_head + sharded_after[i] + blocks[i].first_op_grad + acc,
+                        "communication_buffers": R + gathered_at(i) + prefetch(i) + rs_prev})
+            # its post-backward: parameters freed, every unsharded gradient copied into the reduce-scatter input
+            bwd.append({"activations": nbytes(_vsub(remaining, lp.saved)), "temporaries": residual_grad,
+                        "gradients": held_head + sharded_after[i] + blocks[i].unsharded_grads + acc,
+                        "communication_buffers": R + gathered_at(i) - blocks[i].gathered + prefetch(i)
+                        + blocks[i].reduce_scatter})
+        later = _vadd(later, lp.saved)
+    # the embeddings' backward: the embedding gradient built (and, tied, summed with the held head part)
+    bwd.append({"activations": nbytes(pr.embed_saved),
+                "temporaries": residual_grad + (2 * embed_ug if arch.tie_word_embeddings else embed_ug),
+                "gradients": held_head + all_sharded + acc,
+                "communication_buffers": float(R + (first.reduce_scatter if blocks else 0))})
+    # the root's post-backward: its parameters freed, its unsharded gradients copied for the reduce-scatter
+    bwd.append({"activations": 0.0 * saved_total, "temporaries": 0.0 * saved_total,
+                "gradients": float(all_sharded + head_ug + embed_ug) + acc,
+                "communication_buffers": float(root.reduce_scatter)})
+    return fwd, bwd
+
+
+def _vadd(a: Any, b: Any) -> Any:
+    return tuple(x + y for x, y in zip(a, b))
+
+
+def _vsub(a: Any, b: Any) -> Any:
+    return tuple(x - y for x, y in zip(a, b))

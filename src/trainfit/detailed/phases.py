@@ -24,11 +24,12 @@ import numpy as np
 
 from ..arch import ArchSpec
 from .activations import ActivationProfile, activation_profile
-from .distributed import ddp_bucket_bytes, ddp_bucket_label
+from .distributed import (ddp_bucket_bytes, ddp_bucket_label, forward_regions, fsdp_candidates, fsdp_compute_bytes,
+                          fsdp_groups, is_fsdp, walk_recipe)
 from .graph import Vec, ZERO, tok, vadd, vbytes, vsub
 from .layout import block_linears
 from ..training_setup import Parallelism, Recipe, TrainingSetup
-from .states import StateBytes, state_bytes
+from .states import StateBytes, stage_tensors, state_bytes
 
 PHASES = ("forward", "backward", "optimizer")
 COMPONENTS = ("parameters", "buffers", "master_weights", "gradients", "optimizer_state", "optimizer_temporaries",
@@ -134,7 +135,7 @@ def comm_buffers(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
       before the reduce-scatter (gradient dtype).
     """
     out = {p: {} for p in PHASES}
-    if par.dp <= 1:
+    if par.dp <= 1 or is_fsdp(par):  # FSDP2's buffers vary along the step: fsdp_candidates places them
         return out
     gb = recipe.param_bytes
     z = par.zero_stage
@@ -184,7 +185,7 @@ def compute_phases(arch: ArchSpec, setup: TrainingSetup, micro_batch: Any = None
 def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulation: int, stage: int,
                    micro_batch: Any, seq_len: Any) -> PhaseResult:
     st = state_bytes(arch, recipe, par, stage)
-    pr = activation_profile(arch, recipe, par, stage)
+    pr = activation_profile(arch, walk_recipe(recipe, par), par, stage)
     sh = step_shape(par, micro_batch, seq_len)
     B = sh.bytes
     comm = comm_buffers(arch, recipe, par, st)
@@ -239,10 +240,16 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulatio
         bwd_cands.append({"activations": B(pr.embed_saved) + extra_inflight,
                           "temporaries": B(tok(h_res * recipe.param_bytes)) + (3 * g_emb if tied else g_emb),
                           "gradients": g_all if grads_present else g_all - g_emb})
+    if is_fsdp(par):
+        fwd_cands, bwd_cands = _fsdp(arch, recipe, par, stage, pr, B, saved_total, h_res, accumulation)
     fwd = _select(fwd_cands)
-    forward = {**base, **fwd, "communication_buffers": float(sum(comm["forward"].values()))}
+    forward = {**base, "communication_buffers": float(sum(comm["forward"].values())), **fwd}
     bwd = _select(bwd_cands)
-    backward = {**base, **bwd, "communication_buffers": float(sum(comm["backward"].values()))}
+    backward = {**base, "communication_buffers": float(sum(comm["backward"].values())), **bwd}
+    if is_fsdp(par):
+        comm["forward"]["FSDP2 gathered parameters and all-gather buffers"] = forward["communication_buffers"]
+        comm["backward"]["FSDP2 gathered parameters, all-gather and reduce-scatter buffers"] = \
+            backward["communication_buffers"]
 
     optimizer = {**base, "gradients": g_all, "optimizer_temporaries": float(st.opt_temp),
                  "activations": 0.0 * sh.tokens, "temporaries": 0.0 * sh.tokens,
@@ -259,6 +266,16 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulatio
         phase = PHASES[int(np.argmax(vals))]
     return PhaseResult(phases=phases, peaks=peaks, peak=peak, peak_phase=phase, states=st, profile=pr, shape=sh,
                        comm=comm, stage=stage)
+
+
+def _fsdp(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, pr: ActivationProfile, B: Any,
+          saved_total: Any, h_res: float, accumulation: int) -> tuple[list, list]:
+    """FSDP2's forward and backward candidates (:func:`~.distributed.fsdp_candidates`)."""
+    wr = walk_recipe(recipe, par)
+    tensors, lora = stage_tensors(arch, recipe, par, stage)
+    root, blocks, head_ug, embed_ug = fsdp_groups(recipe, par, tensors, lora)
+    return fsdp_candidates(arch, par, pr, forward_regions(arch, wr, par, stage), root, blocks, head_ug, embed_ug, B,
+                           saved_total, B(tok(h_res * fsdp_compute_bytes(recipe))), accumulating=accumulation > 1)
 
 
 def _min(a: Any, b: Any) -> Any:

@@ -30,7 +30,7 @@ from functools import lru_cache
 
 from ..arch import ArchSpec
 from .alloc import BLOCK, rounded
-from .distributed import replicated_gradient_bytes
+from .distributed import fsdp_shard_numel, is_fsdp, local_rows, replicated_gradient_bytes
 from .layout import ParamTensor, block_linears, param_tensors, stage_layers
 from ..training_setup import Parallelism, Recipe
 
@@ -90,6 +90,13 @@ def _stage_filter(arch: ArchSpec, par: Parallelism, stage: int = 0):
     return keep
 
 
+def stage_tensors(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
+                  ) -> tuple[list[ParamTensor], list[tuple[str, tuple[int, int]]]]:
+    """The parameter tensors and LoRA adapters pipeline ``stage`` holds."""
+    keep = _stage_filter(arch, par, stage)
+    return [t for t in param_tensors(arch) if keep(t)], lora_tensors(arch, recipe, par, stage)
+
+
 def lora_tensors(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> list[tuple[str, tuple[int, int]]]:
     """(name, shape) of every LoRA A and B matrix (PEFT: A is r×in, B is out×r)."""
     if not recipe.lora:
@@ -146,8 +153,13 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
     items: list[tuple[tuple[int, ...], int, float, bool]] = []
     part: list[str] = []  # embed | layers | head, for gradients produced along the backward pass
     quantised = 0
+    fsdp = is_fsdp(par)  # FSDP2: every tensor's first dimension sharded over dp (rank 0's full shard)
+    unsharded: list[int] = []  # elements on this rank before FSDP
     for t in tensors:
         n = _tp_numel(t, tp, ep)
+        unsharded.append(n)
+        if fsdp:
+            n = fsdp_shard_numel(*local_rows(t, tp, ep), dp)
         part.append("layers" if t.layer is not None else ("embed" if t.group in ("embeddings", "position") else "head"))
         if frozen_base and recipe.qlora and t.module and t.layer is not None and t.shape and len(t.shape) >= 2:
             quantised += quantised_bytes(n, recipe.qlora)
@@ -156,7 +168,8 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
         items.append((t.shape, n, pb, not frozen_base))
     lora_b = {"fp32": 4, "bf16": 2, "fp16": 2}[recipe.lora_dtype]
     for _, shape in lora:
-        items.append((shape, shape[0] * shape[1], lora_b, True))
+        unsharded.append(shape[0] * shape[1])
+        items.append((shape, fsdp_shard_numel(shape[0], shape[1], dp) if fsdp else shape[0] * shape[1], lora_b, True))
         part.append("layers")
     grads_part = {"embed": 0, "layers": 0, "head": 0}
     for (s_, n_, b_, tr_), p_ in zip(items, part):
@@ -169,8 +182,8 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
     train = [(s, n, b) for s, n, b, tr in items if tr]
     params_b = sum(stored(n, b) for _, n, b, tr in items if b) + quantised
     train_b = sum(stored(n, b) for _, n, b in train)
-    n_train = sum(n for _, n, _ in train)
-    n_all = sum(n for _, n, _, _ in items)
+    n_train = sum(u for u, (_, _, _, tr) in zip(unsharded, items) if tr)
+    n_all = sum(unsharded)
     # state dtype follows the trainable parameter (LoRA adapters may differ from the base)
     st_b = (lambda b: 4 if recipe.master_weights else b)
     opt = recipe.optimizer
@@ -187,7 +200,7 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
     steps = STEP_COUNTER_BYTES * len(train) if opt in ("adam", "adamw", "adam8bit", "adafactor") else 0
     master = sum(stored(n, 4) for _, n, b in train if b < 4) if recipe.master_weights else 0
     grads = train_b  # backward fills .grad for every trainable tensor, whatever the optimizer
-    if not frozen_base:
+    if not frozen_base and not fsdp:
         extra = replicated_gradient_bytes(arch, par, [t for t in tensors], pb)
         grads += extra
         grads_part["embed"] += extra
@@ -211,7 +224,9 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
     emb = sum(_tp_numel(t, tp, ep) for t in tensors if t.layer is None and t.group in ("embeddings", "position"))
     head = sum(_tp_numel(t, tp, ep) for t in tensors if t.layer is None and t.group not in ("embeddings", "position"))
     largest_layer = max(largest_layer, emb, head)
-    if dp > 1 and zero == 0 and par.ddp_bucket_view:
+    if fsdp:
+        zero = 0  # sharded tensor by tensor above, exactly; no flat ZeRO partitions
+    if dp > 1 and zero == 0 and par.ddp_bucket_view and not fsdp:
         # DDP's gradient_as_bucket_view: .grad are views of the reducer's buckets (counted with them)
         grads = 0
         grads_part = {k: 0 for k in grads_part}
