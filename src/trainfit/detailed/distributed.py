@@ -207,11 +207,20 @@ def forward_regions(arch: Any, recipe: Any, par: Parallelism, stage: int = 0) ->
                           before_last_block=before[-1])
 
 
+#: names of FSDP2's buffers in a candidate's communication terms (``--explain`` lists them with their bytes)
+ROOT_GATHERED = "gathered root parameters (embeddings, final norm, head: held from forward to backward)"
+BLOCK_GATHERED = "gathered block parameters"
+ALL_GATHER = "all-gather buffer"
+REDUCE_SCATTER = "reduce-scatter input"
+
+
 def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegions, root: FsdpGroup,
                     blocks: list[FsdpGroup], head_ug: float, embed_ug: float, nbytes: Any, saved_total: Any,
-                    residual_grad: Any, accumulating: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                    residual_grad: Any, accumulating: bool = False
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, float]], list[dict[str, float]]]:
     """Forward and backward candidates (each a dict of activations, temporaries, gradients and
-    communication_buffers, in bytes) of one FSDP2 rank, at the moments that can set the peak.
+    communication_buffers, in bytes) of one FSDP2 rank, at the moments that can set the peak, and for each
+    its communication buffers by name (they add up to its ``communication_buffers``).
 
     ``nbytes`` evaluates a byte-vector; ``pr`` is the activation profile of the walk recipe;
     ``residual_grad`` the bytes of the residual stream's gradient. FSDP2's order (torch 2.13):
@@ -236,50 +245,69 @@ def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegion
     big = max(blocks, key=lambda g: g.gathered) if blocks else FsdpGroup(0, 0, 0, 0, 0)
     first = blocks[0] if blocks else big
     last = blocks[-1] if blocks else big
-    all_gathered = sum(g.gathered for g in blocks)
     sharded_after = [sum(g.sharded_grads for g in blocks[i + 1:]) for i in range(L)]
     all_sharded = sum(g.sharded_grads for g in blocks)
     acc = float(all_sharded + root.sharded_grads) if accumulating else 0.0
+    R = {ROOT_GATHERED: float(root.gathered)}
+
+    def gathered_upto(i: int) -> dict[str, float]:
+        """Gathered block parameters while block ``i`` computes (all earlier ones too without resharding)."""
+        if not blocks:
+            return {}
+        if raf:
+            return {BLOCK_GATHERED + f" (block {i})": float(blocks[i].gathered)}
+        return {BLOCK_GATHERED + f" (blocks 0-{i}, kept until their backward)": float(sum(g.gathered for g in blocks[:i + 1]))}
+
+    def ag(what: str, nbytes_: float) -> dict[str, float]:
+        return {f"{ALL_GATHER} ({what})": float(nbytes_)} if nbytes_ else {}
+
+    def rs(what: str, g: FsdpGroup) -> dict[str, float]:
+        return {f"{REDUCE_SCATTER} ({what})": float(g.reduce_scatter)} if g.reduce_scatter else {}
 
     def split(live: Any) -> dict[str, Any]:
         act = np.minimum(live, saved_total) if isinstance(live, np.ndarray) or isinstance(saved_total, np.ndarray) \
             else min(live, saved_total)
         return {"activations": act, "temporaries": live - act}
 
-    def cand(live: Any, comm: float, grads: float = 0.0) -> dict[str, Any]:
-        return {**split(live), "gradients": grads + acc, "communication_buffers": float(comm)}
-
     fwd: list[dict[str, Any]] = []
-    R = root.gathered
+    fwd_terms: list[dict[str, float]] = []
+    bwd: list[dict[str, Any]] = []
+    bwd_terms: list[dict[str, float]] = []
+
+    def put(into: list, names: list, values: dict[str, Any], terms: dict[str, float]) -> None:
+        into.append({**values, "communication_buffers": float(sum(terms.values()))})
+        names.append(terms)
+
     for v in regions.embed:
-        fwd.append(cand(nbytes(v), R + root.all_gather))
-    held_blocks = all_gathered if not raf else big.gathered
+        put(fwd, fwd_terms, {**split(nbytes(v)), "gradients": acc}, {**R, **ag("root, until block 0 is gathered",
+                                                                             root.all_gather)})
     for v in regions.blocks:
-        fwd.append(cand(nbytes(v), R + held_blocks + big.all_gather))
+        put(fwd, fwd_terms, {**split(nbytes(v)), "gradients": acc},
+            {**R, **gathered_upto(L - 1 if not raf else blocks.index(big)), **ag("the block computing", big.all_gather)})
     for v in regions.head:
-        fwd.append(cand(nbytes(v), R + (all_gathered if not raf else 0) + last.all_gather))
+        put(fwd, fwd_terms, {**split(nbytes(v)), "gradients": acc},
+            {**R, **(gathered_upto(L - 1) if not raf else {}), **ag(f"block {L - 1}, freed when the forward ends",
+                                                                     last.all_gather)})
     if blocks:
-        fwd.append(cand(nbytes(regions.before_first_block), R + root.all_gather + first.all_gather + first.gathered))
+        put(fwd, fwd_terms, {**split(nbytes(regions.before_first_block)), "gradients": acc},
+            {**R, **ag("root", root.all_gather), **ag("block 0", first.all_gather), **gathered_upto(0)})
         prev = blocks[-2].all_gather if L > 1 else root.all_gather
-        below = sum(g.gathered for g in blocks[:-1]) if not raf else 0
-        fwd.append(cand(nbytes(regions.before_last_block), R + below + prev + last.all_gather + last.gathered))
+        put(fwd, fwd_terms, {**split(nbytes(regions.before_last_block)), "gradients": acc},
+            {**R, **gathered_upto(L - 1), **ag(f"block {L - 2}", prev), **ag(f"block {L - 1}", last.all_gather)})
 
     held_head = float(head_ug + (embed_ug if arch.tie_word_embeddings else 0))
 
-    def prefetch(i: int) -> float:
+    def prefetch(i: int) -> dict[str, float]:
         """All-gather buffers of the blocks prefetched while block i computes its backward."""
         if not raf:
-            return 0.0
-        return float(sum(blocks[j].all_gather for j in range(max(i - pre, 0), i)))
+            return {}
+        return ag(f"block {i - 1}, prefetched" if pre == 1 else f"{min(pre, i)} blocks prefetched",
+                  sum(blocks[j].all_gather for j in range(max(i - pre, 0), i)))
 
-    def gathered_at(i: int) -> float:
-        return float(sum(g.gathered for g in blocks[: i + 1])) if not raf else float(blocks[i].gathered)
-
-    bwd: list[dict[str, Any]] = []
     head_loss = _vadd(pr.head_saved, pr.loss_saved)
     # the loss backward: every activation saved, the last block already being gathered again
-    bwd.append({"activations": saved_total, "temporaries": nbytes(pr.loss_backward), "gradients": acc,
-                "communication_buffers": float(R + (last.all_gather * (pre > 0) if raf else all_gathered))})
+    put(bwd, bwd_terms, {"activations": saved_total, "temporaries": nbytes(pr.loss_backward), "gradients": acc},
+        {**R, **(prefetch(L) if blocks else {})} if raf else {**R, **gathered_upto(L - 1)})
     later = (0.0, 0.0, 0.0, 0.0)
     for k, i in enumerate(range(L - 1, -1, -1)):
         lp = pr.layers[i] if i < len(pr.layers) else None
@@ -287,27 +315,27 @@ def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegion
             continue
         remaining = _vsub(_vsub(pr.saved_total, head_loss), later)
         if k in (0, 1, L - 1):
-            rs_prev = float(blocks[i + 1].reduce_scatter) if i + 1 < L else 0.0
+            rs_prev = rs(f"block {i + 1}, until this block's", blocks[i + 1]) if i + 1 < L else {}
             # inside the block's backward: its first projection's gradient made, the block's working set
-            bwd.append({"activations": nbytes(_vadd(remaining, lp.recompute)), "temporaries": nbytes(lp.transient_bwd),
-                        "gradients": held_head + sharded_after[i] + blocks[i].first_op_grad + acc,
-                        "communication_buffers": R + gathered_at(i) + prefetch(i) + rs_prev})
+            put(bwd, bwd_terms, {"activations": nbytes(_vadd(remaining, lp.recompute)),
+                                 "temporaries": nbytes(lp.transient_bwd),
+                                 "gradients": held_head + sharded_after[i] + blocks[i].first_op_grad + acc},
+                {**R, **gathered_upto(i), **prefetch(i), **rs_prev})
             # its post-backward: parameters freed, every unsharded gradient copied into the reduce-scatter input
-            bwd.append({"activations": nbytes(_vsub(remaining, lp.saved)), "temporaries": residual_grad,
-                        "gradients": held_head + sharded_after[i] + blocks[i].unsharded_grads + acc,
-                        "communication_buffers": R + gathered_at(i) - blocks[i].gathered + prefetch(i)
-                        + blocks[i].reduce_scatter})
+            kept = gathered_upto(i - 1) if (not raf and i > 0) else {}
+            put(bwd, bwd_terms, {"activations": nbytes(_vsub(remaining, lp.saved)), "temporaries": residual_grad,
+                                 "gradients": held_head + sharded_after[i] + blocks[i].unsharded_grads + acc},
+                {**R, **kept, **prefetch(i), **rs(f"block {i}", blocks[i])})
         later = _vadd(later, lp.saved)
     # the embeddings' backward: the embedding gradient built (and, tied, summed with the held head part)
-    bwd.append({"activations": nbytes(pr.embed_saved),
-                "temporaries": residual_grad + (2 * embed_ug if arch.tie_word_embeddings else embed_ug),
-                "gradients": held_head + all_sharded + acc,
-                "communication_buffers": float(R + (first.reduce_scatter if blocks else 0))})
+    put(bwd, bwd_terms, {"activations": nbytes(pr.embed_saved),
+                         "temporaries": residual_grad + (2 * embed_ug if arch.tie_word_embeddings else embed_ug),
+                         "gradients": held_head + all_sharded + acc},
+        {**R, **(rs("block 0", first) if blocks else {})})
     # the root's post-backward: its parameters freed, its unsharded gradients copied for the reduce-scatter
-    bwd.append({"activations": 0.0 * saved_total, "temporaries": 0.0 * saved_total,
-                "gradients": float(all_sharded + head_ug + embed_ug) + acc,
-                "communication_buffers": float(root.reduce_scatter)})
-    return fwd, bwd
+    put(bwd, bwd_terms, {"activations": 0.0 * saved_total, "temporaries": 0.0 * saved_total,
+                         "gradients": float(all_sharded + head_ug + embed_ug) + acc}, rs("root", root))
+    return fwd, bwd, fwd_terms, bwd_terms
 
 
 def _vadd(a: Any, b: Any) -> Any:
@@ -316,3 +344,49 @@ def _vadd(a: Any, b: Any) -> Any:
 
 def _vsub(a: Any, b: Any) -> Any:
     return tuple(x - y for x, y in zip(a, b))
+
+
+def explain_parallel(arch: Any, setup: Any, stage: int, inflight: float, saved_per_microbatch: float
+                     ) -> dict[str, str]:
+    """What each parallelism adds, by component, for ``--explain`` (appended to the component's formula)."""
+    par, recipe = setup.parallel, setup.recipe
+    out: dict[str, str] = {}
+    if is_fsdp(par):
+        cb, rb = fsdp_compute_bytes(recipe), fsdp_reduce_bytes(recipe)
+        n = par.dp
+        out["parameters"] = (f"FSDP2 shards: every tensor's first dimension in ceil(rows / {n}) rows (rank 0 holds a "
+                             "full shard), each shard its own allocation")
+        out["optimizer_state"] = "on the FSDP2 shards (one state tensor per shard; a step counter per tensor)"
+        out["gradients"] = (f"sharded gradients of the blocks reduced so far (ceil(rows / {n}) rows, {rb:g} B) + the "
+                            f"unsharded ({cb:g} B) gradients of the group being reduced and of the root (head first, "
+                            "held until the root's own reduce-scatter)")
+        out["communication_buffers"] = (
+            f"gathered = sum over the group's tensors of ceil(rows / {n}) x {n} x cols x {cb:g} B; all-gather buffer "
+            f"= one flat tensor of the same elements x {cb:g} B; reduce-scatter input = the group's trainable padded "
+            f"elements x {rb:g} B (FSDP2 fully_shard, torch 2.13: _fsdp_param_group.py, _fsdp_collectives.py)"
+            + ("; mixed precision: bf16 compute copies of fp32 parameters, fp32 reduction" if recipe.autocast else "")
+            + ("; reshard_after_forward off: blocks stay gathered from forward to backward"
+               if not par.reshard_after_forward else ""))
+    elif par.dp > 1 and par.zero_stage == 0:
+        out["communication_buffers"] = ("DDP buckets = one more copy of every trainable gradient (bucket_cap_mb "
+                                        f"{par.ddp_bucket_bytes / 2**20:g} MiB; whole tensors per bucket)"
+                                        + ("; gradient_as_bucket_view: the gradients are views of them"
+                                           if par.ddp_bucket_view else ""))
+    if par.tp > 1:
+        if par.tp_plan == "dtensor":
+            txt = ("tensor parallel (DTensor, torchtitan's plan): heads, MLP width and vocabulary / "
+                   f"{par.tp}" + ("; the sequence-parallel input of each attention and MLP all-gathered once and "
+                                  "saved" if par.sequence_parallel else "")
+                   + ("; logits kept vocabulary-sharded into the loss (loss_parallel)" if par.loss_parallel else
+                      "; logits all-gathered to the whole vocabulary before the loss"))
+        else:
+            txt = (f"tensor parallel (Megatron): heads, MLP width and vocabulary / {par.tp}"
+                   + ("; sequence shards saved, re-gathered in backward" if par.sequence_parallel else ""))
+        out["activations"] = txt
+    if par.pp > 1:
+        extra = (inflight - 1.0) * saved_per_microbatch
+        out.setdefault("activations", "")
+        out["activations"] = (out["activations"] + "; " if out["activations"] else "") + (
+            f"pipeline in-flight activations: ({inflight:g} - 1) x {saved_per_microbatch:,.0f} B saved per "
+            f"micro-batch = {extra:,.0f} B ({par.pp_schedule}, stage {stage} of {par.pp})")
+    return out

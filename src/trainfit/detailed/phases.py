@@ -240,16 +240,18 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulatio
         bwd_cands.append({"activations": B(pr.embed_saved) + extra_inflight,
                           "temporaries": B(tok(h_res * recipe.param_bytes)) + (3 * g_emb if tied else g_emb),
                           "gradients": g_all if grads_present else g_all - g_emb})
+    terms: tuple[list, list] = ([], [])
     if is_fsdp(par):
-        fwd_cands, bwd_cands = _fsdp(arch, recipe, par, stage, pr, B, saved_total, h_res, accumulation)
+        fwd_cands, bwd_cands, *terms = _fsdp(arch, recipe, par, stage, pr, B, saved_total, h_res, accumulation)
     fwd = _select(fwd_cands)
     forward = {**base, "communication_buffers": float(sum(comm["forward"].values())), **fwd}
     bwd = _select(bwd_cands)
     backward = {**base, "communication_buffers": float(sum(comm["backward"].values())), **bwd}
-    if is_fsdp(par):
-        comm["forward"]["FSDP2 gathered parameters and all-gather buffers"] = forward["communication_buffers"]
-        comm["backward"]["FSDP2 gathered parameters, all-gather and reduce-scatter buffers"] = \
-            backward["communication_buffers"]
+    for name, chosen, cands, named in (("forward", fwd, fwd_cands, terms[0]), ("backward", bwd, bwd_cands, terms[1])):
+        # FSDP2's buffers, by name, at the chosen moment (a scalar setup: the candidate itself was chosen)
+        at = next((named[k] for k, c in enumerate(cands) if c is chosen), None) if named else None
+        if at is not None:
+            comm[name] = dict(at)
 
     optimizer = {**base, "gradients": g_all, "optimizer_temporaries": float(st.opt_temp),
                  "activations": 0.0 * sh.tokens, "temporaries": 0.0 * sh.tokens,
