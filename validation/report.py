@@ -3,6 +3,10 @@ first-order, mlsysim 0.3.0 and llm-analysis 0.2.2, with summary statistics and a
 
     python validation/report.py            # writes validation/report.md and validation/predicted-vs-measured.png
 
+llm-analysis 0.2.2 pins an old huggingface_hub that breaks transformers: run this script from a separate
+virtual environment with ``pip install -e . mlsysim==0.3.0 matplotlib llm-analysis==0.2.2`` (no torch or
+transformers needed); where llm-analysis is missing its column reads n/a.
+
 Cases (single GPU): ``tests/data/groundtruth/dev-cases.jsonl`` (77 measured steps),
 ``validation/corpus-measured.jsonl`` (the ``trainfit measure`` corpus, when present) and
 ``validation/detailed-arch-cases.jsonl`` (tiny models of every supported architecture, measured by

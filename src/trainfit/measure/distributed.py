@@ -472,6 +472,8 @@ def run_parallel_steps(model: Any, run: StepRun, make_opt: Callable[[Any], Any],
 
     with emulation, tracker, run.loss_context(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
+        # the root returns the model output (a view of nothing in place is ever done to): FSDP2 warns anyway
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module", category=UserWarning)
         stepped = model
         if layout.ddp:
             stepped = wrap_ddp(model, layout, fake=fake)
