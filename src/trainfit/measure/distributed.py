@@ -37,7 +37,7 @@ import contextlib
 import gc
 import importlib
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 from ..errors import TrainfitError
@@ -223,7 +223,7 @@ def build_mesh(layout: Layout) -> Any:
     return device_mesh.init_device_mesh("cpu", tuple(d for _, d in dims), mesh_dim_names=tuple(n for n, _ in dims))
 
 
-def _tp_module_names(config: Any, model: Any, blocks: Any) -> dict[str, str]:
+def _tp_module_names(config: Any, blocks: Any) -> dict[str, str]:
     """Role -> module name inside a block, for the plan; refuses models the plan does not fit."""
     torch = require("torch")
     from ..families import FAMILIES
@@ -266,12 +266,11 @@ def apply_tp(model: Any, config: Any, mesh: Any, layout: Layout, seq_len: int) -
     pm = _private("torch.distributed.tensor.parallel", lambda: importlib.import_module(
         "torch.distributed.tensor.parallel"))
     dt = importlib.import_module("torch.distributed.tensor")
-    torch = require("torch")
     Shard, Replicate = dt.Shard, dt.Replicate
     tp = layout.tp
     base = _base_model(model)
     blocks = base.layers
-    roles = _tp_module_names(config, model, blocks)
+    roles = _tp_module_names(config, blocks)
     for what, n in (("num_attention_heads", config.num_attention_heads),
                     ("num_key_value_heads", getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
                     ("intermediate_size", config.intermediate_size)):
@@ -306,7 +305,6 @@ def apply_tp(model: Any, config: Any, mesh: Any, layout: Layout, seq_len: int) -
             dt.distribute_module(mod, mesh, None, _replicated_input, _local_output)
     if tied:  # parallelize_module gives the head its own sharded copy: tie it back (same Shard(0) layout)
         model.lm_head.weight = base.embed_tokens.weight
-    del torch
 
 
 def _replicated_input(module: Any, inputs: Any, mesh: Any) -> Any:
@@ -439,7 +437,6 @@ class StepRun:
     task: str
     autocast: Any = None
     loss_context: Callable[[], Any] = contextlib.nullcontext
-    notes: list[str] = field(default_factory=list)
 
 
 def pin_fsdp_buffers(tracker: Any, model: Any) -> None:
@@ -528,12 +525,11 @@ def run_pipeline_steps(model: Any, layout: Layout, run: StepRun, hidden: Callabl
     def forward(i: int, live: dict[int, Any]) -> None:
         x = None if first else hidden()
         ctx = torch.autocast("cpu", dtype=run.autocast) if run.autocast is not None else contextlib.nullcontext()
+        kw = {"input_ids": ids} if first else {"inputs_embeds": x}
         with ctx:
             if last:
-                kw = {"input_ids": ids} if first else {"inputs_embeds": x}
                 out = model(**kw, labels=labels, use_cache=False).loss / m
             else:
-                kw = {"input_ids": ids} if first else {"inputs_embeds": x}
                 out = model.model(**kw, use_cache=False).last_hidden_state
         live[i] = (x, out)
 
