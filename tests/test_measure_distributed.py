@@ -23,8 +23,7 @@ LLAMA = {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2, "num
 UNTIED = {**LLAMA, "tie_word_embeddings": False}
 
 REAL_CASES = [
-    ("fsdp2-fp32", LLAMA, dict(batch=4, seq_len=64, dp=2, fsdp=True, precision="fp32")),
-    ("fsdp4-mixed-precision", UNTIED, dict(batch=8, seq_len=64, dp=4, fsdp=True, precision="amp-bf16")),
+    ("fsdp4-mixed-precision-tied", LLAMA, dict(batch=8, seq_len=64, dp=4, fsdp=True, precision="amp-bf16")),
     ("fsdp2-no-reshard-ckpt", UNTIED, dict(batch=4, seq_len=64, dp=2, fsdp=True, reshard_after_forward=False,
                                            checkpointing="full", precision="fp32")),
     ("ddp2", UNTIED, dict(batch=4, seq_len=64, dp=2, precision="amp-bf16")),
@@ -110,6 +109,7 @@ def test_one_f_one_b_order():
     (dict(pp=2, pp_schedule="interleaved"), "unknown pp_schedule for the measured method 'interleaved'; accepted: 1f1b, gpipe"),
     (dict(tp=2, lora_rank=4), "LoRA with data parallelism"),
     (dict(ep=2), "cannot express ep=2"),
+    (dict(fsdp=True), "give --dp > 1"),
 ])
 def test_what_does_not_run_is_one_line(fields, needle):
     with pytest.raises(TrainfitError, match=needle) as exc:

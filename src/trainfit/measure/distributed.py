@@ -115,6 +115,8 @@ def layouts_of(setup: TrainingSetup) -> list[Layout]:
     """The layout(s) to measure: one, or with ``pp_stage`` -1 the first and the last pipeline stage.
     Raises a one-line TrainfitError for a combination the measurement does not run."""
     p, r = setup.parallel, setup.recipe
+    if p.fsdp and p.dp == 1:
+        raise TrainfitError("--fsdp shards over the data-parallel ranks: give --dp > 1 (on one GPU, leave --fsdp out)")
     if p.pp > 1 and (p.dp > 1 or p.tp > 1):
         raise TrainfitError("the measured method runs a pipeline stage on its own: --pp with --dp or --tp is not "
                             "measured (the estimate models it)")
