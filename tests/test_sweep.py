@@ -131,7 +131,8 @@ _config = st.fixed_dictionaries(dict(
     checkpointing=st.sampled_from(["none", "selective", "full"]),
     tp=st.integers(1, 64), pp=st.integers(1, 200), dp=st.integers(1, 4096), ep=st.integers(1, 256),
     zero=st.integers(0, 3), fsdp=st.booleans(), accumulation=st.integers(1, 128),
-    trainable_fraction=st.floats(0, 1), sequence_parallel=st.booleans()))
+    trainable_fraction=st.floats(0, 1), sequence_parallel=st.booleans())).map(
+    lambda c: {**c, "zero": 0} if c["fsdp"] else c)  # FSDP2 and DeepSpeed ZeRO are exclusive (rules.py)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
