@@ -186,3 +186,30 @@ def test_replayed_blocks_match_a_full_walk(model, kw):
     assert max(ev(v) for v in fast.forward_candidates) == pytest.approx(max(ev(v) for v in full.forward_candidates), rel=1e-12)
     for a, b in zip(fast.layers, full.layers):
         assert ev(a.saved) == pytest.approx(ev(b.saved), rel=1e-12) and ev(a.recompute) == pytest.approx(ev(b.recompute), rel=1e-12)
+
+
+def test_tensor_parallel_plans_differ_where_their_implementations_do():
+    """DTensor's sequence parallelism (torchtitan) keeps each attention and MLP input all-gathered for the
+    projections' weight gradients; Megatron-LM keeps the sequence shard and gathers again in backward: per
+    block, two inputs of (h - h/tp) more elements per token (measured: validation/multigpu-measured.jsonl)."""
+    h, tp = LLAMA.hidden_size, 4
+    dt = make_setup(LLAMA, precision="bf16", tp=tp)
+    mg = make_setup(LLAMA, precision="bf16", tp=tp, tp_plan="megatron")
+    block = lambda s: activation_profile(LLAMA, s.recipe, s.parallel).layers[1].saved[0]  # noqa: E731 bytes per token
+    assert block(dt) - block(mg) == 2 * (h - h / tp) * 2
+    # without loss parallelism DTensor gathers the logits: the loss runs over the whole vocabulary
+    full = activation_profile(LLAMA, dt.recipe, dt.parallel).loss_backward[0]
+    lp = make_setup(LLAMA, precision="bf16", tp=tp, loss_parallel=True)
+    assert full == 2 * 4 * LLAMA.vocab_size
+    assert activation_profile(LLAMA, lp.recipe, lp.parallel).loss_backward[0] == 3 * 4 * LLAMA.vocab_size / tp
+
+
+def test_fsdp2_and_deepspeed_zero3_are_different_models():
+    """Same sharding stage on paper; FSDP2 keeps the root (embeddings, norm, head) gathered through the step
+    and frees each block's all-gather buffer late, DeepSpeed gathers one block at a time."""
+    fsdp = compute_phases(LLAMA, make_setup(LLAMA, micro_batch=2, seq_len=1024, dp=8, fsdp=True))
+    z3 = compute_phases(LLAMA, make_setup(LLAMA, micro_batch=2, seq_len=1024, dp=8, zero=3))
+    root = LLAMA.vocab_size * LLAMA.hidden_size * 2  # the tied embedding gathered in bf16 (mixed precision)
+    names = fsdp.comm["forward"]
+    assert any(k.startswith("gathered root parameters") and v >= root for k, v in names.items())
+    assert fsdp.peak != z3.peak
