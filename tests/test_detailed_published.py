@@ -4,7 +4,8 @@
   mixed-precision Adam (K = 12: fp32 master + two fp32 moments; 16-bit params and grads),
   N_d = 64: baseline 120 GB, P_os 31.4 GB, P_os+g 16.6 GB, P_os+g+p 1.9 GB (= 16Ψ/64 = 1.875 GB);
 * Korthikanti et al. 2022 (arXiv 2205.05198) Fig. 1 activation memory per GPU (numbers as embedded
-  in calculon llm/validation.py, see the peers reference notes, peers.md §5 cases 3-6): GPT with fp16,
+  in calculon llm/validation.py, see the peers reference notes, peers.md §5 cases 3-6), with Megatron's
+  tensor parallelism (``tp_plan="megatron"``: sequence shards saved, vocabulary-parallel loss): GPT with fp16,
   LayerNorm, GeLU, dropout 0.1, s = 2048, t = 8, no recomputation vs sequence parallel + selective;
   pipelines hold p in-flight micro-batches, interleaved ones x (1 + (p-1)/(p·v));
 * DeepSpeed's model-state estimators (peers.md §1.3): ZeRO-2 ``2P + 18P/N`` (18 = 2 fp16 grads +
@@ -46,7 +47,7 @@ def _korthikanti(h, heads, layers, t, p, v, b, sp_selective):
     arch = arch_from_config(dict(model_type="gpt2", n_embd=h, n_head=heads, n_layer=layers, vocab_size=51200,
                                  n_positions=2048, activation_function="gelu", attn_pdrop=0.1, resid_pdrop=0.1,
                                  embd_pdrop=0.1))
-    s = make_setup(arch, precision="fp16", attention="eager", tp=t, sequence_parallel=sp_selective,
+    s = make_setup(arch, precision="fp16", attention="eager", tp=t, tp_plan="megatron", sequence_parallel=sp_selective,
                    checkpointing="selective" if sp_selective else "none", pp=p,
                    pp_schedule="interleaved" if v > 1 else "1f1b", pp_virtual=v, accumulation=64,
                    micro_batch=b, seq_len=2048)

@@ -112,8 +112,21 @@ def test_zero_stages_shard_cumulatively():
     assert z[0].opt_states == pytest.approx(base.opt_states / 8, abs=8) and z[0].grads == base.grads
     assert z[1].grads == pytest.approx(base.grads / 8, abs=8) and z[1].params == base.params
     assert z[2].params == pytest.approx(base.params / 8, abs=8)
-    fsdp = states(arch, precision="bf16-master", optimizer="adam", dp=8, fsdp=True)
-    assert fsdp.params == z[2].params
+
+
+def test_fsdp2_shards_each_tensor_not_a_flat_buffer():
+    """FSDP2 (torch.distributed.fsdp.fully_shard, _fsdp_param.py) chunks every parameter's dim 0 over the
+    ranks, rank 0 holding ceil(rows / N) rows, each shard its own (512-byte rounded) allocation; DeepSpeed
+    ZeRO-3 partitions one flat buffer. Same total within the padding; Adam's moments follow the shards."""
+    from trainfit.detailed.layout import param_tensors
+
+    arch = arch_from_config(TINY)
+    z3 = states(arch, precision="bf16", optimizer="adam", dp=8, zero=3)
+    fsdp = states(arch, precision="bf16", optimizer="adam", dp=8, fsdp=True)
+    shards = [-(-t.shape[0] // 8) * (t.numel // t.shape[0]) for t in param_tensors(arch)]
+    assert fsdp.params == sum(-(-2 * n // 512) * 512 for n in shards)
+    assert fsdp.opt_states == 2 * fsdp.params and fsdp.step_counters == 512 * len(shards)
+    assert fsdp.params != z3.params and abs(fsdp.params - z3.params) <= 512 * len(shards)
 
 
 def test_tensor_and_pipeline_parallel_split_the_right_tensors():

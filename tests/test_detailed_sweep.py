@@ -42,9 +42,10 @@ def test_a_large_sweep_is_one_walk_per_recipe_and_monotone_in_batch():
 
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "mixtral-8x7b", "gemma-2-2b", "bert-base"])
 def test_a_layout_sweep_equals_the_scalar_method_exactly(model):
-    """Layouts differing in tp, pp, dp, ZeRO/FSDP, schedule, accumulation and checkpointing in one sweep (the
-    planner's case: one forward walk per model split, sharding and accumulation as arrays): every element's
-    total, allocated peak, peak phase and each component equal the scalar method's, to the bit."""
+    """Layouts differing in tp (and its plan), pp, dp, ZeRO/FSDP2, schedule, accumulation, checkpointing and
+    precision in one sweep (the planner's case: one forward walk per model split, sharding and accumulation as
+    arrays; FSDP2 under mixed precision walks its own recipe): every element's total, allocated peak, peak
+    phase and each component equal the scalar method's, to the bit."""
     rng = np.random.default_rng(7)
     n = 32
     seqs = [128, 512] if model == "bert-base" else [256, 1024, 2048]
@@ -52,13 +53,16 @@ def test_a_layout_sweep_equals_the_scalar_method_exactly(model):
                   pp=rng.choice([1, 2, 4], n), dp=rng.choice([1, 2, 8], n), zero=rng.choice([0, 1, 2, 3], n),
                   fsdp=rng.choice([False, True], n), accumulation=rng.choice([1, 2, 8], n),
                   checkpointing=rng.choice(["none", "selective", "full"], n),
-                  pp_schedule=rng.choice(["1f1b", "gpipe", "interleaved"], n))
+                  pp_schedule=rng.choice(["1f1b", "gpipe", "interleaved"], n),
+                  tp_plan=rng.choice(["dtensor", "megatron"], n), loss_parallel=rng.choice([False, True], n),
+                  precision=rng.choice(["bf16", "amp-bf16"], n))
+    inputs["zero"] = np.where(inputs["fsdp"], 0, inputs["zero"])  # FSDP2 and DeepSpeed ZeRO are exclusive
     if model == "mixtral-8x7b":
         inputs["ep"] = rng.choice([1, 2], n)
-    res = trainfit.sweep(model, "h100", method="detailed", precision="bf16", **inputs)
+    res = trainfit.sweep(model, "h100", method="detailed", **inputs)
     for i in range(n):
         one = {k: (v[i].item() if hasattr(v[i], "item") else v[i]) for k, v in inputs.items()}
-        e = estimate(model, "h100", method="detailed", suggestions=False, precision="bf16", **one)
+        e = estimate(model, "h100", method="detailed", suggestions=False, **one)
         assert res["total_bytes"][i] == e.total_bytes, one
         assert res["peak_allocated_bytes"][i] == e.extra["peak_allocated_bytes"], one
         assert ("forward", "backward", "optimizer")[res["peak_phase"][i]] == e.extra["peak_phase"], one

@@ -63,7 +63,8 @@ def test_text_output_has_breakdown_units_phase_and_method():
      "unknown checkpointing for the measured method 'selective'"),
     (["--batch", "0", "--seq", "64"], "batch must be >= 1"),
     (["--batch", "2", "--seq", "64", "--lora-targets", "q_proj"], "lora_targets q_proj need a LoRA rank"),
-    (["--batch", "4", "--seq", "64", "--dp", "2"], "measured method cannot express dp=2"),
+    (["--batch", "4", "--seq", "64", "--dp", "2", "--zero", "1"], "measured method cannot express zero=1"),
+    (["--batch", "4", "--seq", "64", "--pp", "2", "--pp-stage", "2"], "pp_stage 2 must be a stage of the pipeline"),
     (["--batch", "2", "--seq", "64", "--lora", "4", "--lora-targets", "nope"], "LoRA targets nope not found"),
 ])
 def test_bad_input_is_one_line_and_exit_1(args, needle):

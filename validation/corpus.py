@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from trainfit.arch import ArchSpec, arch_from_config, load_config
-from trainfit.training_setup import TrainingSetup
+from trainfit.training_setup import PARALLEL_FIELDS, TrainingSetup
 
 _RAISED = re.compile(r"(\w+) raised from \d+ to (\d+)")
 
@@ -52,15 +52,18 @@ def case_arch(case: dict[str, Any], configs_dir: Optional[Path] = None, base_dir
 
 
 def case_setup(case: dict[str, Any], arch: ArchSpec) -> TrainingSetup:
-    """The training setup of a measured single-GPU case: the field names of dev-cases.jsonl (``batch``,
-    ``seq``, ``ckpt``, ``lora_r``, ``attn_implementation``) or of a ``trainfit measure`` JSON echo."""
+    """The training setup of a measured case: the field names of dev-cases.jsonl (``batch``, ``seq``,
+    ``ckpt``, ``lora_r``, ``attn_implementation``) or of a ``trainfit measure`` JSON echo (whose parallel
+    fields and accumulation, when present, describe a multi-GPU rank)."""
     inputs = case.get("inputs") or {}
     get = lambda *keys, default=None: next((src[k] for k in keys for src in (case, inputs) if k in src), default)  # noqa: E731
     ck = get("checkpointing", default="full" if case.get("ckpt") else "none")
     attn = str(get("attention", "attn", "attn_implementation", default="sdpa"))
     lora = int(get("lora_rank", "lora_r", default=0) or 0)
     targets = tuple(get("lora_targets", default=None) or ("q_proj", "v_proj"))
-    return TrainingSetup.build(arch, batch=int(get("batch")), seq_len=int(get("seq_len", "seq")),
+    layout = {k: (tuple(v) if isinstance(v, list) else v) for k in (*PARALLEL_FIELDS, "accumulation")
+              if (v := get(k)) is not None}
+    return TrainingSetup.build(arch, batch=int(get("batch")), seq_len=int(get("seq_len", "seq")), **layout,
                                precision=get("precision"), optimizer=get("optimizer"),
                                opt_impl=get("opt_impl", default="foreach"), checkpointing=ck,
                                attention="auto" if attn == "sdpa" else attn, dropout=bool(get("dropout", default=True)),

@@ -38,12 +38,15 @@ ACCEPTS: dict[str, Any] = {
     "batch": None, "seq_len": None, "accumulation": None, "precision": None,
     "optimizer": tuple(F.OPTIMIZER_BYTES), "checkpointing": F.CHECKPOINTING, "trainable_fraction": None,
     "tp": None, "sequence_parallel": None, "pp": None, "dp": None, "ep": None, "zero": None, "fsdp": None,
+    "reshard_after_forward": None,  # FSDP without resharding counts as ZeRO-2 (Parallelism.zero_stage)
+    "tp_plan": None,  # Korthikanti et al.'s activation formula, whichever plan
 }
 HINTS = {"lora_rank": "it trains all parameters or a trainable_fraction of them",
          "attention": "its activation formula assumes materialised attention scores",
          "dropout": "its activation formula includes the dropout masks",
          "cp": "it has no context parallelism", "qlora": "it stores every weight at one width",
-         "opt_impl": "it counts no optimizer temporaries"}
+         "opt_impl": "it counts no optimizer temporaries",
+         "loss_parallel": "it has no logits term", "pp_stage": "it reports the first stage"}
 DEFAULT_COMM_FRACTION = 0.05
 
 
@@ -119,7 +122,7 @@ class FirstOrder:
         opt = np.asarray([F.OPTIMIZER_BYTES[o] for o in x.choices["optimizer"]], dtype=np.float64)[x["optimizer"]]
         ckpt = np.asarray([F.CHECKPOINTING.index(c) for c in x.choices["checkpointing"]], dtype=np.int64)[
             x["checkpointing"]]
-        zero = np.where(x["fsdp"], 3, x["zero"])
+        zero = np.where(x["fsdp"], np.where(x["reshard_after_forward"], 3, 2), x["zero"])
         c = F.first_order_components(
             params, layers, hidden, heads, prec, opt, ckpt, x["batch"], x["seq_len"], tp=x["tp"], pp=x["pp"],
             dp=x["dp"], ep=x["ep"], zero_stage=zero, accumulation=x["accumulation"],

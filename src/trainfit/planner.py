@@ -22,7 +22,6 @@ smallest N for which any layout fits. Sizes in bytes, times in seconds.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence

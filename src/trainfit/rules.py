@@ -52,6 +52,12 @@ RULES: tuple[Rule, ...] = (
          lambda d: f"lora_targets {','.join(d['lora_targets'])} need a LoRA rank (lora_rank > 0)"),
     Rule(("lora_dtype", "lora_rank"), lambda v: ~v.is_default("lora_dtype") & (v["lora_rank"] == 0),
          lambda d: f"lora_dtype {d['lora_dtype']} needs a LoRA rank (lora_rank > 0)"),
+    Rule(("fsdp", "zero"), lambda v: np.asarray(v["fsdp"], dtype=bool) & (np.asarray(v["zero"]) > 0),
+         lambda d: f"fsdp (PyTorch FSDP2) and zero {d['zero']} (DeepSpeed ZeRO) are two ways to shard the same "
+                   "states: choose one"),
+    Rule(("pp_stage", "pp"), lambda v: v["pp_stage"] >= v["pp"],
+         lambda d: f"pp_stage {d['pp_stage']} must be a stage of the pipeline: 0 to pp-1 = {d['pp'] - 1} "
+                   "(or -1, the busier of the first and the last)"),
     Rule(("seq_len", "cp"), lambda v: v["seq_len"] % v["cp"] != 0,
          lambda d: f"seq_len {d['seq_len']} must divide evenly over cp {d['cp']}"),
     # --- physical validity: layouts the model can be split into, sequences it can take

@@ -66,6 +66,7 @@ ATTENTION = ("auto", "flash", "mem-efficient", "eager", "math")
 LORA_DTYPES = ("fp32", "bf16", "fp16")
 QLORA = ("nf4", "int8")
 PP_SCHEDULES = ("1f1b", "interleaved", "gpipe")
+TP_PLANS = ("dtensor", "megatron")
 LORA_DEFAULT_TARGETS = ("q_proj", "v_proj")
 #: Largest model-parallel degree (tp, cp, ep, pp) and data-parallel degree or accumulation: far beyond any
 #: cluster, and small enough that a world size (their product) stays an exact 64-bit integer in sweeps.
@@ -199,13 +200,23 @@ class Parallelism:
 
     tp: int = _whole(1, "--tp", "Tensor-parallel degree (GPUs).", maximum=MAX_DEGREE)
     sequence_parallel: bool = _flag(True, "--no-sequence-parallel", "With --tp > 1, keep activations unsharded "
-                                    "(no Megatron sequence parallelism).")
+                                    "(no sequence parallelism).")
+    tp_plan: str = _choice("dtensor", "--tp-plan", "How --tp splits a block: dtensor (PyTorch DTensor, torchtitan's "
+                           "plan: sequence-parallel inputs all-gathered once per attention/MLP and saved, logits "
+                           "gathered unless --loss-parallel) | megatron (Megatron-LM: sequence shards saved and "
+                           "gathered again in backward, vocabulary-parallel cross-entropy).", TP_PLANS,
+                           {"torchtitan": "dtensor", "pytorch": "dtensor", "megatron-lm": "megatron"},
+                           what="tensor-parallel plan")
     cp: int = _whole(1, "--cp", "Context-parallel degree (sequence split across GPUs).", maximum=MAX_DEGREE)
     ep: int = _whole(1, "--ep", "Expert-parallel degree.", maximum=MAX_DEGREE)
     dp: int = _whole(1, "--dp", "Data-parallel degree (replicas).", maximum=MAX_DATA_PARALLEL)
     zero: int = field(default=0, metadata=_meta("zero", "--zero", "ZeRO stage 0-3 across --dp (1 shards optimizer "
                                                 "state, 2 also gradients, 3 also weights)."))
-    fsdp: bool = _flag(False, "--fsdp", "PyTorch FSDP full sharding over --dp (as ZeRO-3).")
+    fsdp: bool = _flag(False, "--fsdp", "PyTorch FSDP2 fully_shard over --dp: every block, then the root; "
+                       "parameters, gradients and optimizer state sharded (--zero is DeepSpeed's).")
+    reshard_after_forward: bool = _flag(True, "--no-reshard-after-forward", "With --fsdp, keep each block's "
+                                        "gathered parameters from its forward to its backward (ZeRO-2-like; "
+                                        "default: free them after the forward, ZeRO-3).")
     fsdp_prefetch: int = _whole(1, "--fsdp-prefetch", "Blocks gathered ahead by ZeRO-3/FSDP.", minimum=0)
     pp: int = _whole(1, "--pp", "Pipeline-parallel degree (stages).", maximum=MAX_DEGREE)
     pp_schedule: str = _choice("1f1b", "--pp-schedule", "Pipeline schedule 1f1b | interleaved | gpipe "
@@ -213,6 +224,10 @@ class Parallelism:
                                {"interleave": "interleaved", "1f1b-interleaved": "interleaved"},
                                what="pipeline schedule")
     pp_virtual: int = _whole(1, "--pp-virtual", "Virtual stages per rank with --pp-schedule interleaved.")
+    pp_stage: int = _whole(-1, "--pp-stage", "With --pp, the pipeline stage reported: 0 (first) to pp-1 (last); "
+                           "-1: the busier of the first and the last.", minimum=-1)
+    loss_parallel: bool = _flag(False, "--loss-parallel", "With --tp > 1, keep the logits vocabulary-sharded into "
+                                "the cross-entropy (no all-gather of the logits).")
     ddp_bucket_view: bool = _flag(False, "--ddp-bucket-view", "DDP gradient_as_bucket_view (gradients live in the "
                                   "buckets: no second copy).")
     ddp_bucket_bytes: float = field(default=25 * 2**20, metadata=_meta(
@@ -225,8 +240,11 @@ class Parallelism:
 
     @property
     def zero_stage(self) -> int:
-        """The data-parallel sharding stage: FSDP full sharding counts as ZeRO-3."""
-        return 3 if self.fsdp else self.zero
+        """The data-parallel sharding stage, as the first-order arithmetic counts it: FSDP counts as ZeRO-3
+        (ZeRO-2 when each block keeps its gathered parameters until its backward)."""
+        if self.fsdp:
+            return 3 if self.reshard_after_forward else 2
+        return self.zero
 
     @property
     def world_size(self) -> int:
@@ -363,8 +381,12 @@ _RELEVANT_WHEN: dict[str, Any] = {
     "lora_dtype": lambda s: s.recipe.lora,
     "checkpoint_every": lambda s: s.recipe.checkpointing == "every-k",
     "sequence_parallel": lambda s: s.parallel.tp > 1,
+    "tp_plan": lambda s: s.parallel.tp > 1,
     "pp_schedule": lambda s: s.parallel.pp > 1,
     "pp_virtual": lambda s: s.parallel.pp > 1 and s.parallel.pp_schedule == "interleaved",
+    "pp_stage": lambda s: s.parallel.pp > 1,
+    "loss_parallel": lambda s: s.parallel.tp > 1 and s.parallel.tp_plan == "dtensor",
+    "reshard_after_forward": lambda s: s.parallel.fsdp and s.parallel.dp > 1,
     "fsdp_prefetch": lambda s: s.parallel.dp > 1 and s.parallel.zero_stage == 3,
     "ddp_bucket_view": lambda s: s.parallel.dp > 1 and s.parallel.zero_stage == 0,
     "ddp_bucket_bytes": lambda s: s.parallel.dp > 1 and s.parallel.zero_stage == 0,
@@ -415,5 +437,5 @@ def setup_of(model: Any, hardware: Any = None, **fields: Any) -> TrainingSetup:
 
 
 __all__ = ["ATTENTION", "CHECKPOINTING", "DEFAULTS", "FIELDS", "FIELD_NAMES", "LORA_DEFAULT_TARGETS", "OPTIMIZERS",
-           "OPT_IMPLS", "PARALLEL_FIELDS", "PRECISIONS", "PP_SCHEDULES", "Parallelism", "Precision", "QLORA",
+           "OPT_IMPLS", "PARALLEL_FIELDS", "PRECISIONS", "PP_SCHEDULES", "Parallelism", "TP_PLANS", "Precision", "QLORA",
            "RECIPE_FIELDS", "Recipe", "SHAPE_FIELDS", "TrainingSetup", "setup_of", "split_fields", "zero_stage"]

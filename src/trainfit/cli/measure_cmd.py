@@ -37,6 +37,9 @@ def measure_command(
     allocation tracked by PyTorch's MemTracker under emulated CUDA semantics. The peak is
     torch.cuda.max_memory_allocated() of the steady-state step, in GB (1e9 bytes) and GiB (2^30 bytes);
     it excludes the CUDA context, library workspaces, kernel scratch and fragmentation (docs/measure.md).
+    With --dp/--fsdp/--tp/--pp it measures rank 0 (or the pipeline stage named) of the N-GPU job on a
+    fake process group: DDP, FSDP2 (--no-reshard-after-forward: ZeRO-2-like), DTensor tensor parallel
+    (--loss-parallel), FSDP x TP, a 1F1B/GPipe pipeline stage; --batch is the global batch.
     Options mean what they mean for `trainfit estimate`; what one measured step cannot run is refused.
     Needs the extra: pip install 'trainfit[measure]'.
     """

@@ -109,6 +109,12 @@ class _Walker:
         self.g = Tape(autocast=recipe.autocast)
         self.tp = par.tp
         self.sp = par.sequence_parallel and par.tp > 1
+        #: Megatron-LM's tensor parallelism (sequence shards saved, vocabulary-parallel loss); else DTensor's
+        self.megatron = par.tp_plan == "megatron" or par.tp == 1
+        self.dtensor_sp = self.sp and not self.megatron
+        #: the loss sees the vocabulary split over tp (Megatron always; DTensor with loss parallelism)
+        self.vocab_split = par.tp if (par.tp_plan == "megatron" or par.loss_parallel) else 1
+        self.loss_parallel = par.tp > 1 and par.loss_parallel and not self.megatron
         self.w = float(recipe.compute_bytes)  # matmul output bytes
         self.p = float(recipe.param_bytes)  # parameter / residual stream bytes
         self.full = not recipe.lora  # full fine-tuning: every weight trainable
@@ -132,7 +138,8 @@ class _Walker:
         out_w = out_f / tpd if tp == "col" else float(out_f)
         trainable = self.full and not frozen
         src = x
-        if self.sp and tp == "col":
+        megatron_sp = self.sp and self.megatron
+        if megatron_sp and tp == "col":
             # sequence parallel: all-gather the sequence-sharded input (transient; the shard is what is saved)
             gathered = g.new(tok(in_f), 2.0 if g.autocast else x.dtype, x.rg, "sp all-gather")
             g.use(x)
@@ -140,11 +147,15 @@ class _Walker:
             if trainable:
                 g.save(g.cast(x, 2) if g.autocast else x)
         quant = self.qlora and (not trainable) and bool(module)
-        y = g.matmul_weight(src, key, numel, out_w, trainable and not (self.sp and tp == "col"), self.w, quant)
-        if self.sp and tp == "col" and trainable:
+        y = g.matmul_weight(src, key, numel, out_w, trainable and not (megatron_sp and tp == "col"), self.w, quant)
+        if megatron_sp and tp == "col" and trainable:
             y.rg = True
-        if self.sp and tp == "row":
+        if megatron_sp and tp == "row":
             y.size = tok(out_f / tpd)  # reduce-scatter to the sequence shard
+        elif tp == "row" and tpd > 1:
+            # DTensor: the local product holds partial sums of the whole output; a reduce-scatter to the
+            # sequence shard (sequence parallel) or an out-of-place all-reduce makes the output
+            y = g.reduce(y, tok(out_f / tpd) if self.sp else tok(out_f))
         if lora:
             y = self.lora_branch(x, key, in_f, out_f, y, tp)
         return y
@@ -161,6 +172,15 @@ class _Walker:
         s = g.mul(b, None, "lora scale")
         y = g.add(base, s, "lora add")
         return g.cast(y, base.dtype)
+
+    def gather_sequence(self, x: Tensor, width: float) -> Tensor:
+        """DTensor sequence parallelism: a module's sequence-sharded input all-gathered once for all its
+        column-parallel projections, which then save the gathered tensor (no-op otherwise)."""
+        if not self.dtensor_sp:
+            return x
+        y = self.g.new(tok(width), x.dtype, x.rg, "sequence all-gather")
+        self.g.use(x)
+        return y
 
     def norm(self, x: Tensor, name: str, rows: float = 1.0) -> Tensor:
         a, trainable = self.a, self.full
@@ -194,6 +214,7 @@ class _Walker:
         heads = a.num_heads / tpd
         kvh = max(a.num_kv_heads / tpd, 1.0)
         qw, kvw = heads * a.head_dim, kvh * a.head_dim
+        y = self.gather_sequence(y, a.hidden_size)
         if a.fused_qkv:
             L = lins["qkv"]
             qkv = self.linear(y, f"{index}.qkv", L.in_features, L.out_features, "col", L.module,
@@ -324,6 +345,7 @@ class _Walker:
         lins = {lin.role: lin for lin in block_linears(a, index)}
         if a.is_moe_layer(index):
             return self.moe(y, index)
+        y = self.gather_sequence(y, a.hidden_size)
         if a.mlp_gated:
             if "gate_up" in lins:
                 L = lins["gate_up"]
@@ -473,9 +495,9 @@ class _Walker:
         return x
 
     def head_and_loss(self, x: Tensor) -> None:
-        a, r, g = self.a, self.r, self.g
+        a, g = self.a, self.g
         g.region = "head"
-        V = a.vocab_size / self.tp
+        V = a.vocab_size / self.vocab_split
         held = None
         if a.final_norm:
             x = self.norm(x, "final norm")
@@ -486,7 +508,16 @@ class _Walker:
             x = g.layernorm(self.activation(t), self.full, "head LayerNorm")
         if a.embedding_dim != a.hidden_size:
             x = self.linear(x, "project_out", a.hidden_size, a.embedding_dim, "")
+        x = self.gather_sequence(x, a.embedding_dim)
         logits = self.linear(x, "lm_head", a.embedding_dim, a.vocab_size, "col", frozen=not self.full)
+        if self.vocab_split < self.tp:
+            # DTensor without loss parallelism: the vocabulary-sharded logits are all-gathered (gathered along
+            # the first dimension, then laid out along the vocabulary: two full-size buffers in turn)
+            flat = g.new(tok(a.vocab_size), logits.dtype, logits.rg, "logits all-gather")
+            g.use(logits)
+            full = g.new(tok(a.vocab_size), logits.dtype, logits.rg, "logits (whole vocabulary)")
+            g.use(flat)
+            logits = full
         if a.final_logit_softcapping:
             logits = g.mul(g.unary_saving_output(g.mul(logits, None, "/cap"), "tanh"), None, "*cap")
         g.region = "loss"
@@ -496,10 +527,23 @@ class _Walker:
             padded = g.new(tok(1), 8, False, "padded labels")
             target = g.new(tok(1), 8, False, "shifted labels")
             g.use(padded)
-            lsm = g.unary_saving_output(up, "log_softmax", fp32=True)
+            if self.loss_parallel:
+                # DTensor's loss_parallel log-softmax: x - all-reduced max, then exp of that summed and
+                # all-reduced; its output is computed while the shifted logits are alive, and its backward
+                # recomputes exp(output): one vocabulary-shard buffer more each way
+                shifted = g.new(up.size, 4, up.rg, "shifted logits")
+                g.use(up)
+                ex = g.new(up.size, 4, False, "exp(shifted)")
+                g.use(shifted, ex)
+                lsm = g.new(up.size, 4, up.rg, "log_softmax (loss parallel)")
+                g.save(lsm)
+                g.use(shifted, up)
+                bwd = tok(3 * 4 * V)
+            else:
+                lsm = g.unary_saving_output(up, "log_softmax", fp32=True)
+                bwd = tok(2 * 4 * V)  # nll_loss grad + log_softmax grad, fp32
             g.save(target)
             g.use(lsm, target)
-            bwd = tok(2 * 4 * V)  # nll_loss grad + log_softmax grad, fp32
         else:
             # masked LM: CrossEntropyLoss on the logits as they are; under autocast the log-softmax runs
             # in 16 bit and nll_loss (fp32 policy) saves its fp32 cast of it
@@ -623,7 +667,7 @@ class _Walker:
 
 #: the only :class:`Parallelism` fields the forward walk reads (a field the walk starts reading must be
 #: added here, or walks would be shared between setups that differ in it)
-WALK_FIELDS = ("tp", "sequence_parallel", "cp", "ep", "pp")
+WALK_FIELDS = ("tp", "sequence_parallel", "tp_plan", "loss_parallel", "cp", "ep", "pp")
 _WALK_DEFAULT = Parallelism()
 
 

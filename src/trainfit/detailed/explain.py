@@ -8,6 +8,7 @@ from typing import Any
 from ..arch import ArchSpec
 from .activations import walk
 from .graph import Vec
+from .distributed import explain_parallel, is_fsdp, walk_recipe
 from .overheads import Overhead
 from .phases import PhaseResult, inflight_microbatches
 from ..training_setup import Parallelism, Recipe, TrainingSetup
@@ -63,12 +64,20 @@ def explain(arch: ArchSpec, setup: TrainingSetup, res: PhaseResult, overheads: l
     pb, T = recipe.param_bytes, sh.tokens
     state_dtype = 4 if recipe.master_weights else pb
     lines: list[Line] = []
-    add = lines.append
+    stage = int(res.stage)
+    inflight = inflight_microbatches(par, setup.accumulation, stage)
+    more = explain_parallel(arch, setup, stage, inflight, float(sh.bytes(pr.saved_total)))
+
+    def add(line: Line) -> None:
+        if more.get(line.component):
+            line = Line(line.component, line.bytes, f"{line.formula}; {more[line.component]}", line.source)
+        lines.append(line)
     add(Line("parameters", comp["parameters"],
              f"{st.n_tensors} tensors, {st.n_params:,} elements; each tensor ceil(numel x {pb} B / 512) x 512"
              + (f"; frozen base {recipe.qlora} packed (4-bit + absmax per 64 + fp32 per 64x256)" if recipe.qlora else "")
              + (f"; LoRA r={recipe.lora_rank} on {', '.join(recipe.lora_targets)} in {recipe.lora_dtype}" if recipe.lora else "")
-             + (f"; / tp {par.tp}" if par.tp > 1 else "") + (f"; / dp {par.dp} (ZeRO-3)" if par.zero_stage >= 3 and par.dp > 1 else ""),
+             + (f"; / tp {par.tp}" if par.tp > 1 else "")
+             + (f"; / dp {par.dp} (ZeRO-3)" if par.zero_stage >= 3 and par.dp > 1 and not is_fsdp(par) else ""),
              "tensor inventory of the transformers model (detailed/layout.py); CUDA caching allocator 512-byte blocks"))
     add(Line("buffers", comp["buffers"], "rotary inv_freq + original_inv_freq (fp32), Gemma embed_scale, "
              "BERT/RoBERTa position_ids + token_type_ids (int64 x max positions)", "transformers register_buffer"))
@@ -80,7 +89,7 @@ def explain(arch: ArchSpec, setup: TrainingSetup, res: PhaseResult, overheads: l
     add(Line("gradients", g,
              f"{st.n_trainable:,} trainable x {pb if not recipe.lora else recipe.lora_dtype} per element "
              f"({'all present' if phase == 'optimizer' else 'produced so far in backward' if phase == 'backward' else 'kept across micro-batches' if g else 'none: set_to_none after the step'})"
-             + (f"; / dp {par.dp} (ZeRO-2+)" if par.zero_stage >= 2 and par.dp > 1 else ""),
+             + (f"; / dp {par.dp} (ZeRO-2+)" if par.zero_stage >= 2 and par.dp > 1 and not is_fsdp(par) else ""),
              "param.grad has the parameter's dtype; zero_grad(set_to_none=True)"))
     opt = recipe.optimizer
     desc = {"adam": f"2 x trainable x {state_dtype} B (exp_avg, exp_avg_sq)", "adamw": f"2 x trainable x {state_dtype} B (exp_avg, exp_avg_sq)",
@@ -99,13 +108,12 @@ def explain(arch: ArchSpec, setup: TrainingSetup, res: PhaseResult, overheads: l
     L = max(len(pr.layers), 1)
     per_layer = pr.layers[-1].saved if pr.layers else (0, 0, 0, 0)
     saved = "; ".join(f"{n} ({d}) {_vec(v)}" for n, v, d in
-                      [(n, v, d) for n, d, v in layer_saved_tensors(arch, recipe, par)][:40])
+                      [(n, v, d) for n, d, v in layer_saved_tensors(arch, walk_recipe(recipe, par), par)][:40])
     add(Line("activations", comp["activations"],
              f"saved for backward at the {phase} peak; tokens = micro-batch x seq / cp = {T:,.0f}; "
              f"embeddings {_vec(pr.pieces[0][1])}; {L} blocks {_vec(layer_total)} (last block {_vec(per_layer)}); "
              f"head {_vec(pr.pieces[2][1])}; loss {_vec(pr.pieces[3][1])}; kernel {pr.kernel}"
-             + (f"; x {inflight_microbatches(par, setup.accumulation):g} in-flight micro-batches ({par.pp_schedule})"
-                if par.pp > 1 else "")
+             + (f"; x {inflight:g} in-flight micro-batches ({par.pp_schedule})" if par.pp > 1 else "")
              + f". Last block saves: {saved}",
              "forward walk of the transformers 5 model (detailed/activations.py) with PyTorch autograd saving rules"))
     tmp = comp["temporaries"]
@@ -119,7 +127,8 @@ def explain(arch: ArchSpec, setup: TrainingSetup, res: PhaseResult, overheads: l
     comm = res.comm.get(phase, {})
     add(Line("communication_buffers", comp["communication_buffers"],
              "; ".join(f"{k} {v:,.0f} B" for k, v in comm.items()) or "none (single GPU)",
-             "PyTorch DDP reducer buckets / DeepSpeed ZeRO buckets / FSDP all-gather and reduce-scatter"))
+             "PyTorch DDP reducer buckets / DeepSpeed ZeRO buckets / FSDP2 gathered parameters, all-gather and "
+             "reduce-scatter buffers (detailed/distributed.py)"))
     add(Line("inputs", comp["inputs"], f"16 B x {T:,.0f} tokens (int64 input ids and labels)", "the step's inputs"))
     for o in overheads:
         add(Line(o.name, float(o.bytes), o.formula, o.assumption))

@@ -193,6 +193,13 @@ class Tape:
         self.use(x, w)
         return y
 
+    def reduce(self, partial: Tensor, size: Vec) -> Tensor:
+        """A collective making a new tensor of ``size`` elements from ``partial`` (reduce-scatter, out-of-place
+        all-reduce), which is freed after it; nothing saved."""
+        y = self.new(size, partial.dtype, partial.rg, f"{partial.name} reduced")
+        self.use(partial)
+        return y
+
     def dropout(self, x: Tensor, p: float) -> Tensor:
         """Fused CUDA dropout: a 1-byte mask saved; a no-op at p = 0."""
         if p <= 0:

@@ -3,12 +3,13 @@
 What each quantity of a step depends on decides how it is evaluated:
 
 * the forward walk (:func:`~trainfit.detailed.activations.activation_profile`) reads only the model,
-  the recipe and :data:`~trainfit.detailed.activations.WALK_FIELDS` (tp, sequence parallelism, cp,
-  ep, pp) and the stage: one walk per distinct combination, cached;
+  the recipe and :data:`~trainfit.detailed.activations.WALK_FIELDS` (tp, sequence parallelism, the
+  tensor-parallel plan, loss parallelism, cp, ep, pp) and the stage: one walk per distinct combination,
+  cached (FSDP2 under mixed precision walks its own bf16 recipe);
 * the model-state bytes (:func:`~trainfit.detailed.states.state_bytes`) and the communication buffers
   (:func:`~trainfit.detailed.phases.comm_buffers`) also depend on the data-parallel sharding
   (:data:`SHARDING_FIELDS`): a scalar call per distinct combination (the tensor inventory behind them
-  is cached per tp/ep/stage), gathered into arrays;
+  is cached per tp/ep/stage, and per dp under FSDP2), gathered into arrays;
 * the micro-batch, the sequence length and the accumulation steps enter only the phase arithmetic.
 
 :func:`layout_phases` runs :func:`~trainfit.detailed.phases.stage_phases` — the same arithmetic as a
@@ -25,7 +26,9 @@ import numpy as np
 from ..arch import ArchSpec
 from ..training_setup import Parallelism, Recipe
 from .activations import activation_profile, walk_parallelism
-from .phases import PHASES, PhaseResult, busier_stage, comm_buffers, stage_phases
+from .distributed import is_fsdp, walk_recipe
+from .phases import (COMPONENTS, PHASES, PhaseResult, StepShape, busier_stage, comm_buffers, reported_stages,
+                     stage_phases)
 from .states import StateBytes, state_bytes
 
 #: Parallelism fields that change only the sharding of the model states and the communication buffers
@@ -56,15 +59,74 @@ def layout_phases(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], w
     field but :data:`SHARDING_FIELDS`): element ``i`` shards as ``pars[which[i]]`` and runs
     ``accumulation[i]`` micro-batches of ``micro_batch[i]`` samples of ``seq_len[i]`` tokens. With
     pipelining, the busier of the first and the last stage, element by element (as
-    :func:`~trainfit.detailed.phases.compute_phases`)."""
+    :func:`~trainfit.detailed.phases.compute_phases`). FSDP2 shardings walk their own recipe and place
+    their buffers moment by moment: one scalar layout per sharding and accumulation, batch and sequence
+    still as arrays."""
+    which = np.asarray(which).reshape(-1)
+    fsdp = np.asarray([is_fsdp(p) for p in pars])
+    if not fsdp.any():
+        return _plain_phases(arch, recipe, pars, which, accumulation, micro_batch, seq_len)
+    parts: list[tuple[np.ndarray, PhaseResult]] = []
+    plain = ~fsdp[which]
+    if plain.any():
+        keep = np.flatnonzero(~fsdp)
+        remap = np.full(len(pars), -1)
+        remap[keep] = np.arange(keep.size)
+        sel = np.flatnonzero(plain)
+        parts.append((sel, _plain_phases(arch, recipe, [pars[k] for k in keep], remap[which[sel]], accumulation[sel],
+                                         micro_batch[sel], seq_len[sel])))
+    for k in np.flatnonzero(fsdp):
+        for acc in np.unique(accumulation[which == k]):
+            sel = np.flatnonzero((which == k) & (accumulation == acc))
+            par = pars[k]
+            res = [_stage(arch, recipe, par, int(acc), stage, micro_batch[sel], seq_len[sel])
+                   for stage in reported_stages(par)]
+            parts.append((sel, res[0] if len(res) == 1 else busier_stage(res[0], res[1])))
+    return _scatter(parts, which.size)
+
+
+def _stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulation: int, stage: int, micro_batch: Any,
+           seq_len: Any) -> PhaseResult:
+    st = state_bytes(arch, recipe, par, stage)
+    pr = activation_profile(arch, walk_recipe(recipe, par), walk_parallelism(par), stage)
+    return stage_phases(arch, recipe, par, st, pr, comm_buffers(arch, recipe, par, st), accumulation, stage,
+                        micro_batch, seq_len)
+
+
+def _plain_phases(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], which: np.ndarray,
+                  accumulation: np.ndarray, micro_batch: np.ndarray, seq_len: np.ndarray) -> PhaseResult:
+    """:func:`layout_phases` for shardings other than FSDP2: one walk, every array at once."""
     rep = pars[0]
     walk = walk_parallelism(rep)
     out = []
-    for stage in ([0, rep.pp - 1] if rep.pp > 1 else [0]):
+    for stage in reported_stages(rep):
         st, comm = stage_arrays(arch, recipe, pars, which, stage)
         pr = activation_profile(arch, recipe, walk, stage)
         out.append(stage_phases(arch, recipe, rep, st, pr, comm, accumulation, stage, micro_batch, seq_len))
     return out[0] if len(out) == 1 else busier_stage(out[0], out[1])
+
+
+def _fill(parts: list[tuple[np.ndarray, PhaseResult]], n: int, get: Any) -> np.ndarray:
+    out = np.zeros(n)
+    for sel, r in parts:
+        out[sel] = np.broadcast_to(np.asarray(get(r), dtype=float), sel.shape)
+    return out
+
+
+def _scatter(parts: list[tuple[np.ndarray, PhaseResult]], n: int) -> PhaseResult:
+    """One result over ``n`` elements from results over disjoint selections of them."""
+    def fill(get: Any) -> np.ndarray:
+        return _fill(parts, n, get)
+
+    def code(r: PhaseResult) -> Any:
+        return PHASES.index(r.peak_phase) if isinstance(r.peak_phase, str) else r.peak_phase
+
+    first = parts[0][1]
+    shape = StepShape(**{k: fill(lambda r, k=k: getattr(r.shape, k)) for k in ("tokens", "positions", "scores")})
+    return PhaseResult(phases={p: {c: fill(lambda r, p=p, c=c: r.phases[p][c]) for c in COMPONENTS} for p in PHASES},
+                       peaks={p: fill(lambda r, p=p: r.peaks[p]) for p in PHASES}, peak=fill(lambda r: r.peak),
+                       peak_phase=fill(code).astype(np.int64), states=first.states, profile=first.profile,
+                       shape=shape, comm=first.comm, stage=fill(lambda r: r.stage).astype(np.int64))
 
 
 def sharding_groups(columns: dict[str, np.ndarray], base: Parallelism) -> tuple[list[Parallelism], np.ndarray]:

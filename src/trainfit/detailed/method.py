@@ -103,8 +103,9 @@ class Detailed:
                          "materialised, an upper bound where the platform fuses attention")
         pp = setup.parallel.pp
         if pp > 1:
-            notes.append(f"pipeline: stage {int(res.stage)} of {pp} reported, the busier of the first (embeddings, "
-                         "most in-flight micro-batches) and the last (head and loss)")
+            notes.append(f"pipeline: stage {int(res.stage)} of {pp} reported" + (
+                " (--pp-stage)" if setup.parallel.pp_stage >= 0 else ", the busier of the first (embeddings, most "
+                "in-flight micro-batches) and the last (head and loss)"))
         if overheads and ovh:
             notes.append("total includes the runtime context, workspaces and allocator reserve (leave them out "
                          "with overheads off)")

@@ -24,10 +24,12 @@ import numpy as np
 
 from ..arch import ArchSpec
 from .activations import ActivationProfile, activation_profile, walk_parallelism
+from .distributed import (ddp_bucket_bytes, ddp_bucket_label, forward_regions, fsdp_candidates, fsdp_compute_bytes,
+                          fsdp_groups, is_fsdp, walk_recipe)
 from .graph import Vec, ZERO, tok, vadd, vbytes, vsub
 from .layout import block_linears
 from ..training_setup import Parallelism, Recipe, TrainingSetup
-from .states import StateBytes, state_bytes
+from .states import StateBytes, stage_tensors, state_bytes
 
 PHASES = ("forward", "backward", "optimizer")
 COMPONENTS = ("parameters", "buffers", "master_weights", "gradients", "optimizer_state", "optimizer_temporaries",
@@ -49,20 +51,41 @@ def _pick(cond: Any, a: Any, b: Any) -> Any:
     return np.where(cond, a, b) if _is_array(cond) else (a if cond else b)
 
 
-def inflight_microbatches(par: Parallelism, accumulation: int) -> float:
-    """Micro-batches whose activations the first pipeline stage holds at once: 1F1B keeps ``pp``
-    (fewer if the step has fewer micro-batches); the interleaved schedule ``pp·(1 + (pp-1)/(pp·v))``
-    (Narayanan et al. 2021; Korthikanti et al. 2022 §4.2.3); GPipe all of them."""
+def inflight_microbatches(par: Parallelism, accumulation: Any, stage: int = 0) -> Any:
+    """Micro-batches whose activations pipeline ``stage`` holds at once: 1F1B keeps ``pp - stage`` on
+    stage ``stage`` (``pp`` on the first, one on the last; fewer if the step has fewer micro-batches);
+    the interleaved schedule ``pp·(1 + (pp-1)/(pp·v))`` on the first stage (Narayanan et al. 2021;
+    Korthikanti et al. 2022 §4.2.3); GPipe all of them. ``accumulation`` may be an array."""
     p, m = par.pp, accumulation
     if p == 1:
         return 1.0
     if par.pp_schedule == "gpipe":
         return _num(m)
     if par.pp_schedule == "interleaved":
-        return p * (1.0 + (p - 1) / (p * par.pp_virtual))
-    return np.minimum(float(p), m) if _is_array(m) else float(min(p, m))
+        return p * (1.0 + (p - 1) / (p * par.pp_virtual)) if stage == 0 else 1.0
+    return np.minimum(float(p - stage), m) if _is_array(m) else float(min(p - stage, m))
 
 
+def step_scenarios(par: Parallelism, accumulation: Any, stage: int = 0) -> list[tuple[Any, Any, Any]]:
+    """(micro-batches in flight, gradients of earlier micro-batches present, whether the moment occurs) at
+    the moments that can set a stage's peak. One micro-batch per step: (1, no). Accumulating without a
+    pipeline: (1, yes) from the second micro-batch on. 1F1B with ``n = min(pp - stage, m)`` in flight: the
+    first backward starts with ``n`` in flight and no gradient yet; from the second micro-batch's backward
+    on (a step of more than one micro-batch), gradients exist and ``n`` are again in flight when the step
+    has more micro-batches than ``n`` (``n - 1`` otherwise). GPipe: ``m`` in flight at the first backward,
+    then ``m - 1`` with gradients. ``accumulation`` may be an array: the flags then are arrays too."""
+    m = accumulation
+    many = (m > 1) if _is_array(m) else bool(m > 1)
+    if par.pp == 1:
+        return [(1.0, many, True)]
+    n = inflight_microbatches(par, m, stage)
+    if par.pp_schedule == "interleaved":
+        later = n
+    elif par.pp_schedule == "gpipe":
+        later = n - 1.0
+    else:
+        later = _pick(m > n, n, n - 1.0)
+    return [(n, False, True), (later, True, many)]
 @dataclass(frozen=True)
 class StepShape:
     """Numbers the byte-vectors are evaluated at (scalars or arrays)."""
@@ -113,8 +136,8 @@ class PhaseResult:
 def comm_buffers(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes) -> dict[str, dict[str, float]]:
     """Communication buffers by phase (bytes), each with its source:
 
-    * DDP (dp > 1, no ZeRO): the reducer's flat buckets hold a second copy of every gradient for
-      the whole run unless ``gradient_as_bucket_view`` (PyTorch DDP docs);
+    * DDP (dp > 1, no ZeRO): the reducer's flat buckets, as large as the gradients, for the whole run
+      (with ``gradient_as_bucket_view`` the gradients are views of them: no second copy);
     * ZeRO-1/2 (DeepSpeed): the contiguous reduce bucket (``reduce_bucket_size`` = 5e8 elements,
       gradient dtype) in backward and the all-gather bucket (5e8 elements, parameter dtype) after the step;
     * ZeRO-3 / FSDP: the unsharded parameters of the block being computed and of ``fsdp_prefetch``
@@ -122,14 +145,13 @@ def comm_buffers(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
       before the reduce-scatter (gradient dtype).
     """
     out = {p: {} for p in PHASES}
-    if par.dp <= 1:
+    if par.dp <= 1 or is_fsdp(par):  # FSDP2's buffers vary along the step: fsdp_candidates places them
         return out
     gb = recipe.param_bytes
     z = par.zero_stage
     if z == 0:
-        if not par.ddp_bucket_view:
-            for p in PHASES:
-                out[p]["DDP gradient buckets"] = float(st.trainable_params)
+        for p in PHASES:
+            out[p][ddp_bucket_label(par)] = ddp_bucket_bytes(st)
         return out
     if z in (1, 2):
         bucket = min(par.zero_bucket_elems, st.n_trainable)
@@ -149,14 +171,23 @@ def compute_phases(arch: ArchSpec, setup: TrainingSetup, micro_batch: Any = None
     """Each phase's peak and its components, in bytes, on the busiest rank of ``setup``. ``micro_batch``
     and ``seq_len`` (scalars or numpy arrays) override the setup's own. With pipelining, the first
     stage (most in-flight micro-batches) and the last (the head and the loss) are both worked out and
-    the larger peak is reported (``stage`` 0 or pp-1 in :attr:`PhaseResult.stage`)."""
+    the larger peak is reported (``stage`` 0 or pp-1 in :attr:`PhaseResult.stage`), unless the setup's
+    ``pp_stage`` names one."""
     b = setup.micro_batch if micro_batch is None else micro_batch
     s = setup.seq_len if seq_len is None else seq_len
     args = (arch, setup.recipe, setup.parallel, setup.accumulation)
-    first = _compute_stage(*args, 0, b, s)
-    if setup.parallel.pp == 1:
-        return first
-    return busier_stage(first, _compute_stage(*args, setup.parallel.pp - 1, b, s))
+    stages = reported_stages(setup.parallel)
+    first = _compute_stage(*args, stages[0], b, s)
+    return first if len(stages) == 1 else busier_stage(first, _compute_stage(*args, stages[1], b, s))
+
+
+def reported_stages(par: Parallelism) -> list[int]:
+    """The pipeline stages worked out: the one ``pp_stage`` names, else the first and the last."""
+    if par.pp == 1:
+        return [0]
+    if par.pp_stage >= 0:
+        return [par.pp_stage]
+    return [0, par.pp - 1]
 
 
 def busier_stage(first: PhaseResult, last: PhaseResult) -> PhaseResult:
@@ -169,13 +200,14 @@ def busier_stage(first: PhaseResult, last: PhaseResult) -> PhaseResult:
     peaks = {p: np.where(pick, last.peaks[p], first.peaks[p]) for p in PHASES}
     return PhaseResult(phases=phases, peaks=peaks, peak=np.where(pick, last.peak, first.peak),
                        peak_phase=np.where(pick, last.peak_phase, first.peak_phase), states=first.states,
-                       profile=first.profile, shape=first.shape, comm=first.comm, stage=np.where(pick, last.stage, 0))
+                       profile=first.profile, shape=first.shape, comm=first.comm,
+                       stage=np.where(pick, last.stage, first.stage))
 
 
 def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulation: int, stage: int,
                    micro_batch: Any, seq_len: Any) -> PhaseResult:
     st = state_bytes(arch, recipe, par, stage)
-    pr = activation_profile(arch, recipe, walk_parallelism(par), stage)
+    pr = activation_profile(arch, walk_recipe(recipe, par), walk_parallelism(par), stage)
     comm = comm_buffers(arch, recipe, par, st)
     return stage_phases(arch, recipe, par, st, pr, comm, accumulation, stage, micro_batch, seq_len)
 
@@ -186,37 +218,19 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     """The phases of one pipeline stage from its state bytes, forward walk and communication buffers.
     ``st``'s fields, ``comm``'s values and ``accumulation`` may be arrays (one element per setup of a
     layout sweep; :mod:`trainfit.detailed.layouts`); ``par`` then supplies only what the sweep's
-    elements share (tp, sequence parallelism, pp and its schedule)."""
+    elements share (the model split and the pipeline schedule). FSDP2 takes one ``par`` and one
+    ``accumulation`` (micro-batch and sequence may still be arrays)."""
     sh = step_shape(par, micro_batch, seq_len)
     B = sh.bytes
-    # 1F1B: the first stage holds the most micro-batches, the last only the one it is working on
-    inflight = inflight_microbatches(par, accumulation) if stage == 0 else (
-        _num(accumulation) if par.pp_schedule == "gpipe" else 1.0)
-    grads_present = (accumulation > 1) | (par.pp > 1) if _is_array(accumulation) else (accumulation > 1 or par.pp > 1)
     opt_state = _num(st.opt_states + st.step_counters)
-    base = dict(parameters=_num(st.params), buffers=_num(st.buffers), master_weights=_num(st.master + st.fp32_grads), optimizer_state=opt_state,
-                optimizer_temporaries=0.0, inputs=INPUT_BYTES_PER_TOKEN * sh.tokens)
+    base = dict(parameters=_num(st.params), buffers=_num(st.buffers), master_weights=_num(st.master + st.fp32_grads),
+                optimizer_state=opt_state, optimizer_temporaries=0.0, inputs=INPUT_BYTES_PER_TOKEN * sh.tokens)
     saved_total = B(pr.saved_total)
-    extra_inflight = (inflight - 1.0) * saved_total
-
-    # forward: the walk's largest live set
-    fwd_cands = []
-    for v in pr.forward_candidates:
-        live = B(v)
-        fwd_cands.append({"activations": _min(live, saved_total) + extra_inflight,
-                          "temporaries": live - _min(live, saved_total)})
-    fwd = _select(fwd_cands)
-    forward = {**base, "gradients": _pick(grads_present, _num(st.grads), 0.0), **fwd,
-               "communication_buffers": _num(sum(comm["forward"].values()))}
-
-    # backward
     g_all = _num(st.grads)
     g_head = _num(st.grads_head)
     g_layers = _num(st.grads - st.grads_head - st.grads_embed)
     n_layers = max(len(pr.layers), 1)
     head_loss = vadd(pr.head_saved, pr.loss_saved)
-    bwd_cands = [{"activations": saved_total + extra_inflight, "temporaries": B(pr.loss_backward),
-                  "gradients": _pick(grads_present, g_all, 0.0)}]
     # a tied LM head's weight gradient waits in autograd's input buffer until the embedding's own
     # contribution arrives (one AccumulateGrad for both uses): held from the head to the embeddings
     tied_head = arch.tie_word_embeddings and par.pp == 1
@@ -225,28 +239,58 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     lins = block_linears(arch, 0)
     first_op_grad = (lins[-1].in_features * lins[-1].out_features / par.tp * recipe.param_bytes
                      if not recipe.lora and lins else 0.0)
-    later = ZERO
-    order = list(range(len(pr.layers) - 1, -1, -1))
-    picks = {order[0], order[-1]} if order else set()
-    for pos_, i in enumerate(order):
-        lp = pr.layers[i]
-        if i in picks:
-            remaining = vsub(vsub(pr.saved_total, head_loss), later)
-            # a block's weight gradients appear op by op (last op first): at the working set's peak
-            # the first op's gradient exists, the rest of the block's not yet
-            done = g_head + g_layers * pos_ / n_layers + first_op_grad
-            bwd_cands.append({"activations": B(vadd(remaining, lp.recompute)) + extra_inflight,
-                              "temporaries": B(lp.transient_bwd) + tied,
-                              "gradients": _pick(grads_present, g_all, done)})
-        later = vadd(later, lp.saved)
-    # the embeddings' backward, last: every other gradient exists; the embedding gradient is built
-    # (dense, like the table) from the incoming gradient; tied, it is summed with the held head part
     h_res = arch.hidden_size / (par.tp if par.sequence_parallel and par.tp > 1 else 1)
-    bwd_cands.append({"activations": B(pr.embed_saved) + extra_inflight,
-                      "temporaries": B(tok(h_res * recipe.param_bytes)) + (3 * g_emb if tied_head else g_emb),
-                      "gradients": _pick(grads_present, g_all, g_all - g_emb)})
+    fwd_cands: list[dict[str, Any]] = []
+    bwd_cands: list[dict[str, Any]] = []
+    for inflight, grads_present, occurs in step_scenarios(par, accumulation, stage):
+        if occurs is False:
+            continue
+        extra_inflight = (inflight - 1.0) * saved_total
+        # a moment that occurs only for some elements of a sweep weighs nothing for the others
+        keep = (lambda c: c) if occurs is True else (lambda c: {k: np.where(occurs, v, 0.0) for k, v in c.items()})
+        held = _pick(grads_present, g_all, 0.0)
+        # forward: the walk's largest live set. A pipeline's forwards that run once backwards have begun
+        # (1F1B's steady state) belong to its backward phase, as the measurement counts them.
+        into = bwd_cands if (grads_present is True and par.pp > 1) else fwd_cands
+        for v in pr.forward_candidates:
+            live = B(v)
+            into.append(keep({"gradients": held, "activations": _min(live, saved_total) + extra_inflight,
+                              "temporaries": live - _min(live, saved_total)}))
+        # backward: the loss backward first
+        bwd_cands.append(keep({"activations": saved_total + extra_inflight, "temporaries": B(pr.loss_backward),
+                               "gradients": held}))
+        later = ZERO
+        order = list(range(len(pr.layers) - 1, -1, -1))
+        picks = {order[0], order[-1]} if order else set()
+        for pos_, i in enumerate(order):
+            lp = pr.layers[i]
+            if i in picks:
+                remaining = vsub(vsub(pr.saved_total, head_loss), later)
+                # a block's weight gradients appear op by op (last op first): at the working set's peak
+                # the first op's gradient exists, the rest of the block's not yet
+                done = g_head + g_layers * pos_ / n_layers + first_op_grad
+                bwd_cands.append(keep({"activations": B(vadd(remaining, lp.recompute)) + extra_inflight,
+                                       "temporaries": B(lp.transient_bwd) + tied,
+                                       "gradients": _pick(grads_present, g_all, done)}))
+            later = vadd(later, lp.saved)
+        # the embeddings' backward, last: every other gradient exists; the embedding gradient is built
+        # (dense, like the table) from the incoming gradient; tied, it is summed with the held head part
+        bwd_cands.append(keep({"activations": B(pr.embed_saved) + extra_inflight,
+                               "temporaries": B(tok(h_res * recipe.param_bytes)) + (3 * g_emb if tied_head else g_emb),
+                               "gradients": _pick(grads_present, g_all, g_all - g_emb)}))
+    terms: tuple[list, list] = ([], [])
+    if is_fsdp(par):
+        fwd_cands, bwd_cands, *terms = _fsdp(arch, recipe, par, stage, pr, B, saved_total, h_res, accumulation)
+    comm = {k: dict(v) for k, v in comm.items()}
+    fwd = _select(fwd_cands)
+    forward = {**base, "communication_buffers": _num(sum(comm["forward"].values())), **fwd}
     bwd = _select(bwd_cands)
-    backward = {**base, **bwd, "communication_buffers": _num(sum(comm["backward"].values()))}
+    backward = {**base, "communication_buffers": _num(sum(comm["backward"].values())), **bwd}
+    for name, chosen, cands, named in (("forward", fwd, fwd_cands, terms[0]), ("backward", bwd, bwd_cands, terms[1])):
+        # FSDP2's buffers, by name, at the chosen moment (a scalar setup: the candidate itself was chosen)
+        at = next((named[k] for k, c in enumerate(cands) if c is chosen), None) if named else None
+        if at is not None:
+            comm[name] = dict(at)
 
     optimizer = {**base, "gradients": g_all, "optimizer_temporaries": _num(st.opt_temp),
                  "activations": 0.0 * sh.tokens, "temporaries": 0.0 * sh.tokens,
@@ -263,6 +307,16 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
         phase = PHASES[int(np.argmax(vals))]
     return PhaseResult(phases=phases, peaks=peaks, peak=peak, peak_phase=phase, states=st, profile=pr, shape=sh,
                        comm=comm, stage=stage)
+
+
+def _fsdp(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, pr: ActivationProfile, B: Any,
+          saved_total: Any, h_res: float, accumulation: int) -> tuple[list, list]:
+    """FSDP2's forward and backward candidates (:func:`~.distributed.fsdp_candidates`)."""
+    wr = walk_recipe(recipe, par)
+    tensors, lora = stage_tensors(arch, recipe, par, stage)
+    root, blocks, head_ug, embed_ug = fsdp_groups(recipe, par, tensors, lora)
+    return fsdp_candidates(arch, par, pr, forward_regions(arch, wr, par, stage), root, blocks, head_ug, embed_ug, B,
+                           saved_total, B(tok(h_res * fsdp_compute_bytes(recipe))), accumulating=accumulation > 1)
 
 
 def _min(a: Any, b: Any) -> Any:

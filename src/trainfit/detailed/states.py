@@ -19,7 +19,9 @@ How PyTorch allocates them (torch 2.x ``torch.optim``; PEFT; bitsandbytes; DeepS
   the division); fused Adam needs none; SGD none; Adafactor materialises one full-size fp32
   second-moment estimate per tensor (two of the largest);
 * ZeRO-1/2/3 (DeepSpeed) and FSDP shard flat buffers evenly over ``dp``: stage 1 the optimizer
-  state (and master weights), 2 also gradients, 3 also parameters.
+  state (and master weights), 2 also gradients, 3 also parameters;
+* DDP with ``gradient_as_bucket_view``: the gradients are views of the reducer's buckets, which are
+  counted as communication buffers (:mod:`.distributed`), so no gradient bytes of their own.
 """
 from __future__ import annotations
 
@@ -27,20 +29,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..arch import ArchSpec
+from .alloc import BLOCK, rounded
+from .distributed import fsdp_shard_numel, is_fsdp, local_rows, replicated_gradient_bytes
 from .layout import ParamTensor, block_linears, param_tensors, stage_layers
 from ..training_setup import Parallelism, Recipe
 
-BLOCK = 512  #: CUDA caching allocator: every allocation is a multiple of 512 bytes
 STEP_COUNTER_BYTES = BLOCK  #: one 0-d fp32 tensor, rounded to a block
 BNB_MIN_8BIT_SIZE = 4096  #: bitsandbytes keeps 32-bit states for smaller tensors
 BNB_BLOCK = 256  #: bitsandbytes blockwise quantisation block of the optimizer states
 NF4_BLOCK, NF4_BLOCK2 = 64, 256  #: QLoRA: 4-bit weights in blocks of 64, absmax double-quantised in blocks of 256
-
-
-def rounded(nbytes: float) -> int:
-    """Bytes the caching allocator hands out for a tensor of ``nbytes`` (multiple of 512)."""
-    n = int(-(-nbytes // 1))
-    return -(-n // BLOCK) * BLOCK
 
 
 @dataclass(frozen=True)
@@ -91,6 +88,13 @@ def _stage_filter(arch: ArchSpec, par: Parallelism, stage: int = 0):
             return first or (last and arch.tie_word_embeddings and t.name == "embed_tokens.weight")
         return last
     return keep
+
+
+def stage_tensors(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
+                  ) -> tuple[list[ParamTensor], list[tuple[str, tuple[int, int]]]]:
+    """The parameter tensors and LoRA adapters pipeline ``stage`` holds."""
+    keep = _stage_filter(arch, par, stage)
+    return [t for t in param_tensors(arch) if keep(t)], lora_tensors(arch, recipe, par, stage)
 
 
 def lora_tensors(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> list[tuple[str, tuple[int, int]]]:
@@ -161,12 +165,14 @@ _STATE_RECIPE_FIELDS = ("precision", "optimizer", "opt_impl", "lora_rank", "lora
 
 
 @lru_cache(maxsize=1024)
-def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage: int) -> _Unsharded:
-    """The tensor inventory of one rank of pipeline ``stage``, summed (before any ZeRO/FSDP sharding)."""
-    par = Parallelism(tp=tp, ep=ep, pp=pp)
+def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage: int, tp_plan: str,
+               fsdp_dp: int) -> _Unsharded:
+    """The tensor inventory of one rank of pipeline ``stage``, summed before any DeepSpeed ZeRO sharding
+    (FSDP2, ``fsdp_dp`` > 1, shards tensor by tensor here)."""
+    par = Parallelism(tp=tp, ep=ep, pp=pp, tp_plan=tp_plan)
+    dp = fsdp_dp
     keep = _stage_filter(arch, par, stage)
     pb = recipe.param_bytes
-    state_b = 4 if recipe.master_weights else pb
     tensors = [t for t in param_tensors(arch) if keep(t)]
     lora = lora_tensors(arch, recipe, par, stage)
     frozen_base = recipe.lora
@@ -174,8 +180,13 @@ def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage:
     items: list[tuple[tuple[int, ...], int, float, bool]] = []
     part: list[str] = []  # embed | layers | head, for gradients produced along the backward pass
     quantised = 0
+    fsdp = fsdp_dp > 1  # FSDP2: every tensor's first dimension sharded over dp (rank 0's full shard)
+    unsharded: list[int] = []  # elements on this rank before FSDP
     for t in tensors:
         n = _tp_numel(t, tp, ep)
+        unsharded.append(n)
+        if fsdp:
+            n = fsdp_shard_numel(*local_rows(t, tp, ep), dp)
         part.append("layers" if t.layer is not None else ("embed" if t.group in ("embeddings", "position") else "head"))
         if frozen_base and recipe.qlora and t.module and t.layer is not None and t.shape and len(t.shape) >= 2:
             quantised += quantised_bytes(n, recipe.qlora)
@@ -184,7 +195,8 @@ def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage:
         items.append((t.shape, n, pb, not frozen_base))
     lora_b = {"fp32": 4, "bf16": 2, "fp16": 2}[recipe.lora_dtype]
     for _, shape in lora:
-        items.append((shape, shape[0] * shape[1], lora_b, True))
+        unsharded.append(shape[0] * shape[1])
+        items.append((shape, fsdp_shard_numel(shape[0], shape[1], dp) if fsdp else shape[0] * shape[1], lora_b, True))
         part.append("layers")
     grads_part = {"embed": 0, "layers": 0, "head": 0}
     for (s_, n_, b_, tr_), p_ in zip(items, part):
@@ -197,8 +209,8 @@ def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage:
     train = [(s, n, b) for s, n, b, tr in items if tr]
     params_b = sum(stored(n, b) for _, n, b, tr in items if b) + quantised
     train_b = sum(stored(n, b) for _, n, b in train)
-    n_train = sum(n for _, n, _ in train)
-    n_all = sum(n for _, n, _, _ in items)
+    n_train = sum(u for u, (_, _, _, tr) in zip(unsharded, items) if tr)
+    n_all = sum(unsharded)
     # state dtype follows the trainable parameter (LoRA adapters may differ from the base)
     st_b = (lambda b: 4 if recipe.master_weights else b)
     opt = recipe.optimizer
@@ -215,6 +227,10 @@ def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage:
     steps = STEP_COUNTER_BYTES * len(train) if opt in ("adam", "adamw", "adam8bit", "adafactor") else 0
     master = sum(stored(n, 4) for _, n, b in train if b < 4) if recipe.master_weights else 0
     grads = train_b  # backward fills .grad for every trainable tensor, whatever the optimizer
+    if not frozen_base and not fsdp:
+        extra = replicated_gradient_bytes(arch, par, tensors, pb)
+        grads += extra
+        grads_part["embed"] += extra
     fp32g = sum(stored(n, 4) for _, n, _ in train) if recipe.fp32_grads else 0
     largest = max((n for _, n, _ in train), default=0)
     largest_b = max((n * st_b(b) for _, n, b in train), default=0)
@@ -246,11 +262,19 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
     """Exact model-state bytes of ``arch`` trained with ``recipe``, split as ``par`` says, on one rank of
     pipeline ``stage``."""
     tp, ep, dp, zero = par.tp, par.ep, par.dp, par.zero_stage
-    u = _unsharded(arch, Recipe(**{f: getattr(recipe, f) for f in _STATE_RECIPE_FIELDS}), tp, ep, par.pp, stage)
+    fsdp = is_fsdp(par)
+    u = _unsharded(arch, Recipe(**{f: getattr(recipe, f) for f in _STATE_RECIPE_FIELDS}), tp, ep, par.pp, stage,
+                   par.tp_plan, dp if fsdp else 1)
     params_b, train_b, n_all, n_train, master, grads, fp32g, states, steps, temp = (
         u.params_b, u.train_b, u.n_all, u.n_train, u.master, u.grads, u.fp32g, u.states, u.steps, u.temp)
     largest_layer, largest, grads_part = u.largest_layer, u.largest, dict(u.grads_part)
     items_len, train_len = u.n_tensors, u.n_trainable_tensors
+    if fsdp:
+        zero = 0  # sharded tensor by tensor in the inventory, exactly; no flat ZeRO partitions
+    if dp > 1 and zero == 0 and par.ddp_bucket_view and not fsdp:
+        # DDP's gradient_as_bucket_view: .grad are views of the reducer's buckets (counted with them)
+        grads = 0
+        grads_part = {k: 0 for k in grads_part}
     if zero >= 1 and dp > 1:
         states, steps, master, temp, fp32g = (_shard(x, dp) for x in (states, steps, master, temp, fp32g))
     if zero >= 2 and dp > 1:

@@ -28,28 +28,40 @@ from ._deps import quiet, require
 
 NAME = "measured"
 TASKS = ("clm", "mlm")
-#: what one measured step can run today: single-GPU recipes that PyTorch and PEFT build on fake tensors
+#: what one measured step can run: recipes PyTorch and PEFT build on fake tensors, on one GPU or one rank of
+#: PyTorch's own parallelism (DDP, FSDP2, DTensor tensor parallelism, a pipeline stage; see :mod:`.distributed`)
 ACCEPTS: dict[str, Any] = {
-    "batch": None, "seq_len": None, "precision": ("fp32", "amp-bf16", "bf16"),
+    "batch": None, "seq_len": None, "accumulation": None, "precision": ("fp32", "amp-bf16", "bf16"),
     "optimizer": ("adamw", "adam", "sgd", "sgd-momentum"), "opt_impl": None, "checkpointing": ("none", "full"),
     "attention": ("auto", "eager"), "dropout": None, "lora_rank": None, "lora_targets": None,
+    "tp": None, "sequence_parallel": None, "tp_plan": ("dtensor",), "loss_parallel": None, "dp": None, "fsdp": None,
+    "reshard_after_forward": None, "fsdp_prefetch": (1,), "ddp_bucket_view": None, "ddp_bucket_bytes": None,
+    "pp": None, "pp_schedule": ("1f1b", "gpipe"), "pp_stage": None,
 }
 #: the most tokens (micro-batch x sequence) one measured step runs: beyond it tensor sizes overflow kernels'
 #: int32 indexing, and no single GPU step is that large
 MAX_TOKENS = 2**31
+HINTS = {"zero": "it runs PyTorch's data parallelism: DDP (--dp N) or FSDP2 (--dp N --fsdp; "
+                 "--no-reshard-after-forward for the ZeRO-2-like variant), not DeepSpeed's ZeRO stages",
+         "cp": "context parallelism is not measured", "ep": "expert parallelism is not measured"}
 #: transformers' attn_implementation for each attention setting (auto: SDPA, whose kernel the CUDA emulation picks)
 ATTN_IMPLEMENTATION = {"auto": "sdpa", "eager": "eager"}
 
 #: MemTracker category -> Estimate component. Buffers (model state that is not a parameter, e.g.
-#: rotary tables) and "other" (tensors made outside the step: the input batch) go to ``other``.
+#: rotary tables) and "other" (tensors made outside the step: the input batch) go to ``other``; on a
+#: multi-GPU rank, FSDP's gathered parameters and all-gather / reduce-scatter buffers and DDP's buckets
+#: go to ``communication_buffers``.
 COMPONENT_OF = {"parameter": "parameters", "gradient": "gradients", "optstate": "optimizer_state",
-                "activation": "activations", "temp": "temporaries", "buffer": "other", "other": "other"}
+                "activation": "activations", "temp": "temporaries", "buffer": "other", "other": "other",
+                "gathered parameter": "communication_buffers", "all-gather": "communication_buffers",
+                "reduce-scatter": "communication_buffers", "ddp bucket": "communication_buffers"}
 COMPONENTS = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
+DISTRIBUTED_COMPONENTS = COMPONENTS + ("communication_buffers",)
 
 
-def components_of(breakdown: Mapping[str, int]) -> dict[str, float]:
+def components_of(breakdown: Mapping[str, int], distributed: bool = False) -> dict[str, float]:
     """Map a MemTracker breakdown (bytes by category) onto the Estimate components (bytes)."""
-    out = dict.fromkeys(COMPONENTS, 0.0)
+    out = dict.fromkeys(DISTRIBUTED_COMPONENTS if distributed else COMPONENTS, 0.0)
     for cat, b in breakdown.items():
         if cat in COMPONENT_OF:
             out[COMPONENT_OF[cat]] += float(b)
@@ -143,7 +155,10 @@ class Measured:
         if setup.model.config is None:
             raise TrainfitError(f"the {NAME} method builds the model from its Hugging Face config; "
                                 f"{setup.model.name!r} has none ({setup.model.arch_error})")
-        check_accepts(setup, NAME, ACCEPTS)
+        check_accepts(setup, NAME, ACCEPTS, HINTS)
+        if setup.accumulation > 1 and setup.parallel.pp == 1:
+            raise TrainfitError("the measured method runs one micro-batch per step (accumulation 1) except in a "
+                                "pipeline, where --accum is the number of micro-batches")
         if setup.micro_batch * setup.seq_len > MAX_TOKENS:
             raise TrainfitError(f"the {NAME} method runs at most {MAX_TOKENS:,} tokens per micro-batch (its fake "
                                 f"tensors index with 32-bit kernels' limits); got {setup.micro_batch * setup.seq_len:,}")
@@ -166,6 +181,10 @@ class Measured:
         if semantics not in ("cuda", "cpu"):
             raise unknown_choice("semantics", semantics, ("cuda", "cpu"))
         warmup = whole(warmup, "warmup", 0)
+        from .distributed import is_distributed
+
+        if is_distributed(setup):
+            return _estimate_rank(setup, task=task, warmup=warmup, semantics=semantics, t0=t0)
         r = setup.recipe
         batch, seq = setup.micro_batch, setup.seq_len
         attn = ATTN_IMPLEMENTATION[r.attention]
@@ -233,6 +252,85 @@ class Measured:
                         inputs=inputs_echo, notes=notes, extra=extra, setup=setup)
 
 
+def _run_error(model_type: str, exc: BaseException) -> TrainfitError:
+    # e.g. an op whose fake (meta) kernel refuses this dtype: MoE experts' grouped_mm wants bf16
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return TrainfitError(f"the {model_type} training step could not run on fake tensors with this recipe "
+                         f"({type(exc).__name__}: {first})")
+
+
+def _estimate_rank(setup: TrainingSetup, *, task: Optional[str], warmup: int, semantics: str, t0: float) -> Estimate:
+    """The multi-GPU measurement: rank 0 (or the pipeline stage asked for, or the busier of the first and
+    last stage) of the setup's layout, on a fake process group (:mod:`.distributed`)."""
+    torch = require("torch")
+    require("transformers")
+    from .distributed import layouts_of, measure_layout
+
+    layouts = layouts_of(setup)
+    attn = ATTN_IMPLEMENTATION[setup.recipe.attention]
+    runs = []
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
+    try:
+        for layout in layouts:
+            try:
+                runs.append(measure_layout(setup, layout, task=task, warmup=warmup, cuda=semantics == "cuda",
+                                           attn=attn))
+            except TrainfitError:
+                raise
+            except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError, KeyError,
+                    AttributeError, IndexError) as exc:
+                raise _run_error(str(setup.model.config.get("model_type")), exc) from None
+    finally:
+        fake_log.setLevel(level)
+    run = max(runs, key=lambda x: x.tracker.steps[-1].peak.total)
+    step, first = run.tracker.steps[-1], run.tracker.steps[0]
+    peak = step.peak
+    components = components_of(peak.by_category, distributed=True)
+    total = float(peak.total)
+    available = setup.hardware.capacity_bytes if setup.hardware else None
+    feasible, util = verdict_of(total, available)
+    layout = run.layout
+    inputs_echo = setup.as_dict()
+    inputs_echo.update(task=run.built.task, warmup=warmup, semantics=semantics, attn_implementation=attn,
+                       rank=layout.rank, mesh=layout.mesh)
+    start = step.phases["forward"].start.by_category
+    extra = {
+        "peak_phase": step.peak_phase,
+        "phases": {n: p.as_dict() for n, p in step.phases.items()},
+        "tracker_breakdown": peak.as_dict(),
+        "first_step": {"peak_bytes": first.peak.total, "peak_phase": first.peak_phase,
+                       "peak_breakdown": first.peak.as_dict()},
+        "static": {"param_bytes": start["parameter"], "optimizer_state_bytes": start["optstate"],
+                   "grad_bytes_end_of_backward": step.phases["backward"].end.by_category["gradient"],
+                   "ddp_bucket_bytes": start.get("ddp bucket", 0)},
+        "world_size": layout.world_size, "rank": layout.rank, "mesh": layout.mesh, "layout": layout.as_dict(),
+        "sdpa_kernels": dict(run.emulation.sdpa.counts),
+        "arch": run.built.model_type, "n_params": run.n_params, "n_trainable_params": run.n_trainable,
+        "param_dtype": run.param_dtype, "build_notes": run.built.notes,
+        "timings_s": {"total": round(time.perf_counter() - t0, 2)},
+        "versions": {"torch": torch.__version__, "transformers": require("transformers").__version__},
+    }
+    if layout.pp > 1:
+        extra["pipeline_stage"] = layout.stage
+        extra["stage_layers"] = run.stage_layers
+        extra["stages"] = {str(x.layout.stage): x.tracker.steps[-1].peak.total for x in runs}
+    notes = list(run.built.notes) + [
+        f"rank {layout.rank} of {layout.world_size} (mesh {', '.join(f'{k} {v}' for k, v in layout.mesh.items())}) "
+        "on a fake process group; " + ("peak = torch.cuda.max_memory_allocated() of a steady-state step on one "
+                                       "sm80/sm90 GPU, emulated; excludes CUDA context, library workspaces, kernel "
+                                       "scratch, fragmentation and NCCL's own buffers" if semantics == "cuda" else
+                                       "CPU semantics (no CUDA emulation): compare with a real CPU run")]
+    if layout.pp > 1:
+        notes.append(f"pipeline stage {layout.stage} of {layout.pp} ({layout.schedule}, {layout.microbatches} "
+                     "micro-batches, run by hand)" + (": the busier of the first and the last" if len(runs) > 1 else ""))
+    return Estimate(method=NAME, model=setup.model.name, hardware=setup.hardware.name if setup.hardware else "none",
+                    feasible=feasible, total_bytes=total, available_bytes=available, utilization=util,
+                    components=components, dominant=max(components, key=lambda k: components[k]),
+                    inputs=inputs_echo, notes=notes, extra=extra, setup=setup)
+
+
 def measure(model: Any, hardware: Any = None, *, task: Optional[str] = None, warmup: int = 1,
             semantics: str = "cuda", **fields: Any) -> Estimate:
     """Measure one training step: ``model`` is a :class:`~trainfit.training_setup.TrainingSetup`, or a
@@ -241,5 +339,5 @@ def measure(model: Any, hardware: Any = None, *, task: Optional[str] = None, war
     return Measured().estimate(setup_of(model, hardware, **fields), task=task, warmup=warmup, semantics=semantics)
 
 
-__all__ = ["ACCEPTS", "COMPONENTS", "COMPONENT_OF", "Measured", "NAME", "components_of", "make_optimizer", "measure",
+__all__ = ["ACCEPTS", "COMPONENTS", "DISTRIBUTED_COMPONENTS", "COMPONENT_OF", "Measured", "NAME", "components_of", "make_optimizer", "measure",
            "run_steps"]

@@ -114,7 +114,7 @@ def build_model(cfg: Mapping[str, Any], *, seq: int, task: Optional[str] = None,
             with warnings.catch_warnings():  # peft calls transformers' deprecated is_gradient_checkpointing
                 warnings.simplefilter("ignore", FutureWarning)
                 model = peft.get_peft_model(model, lcfg)
-        except ValueError as exc:
+        except ValueError:
             names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
                             if isinstance(m, torch.nn.Linear)})
             raise TrainfitError(f"LoRA targets {','.join(targets)} not found in {model_type} "

@@ -17,6 +17,13 @@ steps (see ``tests/data/groundtruth/PROVENANCE.md``):
 It also rounds every allocation up to 512 bytes when asked (the CUDA caching allocator's block
 size; MemTracker rounds only tensors on a CUDA device, and ours are CPU fake tensors), and records
 the start, peak and end of named phases (forward, backward, optimizer).
+
+For a rank of a multi-GPU step (``distributed=True``) it adds the categories of
+:data:`COMM_CATEGORIES`: FSDP's all-gather and reduce-scatter buffers (the tensors handed to
+``c10d._allgather_base_`` / ``c10d._reduce_scatter_base_``), the parameters FSDP gathers for
+compute, and DDP's gradient buckets, and it keeps the labels MemTracker gets wrong with DTensor
+parameters right (a storage can be *pinned* to a category; sharded gradients are labelled as
+gradients when the reduce-scatter writes them).
 """
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ from .emulation import cuda_block_bytes
 
 #: MemTracker category names, in the order reported.
 CATEGORIES = ("parameter", "buffer", "gradient", "activation", "temp", "optstate", "other")
+#: extra categories of a multi-GPU rank (reported only by a ``distributed`` tracker)
+COMM_CATEGORIES = ("gathered parameter", "all-gather", "reduce-scatter", "ddp bucket")
 
 
 @dataclass(frozen=True)
@@ -84,13 +93,21 @@ def _classes() -> tuple[Any, Any, Any]:
     return mt, mt.MemTracker, ModTracker
 
 
-def make_tracker(round_to_cuda_blocks: bool) -> Any:
-    """A fixed MemTracker (see the module docstring); ``round_to_cuda_blocks`` rounds every storage to 512 bytes."""
+def make_tracker(round_to_cuda_blocks: bool, distributed: bool = False) -> Any:
+    """A fixed MemTracker (see the module docstring); ``round_to_cuda_blocks`` rounds every storage to 512 bytes;
+    ``distributed`` adds the multi-GPU categories (:data:`COMM_CATEGORIES`)."""
     torch = require("torch")
     from torch.autograd.graph import register_multi_grad_hook
     from torch.utils._pytree import tree_flatten
+    from torch.utils.weak import WeakIdKeyDictionary
 
     mt, MemTracker, ModTracker = _classes()
+
+    class CommRefType(mt._RefType):
+        GATHERED = "Gathered Parameter"
+        ALL_GATHER = "All-Gather"
+        REDUCE_SCATTER = "Reduce-Scatter"
+        DDP_BUCKET = "DDP Bucket"
 
     class _LeakFreeModTracker(ModTracker):
         def _fw_pre_hook(self, mod: Any, input: Any) -> None:
@@ -123,6 +140,11 @@ def make_tracker(round_to_cuda_blocks: bool) -> Any:
             self._round = round_to_cuda_blocks
             self._rounding_ctx: Any = None
             self.steps: list[StepRecord] = []
+            self._distributed = distributed
+            self._pinned: Any = WeakIdKeyDictionary()  # storage -> the category it always has
+            self.categories = CATEGORIES + (COMM_CATEGORIES if distributed else ())
+            if distributed:
+                self._ref_class = [*mt._MemRefType, *CommRefType]  # type: ignore[assignment]
 
         # fix 1: gradient hooks only on parameters that require grad
         def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> tuple[int, int]:
@@ -135,6 +157,107 @@ def make_tracker(round_to_cuda_blocks: bool) -> Any:
                             param.register_post_accumulate_grad_hook(lambda p: self._on_grad(p.grad)),
                         )
             return out
+
+        def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
+            # a pipeline stage runs its modules once per micro-batch within one step; MemTracker refuses a
+            # root module's second forward (it takes it for the next step). Only per-module snapshots are
+            # lost by skipping it; allocations are tracked by the dispatch mode as always.
+            if self._distributed and module in self.memory_tracking and not self._mod_tracker.is_bw:
+                return
+            super()._pre_fw_hook(module, inputs)
+
+        # ------------------------------------------------------------------ multi-GPU labels
+        def _update_and_maybe_create_winfos(self, t: Any, reftype: Any, update_existing: bool = False) -> Any:
+            if not (self._distributed and len(self._pinned)):
+                return super()._update_and_maybe_create_winfos(t, reftype, update_existing)
+            # as MemTracker's, storage by storage, but a pinned storage keeps its category
+            from torch.distributed._tools.common_utils import get_untyped_storages
+
+            out = set()
+            for st in get_untyped_storages(t):
+                pinned = self._pinned.get(st)
+                if pinned is None and update_existing and st not in self._WINFO:
+                    raise KeyError("No existing winfo found")
+                out |= self._label_storage(st, reftype if pinned is None else pinned, t.device)
+            return out
+
+        def _label_storage(self, st: Any, reftype: Any, device: Any = None) -> set:
+            winfo, _ = self._WINFO.get(st, (None, None))
+            if winfo is None:
+                winfo, w_st = mt._WeakRefInfo.create_winfo(st, device or torch.device("cpu"), reftype,
+                                                           self._delete_callback)
+                self._WINFO[st] = (winfo, w_st)
+                if winfo.mem_consumed > 0:
+                    self._update_snap(mt._UpdateType.ADD, winfo)
+            elif winfo.reftype != reftype:
+                old = winfo.reftype
+                winfo.reftype = reftype
+                self._update_snap(mt._UpdateType.REF, winfo, old_reftype=old)
+                # a relabel at the peak itself: keep the peak's breakdown in step with the labels
+                dev_snap = self._curr_mem_snap.get(winfo.device)
+                if dev_snap is not None and dev_snap[mt._TOTAL_KEY] == self._peak_mem.get(winfo.device):
+                    self._peak_mem_snap[winfo.device] = dict(dev_snap)
+            return {winfo}
+
+        def pin(self, tensors: Any, category: str) -> None:
+            """Give the storages of ``tensors`` the multi-GPU ``category`` (one of :data:`COMM_CATEGORIES`,
+            or a MemTracker category) for as long as they live, whatever MemTracker would call them."""
+            from torch.distributed._tools.common_utils import get_untyped_storages
+
+            ref = self._ref_of(category)
+            with self._rounding():
+                for t in tensors:
+                    for st in get_untyped_storages(t):
+                        self._pinned[st] = ref
+                        self._label_storage(st, ref)
+
+        def relabel(self, tensors: Any, category: str) -> None:
+            """Give the (tracked) storages of ``tensors`` MemTracker category ``category`` now."""
+            ref = self._ref_of(category)
+            with self._rounding():
+                for t in tensors:
+                    self._update_and_maybe_create_winfos(t, ref)
+
+        def live(self, category: str) -> list[Any]:
+            """The storages currently filed under ``category``."""
+            ref = self._ref_of(category)
+            return [st for st, (winfo, _) in list(self._WINFO.items()) if winfo.reftype == ref]
+
+        def pin_live(self, source: str, category: str) -> int:
+            """Pin every storage now filed under ``source`` to ``category``; returns their bytes."""
+            ref = self._ref_of(category)
+            total = 0
+            for st in self.live(source):
+                self._pinned[st] = ref
+                total += next(iter(self._label_storage(st, ref))).mem_consumed
+            return total
+
+        def _ref_of(self, category: str) -> Any:
+            for ref in [*mt._MemRefType, *CommRefType]:
+                if ref.value.lower() == category:
+                    return ref
+            raise KeyError(category)
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            res = super().__torch_dispatch__(func, types, args, kwargs)
+            if self._distributed and res is not NotImplemented:
+                c10d = torch.ops.c10d
+                if func is c10d._allgather_base_.default:
+                    self._label_comm(args[0], CommRefType.ALL_GATHER)
+                elif func is c10d._reduce_scatter_base_.default:
+                    # the input is FSDP's flat buffer of unsharded gradients; the output becomes the sharded
+                    # gradients (views of it), which MemTracker would file as backward temporaries
+                    self._label_comm(args[1], CommRefType.REDUCE_SCATTER)
+                    self._label_comm(args[0], mt._MemRefType.GRAD)
+            return res
+
+        def _label_comm(self, t: Any, ref: Any) -> None:
+            from torch.distributed._tools.common_utils import get_untyped_storages
+
+            with self._rounding():
+                for st in get_untyped_storages(t):
+                    if st not in self._pinned:
+                        self._label_storage(st, ref)
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             # Only the global peak: MemTracker also walks every module's stats on every op, which
@@ -180,10 +303,10 @@ def make_tracker(round_to_cuda_blocks: bool) -> Any:
         # snapshots and phases
         def _snap(self, kind: str = "current") -> Snapshot:
             raw = self.get_tracker_snapshot(kind)
-            out = dict.fromkeys(CATEGORIES, 0)
+            out = dict.fromkeys(self.categories, 0)
             for dev_snap in raw.values():
                 for key, value in dev_snap.items():
-                    if isinstance(key, mt._MemRefType):
+                    if isinstance(key, mt._RefType):
                         out[key.value.lower()] += int(value)
             return Snapshot(out)
 

@@ -1,0 +1,392 @@
+"""What data, tensor and pipeline parallelism add to one rank's memory, as PyTorch's own
+implementations allocate it (torch 2.13): each addition is a named component with its formula, checked
+against ``trainfit measure`` on a fake process group (``validation/multigpu-measured.jsonl``).
+
+* **DDP** (``DistributedDataParallel``): the reducer's flat gradient buckets (``bucket_cap_mb``, one
+  per group of whole gradients), allocated when DDP is built and kept for the whole run; they hold
+  every gradient once more, or, with ``gradient_as_bucket_view``, the gradients themselves.
+* **Tensor parallel, DTensor plan** (torchtitan's on Hugging Face names; the walk in
+  :mod:`.activations` follows it): a vocabulary-sharded (row-wise) embedding's weight gradient comes
+  back *replicated*, the whole table on every rank (DTensor's sharding rule for the embedding backward);
+  tied to the column-wise head, it is added into the head's sharded gradient instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from ..training_setup import Parallelism
+from .alloc import rounded
+
+
+def ddp_bucket_label(par: Parallelism) -> str:
+    return "DDP gradient buckets (the gradients live in them)" if par.ddp_bucket_view else "DDP gradient buckets"
+
+
+def ddp_bucket_bytes(st: Any) -> float:
+    """DDP's buckets: one copy of every trainable parameter's gradient (bytes; the buckets concatenate whole
+    gradients, so they differ from the per-tensor 512-byte rounding by at most 512 bytes per tensor)."""
+    return float(st.trainable_params)
+
+
+def replicated_gradient_bytes(arch: Any, par: Parallelism, tensors: list[Any], param_bytes: float) -> int:
+    """Gradient bytes beyond the sharded ones on this rank: with DTensor tensor parallelism and an untied,
+    trainable embedding held here, the whole table minus its vocabulary shard."""
+    if par.tp <= 1 or par.tp_plan != "dtensor" or arch.tie_word_embeddings:
+        return 0
+    out = 0
+    for t in tensors:
+        if t.name == "embed_tokens.weight":
+            shard = -(-t.shape[0] // par.tp) * t.numel // t.shape[0]
+            out += rounded(t.numel * param_bytes) - rounded(shard * param_bytes)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP2 (fully_shard on every block, then the root)
+
+def is_fsdp(par: Parallelism) -> bool:
+    """FSDP2 sharding across more than one rank (``fsdp`` over ``dp`` > 1)."""
+    return bool(par.fsdp) and par.dp > 1
+
+
+def local_rows(t: Any, tp: int, ep: int) -> tuple[int, int]:
+    """(rows, elements per row) of parameter tensor ``t`` on this rank after tensor/expert parallelism:
+    column-parallel and vocabulary-parallel tensors split their first dimension, row-parallel ones their
+    second (FSDP then shards the first dimension of what is left)."""
+    shape = tuple(int(d) for d in t.shape)
+    rows = shape[0]
+    rest = 1
+    for d in shape[1:]:
+        rest *= d
+    if getattr(t, "expert", False) and ep > 1:
+        rows = -(-rows // ep)
+    kind = getattr(t, "tp", "")
+    if tp > 1 and kind:
+        if kind in ("col", "vocab") and not getattr(t, "expert", False):
+            rows = -(-rows // tp)
+        else:
+            rest = -(-rest // tp)
+    return rows, rest
+
+
+def fsdp_shard_numel(rows: int, rest: int, dp: int) -> int:
+    """Elements of a tensor's FSDP2 shard on rank 0: dimension 0 split in ``ceil(rows / dp)`` rows (FSDP2
+    pads the last shards; rank 0 always holds a full one)."""
+    return -(-rows // dp) * rest
+
+
+def fsdp_padded_numel(rows: int, rest: int, dp: int) -> int:
+    """Elements of a tensor's all-gathered (padded) form: ``dp`` full shards."""
+    return -(-rows // dp) * dp * rest
+
+
+def fsdp_compute_bytes(recipe: Any) -> float:
+    """Bytes per element of the parameters FSDP gathers for compute: bf16 under FSDP's mixed precision
+    (``amp-bf16``: ``MixedPrecisionPolicy(param_dtype=bf16)``), else the parameters' own width."""
+    return 2.0 if recipe.autocast else float(recipe.param_bytes)
+
+
+def fsdp_reduce_bytes(recipe: Any) -> float:
+    """Bytes per element of FSDP's reduce-scatter: fp32 under its mixed precision (``reduce_dtype=fp32``),
+    else the gradients' own width."""
+    return 4.0 if recipe.autocast else float(recipe.param_bytes)
+
+
+def walk_recipe(recipe: Any, par: Parallelism) -> Any:
+    """The recipe the forward walk runs under: FSDP's mixed precision computes in bf16 with bf16 copies of
+    every parameter, LoRA adapters included (no autocast), so its activations are those of a pure bf16 step
+    with bf16 adapters."""
+    if is_fsdp(par) and recipe.autocast:
+        import dataclasses
+
+        low = "bf16" if recipe.precision == "amp-bf16" else "fp16"
+        return dataclasses.replace(recipe, precision=low, lora_dtype=low if recipe.lora else recipe.lora_dtype)
+    return recipe
+
+
+@dataclass(frozen=True)
+class FsdpGroup:
+    """Bytes of one FSDP parameter group (a block, or the root) on one rank."""
+
+    gathered: int  #: the unsharded parameters, one allocation per tensor (compute dtype)
+    all_gather: int  #: the flat all-gather buffer (compute dtype)
+    reduce_scatter: int  #: the flat reduce-scatter input (reduce dtype), trainable tensors only
+    unsharded_grads: int  #: gradients of the unsharded parameters, one per tensor (compute dtype)
+    sharded_grads: int  #: the reduce-scatter output, this rank's gradients (reduce dtype)
+    first_op_grad: int = 0  #: the unsharded gradient of the block's last projection (made first in backward)
+
+
+def fsdp_groups(recipe: Any, par: Parallelism, tensors: list[Any], lora: list[tuple[str, tuple[int, int]]]
+                ) -> tuple[FsdpGroup, list[FsdpGroup], int, int]:
+    """The root group and the block groups (in block order) of an FSDP2-wrapped model on one rank, plus the
+    root's unsharded gradient bytes produced at the head (final norm, untied head) and at the embeddings.
+
+    ``tensors`` are the model's parameter tensors on this rank (:func:`~.layout.param_tensors`, stage-
+    filtered), ``lora`` its LoRA adapters (name, shape). Every tensor is its own allocation (512-byte
+    blocks); the all-gather and reduce-scatter buffers are one flat allocation per group.
+    """
+    from .alloc import rounded
+
+    dp, tp, ep = par.dp, par.tp, par.ep
+    cb, rb = fsdp_compute_bytes(recipe), fsdp_reduce_bytes(recipe)
+    full = not recipe.lora
+    acc: dict[Any, dict[str, float]] = {}
+    head_ug = embed_ug = 0
+
+    def add(key: Any, rows: int, rest: int, trainable: bool, last: bool = False) -> int:
+        a = acc.setdefault(key, dict(gathered=0, ag=0, rs=0, ug=0, sg=0, first=0))
+        padded, shard, numel = fsdp_padded_numel(rows, rest, dp), fsdp_shard_numel(rows, rest, dp), rows * rest
+        a["gathered"] += rounded(padded * cb)
+        a["ag"] += padded
+        if trainable:
+            a["rs"] += padded
+            a["ug"] += rounded(numel * cb)
+            a["sg"] += shard
+            if last:
+                a["first"] = rounded(numel * cb)
+        return rounded(numel * cb) if trainable else 0
+
+    last_roles = {"down", "fc2"}
+    for t in tensors:
+        rows, rest = local_rows(t, tp, ep)
+        is_last = t.layer is not None and t.name.rsplit(".", 2)[-2] in last_roles and t.name.endswith("weight")
+        ug = add(t.layer if t.layer is not None else "root", rows, rest, full, is_last)
+        if t.layer is None:
+            if t.group in ("embeddings", "position"):
+                embed_ug += ug
+            else:
+                head_ug += ug
+    for name, shape in lora:
+        layer = int(name.split(".")[1])
+        add(layer, shape[0], shape[1], True)
+
+    def group(a: dict[str, float]) -> FsdpGroup:
+        return FsdpGroup(gathered=int(a["gathered"]), all_gather=rounded(a["ag"] * cb),
+                         reduce_scatter=rounded(a["rs"] * rb), unsharded_grads=int(a["ug"]),
+                         sharded_grads=rounded(a["sg"] * rb), first_op_grad=int(a["first"]))
+
+    empty = dict(gathered=0, ag=0, rs=0, ug=0, sg=0, first=0)
+    root = group(acc.get("root", empty))
+    blocks = [group(acc[k]) for k in sorted(k for k in acc if k != "root")]
+    return root, blocks, head_ug, embed_ug
+
+
+@dataclass(frozen=True)
+class ForwardRegions:
+    """The forward walk's live bytes by where they occur (byte-vectors, see :mod:`.graph`): candidates in
+    the embeddings, in the blocks and in the head and loss, and the live set just before the first and
+    the last block start (when FSDP gathers them)."""
+
+    embed: tuple[Any, ...]
+    blocks: tuple[Any, ...]
+    head: tuple[Any, ...]
+    before_first_block: Any
+    before_last_block: Any
+
+
+@lru_cache(maxsize=256)
+def forward_regions(arch: Any, recipe: Any, par: Parallelism, stage: int = 0) -> ForwardRegions:
+    """Split the forward walk's timeline (:func:`~.activations.walk`) by region."""
+    from .activations import walk
+    from .graph import ZERO, pareto
+
+    tape = walk(arch, recipe, par, stage)
+    timeline = tape.timeline()
+    by: dict[str, list[Any]] = {"embed": [], "blocks": [], "head": []}
+    firsts: dict[str, int] = {}
+    for i, t in enumerate(tape.tensors, start=1):
+        kind = "blocks" if t.region.startswith("layer") else ("embed" if t.region == "embed" else "head")
+        by[kind].append(timeline[i])
+        firsts.setdefault(t.region, i)
+    layers = sorted((r for r in firsts if r.startswith("layer")), key=lambda r: int(r[5:]))
+    before = [timeline[firsts[r] - 1] for r in (layers[:1] + layers[-1:])] if layers else [ZERO, ZERO]
+    return ForwardRegions(embed=tuple(pareto(by["embed"] or [ZERO])), blocks=tuple(pareto(by["blocks"] or [ZERO])),
+                          head=tuple(pareto(by["head"] or [ZERO])), before_first_block=before[0],
+                          before_last_block=before[-1])
+
+
+#: names of FSDP2's buffers in a candidate's communication terms (``--explain`` lists them with their bytes)
+ROOT_GATHERED = "gathered root parameters (embeddings, final norm, head: held from forward to backward)"
+BLOCK_GATHERED = "gathered block parameters"
+ALL_GATHER = "all-gather buffer"
+REDUCE_SCATTER = "reduce-scatter input"
+
+
+def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegions, root: FsdpGroup,
+                    blocks: list[FsdpGroup], head_ug: float, embed_ug: float, nbytes: Any, saved_total: Any,
+                    residual_grad: Any, accumulating: bool = False
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, float]], list[dict[str, float]]]:
+    """Forward and backward candidates (each a dict of activations, temporaries, gradients and
+    communication_buffers, in bytes) of one FSDP2 rank, at the moments that can set the peak, and for each
+    its communication buffers by name (they add up to its ``communication_buffers``).
+
+    ``nbytes`` evaluates a byte-vector; ``pr`` is the activation profile of the walk recipe;
+    ``residual_grad`` the bytes of the residual stream's gradient. FSDP2's order (torch 2.13):
+
+    * forward: the root's parameters are gathered first and stay gathered until the root's backward ends;
+      each block's all-gather buffer is freed only after the next block's copy-out (the last one at the end
+      of the forward), so a block computes with its gathered parameters and its buffer, and its copy-out
+      briefly holds the previous buffer too; ``reshard_after_forward`` frees the block's gathered
+      parameters after its forward (otherwise they stay until its backward);
+    * backward: the root's pre-backward prefetches the last block (its buffer is allocated during the loss
+      backward); each block, once gathered, frees its buffer and prefetches the next block
+      (``fsdp_prefetch`` ahead); its gradients appear unsharded (compute dtype), are copied into the flat
+      reduce-scatter input (reduce dtype) after its parameters are freed, and the reduce-scatter output is
+      the rank's sharded gradient. One reduce-scatter input stays alive until the next group's; the root
+      (embeddings, final norm, head) reduces last, its unsharded gradients held until then.
+    """
+    import numpy as np
+
+    raf = par.reshard_after_forward
+    pre = max(int(par.fsdp_prefetch), 0)
+    L = len(blocks)
+    big = max(blocks, key=lambda g: g.gathered) if blocks else FsdpGroup(0, 0, 0, 0, 0)
+    first = blocks[0] if blocks else big
+    last = blocks[-1] if blocks else big
+    sharded_after = [sum(g.sharded_grads for g in blocks[i + 1:]) for i in range(L)]
+    all_sharded = sum(g.sharded_grads for g in blocks)
+    acc = float(all_sharded + root.sharded_grads) if accumulating else 0.0
+    R = {ROOT_GATHERED: float(root.gathered)}
+
+    def gathered_upto(i: int) -> dict[str, float]:
+        """Gathered block parameters while block ``i`` computes (all earlier ones too without resharding)."""
+        if not blocks:
+            return {}
+        if raf:
+            return {BLOCK_GATHERED + f" (block {i})": float(blocks[i].gathered)}
+        return {BLOCK_GATHERED + f" (blocks 0-{i}, kept until their backward)": float(sum(g.gathered for g in blocks[:i + 1]))}
+
+    def ag(what: str, nbytes_: float) -> dict[str, float]:
+        return {f"{ALL_GATHER} ({what})": float(nbytes_)} if nbytes_ else {}
+
+    def rs(what: str, g: FsdpGroup) -> dict[str, float]:
+        return {f"{REDUCE_SCATTER} ({what})": float(g.reduce_scatter)} if g.reduce_scatter else {}
+
+    def split(live: Any) -> dict[str, Any]:
+        act = np.minimum(live, saved_total) if isinstance(live, np.ndarray) or isinstance(saved_total, np.ndarray) \
+            else min(live, saved_total)
+        return {"activations": act, "temporaries": live - act}
+
+    fwd: list[dict[str, Any]] = []
+    fwd_terms: list[dict[str, float]] = []
+    bwd: list[dict[str, Any]] = []
+    bwd_terms: list[dict[str, float]] = []
+
+    def put(into: list, names: list, values: dict[str, Any], terms: dict[str, float]) -> None:
+        into.append({**values, "communication_buffers": float(sum(terms.values()))})
+        names.append(terms)
+
+    for v in regions.embed:
+        put(fwd, fwd_terms, {**split(nbytes(v)), "gradients": acc}, {**R, **ag("root, until block 0 is gathered",
+                                                                             root.all_gather)})
+    for v in regions.blocks:
+        put(fwd, fwd_terms, {**split(nbytes(v)), "gradients": acc},
+            {**R, **gathered_upto(L - 1 if not raf else blocks.index(big)), **ag("the block computing", big.all_gather)})
+    for v in regions.head:
+        put(fwd, fwd_terms, {**split(nbytes(v)), "gradients": acc},
+            {**R, **(gathered_upto(L - 1) if not raf else {}), **ag(f"block {L - 1}, freed when the forward ends",
+                                                                     last.all_gather)})
+    if blocks:
+        put(fwd, fwd_terms, {**split(nbytes(regions.before_first_block)), "gradients": acc},
+            {**R, **ag("root", root.all_gather), **ag("block 0", first.all_gather), **gathered_upto(0)})
+        prev = blocks[-2].all_gather if L > 1 else root.all_gather
+        put(fwd, fwd_terms, {**split(nbytes(regions.before_last_block)), "gradients": acc},
+            {**R, **gathered_upto(L - 1), **ag(f"block {L - 2}", prev), **ag(f"block {L - 1}", last.all_gather)})
+
+    held_head = float(head_ug + (embed_ug if arch.tie_word_embeddings else 0))
+
+    def prefetch(i: int) -> dict[str, float]:
+        """All-gather buffers of the blocks prefetched while block i computes its backward."""
+        if not raf:
+            return {}
+        return ag(f"block {i - 1}, prefetched" if pre == 1 else f"{min(pre, i)} blocks prefetched",
+                  sum(blocks[j].all_gather for j in range(max(i - pre, 0), i)))
+
+    head_loss = _vadd(pr.head_saved, pr.loss_saved)
+    # the loss backward: every activation saved, the last block already being gathered again
+    put(bwd, bwd_terms, {"activations": saved_total, "temporaries": nbytes(pr.loss_backward), "gradients": acc},
+        {**R, **(prefetch(L) if blocks else {})} if raf else {**R, **gathered_upto(L - 1)})
+    later = (0.0, 0.0, 0.0, 0.0)
+    for k, i in enumerate(range(L - 1, -1, -1)):
+        lp = pr.layers[i] if i < len(pr.layers) else None
+        if lp is None:
+            continue
+        remaining = _vsub(_vsub(pr.saved_total, head_loss), later)
+        if k in (0, 1, L - 1):
+            rs_prev = rs(f"block {i + 1}, until this block's", blocks[i + 1]) if i + 1 < L else {}
+            # inside the block's backward: its first projection's gradient made, the block's working set
+            put(bwd, bwd_terms, {"activations": nbytes(_vadd(remaining, lp.recompute)),
+                                 "temporaries": nbytes(lp.transient_bwd),
+                                 "gradients": held_head + sharded_after[i] + blocks[i].first_op_grad + acc},
+                {**R, **gathered_upto(i), **prefetch(i), **rs_prev})
+            # its post-backward: parameters freed, every unsharded gradient copied into the reduce-scatter input
+            kept = gathered_upto(i - 1) if (not raf and i > 0) else {}
+            put(bwd, bwd_terms, {"activations": nbytes(_vsub(remaining, lp.saved)), "temporaries": residual_grad,
+                                 "gradients": held_head + sharded_after[i] + blocks[i].unsharded_grads + acc},
+                {**R, **kept, **prefetch(i), **rs(f"block {i}", blocks[i])})
+        later = _vadd(later, lp.saved)
+    # the embeddings' backward: the embedding gradient built (and, tied, summed with the held head part)
+    put(bwd, bwd_terms, {"activations": nbytes(pr.embed_saved),
+                         "temporaries": residual_grad + (2 * embed_ug if arch.tie_word_embeddings else embed_ug),
+                         "gradients": held_head + all_sharded + acc},
+        {**R, **(rs("block 0", first) if blocks else {})})
+    # the root's post-backward: its parameters freed, its unsharded gradients copied for the reduce-scatter
+    put(bwd, bwd_terms, {"activations": 0.0 * saved_total, "temporaries": 0.0 * saved_total,
+                         "gradients": float(all_sharded + head_ug + embed_ug) + acc}, rs("root", root))
+    return fwd, bwd, fwd_terms, bwd_terms
+
+
+def _vadd(a: Any, b: Any) -> Any:
+    return tuple(x + y for x, y in zip(a, b))
+
+
+def _vsub(a: Any, b: Any) -> Any:
+    return tuple(x - y for x, y in zip(a, b))
+
+
+def explain_parallel(arch: Any, setup: Any, stage: int, inflight: float, saved_per_microbatch: float
+                     ) -> dict[str, str]:
+    """What each parallelism adds, by component, for ``--explain`` (appended to the component's formula)."""
+    par, recipe = setup.parallel, setup.recipe
+    out: dict[str, str] = {}
+    if is_fsdp(par):
+        cb, rb = fsdp_compute_bytes(recipe), fsdp_reduce_bytes(recipe)
+        n = par.dp
+        out["parameters"] = (f"FSDP2 shards: every tensor's first dimension in ceil(rows / {n}) rows (rank 0 holds a "
+                             "full shard), each shard its own allocation")
+        out["optimizer_state"] = "on the FSDP2 shards (one state tensor per shard; a step counter per tensor)"
+        out["gradients"] = (f"sharded gradients of the blocks reduced so far (ceil(rows / {n}) rows, {rb:g} B) + the "
+                            f"unsharded ({cb:g} B) gradients of the group being reduced and of the root (head first, "
+                            "held until the root's own reduce-scatter)")
+        out["communication_buffers"] = (
+            f"gathered = sum over the group's tensors of ceil(rows / {n}) x {n} x cols x {cb:g} B; all-gather buffer "
+            f"= one flat tensor of the same elements x {cb:g} B; reduce-scatter input = the group's trainable padded "
+            f"elements x {rb:g} B (FSDP2 fully_shard, torch 2.13: _fsdp_param_group.py, _fsdp_collectives.py)"
+            + ("; mixed precision: bf16 compute copies of fp32 parameters, fp32 reduction" if recipe.autocast else "")
+            + ("; reshard_after_forward off: blocks stay gathered from forward to backward"
+               if not par.reshard_after_forward else ""))
+    elif par.dp > 1 and par.zero_stage == 0:
+        out["communication_buffers"] = ("DDP buckets = one more copy of every trainable gradient (bucket_cap_mb "
+                                        f"{par.ddp_bucket_bytes / 2**20:g} MiB; whole tensors per bucket)"
+                                        + ("; gradient_as_bucket_view: the gradients are views of them"
+                                           if par.ddp_bucket_view else ""))
+    if par.tp > 1:
+        if par.tp_plan == "dtensor":
+            txt = ("tensor parallel (DTensor, torchtitan's plan): heads, MLP width and vocabulary / "
+                   f"{par.tp}" + ("; the sequence-parallel input of each attention and MLP all-gathered once and "
+                                  "saved" if par.sequence_parallel else "")
+                   + ("; logits kept vocabulary-sharded into the loss (loss_parallel)" if par.loss_parallel else
+                      "; logits all-gathered to the whole vocabulary before the loss"))
+        else:
+            txt = (f"tensor parallel (Megatron): heads, MLP width and vocabulary / {par.tp}"
+                   + ("; sequence shards saved, re-gathered in backward" if par.sequence_parallel else ""))
+        out["activations"] = txt
+    if par.pp > 1:
+        extra = (inflight - 1.0) * saved_per_microbatch
+        out.setdefault("activations", "")
+        out["activations"] = (out["activations"] + "; " if out["activations"] else "") + (
+            f"pipeline in-flight activations: ({inflight:g} - 1) x {saved_per_microbatch:,.0f} B saved per "
+            f"micro-batch = {extra:,.0f} B ({par.pp_schedule}, stage {stage} of {par.pp})")
+    return out

@@ -1,0 +1,653 @@
+"""One rank of an N-GPU training step, measured in one process: a fake process group, PyTorch's own
+parallelism on fake tensors, every allocation tracked.
+
+How a layout is built (the conventions people run, which the detailed method models by default):
+
+* **process group**: backend ``"fake"`` (``torch.testing._internal.distributed.fake_pg``), world size N,
+  rank 0: collectives return at once and move no data, so rank 0 allocates exactly what it would in an
+  N-rank job (communication libraries' own buffers aside: NCCL is not there);
+* **device mesh** ``(dp, tp)`` on the CPU, built before any fake tensor exists;
+* **data parallel**: DDP (``DistributedDataParallel``, ``bucket_cap_mb`` from the setup,
+  ``gradient_as_bucket_view`` as ``--ddp-bucket-view``), or with ``--fsdp`` FSDP2 ``fully_shard`` on
+  every decoder block and then on the root module (``reshard_after_forward`` as the setup says on the
+  blocks, FSDP's default on the root, which keeps the root's parameters gathered from forward to
+  backward). With FSDP, ``amp-bf16`` is FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=fp32)`` on fp32 parameters, not autocast;
+* **tensor parallel**: torchtitan's Llama plan on the Hugging Face module names (embedding row-wise,
+  i.e. vocabulary-sharded; q/k/v/gate/up column-wise; o/down row-wise; ``lm_head`` column-wise),
+  norms ``SequenceParallel`` with sequence parallelism and replicated DTensors without; tied
+  embeddings stay tied; ``--loss-parallel`` keeps the logits vocabulary-sharded into the loss;
+* **pipeline**: one stage's layers (the first stage has the embeddings, the last the final norm, the
+  head and the loss; Megatron's even split of the blocks, the remainder on the first stages), run in
+  the schedule's order by hand (1F1B: the warm-up forwards, then one forward and one backward in
+  turn, then the cool-down backwards; GPipe: every forward, then every backward) over ``accumulation``
+  micro-batches. Received activations and gradients are fresh buffers, as Megatron-LM's point-to-point
+  communication allocates them; ``torch.distributed.pipelining``'s own schedules cannot run on fake
+  tensors (they read values while warming up their point-to-point links).
+
+The model is parallelised on the ``meta`` device, outside ``FakeTensorMode`` (inside it the mesh code
+fails), then ``to_empty`` gives it fake CPU tensors. DTensor keeps its sharding-propagation and
+redistribution caches on (under fake tensors it believes it is being traced and turns them off: about
+3x slower, same bytes), and its shape propagation gets a fake mode of its own so that the tracker
+does not count its full-size scratch tensors. Everything patched is restored on exit.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+from ..errors import TrainfitError
+from ..training_setup import TrainingSetup
+from ._deps import require
+
+#: DTensor modules that skip their caches (sharding propagation, redistribution plans) when
+#: ``_functional_collectives._are_we_tracing()`` says so, which it does under any fake mode. The
+#: collectives' own wrappers keep the check: traced, they wait on their result in place, which is
+#: what an eager step allocates (the eager wrapper's wait would make a fresh tensor on fake tensors).
+_TRACING_PROBES = ("torch.distributed.tensor._sharding_prop", "torch.distributed.tensor._dispatch",
+                   "torch.distributed.tensor._decompositions", "torch.distributed.tensor._redistribute")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What one measured rank runs: the degrees, the data-parallel flavour and the pipeline stage."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    stage: int = 0  #: pipeline stage measured (0 = first)
+    microbatches: int = 1  #: pipeline micro-batches (the setup's accumulation)
+    schedule: str = "1f1b"
+    fsdp: bool = False
+    reshard_after_forward: bool = True
+    ddp_bucket_view: bool = False
+    ddp_bucket_bytes: float = 25 * 2**20
+    sequence_parallel: bool = True
+    loss_parallel: bool = False
+    fsdp_mixed_precision: bool = False  #: amp-bf16 under FSDP: bf16 compute copies of fp32 parameters
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def ddp(self) -> bool:
+        return self.dp > 1 and not self.fsdp
+
+    @property
+    def sp(self) -> bool:
+        return self.tp > 1 and self.sequence_parallel
+
+    @property
+    def rank(self) -> int:
+        """The global rank measured: the first rank of its stage (ranks: tp innermost, then dp, pp outermost)."""
+        return self.stage * self.dp * self.tp
+
+    @property
+    def mesh(self) -> dict[str, int]:
+        return {"pp": self.pp, "dp": self.dp, "tp": self.tp}
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"world_size": self.world_size, "rank": self.rank, "mesh": self.mesh,
+                               "data_parallel": "fsdp2" if self.fsdp else ("ddp" if self.ddp else "none")}
+        if self.fsdp:
+            out["reshard_after_forward"] = self.reshard_after_forward
+            out["fsdp_mixed_precision"] = self.fsdp_mixed_precision
+        if self.ddp:
+            out.update(ddp_bucket_view=self.ddp_bucket_view, ddp_bucket_bytes=self.ddp_bucket_bytes)
+        if self.tp > 1:
+            out.update(sequence_parallel=self.sequence_parallel, loss_parallel=self.loss_parallel)
+        if self.pp > 1:
+            out.update(pp_stage=self.stage, pp_schedule=self.schedule, microbatches=self.microbatches)
+        return out
+
+
+def is_distributed(setup: TrainingSetup) -> bool:
+    """Whether ``setup`` needs the multi-GPU path (more than one rank, or FSDP on one)."""
+    return setup.parallel.world_size > 1 or setup.parallel.fsdp
+
+
+def layouts_of(setup: TrainingSetup) -> list[Layout]:
+    """The layout(s) to measure: one, or with ``pp_stage`` -1 the first and the last pipeline stage.
+    Raises a one-line TrainfitError for a combination the measurement does not run."""
+    p, r = setup.parallel, setup.recipe
+    if p.fsdp and p.dp == 1:
+        raise TrainfitError("--fsdp shards over the data-parallel ranks: give --dp > 1 (on one GPU, leave --fsdp out)")
+    if p.pp > 1 and (p.dp > 1 or p.tp > 1):
+        raise TrainfitError("the measured method runs a pipeline stage on its own: --pp with --dp or --tp is not "
+                            "measured (the estimate models it)")
+    if p.pp > 1 and p.pp_schedule not in ("1f1b", "gpipe"):
+        raise TrainfitError(f"the measured method runs the 1f1b and gpipe pipeline schedules, not {p.pp_schedule!r}")
+    if setup.accumulation > 1 and p.pp == 1:
+        raise TrainfitError("the measured method runs one micro-batch per step (accumulation 1) except in a "
+                            "pipeline, where --accum is the number of micro-batches")
+    if p.tp > 1 and p.dp > 1 and not p.fsdp:
+        raise TrainfitError("the measured method combines tensor parallelism with FSDP (--fsdp), not with DDP")
+    if r.lora and (p.tp > 1 or p.pp > 1):
+        raise TrainfitError("the measured method runs LoRA with data parallelism (DDP or FSDP) only, not with "
+                            "--tp or --pp")
+    if p.tp > 1 and p.sequence_parallel and setup.seq_len % p.tp:
+        raise TrainfitError(f"sequence parallelism splits the sequence over tp: seq_len {setup.seq_len} must be a "
+                            f"multiple of tp {p.tp}")
+    base = dict(dp=p.dp, tp=p.tp, pp=p.pp, microbatches=setup.accumulation, schedule=p.pp_schedule, fsdp=p.fsdp,
+                reshard_after_forward=p.reshard_after_forward, ddp_bucket_view=p.ddp_bucket_view,
+                ddp_bucket_bytes=p.ddp_bucket_bytes, sequence_parallel=p.sequence_parallel,
+                loss_parallel=p.loss_parallel, fsdp_mixed_precision=p.fsdp and r.precision == "amp-bf16")
+    if p.pp == 1:
+        return [Layout(**base)]
+    stages = [p.pp_stage] if p.pp_stage >= 0 else sorted({0, p.pp - 1})
+    return [Layout(**base, stage=s) for s in stages]
+
+
+# ---------------------------------------------------------------------------------------------
+# torch private APIs, each behind a one-line error
+
+def _private(what: str, load: Callable[[], Any]) -> Any:
+    try:
+        return load()
+    except (ImportError, AttributeError) as exc:
+        torch = require("torch")
+        raise TrainfitError(f"the multi-GPU measurement needs {what}, which torch {torch.__version__} does not "
+                            f"offer as torch 2.13 does ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})") from None
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int, rank: int = 0) -> Iterator[Any]:
+    """A fake process group of ``world_size`` ranks seen from ``rank``, destroyed on exit."""
+    dist = require("torch.distributed")
+    fake_pg = _private("the fake process group (torch.testing._internal.distributed.fake_pg)",
+                       lambda: importlib.import_module("torch.testing._internal.distributed.fake_pg"))
+    if dist.is_initialized():
+        raise TrainfitError("a torch.distributed process group is already initialised in this process; the "
+                            "multi-GPU measurement runs its own fake one")
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def eager_dtensor() -> Iterator[None]:
+    """DTensor's caches on under fake tensors (see the module docstring), and its shape propagation in a
+    fake mode of its own."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    saved: list[tuple[Any, str, Any]] = []
+    try:
+        for name in _TRACING_PROBES:
+            mod = _private(f"{name}._are_we_tracing", lambda n=name: importlib.import_module(n))
+            _private(f"{name}._are_we_tracing", lambda m=mod: m._are_we_tracing)
+            saved.append((mod, "_are_we_tracing", mod._are_we_tracing))
+            mod._are_we_tracing = _not_tracing
+        prop = importlib.import_module("torch.distributed.tensor._sharding_prop")
+        _private("DTensor's sharding propagation (detect_fake_mode)", lambda: prop.detect_fake_mode)
+        own = FakeTensorMode()
+        saved.append((prop, "detect_fake_mode", prop.detect_fake_mode))
+        prop.detect_fake_mode = lambda *a, **k: own
+        yield
+    finally:
+        for mod, name, value in reversed(saved):
+            setattr(mod, name, value)
+
+
+def _not_tracing() -> bool:
+    from torch.compiler import is_compiling
+
+    return bool(is_compiling())
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the parallel model (on the meta device)
+
+def block_list(model: Any, num_layers: int) -> Any:
+    """The model's decoder (or encoder) blocks: the ``nn.ModuleList`` with one entry per layer."""
+    torch = require("torch")
+    best = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) == num_layers and (best is None or
+                                                                               name.count(".") < best[0].count(".")):
+            best = (name, mod)
+    if best is None:
+        raise TrainfitError(f"cannot find the {num_layers} blocks of {type(model).__name__} to shard")
+    return best[1]
+
+
+def build_mesh(layout: Layout) -> Any:
+    """The ``(dp, tp)`` device mesh on the CPU (dimensions of degree 1 left out)."""
+    device_mesh = _private("torch.distributed.device_mesh", lambda: importlib.import_module(
+        "torch.distributed.device_mesh"))
+    dims = [(n, d) for n, d in (("dp", layout.dp), ("tp", layout.tp)) if d > 1] or [("dp", 1)]
+    return device_mesh.init_device_mesh("cpu", tuple(d for _, d in dims), mesh_dim_names=tuple(n for n, _ in dims))
+
+
+def _tp_module_names(config: Any, blocks: Any) -> dict[str, str]:
+    """Role -> module name inside a block, for the plan; refuses models the plan does not fit."""
+    torch = require("torch")
+    from ..families import FAMILIES
+
+    family = FAMILIES.get(config.model_type)
+    names = dict(family.module_names) if family is not None else {}
+    block = blocks[0]
+    mods = dict(block.named_modules())
+    attn = next((n for n in ("self_attn", "attention", "attn") if n in mods), None)
+    mlp = next((n for n in ("mlp", "feed_forward") if n in mods), None)
+    out: dict[str, str] = {}
+    if attn is not None:
+        for role in ("q", "k", "v", "o"):
+            full = f"{attn}.{names.get(role, role + '_proj')}"
+            if isinstance(mods.get(full), torch.nn.Linear):
+                out[role] = full
+    if mlp is not None:
+        for role in ("gate", "up", "down"):
+            full = f"{mlp}.{names.get(role, role + '_proj')}"
+            if isinstance(mods.get(full), torch.nn.Linear):
+                out[role] = full
+    if set(out) != {"q", "k", "v", "o", "gate", "up", "down"}:
+        raise TrainfitError(f"the measured tensor-parallel plan (q/k/v/gate/up column-wise, o/down row-wise) needs "
+                            f"separate linear projections; {config.model_type} has {', '.join(sorted(out)) or 'none'}")
+    out["attn"], out["mlp"] = attn, mlp
+    out["norms"] = ",".join(n for n, m in block.named_children() if "norm" in n.lower())
+    return out
+
+
+def _base_model(model: Any) -> Any:
+    base = getattr(model, "model", None)
+    if base is None or not hasattr(base, "embed_tokens"):
+        raise TrainfitError(f"the measured tensor-parallel and pipeline layouts need a decoder with embed_tokens "
+                            f"(Llama-style); {type(model).__name__} has none")
+    return base
+
+
+def apply_tp(model: Any, config: Any, mesh: Any, layout: Layout, seq_len: int) -> None:
+    """torchtitan's Llama tensor-parallel plan on the Hugging Face module names (module docstring)."""
+    pm = _private("torch.distributed.tensor.parallel", lambda: importlib.import_module(
+        "torch.distributed.tensor.parallel"))
+    dt = importlib.import_module("torch.distributed.tensor")
+    Shard, Replicate = dt.Shard, dt.Replicate
+    tp = layout.tp
+    base = _base_model(model)
+    blocks = base.layers
+    roles = _tp_module_names(config, blocks)
+    for what, n in (("num_attention_heads", config.num_attention_heads),
+                    ("num_key_value_heads", getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
+                    ("intermediate_size", config.intermediate_size)):
+        if n % tp:
+            raise TrainfitError(f"tensor parallelism splits {what} over tp: {what} {n} is not a multiple of tp {tp}")
+    seq = Shard(1) if layout.sp else Replicate()
+    tied = model.lm_head.weight is base.embed_tokens.weight
+    top = {"model.embed_tokens": pm.RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+           "lm_head": pm.ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1) if layout.loss_parallel
+                                         else Replicate(), use_local_output=not layout.loss_parallel)}
+    if layout.sp:
+        top["model.norm"] = pm.SequenceParallel()
+    pm.parallelize_module(model, mesh, top)
+    for block in blocks:
+        plan = {roles[r]: pm.ColwiseParallel() for r in ("q", "k", "v", "gate", "up")}
+        plan[roles["o"]] = pm.RowwiseParallel(output_layouts=seq)
+        plan[roles["down"]] = pm.RowwiseParallel(output_layouts=seq)
+        if layout.sp:
+            for norm in roles["norms"].split(","):
+                if norm:
+                    plan[norm] = pm.SequenceParallel()
+            plan[roles["attn"]] = pm.PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                                        desired_input_kwarg_layouts={"hidden_states": Replicate()})
+            plan[roles["mlp"]] = pm.PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        pm.parallelize_module(block, mesh, plan)
+    # every other parameter (the norms without sequence parallelism, per-head q/k norms) becomes a
+    # replicated DTensor fed and returning local tensors: a foreach optimizer takes DTensors or plain
+    # tensors, not both
+    for mod in model.modules():
+        own = [p for p in mod._parameters.values() if p is not None and not isinstance(p, dt.DTensor)]
+        if own:
+            dt.distribute_module(mod, mesh, None, _replicated_input, _local_output)
+    if tied:  # parallelize_module gives the head its own sharded copy: tie it back (same Shard(0) layout)
+        model.lm_head.weight = base.embed_tokens.weight
+
+
+def _replicated_input(module: Any, inputs: Any, mesh: Any) -> Any:
+    dt = importlib.import_module("torch.distributed.tensor")
+    torch = require("torch")
+    return tuple(dt.DTensor.from_local(x, mesh, [dt.Replicate()], run_check=False)
+                 if isinstance(x, torch.Tensor) and not isinstance(x, dt.DTensor) else x for x in inputs)
+
+
+def _local_output(module: Any, outputs: Any, mesh: Any) -> Any:
+    dt = importlib.import_module("torch.distributed.tensor")
+    return outputs.to_local() if isinstance(outputs, dt.DTensor) else outputs
+
+
+def apply_fsdp(model: Any, blocks: Any, mesh: Any, layout: Layout) -> None:
+    """FSDP2 ``fully_shard`` on every block (``reshard_after_forward`` as the layout says), then the root."""
+    torch = require("torch")
+    fsdp = _private("FSDP2 (torch.distributed.fsdp.fully_shard)", lambda: importlib.import_module(
+        "torch.distributed.fsdp"))
+    dp_mesh = mesh["dp"] if mesh.mesh_dim_names and "dp" in mesh.mesh_dim_names and mesh.ndim > 1 else mesh
+    mp = (fsdp.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if layout.fsdp_mixed_precision else fsdp.MixedPrecisionPolicy())
+    for block in blocks:
+        fsdp.fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=layout.reshard_after_forward)
+    fsdp.fully_shard(model, mesh=dp_mesh, mp_policy=mp)
+
+
+def stage_model(model: Any, arch: Any, layout: Layout) -> tuple[Any, list[int]]:
+    """Cut ``model`` down to pipeline stage ``layout.stage``; returns it and the blocks it keeps."""
+    torch = require("torch")
+    from ..detailed.layout import stage_layers
+
+    if arch is None or arch.position_embedding != "rotary" or arch.embedding_scale or arch.task != "causal_lm":
+        raise TrainfitError("the measured pipeline stage needs a rotary causal decoder without embedding scaling "
+                            "(Llama, Mistral, Qwen2 ...)")
+    base = _base_model(model)
+    keep = list(stage_layers(arch.num_layers, layout.pp, layout.stage))
+    base.layers = torch.nn.ModuleList([base.layers[i] for i in keep])
+    if layout.stage > 0:
+        base.embed_tokens = None
+    if layout.stage < layout.pp - 1:
+        base.norm = torch.nn.Identity()
+        model.lm_head = None
+    return model, keep
+
+
+def materialize(model: Any, fake_mode: Any) -> None:
+    """Give a meta-device (possibly DTensor) model fake CPU tensors with ``to_empty``: DTensor's local tensors
+    are plain meta tensors, which the fake mode has to take in for this call only."""
+    before = fake_mode.allow_non_fake_inputs
+    fake_mode.allow_non_fake_inputs = True
+    try:
+        with fake_mode:
+            model.to_empty(device="cpu")
+    finally:
+        fake_mode.allow_non_fake_inputs = before
+
+
+@contextlib.contextmanager
+def fake_ddp() -> Iterator[None]:
+    """DDP's start-up checks read values (parameter shapes exchanged, rank 0's weights broadcast); with
+    fake tensors and a fake group they check nothing, so they are skipped."""
+    ddp_mod = importlib.import_module("torch.nn.parallel.distributed")
+    names = ("_verify_param_shape_across_processes", "_sync_module_states")
+    saved = {n: _private(f"DDP's {n}", lambda n=n: getattr(ddp_mod, n)) for n in names}
+    try:
+        for n in names:
+            setattr(ddp_mod, n, lambda *a, **k: None)
+        yield
+    finally:
+        for n, v in saved.items():
+            setattr(ddp_mod, n, v)
+
+
+class _NoRebuild:
+    """The reducer as DDP sees it, but bucket rebuilding (after the first backward, in the order the
+    gradients arrived) skipped: it exchanges the bucket order between ranks by value. The rebuilt
+    buckets hold the same gradients, so their bytes differ only by the 512-byte rounding of each bucket."""
+
+    def __init__(self, reducer: Any) -> None:
+        object.__setattr__(self, "_reducer", reducer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+
+def _fake_allreduce_hook() -> Callable[..., Any]:
+    """DDP's default hook (divide, all-reduce in place), with a future that holds the bucket: the fake
+    group's future holds nothing, which the reducer refuses."""
+    torch = require("torch")
+    dist = require("torch.distributed")
+
+    def hook(state: Any, bucket: Any) -> Any:
+        t = bucket.buffer()
+        t.div_(dist.get_world_size())
+        dist.all_reduce(t)
+        fut = torch.futures.Future()
+        fut.set_result(t)
+        return fut
+
+    # DDP checks the annotations themselves (this module's are strings)
+    hook.__annotations__ = {"state": object, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+    return hook
+
+
+def wrap_ddp(model: Any, layout: Layout, *, fake: bool) -> Any:
+    """``DistributedDataParallel`` around ``model`` (call inside the tracker: the buckets are made here)."""
+    torch = require("torch")
+    ctx = fake_ddp() if fake else contextlib.nullcontext()
+    with ctx:
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=layout.ddp_bucket_bytes / 2**20,
+                                                        gradient_as_bucket_view=layout.ddp_bucket_view)
+    if fake:
+        ddp.reducer = _NoRebuild(ddp.reducer)
+        ddp.register_comm_hook(None, _fake_allreduce_hook())
+    return ddp
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the steps
+
+@dataclass
+class StepRun:
+    """What the runner needs besides the model: inputs, task, autocast dtype and the loss context."""
+
+    inputs: dict[str, Any]
+    task: str
+    autocast: Any = None
+    loss_context: Callable[[], Any] = contextlib.nullcontext
+
+
+def pin_fsdp_buffers(tracker: Any, model: Any) -> None:
+    """File the storages FSDP gathers parameters into (reused every step) as gathered parameters."""
+    fsdp = importlib.import_module("torch.distributed.fsdp")
+    for mod in model.modules():
+        if isinstance(mod, fsdp.FSDPModule):
+            group = mod._get_fsdp_state()._fsdp_param_group
+            if group is None:
+                continue
+            outs = [t for fp in group.fsdp_params for t in (getattr(fp, "all_gather_outputs", None) or [])]
+            if outs:
+                tracker.pin(outs, "gathered parameter")
+
+
+def relabel_states(tracker: Any, model: Any, opt: Any) -> None:
+    """Sharded parameters, their gradients and the optimizer state as what they are (MemTracker files
+    DTensor gradients and state made in backward or the step as temporaries)."""
+    params = [p for p in model.parameters()]
+    tracker.relabel(params, "parameter")
+    tracker.relabel([p.grad for p in params if p.grad is not None], "gradient")
+    tracker.relabel([v for st in opt.state.values() for v in st.values() if hasattr(v, "untyped_storage")
+                     or hasattr(v, "_local_tensor")], "optstate")
+
+
+def run_parallel_steps(model: Any, run: StepRun, make_opt: Callable[[Any], Any], tracker: Any, emulation: Any,
+                       layout: Layout, warmup: int, *, fake: bool) -> Any:
+    """``warmup`` + 1 steps of a data/tensor-parallel rank under ``tracker``; returns the module stepped."""
+    from . import _train_step
+
+    with emulation, tracker, run.loss_context(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
+        # the root returns the model output (a view of nothing in place is ever done to): FSDP2 warns anyway
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module", category=UserWarning)
+        stepped = model
+        if layout.ddp:
+            stepped = wrap_ddp(model, layout, fake=fake)
+            tracker.pin_live("activation", "ddp bucket")
+        opt = make_opt(model)
+        for i in range(warmup + 1):
+            gc.collect()
+            if i == warmup:
+                if layout.fsdp:
+                    pin_fsdp_buffers(tracker, model)
+                relabel_states(tracker, model, opt)
+            _train_step(stepped, run.inputs, opt, tracker, run.task, run.autocast)
+    return stepped
+
+
+def schedule_order(kind: str, pp: int, stage: int, m: int) -> list[tuple[str, int]]:
+    """The order in which pipeline ``stage`` of ``pp`` runs the forwards ("F", i) and backwards ("B", i) of
+    ``m`` micro-batches: 1F1B (PipeDream-Flush: ``min(pp - stage - 1, m)`` warm-up forwards, then one
+    forward and one backward in turn, then the remaining backwards) or GPipe (all forwards, then all
+    backwards)."""
+    if kind == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warm = min(pp - stage - 1, m)
+    order = [("F", i) for i in range(warm)]
+    f, b = warm, 0
+    while f < m:
+        order += [("F", f), ("B", b)]
+        f, b = f + 1, b + 1
+    order += [("B", i) for i in range(b, m)]
+    return order
+
+
+def run_pipeline_steps(model: Any, layout: Layout, run: StepRun, hidden: Callable[[], Any],
+                       make_opt: Callable[[Any], Any], tracker: Any, emulation: Any, warmup: int) -> None:
+    """``warmup`` + 1 optimizer steps of one pipeline stage, its micro-batches in the schedule's order.
+
+    Every micro-batch reads the same input tensors (``run.inputs``: token ids on the first stage, labels
+    on the last). ``hidden()`` makes the activation a later stage receives (a fresh buffer that requires
+    grad), kept until that micro-batch's backward, whose input gradient is then sent and freed; a
+    non-last stage's backward starts from a received gradient buffer the size of its output. The loss of
+    each micro-batch is divided by their number. Phases: "forward" until the first backward starts (the
+    in-flight micro-batches all exist), "backward" from there to the last backward, "optimizer" the step.
+    """
+    torch = require("torch")
+    first, last = layout.stage == 0, layout.stage == layout.pp - 1
+    m = layout.microbatches
+    order = schedule_order(layout.schedule, layout.pp, layout.stage, m)
+    split = next(k for k, (kind, _) in enumerate(order) if kind == "B")
+    opt = make_opt(model)
+    ids, labels = run.inputs["input_ids"], run.inputs["labels"]
+
+    def forward(i: int, live: dict[int, Any]) -> None:
+        x = None if first else hidden()
+        ctx = torch.autocast("cpu", dtype=run.autocast) if run.autocast is not None else contextlib.nullcontext()
+        kw = {"input_ids": ids} if first else {"inputs_embeds": x}
+        with ctx:
+            if last:
+                out = model(**kw, labels=labels, use_cache=False).loss / m
+            else:
+                out = model.model(**kw, use_cache=False).last_hidden_state
+        live[i] = (x, out)
+
+    def backward(i: int, live: dict[int, Any]) -> None:
+        x, out = live.pop(i)
+        if last:
+            out.backward()
+        else:
+            grad = torch.empty_like(out)  # the gradient received from the next stage
+            torch.autograd.backward(out, grad)
+            del grad
+        del out
+        if x is not None:
+            x.grad = None  # sent to the previous stage, then freed
+        del x
+
+    with emulation, tracker, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
+        for step in range(warmup + 1):
+            gc.collect()
+            if step == warmup:
+                relabel_states(tracker, model, opt)
+            tracker.new_step()
+            live: dict[int, Any] = {}
+            with tracker.phase("forward"):
+                for _, i in order[:split]:
+                    forward(i, live)
+            with tracker.phase("backward"):
+                for kind, i in order[split:]:
+                    (forward if kind == "F" else backward)(i, live)
+            with tracker.phase("optimizer"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# One rank, end to end
+
+@dataclass
+class RankMeasurement:
+    """The tracker of one measured rank and what was built for it."""
+
+    layout: Layout
+    tracker: Any
+    emulation: Any
+    built: Any
+    n_params: int
+    n_trainable: int
+    param_dtype: str
+    stage_layers: Optional[list[int]] = None
+
+
+def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str], warmup: int, cuda: bool,
+                   attn: str) -> RankMeasurement:
+    """Build, parallelise and run rank ``layout.rank`` of ``setup`` on fake tensors (module docstring)."""
+    torch = require("torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from . import make_optimizer
+    from .emulation import CudaSemantics
+    from .fake import build_model, count_params, make_inputs, to_fake
+    from .tracker import make_tracker
+
+    r = setup.recipe
+    built = build_model(dict(setup.model.config), seq=setup.seq_len, task=task, precision=r.precision, attn=attn,
+                        dropout=r.dropout, checkpointing=r.checkpointing, lora_r=r.lora_rank,
+                        lora_targets=list(r.lora_targets) if r.lora else None)
+    model = built.model
+    n_params, n_trainable = count_params(model)
+    keep = None
+    group = fake_process_group(layout.dp * layout.tp) if layout.dp * layout.tp > 1 or layout.fsdp \
+        else contextlib.nullcontext()
+    with group:
+        if layout.pp > 1:
+            model, keep = stage_model(model, setup.model.arch, layout)
+        mesh = build_mesh(layout) if layout.tp > 1 or layout.fsdp else None
+        if layout.tp > 1:
+            apply_tp(model, built.config, mesh["tp"] if mesh.ndim > 1 else mesh, layout, setup.seq_len)
+        if layout.fsdp:
+            apply_fsdp(model, block_list(model, built.config.num_hidden_layers), mesh, layout)
+        fake_mode = FakeTensorMode()
+        if mesh is not None:
+            materialize(model, fake_mode)
+        else:
+            to_fake(model, fake_mode)
+        param_dtype = str(next(iter(model.parameters())).dtype).replace("torch.", "")
+        with fake_mode, eager_dtensor():
+            inputs = make_inputs(built.config.vocab_size, setup.micro_batch, setup.seq_len, built.task,
+                                 built.model_type)
+            if layout.tp > 1:
+                # the embeddings' output is sequence-sharded: give the rotary tables the whole sequence
+                inputs["position_ids"] = torch.arange(setup.seq_len).unsqueeze(0)
+            tracker = make_tracker(round_to_cuda_blocks=cuda, distributed=True)
+            tracker.track_external(model, *inputs.values())
+            emulation = CudaSemantics(enabled=cuda)
+            autocast = torch.bfloat16 if r.precision == "amp-bf16" and not layout.fsdp_mixed_precision else None
+
+            def make_opt(m: Any) -> Any:
+                return make_optimizer([p for p in m.parameters() if p.requires_grad], r.optimizer, r.opt_impl)
+
+            if layout.pp > 1:
+                dtype = next(iter(model.parameters())).dtype
+                shape = (setup.micro_batch, setup.seq_len, built.config.hidden_size)
+                run_pipeline_steps(model, layout, StepRun(inputs, built.task, autocast),
+                                   lambda: torch.empty(shape, dtype=dtype).requires_grad_(), make_opt, tracker,
+                                   emulation, warmup)
+            else:
+                loss_ctx = contextlib.nullcontext
+                if layout.loss_parallel and layout.tp > 1:
+                    loss_ctx = importlib.import_module("torch.distributed.tensor.parallel").loss_parallel
+                run_parallel_steps(model, StepRun(inputs, built.task, autocast, loss_ctx), make_opt, tracker,
+                                   emulation, layout, warmup, fake=True)
+    return RankMeasurement(layout=layout, tracker=tracker, emulation=emulation, built=built, n_params=n_params,
+                           n_trainable=n_trainable, param_dtype=param_dtype, stage_layers=keep)
+
+
+__all__ = ["Layout", "RankMeasurement", "StepRun", "measure_layout", "apply_fsdp", "apply_tp", "block_list", "build_mesh", "eager_dtensor",
+           "fake_process_group", "is_distributed", "layouts_of", "materialize", "run_parallel_steps",
+           "run_pipeline_steps", "schedule_order", "stage_model", "wrap_ddp"]

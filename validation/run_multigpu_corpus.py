@@ -1,0 +1,96 @@
+"""Measure every case of validation/corpus-multigpu.yaml with `trainfit measure`; write multigpu-measured.jsonl.
+
+    nice python validation/run_multigpu_corpus.py             # all cases -> validation/multigpu-measured.jsonl
+    python validation/run_multigpu_corpus.py --only 0 5       # some cases (by index), printed, not written
+
+Each case is rank 0 of an N-GPU step (or one pipeline stage) on a fake process group
+(``trainfit.measure.distributed``). One JSON object per line: the setup echo (every field, ``world_size``,
+``mesh``, ``rank``), the measured peak in bytes (``peak_bytes``), ``peak_phase``, the breakdown at the
+peak (``components``, trainfit's names, and ``tracker_breakdown``, the tracker's categories including
+gathered parameters, all-gather and reduce-scatter buffers and DDP buckets), the phases, the layout, the
+SDPA kernels, parameter counts and versions. Sizes are bytes. The output is written atomically, only when
+every case succeeded. About 4 minutes on 2 CPU cores (nothing is allocated for real: fake tensors).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import yaml
+
+from trainfit.files import write_text
+from trainfit.training_setup import FIELD_NAMES
+
+HERE = Path(__file__).resolve().parent
+OPTIONS = ("task", "warmup")
+
+
+def load_cases(path: Path) -> list[dict]:
+    cases = yaml.safe_load(path.read_text())["cases"]
+    for i, c in enumerate(cases):
+        unknown = set(c) - {"model", *FIELD_NAMES, *OPTIONS}
+        if unknown or not {"model", "batch", "seq_len"} <= set(c):
+            raise SystemExit(f"{path}: case {i}: needs model, batch, seq_len; unknown keys: {sorted(unknown)}")
+    return cases
+
+
+def model_ref(model: str) -> str:
+    """A path relative to this directory when the file exists here, else a bundled config name."""
+    local = HERE / model
+    return str(local) if local.suffix == ".json" and local.exists() else model
+
+
+def run_case(i: int, case: dict) -> dict:
+    from trainfit.measure import measure
+
+    kw = {k: v for k, v in case.items() if k != "model"}
+    t = time.perf_counter()
+    est = measure(model_ref(case["model"]), **kw)
+    x = est.extra
+    return {**est.inputs, "index": i, "model": case["model"], "arch": x["arch"],
+            "peak_bytes": int(est.total_bytes), "peak_phase": x["peak_phase"],
+            "components": {k: int(v) for k, v in est.components.items()},
+            "tracker_breakdown": x["tracker_breakdown"], "phases": x["phases"], "static": x["static"],
+            "layout": x["layout"], "pipeline_stage": x.get("pipeline_stage"), "stage_layers": x.get("stage_layers"),
+            "sdpa_kernels": x["sdpa_kernels"], "n_params": x["n_params"], "n_trainable_params": x["n_trainable_params"],
+            "param_dtype": x["param_dtype"], "notes": x["build_notes"], "versions": x["versions"],
+            "method": est.method, "seconds": round(time.perf_counter() - t, 1)}
+
+
+def describe(row: dict) -> str:
+    lay = row["layout"]
+    parts = [f"dp{row['dp']}" + ("-fsdp" if row["fsdp"] else "-ddp" if row["dp"] > 1 else "") if row["dp"] > 1 else "",
+             f"tp{row['tp']}" + ("" if row["sequence_parallel"] else "-nosp") if row["tp"] > 1 else "",
+             f"pp{row['pp']}/s{lay.get('pp_stage')}" if row["pp"] > 1 else ""]
+    return " ".join(p for p in parts if p)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", type=Path, default=HERE / "corpus-multigpu.yaml")
+    ap.add_argument("--out", type=Path, default=HERE / "multigpu-measured.jsonl")
+    ap.add_argument("--only", type=int, nargs="*", help="case indices to run (prints; does not write --out)")
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    cases = load_cases(args.corpus)
+    picked = args.only if args.only else list(range(len(cases)))
+    rows = []
+    for i in picked:
+        row = run_case(i, cases[i])
+        rows.append(row)
+        print(f"{i:>3} {row['arch']:<7} {row['model']:<28} {describe(row):<18} b{row['batch']:<3} s{row['seq_len']:<5} "
+              f"{row['precision']:<8} ckpt={row['checkpointing']:<4} lora={row['lora_rank']:<2} "
+              f"{row['peak_bytes'] / 1e9:8.3f} GB  {row['peak_phase']:<9} {row['seconds']:6.1f}s", flush=True)
+    if args.only:
+        return 0
+    write_text(args.out, "".join(json.dumps(row) + "\n" for row in rows))
+    print(f"wrote {len(rows)} cases to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
