@@ -36,7 +36,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUME
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -83,14 +82,12 @@ def warm(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def process(args: list[str]) -> Callable[[], float]:
-    exe = shutil.which("trainfit")
+    """A whole ``python -m trainfit ...`` process (or ``python -c ...``), this interpreter's."""
+    cmd = [sys.executable, *args] if args[0] == "-c" else [sys.executable, "-m", "trainfit", *args]
 
     def run() -> float:
         t = time.perf_counter()
-        if args[0] == "-c":
-            subprocess.run([sys.executable, *args], check=True, capture_output=True)
-        else:
-            subprocess.run([exe, *args], check=True, capture_output=True)
+        subprocess.run(cmd, check=True, capture_output=True)
         return time.perf_counter() - t
     return run
 
