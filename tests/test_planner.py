@@ -187,7 +187,7 @@ def test_cli_plan_text_json_markdown_and_errors():
                             "--seq", "2048"])
     assert r.exit_code == 0, r.output
     for needle in ("memory method: detailed", "Best layouts, fastest first", "memory per accelerator",
-                   "time per step", "Assumptions", "node = 8 accelerators", "NVLink at 0.78", "50 GB/s per GPU",
+                   "time per step", "Assumptions", "node = 8 accelerators", "NVLink at 0.78", "50 GB/s per accelerator",
                    "pipeline bubble", "GB", "tokens/s", "TFLOP/s"):
         assert needle in r.output, needle
     d = json.loads(runner.invoke(app, ["plan", "llama-3.1-70b", "--gpus", "64", "-o", "json"]).stdout)

@@ -183,7 +183,7 @@ def _enumerate(n: int, global_batch: int, *, heads: Optional[int], layers: int, 
                                ("pp", [p for p in divisors(layers) if n % p], f"{layers} layers"),
                                ("ep", [e for e in divisors(experts) if n % e] if experts else [], f"{experts} experts")):
         if values:
-            excluded.append(f"{name} {', '.join(map(str, values))}: divides {what} but not the {n} GPUs")
+            excluded.append(f"{name} {', '.join(map(str, values))}: divides {what} but not the {n} accelerators")
     rows: list[tuple[int, int, int, int, int]] = []  # tp, pp, ep, dp, micro-batch
     batch_misses = 0
     for t in tps:
@@ -460,7 +460,7 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
         if not is_vectorised(method):
             notes.append(f"the {method!r} memory method has no vectorised version: it ran layout by layout")
     else:
-        notes.append("no valid layout: no tp x pp x ep x dp split of the GPUs reaches the global batch exactly")
+        notes.append("no valid layout: no tp x pp x ep x dp split of the accelerators reaches the global batch exactly")
     exact = time_arch(ctx.model).exact
     peak = ctx.hw.flops(PRECISIONS[ctx.precision].flops)
     lines = assumptions(net=ctx.net, overlap=overlap, hardware=ctx.hw.name, precision=ctx.precision, peak_flops=peak,
@@ -503,7 +503,7 @@ def min_gpus(model: Any, hardware: Any, *, max_gpus: int = 4096, **options: Any)
         if p.fitting:
             return (Plan(**{**p.__dict__, "elapsed_s": time.perf_counter() - started,
                             "notes": p.notes + [f"smallest N that fits: {n} (searched the {candidates.index(n) + 1} "
-                                                "GPU counts up to it that can split the batch)"]}), n)
+                                                "accelerator counts up to it that can split the batch)"]}), n)
     return None, max_gpus
 
 

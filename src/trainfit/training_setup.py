@@ -292,7 +292,7 @@ class TrainingSetup:
     model: ModelRef
     hardware: Optional[DeviceRef] = None
     batch: int = _whole(8, "--batch", "Global batch: samples per optimizer step over all data-parallel replicas "
-                        "(micro-batch per GPU = batch / (dp x accum), at least 1).", short="-b")
+                        "(micro-batch per accelerator = batch / (dp x accum), at least 1).", short="-b")
     seq_len: int = _whole(2048, "--seq", "Sequence length in tokens.", short="-s")
     accumulation: int = _whole(1, "--accum", "Gradient-accumulation steps (micro-batches per optimizer step; the "
                                "pipeline's micro-batches with --pp).", maximum=MAX_DATA_PARALLEL)

@@ -89,7 +89,7 @@ def plan_command(
                                                      "(default none,selective,full)."),
     node_size: int = typer.Option(8, "--node-size", help="Accelerators per node (TP stays inside one)."),
     inter_node: Optional[str] = typer.Option(None, "--inter-node-bandwidth",
-                                             help="Per-GPU network bandwidth per direction, e.g. '400 Gbps' or "
+                                             help="Per-accelerator network bandwidth per direction, e.g. '400 Gbps' or "
                                                   "'50 GB/s' (default: the accelerator's NIC in the catalog, else "
                                                   "400 Gb/s)."),
     no_inflight: bool = typer.Option(False, "--no-inflight",

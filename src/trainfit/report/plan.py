@@ -56,7 +56,7 @@ def _tables(doc: Document, rows: list[Layout], title: str) -> None:
     doc.table(f"{title} — memory per accelerator", [Column(h, right=h not in ("layout", "ckpt")) for h in head], mem)
     # components that are zero in every row shown (EP without experts, CP, ...) get no column
     parts = [t for t in TIME_COMPONENTS if any(x.time.get(t, 0.0) for x in rows)]
-    head = ["#"] + [f"{time_label(t)} s" for t in parts] + ["step s", "tokens/s", "TFLOP/s/GPU", "MFU %"]
+    head = ["#"] + [f"{time_label(t)} s" for t in parts] + ["step s", "tokens/s", "TFLOP/s each", "MFU %"]
     times = [[str(i)] + [f"{x.time[k]:.3g}" for k in parts] + [f"{x.step_s:.3g}", f"{x.tokens_per_s:,.0f}",
                                                                f"{x.tflops_per_device:.0f}", f"{100 * x.mfu:.1f}"]
              for i, x in enumerate(rows, 1)]

@@ -69,15 +69,15 @@ def network_for(hw: HardwareSpec, *, node_size: int = C.DEFAULT_NODE_SIZE,
     if inter_node_bandwidth is not None:
         inter = parse_rate(inter_node_bandwidth, what="inter-node bandwidth")
         if not MIN_LINK <= inter <= MAX_LINK:
-            raise TrainfitError(f"inter-node bandwidth must be between 1 MB/s and 1 PB/s per GPU, got "
+            raise TrainfitError(f"inter-node bandwidth must be between 1 MB/s and 1 PB/s per accelerator, got "
                                 f"{inter_node_bandwidth!r}")
-        inter_src = f"given {inter / GB:g} GB/s per GPU per direction"
+        inter_src = f"given {inter / GB:g} GB/s per accelerator per direction"
     elif hw.nic is not None:
         inter = hw.nic.bandwidth_per_direction
-        inter_src = f"{hw.nic.name}, {inter / GB:g} GB/s per GPU per direction (catalog)"
+        inter_src = f"{hw.nic.name}, {inter / GB:g} GB/s per accelerator per direction (catalog)"
     else:
         inter = C.DEFAULT_NIC_BANDWIDTH
-        inter_src = f"assumed 400 Gb/s ({inter / GB:g} GB/s) NIC per GPU per direction"
+        inter_src = f"assumed 400 Gb/s ({inter / GB:g} GB/s) NIC per accelerator per direction"
     if host and inter > host:
         inter, inter_src = host, inter_src + f", capped by the host link {hw.interconnect.name} at {host / GB:g} GB/s"
     return Network(intra, inter, node_size, intra_src, inter_src)
