@@ -22,12 +22,15 @@ from .method import MemoryMethod, refusable
 from .result import Estimate
 from .suggest import suggest as _suggest
 from .sweep import SweepResult, check_supported, elementwise, encode, evaluate
+from .traced import Traced
 from .training_setup import FIELDS, TrainingSetup, setup_of
 
 #: every memory method, by name
-METHODS: dict[str, MemoryMethod] = {m.name: m for m in (Detailed(), FirstOrder(), Measured())}
-#: the methods tried, in order, when none is named: the first that can answer for the model answers
-DEFAULT_ORDER: tuple[str, ...] = ("detailed", "first-order")
+METHODS: dict[str, MemoryMethod] = {m.name: m for m in (Detailed(), Traced(), FirstOrder(), Measured())}
+#: the methods tried, in order, when none is named: the first that can answer for the model answers --
+#: detailed for the model types trainfit hand-models, traced for any other type transformers builds (with the
+#: ``measure`` extra installed), first-order otherwise
+DEFAULT_ORDER: tuple[str, ...] = ("detailed", "traced", "first-order")
 
 
 def get_method(name: str) -> MemoryMethod:
