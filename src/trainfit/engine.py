@@ -62,21 +62,36 @@ def _check_options(method: MemoryMethod, fn: Any, options: dict[str, Any]) -> No
             raise unknown_choice(f"training setup field or {method.name} option", k, [*FIELDS, *accepted])
 
 
+#: why each method is the default for a model, said in the output when no method was named
+WHY_DEFAULT = {
+    "detailed": "trainfit hand-models this model type",
+    "traced": "trainfit does not hand-model this model type; traced from the model transformers builds",
+    "first-order": "no architecture details for the other methods (a config and the measure extra)",
+}
+
+
 def estimate(model: Any, hardware: Any = None, *, method: Optional[str] = None, suggestions: bool = True,
-             **kwargs: Any) -> Estimate:
+             chosen: Optional[str] = None, **kwargs: Any) -> Estimate:
     """Memory of one training step on one accelerator.
 
     ``model`` is a :class:`TrainingSetup` or anything :func:`trainfit.refs.resolve_model` accepts;
-    ``kwargs`` are setup fields and method options. ``method`` None picks :func:`default_method`. When
-    the run does not fit, ``suggestions`` adds single changes re-estimated by the same method.
+    ``kwargs`` are setup fields and method options. ``method`` None picks :func:`default_method` (or
+    ``chosen``, when the caller already picked it) and the estimate's notes say which method answered and
+    why. When the run does not fit, ``suggestions`` adds single changes re-estimated by the same method.
     """
     fields, options = split_options(kwargs)
     setup = setup_of(model, hardware, **fields)
-    m = get_method(method if method is not None else default_method(setup))
+    name = method if method is not None else (chosen or default_method(setup))
+    m = get_method(name)
     _check_options(m, m.estimate, options)
     est = m.estimate(setup, **options)
+    if method is None:
+        est = est.model_copy(update={"notes": [f"method: {name}, the default for this model "
+                                               f"({WHY_DEFAULT.get(name, 'first that applies')})", *est.notes]})
     if suggestions and est.feasible is False:
-        est = est.with_suggestions(_suggest(setup, est.total_bytes, lambda s: m.estimate(s, **options), m.check))
+        # a method whose other recipes cost a trace each (traced) suggests only those it can answer at once
+        check = getattr(m, "check_traced", m.check)
+        est = est.with_suggestions(_suggest(setup, est.total_bytes, lambda s: m.estimate(s, **options), check))
     return est
 
 

@@ -133,7 +133,8 @@ def recipe_of(setup: TrainingSetup, task: Optional[str] = None) -> Any:
                   lora_targets=tuple(r.lora_targets) if r.lora_rank else ("q_proj", "v_proj"), task=task)
 
 
-def _progress_to_stderr(message: str) -> None:
+def progress_to_stderr(message: str) -> None:
+    """Progress of a trace (it takes seconds to a minute, once), for a command line: one line each on stderr."""
     print(f"trainfit: traced method: {message}", file=sys.stderr, flush=True)
 
 
@@ -175,6 +176,15 @@ def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
     return tl
 
 
+def is_traced(config: Any, recipe: Any) -> bool:
+    """Whether ``timeline(config, recipe)`` would answer without tracing."""
+    from . import cache
+    from .trace import B_MAX, S_MAX
+
+    key = cache.cache_key(config, recipe.key(), {"s_max": S_MAX, "b_max": B_MAX})
+    return key in _MEMORY or cache.path_for(key).is_file()
+
+
 # ----------------------------------------------------------------------------------------------- method
 
 def _applies(setup: TrainingSetup) -> bool:
@@ -198,6 +208,13 @@ class Traced:
             raise TrainfitError(f"the {NAME} method builds the model from its Hugging Face config; "
                                 f"{setup.model.name!r} has none ({setup.model.arch_error})")
         check_accepts(setup, NAME, ACCEPTS, HINTS)
+
+    def check_traced(self, setup: TrainingSetup) -> None:
+        """:meth:`check`, and a one-line refusal unless the setup's model and recipe were traced already (in this
+        process or in the disk cache): what-to-change suggestions use it, so that they never start a trace."""
+        self.check(setup)
+        if not is_traced(setup.model.config, recipe_of(setup)):
+            raise TrainfitError(f"{setup.model.name} has not been traced with this recipe yet")
 
     def timeline(self, setup: TrainingSetup, *, cache: bool = True, progress: Optional[Callable[[str], None]] = None,
                  task: Optional[str] = None) -> Timeline:
@@ -268,4 +285,4 @@ class Traced:
                            total.reshape(shape))
 
 
-__all__ = ["ACCEPTS", "COMPONENTS", "NAME", "Timeline", "Traced", "recipe_of", "timeline"]
+__all__ = ["ACCEPTS", "COMPONENTS", "NAME", "Timeline", "Traced", "progress_to_stderr", "recipe_of", "timeline"]

@@ -197,12 +197,27 @@ def layer_stack(model: Any, n_layers: Optional[int]) -> Optional[tuple[Any, str,
     return found[0] if len(found) == 1 else None
 
 
+def text_config(config: Any) -> Any:
+    """The config that holds the block count (the text model's, for multimodal configs such as Gemma 3)."""
+    get = getattr(config, "get_text_config", None)
+    try:
+        return get() if get is not None else config
+    except (TypeError, ValueError):  # pragma: no cover - configs without a text part
+        return config
+
+
+def block_count(config: Any) -> Optional[int]:
+    """Blocks of the model's (text) stack, or None."""
+    n = getattr(text_config(config), "num_hidden_layers", None)
+    return n if isinstance(n, int) and n > 0 else None
+
+
 def _keep_layers(built: Any, keep: Sequence[int]) -> None:
     """Cut the model's block stack down to the blocks ``keep`` (indices into the full stack), and every
     per-block list in the config with it."""
     torch = require("torch")
-    cfg = built.config
-    n = getattr(cfg, "num_hidden_layers", None)
+    cfg = text_config(built.config)
+    n = block_count(built.config)
     found = layer_stack(built.model, n)
     if found is None:
         raise TrainfitError("cannot cut the model to a few blocks: no single stack of num_hidden_layers blocks")
@@ -212,6 +227,17 @@ def _keep_layers(built: Any, keep: Sequence[int]) -> None:
         if isinstance(value, (list, tuple)) and len(value) == n and key != "architectures":
             setattr(cfg, key, type(value)(value[i] for i in keep))
     cfg.num_hidden_layers = len(keep)
+
+
+def position_limit(model: Any, config: Any) -> Optional[int]:
+    """The longest sequence a model with a learned position table can take (its
+    ``max_position_embeddings``), or None for models without one (rotary, relative, none)."""
+    torch = require("torch")
+    learned = any(isinstance(m, torch.nn.Embedding) and any(w in name.rsplit(".", 1)[-1] for w in
+                                                             ("position", "wpe", "embed_positions"))
+                  for name, m in model.named_modules())
+    limit = getattr(text_config(config), "max_position_embeddings", None)
+    return int(limit) if learned and isinstance(limit, int) and limit > 0 else None
 
 
 @dataclass(frozen=True)
@@ -259,7 +285,7 @@ class TraceSession:
         built = build_model(self.config, seq=self.build_seq, task=r.task, precision=r.precision,
                             attn=ATTN_IMPLEMENTATION[r.attention], dropout=r.dropout, checkpointing=r.checkpointing,
                             lora_r=r.lora_rank, lora_targets=list(r.lora_targets) if r.lora_rank else None)
-        self.full_layers = getattr(built.config, "num_hidden_layers", None)
+        self.full_layers = block_count(built.config)
         if self.keep is not None:
             _keep_layers(built, self.keep)
         self.built = built
@@ -303,15 +329,17 @@ class TraceSession:
         b = self.built
         gc.collect()
         static = self.recorder.start() if record else []
-        inputs = make_inputs(b.config.vocab_size, batch, seq, b.task, b.model_type)
+        inputs = make_inputs(b.vocab_size, batch, seq, b.task, b.model_type)
         self.tracker.track_external(*inputs.values())
         before = dict(self.emulation.sdpa.counts)
         try:
             _train_step(b.model, inputs, self.optimizer, self.tracker, b.task, self.autocast)
         except (RuntimeError, NotImplementedError, TypeError) as exc:
             first = (str(exc).strip().splitlines() or [""])[0][:300]
+            hint = ("; mixture-of-experts layers run grouped matrix products that take bf16 only: use --precision bf16"
+                    if "Expected inputs of BF16" in first else "")
             raise TrainfitError(f"the {b.model_type} training step could not run on fake tensors with this recipe "
-                                f"({type(exc).__name__}: {first})") from None
+                                f"({type(exc).__name__}: {first}){hint}") from None
         finally:
             events = self.recorder.stop()
         del inputs
@@ -345,5 +373,5 @@ def session(config: Mapping[str, Any], recipe: Recipe, **kw: Any) -> Iterator[Tr
         yield s
 
 
-__all__ = ["ADD", "DEL", "MARK", "PHASES", "REF", "SIZE", "Recipe", "StepTrace", "TraceSession", "layer_stack",
-           "session"]
+__all__ = ["ADD", "DEL", "MARK", "PHASES", "REF", "SIZE", "Recipe", "StepTrace", "TraceSession", "block_count",
+           "layer_stack", "position_limit", "session", "text_config"]

@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import TrainfitError
 from .fit import Poly, fit_sizes
 from .layers import RepeatPlan, block_signature, repeat_plan
-from .record import ADD, SIZE, Recipe, StepTrace, TraceSession, layer_stack
+from .record import ADD, SIZE, Recipe, StepTrace, TraceSession, layer_stack, position_limit
 from .timeline import V2_CAP, Regime, compile_regime
 from .window import Insertion, PolyTable, Window, concrete_window, expand, insertions, static_delta, window_of
 
@@ -188,6 +188,12 @@ def _chart(pr: Prober, b: int, lat: Lattice, lo: int, hi: int) -> list[tuple[int
         split(a, sa, mid, sm)
         split(mid, sm, c, sc)
 
+    small = [s for s in pts if s <= 100][:4]
+    counts = [pr.trace(b, s).kind.size for s in small]
+    if len(counts) >= 3 and all(x < y for x, y in zip(counts, counts[1:])):
+        raise UntrustedFit(f"the step's number of allocations grows with the sequence length ({counts[0]} at seq "
+                           f"{small[0]}, {counts[-1]} at seq {small[-1]}): a loop over positions (a sequential scan) "
+                           "that no fixed timeline describes; use the measured method")
     sigs = [pr.sig(b, s) for s in pts]
     for (a, sa), (c, sc) in zip(zip(pts, sigs), zip(pts[1:], sigs[1:])):
         split(a, sa, c, sc)
@@ -482,13 +488,19 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
     say = progress or (lambda _m: None)
     table = PolyTable()
     facts: dict[str, Any] = {}
-    build_seq = max(2048, min(s_max, 8192))
+    build_seq = S_MIN  # no position table enlarged: the model as its config describes it
     checks = [(b, min(s, s_max)) for b, s in VERIFY_SHAPES]
     fits: list[RegimeFit] = []
     plan: Optional[RepeatPlan] = None
     wanted: dict[tuple[int, int], Any] = {}
     with TraceSession(config, recipe, build_seq=build_seq) as full:
         n_layers = full.full_layers
+        limit = position_limit(full.built.model, full.built.config)
+        if limit is not None and limit < s_max:
+            s_max = limit
+            facts["s_max"] = limit
+            report.notes.append(f"learned position table: sequences up to {limit} tokens")
+        checks = [(b, min(s, s_max)) for b, s in VERIFY_SHAPES]
         found = layer_stack(full.built.model, n_layers)
         plan = repeat_plan([block_signature(b) for b in found[2]]) if found is not None else None
         facts.update(n_params=full.n_params, n_trainable=full.n_trainable, model_type=full.built.model_type,
