@@ -131,17 +131,47 @@ class Insertion:
 
 def insertions(short: Window, long: Window) -> list[Insertion]:
     """What ``long`` (one more repeated unit of blocks) adds to ``short``: pieces inserted, nothing removed
-    or changed; a one-line error otherwise (the blocks do not repeat alike)."""
+    or changed; a one-line error otherwise (the blocks do not repeat alike).
+
+    In a periodic stretch (the optimizer frees every block's gradients in turn) the diff may split one
+    unit's insertion around a few matching tokens; neighbouring pieces that one contiguous piece (a rotation
+    of the unit) explains as well are joined into it, since only whole units may be repeated. Which reading
+    is right is settled by the full-depth check (:mod:`.trace`)."""
     a, b = short.tokens(), long.tokens()
     sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
-    out: list[Insertion] = []
+    raw: list[tuple[int, int, int]] = []  # (position in a, start in b, length)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag == "equal":
             continue
         if tag != "insert":
             raise TrainfitError("the blocks of this model do not repeat alike (adding a block changes the step "
                                 "beyond adding its own allocations)")
-        out.append(Insertion(i1, tuple(b[j1:j2])))
+        raw.append((i1, j1, j2 - j1))
+    clusters: list[list[tuple[int, int, int]]] = []
+    for piece in raw:
+        if clusters:
+            prev = clusters[-1][-1]
+            gap = piece[0] - prev[0]  # equal tokens between the two pieces
+            if gap < min(prev[2], piece[2]):
+                clusters[-1].append(piece)
+                continue
+        clusters.append([piece])
+    out: list[Insertion] = []
+    for cl in clusters:
+        if len(cl) == 1:
+            i1, j1, n = cl[0]
+            out.append(Insertion(i1, tuple(b[j1:j1 + n])))
+            continue
+        total = sum(n for _, _, n in cl)
+        first_a, first_b = cl[0][0], cl[0][1]
+        last_a, last_b = cl[-1][0], cl[-1][1] + cl[-1][2]  # the cluster spans a[first_a:last_a], b[first_b:last_b]
+        for q in range(first_a, last_a + 1):
+            qb = first_b + (q - first_a)
+            if a[first_a:q] == b[first_b:qb] and a[q:last_a] == b[qb + total:last_b]:
+                out.append(Insertion(q, tuple(b[qb:qb + total])))
+                break
+        else:  # separate pieces after all (e.g. two foreach operations, each over every block's tensors)
+            out.extend(Insertion(i1, tuple(b[j1:j1 + n])) for i1, j1, n in cl)
     return out
 
 
