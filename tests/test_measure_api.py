@@ -62,7 +62,7 @@ def test_phases_chain_and_the_step_is_steady():
     (dict(precision="fp8"), "unknown precision for the measured method 'fp8'"),
     (dict(semantics="tpu"), "unknown semantics"),
     (dict(lora_rank=-1), "lora_rank must be >= 0"),
-    (dict(task="seq2seq"), "unknown task"),
+    (dict(task="speech"), "unknown task"),
     (dict(tp=2), "measured method cannot express tp=2"),
     (dict(attention="flash"), "unknown attention for the measured method 'flash'"),
 ])

@@ -101,6 +101,10 @@ def hub_config(repo_id: str, revision: Optional[str] = None) -> tuple[str, dict[
     except errors.RepositoryNotFoundError:
         raise TrainfitError(f"{repo_id} was not found on the Hugging Face Hub, or it is private: check the id, log in "
                             f"for a private model (`huggingface-cli login`, or set HF_TOKEN), {local}") from None
+    except errors.LocalEntryNotFoundError as exc:  # raised when the Hub could not be reached at all
+        first = (str(exc).strip().splitlines() or ["no connection"])[0][:160]
+        raise TrainfitError(f"{repo_id}: cannot reach the Hugging Face Hub to fetch its config.json ({first}); check "
+                            f"the network, or set HF_HUB_OFFLINE=1 to use the local cache only, {local}") from None
     except errors.RevisionNotFoundError:
         raise TrainfitError(f"{repo_id}: revision {revision or 'main'} not found on the Hugging Face Hub") from None
     except errors.EntryNotFoundError:

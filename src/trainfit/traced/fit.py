@@ -171,6 +171,14 @@ def fit_sizes(points: Sequence[tuple[int, int]], sizes: np.ndarray, *,
         if not todo:
             break
         rows = [_row(b, s, q, terms) for b, s in points]
+        # a variant is tried only when the points also check it: two distinct rows beyond the unknowns, and a
+        # length term (padded lengths collapse: 2, 3 and 23 are all 32 when padded to 32) one more length
+        # than it has terms
+        seq_terms = len({(j, l) for _, j, l in terms})
+        lengths = {tuple(r[k] for k, (i, _, _) in enumerate(terms) if i == 0) for r in rows}
+        if len({tuple(r) for r in rows}) < len(terms) + 2 - (1 if one_length else 0) or \
+                (not one_length and len(lengths) < seq_terms + 1):
+            continue
         design = _pivots(rows, order)
         if design is None:
             continue

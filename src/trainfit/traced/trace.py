@@ -325,17 +325,15 @@ def _slots(trace: StepTrace) -> np.ndarray:
 
 
 def _spread_subset(lengths: Sequence[int], n: int) -> list[int]:
-    """``n`` of ``lengths`` (sorted) spread out geometrically, the ends included."""
+    """``n`` of ``lengths`` (sorted) spread out evenly in log(length), the ends included."""
     if len(lengths) <= n:
         return list(lengths)
-    idx = {0, len(lengths) - 1}
-    for x in np.geomspace(1, len(lengths), n)[1:-1]:
-        idx.add(int(round(x)) - 1)
-    k = 1
-    while len(idx) < n:
-        idx.add(k)
-        k += 1
-    return [lengths[i] for i in sorted(idx)]
+    logs = np.log(np.asarray(lengths, dtype=float))
+    chosen = {0, len(lengths) - 1}
+    for target in np.linspace(logs[0], logs[-1], n)[1:-1]:
+        order = np.argsort(np.abs(logs - target))
+        chosen.add(int(next(i for i in order if int(i) not in chosen)))
+    return [lengths[i] for i in sorted(chosen)]
 
 
 def fit_regime(pr: Prober, lo: int, hi: int, group: tuple[int, ...], batch_one: bool, table: PolyTable,
