@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainfit.arch import SUPPORTED_TYPES, bundled_configs, load_bundled, readable_configs
+from trainfit.catalog import Models
 from trainfit.cli import app
 from trainfit.measure import measure
 from trainfit.measure.fake import build_model, count_params
@@ -41,7 +42,9 @@ def test_bundled_configs_cover_at_least_sixteen_more_types():
 def test_exact_parameter_counts(slug):
     """config_parameters.yaml holds transformers' own count: the model built on the meta device, tied weights once."""
     built = build_model(load_bundled(slug), seq=2, precision="fp32")
-    assert count_params(built.model)[0] == config_counts()[slug] == int(resolve_model(slug).shape.parameters)
+    assert count_params(built.model)[0] == config_counts()[slug]
+    if slug not in Models:  # a catalog entry keeps the catalog's (rounded) figure for the first-order method
+        assert int(resolve_model(slug).shape.parameters) == config_counts()[slug]
 
 
 def test_committed_validation_is_within_half_a_percent_for_every_type():

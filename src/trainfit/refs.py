@@ -182,7 +182,7 @@ class _ConfigCount(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     config: str  #: the bundled config's slug
     parameters: int  #: sum(p.numel()) of the model transformers builds from it (tied weights once)
-    published: Optional[str] = None  #: the count the model's page states, when it states one
+    note: Optional[str] = None  #: what the count includes or leaves out
 
 
 @lru_cache(maxsize=1)

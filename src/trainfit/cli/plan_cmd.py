@@ -17,8 +17,8 @@ class Over(str, Enum):
     seq = "seq"
 
 
-_METHOD_HELP = ("Memory model: " + ", ".join(METHODS) + " (first-order and detailed are vectorised; measured runs "
-                "configuration by configuration).")
+_METHOD_HELP = ("Memory model: " + ", ".join(METHODS) + " (first-order, detailed and traced are vectorised; traced "
+                "models one GPU; measured runs configuration by configuration).")
 
 
 @app.command("frontier")

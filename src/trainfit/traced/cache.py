@@ -2,8 +2,8 @@
 
 The folder is ``$TRAINFIT_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/trainfit`` or ``~/.cache/trainfit``;
 timelines live in its ``traced/`` subfolder, one JSON file per key (a SHA-256 of the canonical config,
-the recipe, the traced range, the versions of torch, transformers, peft and trainfit, and this
-format's version). Files are written atomically (:mod:`trainfit.files`); an unreadable or stale file
+the recipe, the traced range, the versions of torch, transformers, peft and trainfit, a hash of the
+tracing and measuring code, and this format's version). Files are written atomically (:mod:`trainfit.files`); an unreadable or stale file
 is ignored and traced again.
 """
 from __future__ import annotations
@@ -46,6 +46,19 @@ def versions() -> dict[str, str]:
     return out
 
 
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """A hash of the code that decides what a trace records (the measurement's step and emulations, and the
+    tracing itself), so an edited checkout never reads a timeline traced by other code."""
+    here = Path(__file__).resolve().parent
+    files = sorted([*here.glob("*.py"), *(here.parent / "measure").glob("*.py")])
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def canonical_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The config without keys that never change an allocation (names, paths, versions)."""
     drop = ("_name_or_path", "transformers_version", "architectures", "auto_map")
@@ -54,7 +67,8 @@ def canonical_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def cache_key(config: Mapping[str, Any], recipe: Mapping[str, Any], extent: Mapping[str, Any]) -> str:
     text = json.dumps({"config": canonical_config(config), "recipe": dict(recipe), "extent": dict(extent),
-                       "versions": versions(), "format": FORMAT_VERSION}, sort_keys=True, default=str)
+                       "versions": versions(), "code": code_fingerprint(), "format": FORMAT_VERSION},
+                      sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -86,5 +100,5 @@ def store(key: str, data: dict[str, Any]) -> Optional[Path]:
     return p
 
 
-__all__ = ["ENV", "FORMAT_VERSION", "cache_dir", "cache_key", "canonical_config", "load", "path_for", "store",
-           "versions"]
+__all__ = ["ENV", "FORMAT_VERSION", "cache_dir", "cache_key", "canonical_config", "code_fingerprint", "load",
+           "path_for", "store", "versions"]

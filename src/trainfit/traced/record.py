@@ -233,11 +233,15 @@ def position_limit(model: Any, config: Any) -> Optional[int]:
     """The longest sequence a model with a learned position table can take (its
     ``max_position_embeddings``), or None for models without one (rotary, relative, none)."""
     torch = require("torch")
-    learned = any(isinstance(m, torch.nn.Embedding) and any(w in name.rsplit(".", 1)[-1] for w in
-                                                             ("position", "wpe", "embed_positions"))
-                  for name, m in model.named_modules())
     limit = getattr(text_config(config), "max_position_embeddings", None)
-    return int(limit) if learned and isinstance(limit, int) and limit > 0 else None
+    if not isinstance(limit, int) or limit <= 0:
+        return None
+    # a table of max_position_embeddings rows (BART adds an offset of 2); a vision tower's patch-position
+    # table has another size and does not bound the text
+    learned = any(isinstance(m, torch.nn.Embedding) and limit <= m.num_embeddings <= limit + 2
+                  and any(w in name.rsplit(".", 1)[-1] for w in ("position", "wpe", "embed_positions"))
+                  for name, m in model.named_modules())
+    return limit if learned else None
 
 
 @dataclass(frozen=True)

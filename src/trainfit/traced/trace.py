@@ -42,8 +42,9 @@ B_MAX = 65_536
 S_MIN = 2
 #: odd lengths recorded first (irregular, so that lengths padded to different blocks differ)
 LADDER = (3, 5, 23, 87, 351, 1403, 5611, 22445, 89785, S_MAX - 1)
-#: lengths per regime used to fit and check sizes (6 determine the most general size, one more checks)
-POINTS_PER_REGIME = 7
+#: lengths per regime used to fit and check sizes (6 determine the most general size at batch one, two more
+#: check it)
+POINTS_PER_REGIME = 8
 #: shapes people ask for, predicted and compared with a recorded step after the fit
 COMMON_SHAPES = ((2, 1024), (4, 2048), (1, 4096), (3, 8192))
 #: the shapes at which a timeline extended from a few blocks is checked against the full model
@@ -313,10 +314,7 @@ def _fit_lengths(lo: int, hi: int, lat: Lattice, known: Sequence[int], extra: Se
             if lat.member(v):
                 members.add(v)
             v += 1 if lat.k == 0 else lat.step
-    pts = sorted(members)
-    if len(pts) > POINTS_PER_REGIME + 1:
-        idx = np.unique(np.round(np.geomspace(1, len(pts), POINTS_PER_REGIME + 1)).astype(int) - 1)
-        pts = sorted({pts[i] for i in idx} | {pts[0], pts[-1]})
+    pts = _spread_subset(sorted(members), POINTS_PER_REGIME + 1)
     return sorted(set(pts) | set(extra))
 
 
@@ -339,14 +337,15 @@ def _spread_subset(lengths: Sequence[int], n: int) -> list[int]:
 def fit_regime(pr: Prober, lo: int, hi: int, group: tuple[int, ...], batch_one: bool, table: PolyTable,
                lengths: Sequence[int], check_batch: bool = True) -> RegimeFit:
     """Fit one regime from steps recorded at some of ``lengths`` (batch 1, or batches 2 and 3 plus 7 once to
-    check that sizes are linear in the batch): four lengths first (enough for plain or padded lengths, with
-    one to check), all of them when a size needs more."""
+    check that sizes are linear in the batch): a few lengths first (enough for plain or padded lengths, with
+    checks), all of them when a size needs more."""
     lengths = sorted(lengths)
+    few = 5 if batch_one else 4  # rows enough to solve a plain or padded length and check it twice
     recorded = [s for s in lengths if (1 if batch_one else 2, s) in pr.traces]
-    first = _spread_subset(recorded, 4) if len(recorded) >= 4 and {lo, hi} <= set(recorded) \
-        else _spread_subset(lengths, 4)
+    first = _spread_subset(recorded, few) if len(recorded) >= few and {lo, hi} <= set(recorded) \
+        else _spread_subset(lengths, few)
     tries = [first]
-    if len(lengths) > 4:
+    if len(lengths) > few:
         tries.append(lengths)
     for n, use in enumerate(tries):
         try:
@@ -436,14 +435,11 @@ def _discover_batch_one(pr: Prober, table: PolyTable, group: tuple[int, ...], lo
 
 
 def _refit(pr: Prober, table: PolyTable, given: Sequence[RegimeFit]) -> list[RegimeFit]:
-    """The same regimes on another session (a deeper model), at fewer lengths: three to four to solve for
-    the sizes and one more to check them (the batch term and the boundaries were checked already)."""
+    """The same regimes on another session (a deeper model), from the lengths each was fitted with (the few
+    of the first try when they suffice; the batch term and the boundaries were checked already)."""
     out = []
     for g in given:
         lengths = sorted({s for _, s in g.points})
-        if len(lengths) > 7:
-            idx = np.unique(np.round(np.linspace(0, len(lengths) - 1, 7)).astype(int))
-            lengths = [lengths[i] for i in idx]
         out.append(fit_regime(pr, g.s_lo, g.s_hi, g.v2, g.batch_one, table, lengths, check_batch=False))
     return out
 
