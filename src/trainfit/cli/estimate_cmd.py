@@ -47,10 +47,10 @@ def estimate_command(
         raise_unused("--comm-buffer-fraction", name)
     if name == "detailed":
         options.update(overheads=not no_overheads, explain=explain)
-    if name == "traced":
-        options["progress"] = progress_to_stderr
     elif no_overheads or explain:
         raise_unused("--no-overheads" if no_overheads else "--explain", name)
+    if name == "traced":
+        options["progress"] = progress_to_stderr
     est = estimate(setup, method=method, chosen=name, **options)
     emit(estimate_document(est, flags=flags_for, explain=explain), output, json=_json(est))
     if require_fit and est.feasible is False:

@@ -176,8 +176,9 @@ def fit_sizes(points: Sequence[tuple[int, int]], sizes: np.ndarray, *,
         # than it has terms
         seq_terms = len({(j, l) for _, j, l in terms})
         lengths = {tuple(r[k] for k, (i, _, _) in enumerate(terms) if i == 0) for r in rows}
-        if len({tuple(r) for r in rows}) < len(terms) + 2 - (1 if one_length else 0) or \
-                (not one_length and len(lengths) < seq_terms + 1):
+        # (one length at batch one: the recorded size itself, nothing to extrapolate)
+        need = (1 if batch_one else len(terms) + 1) if one_length else len(terms) + 2
+        if len({tuple(r) for r in rows}) < need or (not one_length and len(lengths) < seq_terms + 1):
             continue
         design = _pivots(rows, order)
         if design is None:

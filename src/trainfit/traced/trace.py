@@ -387,6 +387,31 @@ def _fit_at(pr: Prober, lo: int, hi: int, group: tuple[int, ...], batch_one: boo
     return RegimeFit(batch_one, lo, hi, group, points, window_of(traces[0], slot_poly, table), dict(traces[0].sdpa))
 
 
+#: a regime with at most this many lengths of its class may be answered length by length (each recorded)
+SHORT_REGIME = 48
+
+
+def _members(group: Sequence[int], lo: int, hi: int) -> list[int]:
+    """The lengths of a class (largest power-of-two divisor 2**k, k in ``group``) in [lo, hi]."""
+    step = 1 << min(group)
+    return [s for s in range(-(-lo // step) * step, hi + 1, step) if v2(s) in group]
+
+
+def _fit_or_each(pr: Prober, lo: int, hi: int, g: tuple[int, ...], batch_one: bool, table: PolyTable,
+                 lengths: Sequence[int]) -> list[RegimeFit]:
+    """One fitted regime, or, when a short regime has too few lengths to fit and check a length term, one
+    regime per length of its class (each one recorded: exact, nothing to extrapolate)."""
+    members = _members(g, lo, hi)
+    try:
+        if len(lengths) < 4 and hi > lo:
+            raise UntrustedFit("too few lengths")
+        return [fit_regime(pr, lo, hi, g, batch_one, table, lengths)]
+    except UntrustedFit:
+        if len(members) > SHORT_REGIME:
+            raise
+        return [fit_regime(pr, s, s, g, batch_one, table, [s]) for s in members]
+
+
 def _discover(pr: Prober, table: PolyTable, s_max: int) -> list[RegimeFit]:
     """Every regime of a session (see the module docstring), fitted."""
     known = lambda: sorted({s for (_, s) in pr.traces})  # noqa: E731
@@ -403,18 +428,12 @@ def _discover(pr: Prober, table: PolyTable, s_max: int) -> list[RegimeFit]:
                 if v is not None and v not in (lo, hi):
                     extra.append(v)
             lengths = _fit_lengths(lo, hi, lat, known(), extra) if hi > lo else [lo]
-            if hi > lo and len([s for s in lengths if lat.member(s) or s in (lo, hi)]) < 4:
-                lengths_list = [[s] for s in lengths]  # too few lengths to fit a length term
-            else:
-                lengths_list = [lengths]
-            for ls in lengths_list:
-                rlo, rhi = (ls[0], ls[0]) if len(lengths_list) > 1 else (lo, hi)
-                fits.append(fit_regime(pr, rlo, rhi, g, False, table, ls))
-                # batch one: the same regimes when its steps agree there, else charted on its own
-                try:
-                    fits.append(fit_regime(pr, rlo, rhi, g, True, table, ls))
-                except UntrustedFit:
-                    fits.extend(_discover_batch_one(pr, table, g, rlo, rhi, known()))
+            fits.extend(_fit_or_each(pr, lo, hi, g, False, table, lengths))
+            # batch one: the same regimes when its steps agree there, else charted on its own
+            try:
+                fits.extend(_fit_or_each(pr, lo, hi, g, True, table, lengths))
+            except UntrustedFit:
+                fits.extend(_discover_batch_one(pr, table, g, lo, hi, known()))
     return fits
 
 
@@ -427,11 +446,82 @@ def _discover_batch_one(pr: Prober, table: PolyTable, group: tuple[int, ...], lo
         if rlo > rhi:
             continue
         lengths = _fit_lengths(rlo, rhi, lat, known) if rhi > rlo else [rlo]
-        if rhi > rlo and len(lengths) < 4:
-            out.extend(fit_regime(pr, s, s, g, True, table, [s]) for s in lengths)
-        else:
-            out.append(fit_regime(pr, rlo, rhi, g, True, table, lengths))
+        out.extend(_fit_or_each(pr, rlo, rhi, g, True, table, lengths))
     return out
+
+
+def _unit_of(pr2: Prober, f: RegimeFit, table: PolyTable) -> tuple[list[Insertion], Counter]:
+    """What one more unit of blocks adds to regime ``f``'s step (the pieces and the storages alive before the
+    step), from the deeper model recorded at three shapes of the regime: the added allocations are the same
+    kinds as the shallower model's, so each is named by the one fitted size that takes its three recorded
+    values. When that does not settle every one, the deeper model is fitted in full."""
+    lengths = sorted({s for _, s in f.points})
+    b0 = 1 if f.batch_one else 2
+    pick = [lengths[0], lengths[len(lengths) // 2], lengths[-1]]
+    shapes = [(b0, pick[0]), (b0 if f.batch_one else 3, pick[1]), (b0, pick[2])]
+    traces = [pr2.trace(b, s) for b, s in shapes]
+    if len({t.signature() for t in traces}) == 1:
+        known: dict[tuple, set[int]] = {}
+        for pid, poly in enumerate(table.polys):
+            known.setdefault(tuple(int(poly.value(b, s)) for b, s in shapes), set()).add(pid)
+        base = [_predict(f.window, [], 0, Counter(), table.polys, b, s) for b, s in shapes]
+        deep = [concrete_window(t) for t in traces]
+        try:
+            cut = insertions(Window.from_tokens(base[0][0], base[0][1]), Window.from_tokens(deep[0][0], deep[0][1]))
+        except TrainfitError:
+            cut = None
+        if cut is not None:
+            named = _name_pieces(cut, base, deep, known, f, table)
+            if named is not None:
+                return named
+    refit = fit_regime(pr2, f.s_lo, f.s_hi, f.v2, f.batch_one, table, lengths, check_batch=False)
+    return insertions(f.window, refit.window), static_delta(f.window, refit.window)
+
+
+def _name_pieces(cut: Sequence[Insertion], base: list, deep: list, known: dict[tuple, set[int]], f: RegimeFit,
+                 table: PolyTable) -> Optional[tuple[list[Insertion], Counter]]:
+    """The pieces found on concrete sizes (at the first shape), with each size replaced by the fitted size
+    whose values at all three shapes are the recorded ones (several: those of this regime's own step, and
+    only if they agree at every length the regime was fitted at); None when one is missing or ambiguous."""
+    used = set(f.window.poly.tolist())
+
+    def one(ids: set[int]) -> Optional[int]:
+        if len(ids) > 1:
+            ids = {i for i in ids if i in used} or ids
+        if len(ids) > 1:
+            vals = {tuple(table.polys[i].value(b, s) for b, s in f.points) for i in ids}
+            if len(vals) > 1:
+                return None
+        return min(ids) if ids else None
+
+    # where each piece sits in the deeper stream (the same positions at every shape: one signature)
+    out: list[Insertion] = []
+    shift = 0
+    for piece in sorted(cut, key=lambda p: p.at):
+        start = piece.at + shift
+        toks = []
+        for k, tok in enumerate(piece.tokens):
+            if tok[0] < 0:
+                toks.append(tok)
+                continue
+            pid = one(known.get(tuple(d[0][start + k][0] for d in deep), set()))
+            if pid is None:
+                return None
+            toks.append((pid, tok[1], tok[2], tok[3]))
+        out.append(Insertion(piece.at, tuple(toks)))
+        shift += len(piece.tokens)
+    static: Counter = Counter()
+    for i, (d, b) in enumerate(zip(deep, base)):
+        diff = Counter(d[1])
+        diff.subtract(b[1])
+        if i == 0:
+            static = +diff
+        elif +diff != static:
+            return None
+    unit: Counter = Counter()
+    for (nb, cat), n in static.items():
+        unit[(table.id(Poly.const(nb)), cat)] += n
+    return out, unit
 
 
 def _refit(pr: Prober, table: PolyTable, given: Sequence[RegimeFit]) -> list[RegimeFit]:
@@ -521,12 +611,15 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
             pr1 = Prober(s1, report)
             fits = _discover(pr1, table, s_max)
             _check_common(pr1, fits, table, s_max)
-        with TraceSession(config, recipe, keep=plan.keep(2), build_seq=build_seq) as s2:
-            fits2 = _refit(Prober(s2, report), table, fits)
         copies = plan.units - 1
         try:
-            pieces = [insertions(f1.window, f2.window) for f1, f2 in zip(fits, fits2)]
-            unit_static = [static_delta(f1.window, f2.window) for f1, f2 in zip(fits, fits2)]
+            with TraceSession(config, recipe, keep=plan.keep(2), build_seq=build_seq) as s2:
+                pr2 = Prober(s2, report)
+                pieces, unit_static = [], []
+                for f in fits:
+                    pcs, ust = _unit_of(pr2, f, table)
+                    pieces.append(pcs)
+                    unit_static.append(ust)
             for (b, s), want in wanted.items():
                 i = _regime_of(fits, b, s)
                 if i is None or _predict(fits[i].window, pieces[i], copies, unit_static[i], table.polys, b, s) != want:
