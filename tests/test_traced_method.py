@@ -97,7 +97,7 @@ def test_what_the_traced_method_refuses_in_one_line(cache_dir):
         Traced().check(setup.replace(tp=2))
     with pytest.raises(TrainfitError, match="cannot express accumulation=4"):
         Traced().check(setup.replace(accumulation=4))
-    with pytest.raises(TrainfitError, match=r"answers micro-batches 1-65536 and sequences 2-262144"):
+    with pytest.raises(TrainfitError, match=r"answers micro-batches 1-65536 and sequences 1-262144"):
         Traced().estimate(setup.replace(seq_len=300_000))
     # a learned position table bounds the sequence (BART: 1024 positions)
     bart = {"model_type": "bart", "d_model": 64, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 4,
@@ -107,7 +107,7 @@ def test_what_the_traced_method_refuses_in_one_line(cache_dir):
     assert max(r.s_hi for r in tl.regimes) == 128 and tl.info["task"] == "seq2seq"
     assert Traced().estimate(_setup(bart, batch=3, seq_len=100)).total_bytes == \
         measure(_setup(bart, batch=3, seq_len=100)).total_bytes
-    with pytest.raises(TrainfitError, match="sequences 2-128 tokens"):
+    with pytest.raises(TrainfitError, match="sequences 1-128 tokens"):
         Traced().estimate(_setup(bart, seq_len=129))
 
 
@@ -125,3 +125,12 @@ def test_moe_in_mixed_precision_says_to_use_bf16(cache_dir):
            "head_dim": 16, "num_hidden_layers": 1, "vocab_size": 256}
     with pytest.raises(TrainfitError, match="take bf16 only: use --precision bf16"):
         Traced().timeline(_setup(moe))
+
+
+def test_frontier_searches_inside_the_traced_range(cache_dir):
+    from trainfit.frontier import frontier
+
+    f = frontier(resolve_model(DEEP), "h100", method="traced")  # a tiny model: everything fits up to the range
+    assert (f.max_microbatch, f.max_microbatch_capped) == (65536, True)
+    assert (f.max_seq_len, f.max_seq_len_capped) == (262144, True)
+    assert any("answers micro-batches up to 65,536 and sequences up to 262,144" in n for n in f.notes)

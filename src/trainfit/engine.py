@@ -115,10 +115,16 @@ def sweep(model: Any, hardware: Any, *, method: str = "first-order", **kwargs: A
     return evaluate(x, m.name, elementwise(lambda s: m.estimate(s, **options)))
 
 
+def domain(method: str, setup: TrainingSetup) -> Optional[tuple[int, int]]:
+    """(largest micro-batch, longest sequence) ``method`` answers for ``setup``, or None when unbounded."""
+    m = get_method(method)
+    return m.domain(setup) if hasattr(m, "domain") else None
+
+
 def is_vectorised(method: str) -> bool:
     """Whether ``method`` has a vectorised form (else sweeps run setup by setup)."""
     return get_method(method).vectorised is not None
 
 
-__all__ = ["DEFAULT_ORDER", "METHODS", "default_method", "estimate", "get_method", "is_vectorised", "split_options",
-           "sweep"]
+__all__ = ["DEFAULT_ORDER", "METHODS", "default_method", "domain", "estimate", "get_method", "is_vectorised",
+           "split_options", "sweep"]

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .engine import is_vectorised, split_options, sweep
+from .engine import domain, is_vectorised, split_options, sweep
 from .errors import TrainfitError, unknown_choice
 from .sweep import SweepResult
 from .training_setup import TrainingSetup
@@ -164,6 +164,9 @@ def frontier(model: Any, hardware: Any, *, method: str = "first-order", over: tu
     if not batch_given:
         setup = setup.replace(batch=dp_acc)
     seq, mb = setup.seq_len, setup.micro_batch
+    bounds = domain(method, setup)  # a method that answers a bounded range (traced): search inside it
+    if bounds is not None:
+        max_microbatch, max_seq_len = min(max_microbatch, bounds[0]), min(max_seq_len, bounds[1])
     available = float(base["available_bytes"][()])
     usable = available * (1.0 - headroom)
     rest = {k: v for k, v in fields.items() if k not in ("batch", "seq_len")}
@@ -195,6 +198,9 @@ def frontier(model: Any, hardware: Any, *, method: str = "first-order", over: tu
              "method's terms all grow with both)"]
     if headroom:
         notes.append(f"feasible = total <= {100 * (1 - headroom):.0f} % of capacity ({headroom:.0%} headroom kept free)")
+    if bounds is not None:
+        notes.append(f"the {method} method answers micro-batches up to {bounds[0]:,} and sequences up to "
+                     f"{bounds[1]:,} tokens: the searches stop there")
     return Frontier(model=setup.model.name, hardware=base.inputs.devices[0].name, method=method,
                     available_bytes=available, headroom=float(headroom), setup=setup, seq_len=seq, microbatch=mb,
                     max_microbatch=max_mb, max_microbatch_capped=mb_capped, max_seq_len=max_s,

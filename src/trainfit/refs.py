@@ -68,8 +68,10 @@ class ModelRef:
     def require_arch(self, method: str) -> ArchSpec:
         """The architecture, or a one-line error naming ``method`` and why there is none."""
         if self.arch is None:
+            other = "--method traced (any type transformers builds) or first-order" if self.config is not None \
+                else "--method first-order"
             raise TrainfitError(f"the {method} method needs the model's architecture (a bundled config, a config.json "
-                                f"path or a catalog model with one): {self.arch_error}; or use --method first-order")
+                                f"path or a catalog model with one): {self.arch_error}; or use {other}")
         return self.arch
 
 

@@ -76,8 +76,8 @@ class Timeline:
         if (reg < 0).any():
             i = int(np.argmax(reg < 0))
             raise TrainfitError(f"the traced method answers micro-batches 1-{self.b_max} and sequences "
-                                f"{self.regimes[0].s_lo}-{max(r.s_hi for r in self.regimes)} tokens; got micro-batch "
-                                f"{b[i]:.0f} x seq {s[i]:.0f}")
+                                f"{min(r.s_lo for r in self.regimes)}-{max(r.s_hi for r in self.regimes)} tokens; "
+                                f"got micro-batch {b[i]:.0f} x seq {s[i]:.0f}")
         n = b.size
         total = np.empty(n)
         phase = np.empty(n, dtype=np.int64)
@@ -215,6 +215,11 @@ class Traced:
         self.check(setup)
         if not is_traced(setup.model.config, recipe_of(setup)):
             raise TrainfitError(f"{setup.model.name} has not been traced with this recipe yet")
+
+    def domain(self, setup: TrainingSetup) -> tuple[int, int]:
+        """(largest micro-batch, longest sequence) the setup's fitted timeline answers (searches stay inside)."""
+        tl = self.timeline(setup)
+        return tl.b_max, max(r.s_hi for r in tl.regimes)
 
     def timeline(self, setup: TrainingSetup, *, cache: bool = True, progress: Optional[Callable[[str], None]] = None,
                  task: Optional[str] = None) -> Timeline:

@@ -39,9 +39,9 @@ from .window import Insertion, PolyTable, Window, concrete_window, expand, inser
 #: the longest sequence and the largest micro-batch a trace answers for (tokens; samples)
 S_MAX = 262_144
 B_MAX = 65_536
-S_MIN = 2
+S_MIN = 1
 #: odd lengths recorded first (irregular, so that lengths padded to different blocks differ)
-LADDER = (3, 5, 23, 87, 351, 1403, 5611, 22445, 89785, S_MAX - 1)
+LADDER = (1, 3, 5, 23, 87, 351, 1403, 5611, 22445, 89785, S_MAX - 1)
 #: lengths per regime used to fit and check sizes (6 determine the most general size at batch one, two more
 #: check it)
 POINTS_PER_REGIME = 8
