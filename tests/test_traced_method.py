@@ -130,7 +130,11 @@ def test_moe_in_mixed_precision_says_to_use_bf16(cache_dir):
 def test_frontier_searches_inside_the_traced_range(cache_dir):
     from trainfit.frontier import frontier
 
-    f = frontier(resolve_model(DEEP), "h100", method="traced")  # a tiny model: everything fits up to the range
-    assert (f.max_microbatch, f.max_microbatch_capped) == (65536, True)
+    f = frontier(resolve_model(DEEP), "h100", method="traced")
+    # one sample of a tiny model fits at every length the trace answers: the sequence search stops at its end
     assert (f.max_seq_len, f.max_seq_len_capped) == (262144, True)
+    # the batch frontier (seq 2048) is where the traced estimate crosses the H100's 80 GiB
+    mb = f.max_microbatch
+    setup = _setup(DEEP, seq_len=2048)
+    assert Traced().estimate(setup.replace(batch=mb)).feasible and not Traced().estimate(setup.replace(batch=mb + 1)).feasible
     assert any("answers micro-batches up to 65,536 and sequences up to 262,144" in n for n in f.notes)
