@@ -17,7 +17,7 @@ import gc
 import logging
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -313,8 +313,8 @@ class TraceSession:
             stack.callback(fake_log.setLevel, level)
             stack.enter_context(self.emulation)
             stack.enter_context(self.tracker)
-            caught = stack.enter_context(warnings.catch_warnings())
-            del caught
+            stack.enter_context(warnings.catch_warnings())
+            # MemTracker warns when a module's backward hook outlives the module object; harmless here.
             warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
         except BaseException:
             stack.close()
@@ -371,11 +371,5 @@ class TraceSession:
         return trace
 
 
-@contextlib.contextmanager
-def session(config: Mapping[str, Any], recipe: Recipe, **kw: Any) -> Iterator[TraceSession]:
-    with TraceSession(config, recipe, **kw) as s:
-        yield s
-
-
 __all__ = ["ADD", "DEL", "MARK", "PHASES", "REF", "SIZE", "Recipe", "StepTrace", "TraceSession", "block_count",
-           "layer_stack", "position_limit", "session", "text_config"]
+           "layer_stack", "position_limit", "text_config"]

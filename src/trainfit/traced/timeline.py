@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from fractions import Fraction
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 

@@ -524,16 +524,6 @@ def _name_pieces(cut: Sequence[Insertion], base: list, deep: list, known: dict[t
     return out, unit
 
 
-def _refit(pr: Prober, table: PolyTable, given: Sequence[RegimeFit]) -> list[RegimeFit]:
-    """The same regimes on another session (a deeper model), from the lengths each was fitted with (the few
-    of the first try when they suffice; the batch term and the boundaries were checked already)."""
-    out = []
-    for g in given:
-        lengths = sorted({s for _, s in g.points})
-        out.append(fit_regime(pr, g.s_lo, g.s_hi, g.v2, g.batch_one, table, lengths, check_batch=False))
-    return out
-
-
 def _regime_of(fits: Sequence[RegimeFit], b: int, s: int) -> Optional[int]:
     return next((i for i, f in enumerate(fits) if f.contains(b, s)), None)
 

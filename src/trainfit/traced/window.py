@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import TrainfitError
 from .fit import Poly
-from .record import ADD, DEL, MARK, REF, SIZE, StepTrace
+from .record import ADD, DEL, MARK, SIZE, StepTrace
 
 
 class PolyTable:
@@ -77,8 +77,7 @@ def window_of(trace: StepTrace, slot_poly: Sequence[Optional[int]], table: PolyT
 
     toks: list[tuple[int, int, int, int]] = []
     for i in range(trace.kind.size):
-        k, r, c, o, ph = (int(trace.kind[i]), int(trace.ref[i]), int(trace.cat[i]), int(trace.old[i]),
-                          int(trace.phase[i]))
+        k, r, c, ph = int(trace.kind[i]), int(trace.ref[i]), int(trace.cat[i]), int(trace.phase[i])
         if k == MARK:
             toks.append((-1, 0, 0, ph))
         elif k == ADD:
