@@ -202,3 +202,7 @@ def test_repeat_plan_keeps_the_first_and_last_block_apart():
     hybrid = repeat_plan((["s"] * 5 + ["f"]) * 8)  # five sliding-window blocks, then a global one
     assert hybrid.period == 6 and hybrid.depth(1) + hybrid.period == hybrid.depth(2)
     assert repeat_plan(["a", "b", "c", "d", "e"]) is None  # nothing repeats four times
+    # Bamba-9B: attention in blocks 9, 18 and 27 of 32, so the blocks repeat only as 1-8 (and the one-unit
+    # model would be most of the full one): traced at full depth
+    bamba = ["attn" if i in (9, 18, 27) else "mamba" for i in range(32)]
+    assert repeat_plan(bamba) is None

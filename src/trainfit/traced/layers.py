@@ -60,7 +60,8 @@ class RepeatPlan:
 
 def repeat_plan(signatures: Sequence[str], min_units: int = 4) -> Optional[RepeatPlan]:
     """The cheapest prefix/unit/suffix split (fewest blocks in a two-unit model) with the first and the last
-    block outside the repeated units and at least ``min_units`` units; None when there is none."""
+    block outside the repeated units and at least ``min_units`` units; None when there is none or when the
+    one-unit model would be more than three quarters as deep as the full one."""
     ids: dict[str, int] = {}
     seq = [ids.setdefault(s, len(ids)) for s in signatures]
     n = len(seq)
@@ -77,7 +78,9 @@ def repeat_plan(signatures: Sequence[str], min_units: int = 4) -> Optional[Repea
             plan = RepeatPlan(n, prefix, period, units, suffix)
             if best is None or plan.depth(2) < best.depth(2):
                 best = plan
-    return best
+    # worth it only when the one-unit model is well short of the full one (the charting runs on it; else the
+    # full model is traced, which then needs no extension)
+    return best if best is not None and 4 * best.depth(1) <= 3 * n else None
 
 
 __all__ = ["RepeatPlan", "block_signature", "repeat_plan"]

@@ -151,7 +151,7 @@ def insertions(short: Window, long: Window) -> list[Insertion]:
         if clusters:
             prev = clusters[-1][-1]
             gap = piece[0] - prev[0]  # equal tokens between the two pieces
-            if gap < min(prev[2], piece[2]):
+            if gap <= max(prev[2], piece[2]):  # joined below only if one contiguous piece explains both
                 clusters[-1].append(piece)
                 continue
         clusters.append([piece])
