@@ -115,8 +115,9 @@ def sweep(model: Any, hardware: Any, *, method: str = "first-order", **kwargs: A
     return evaluate(x, m.name, elementwise(lambda s: m.estimate(s, **options)))
 
 
-def domain(method: str, setup: TrainingSetup) -> Optional[tuple[int, int]]:
-    """(largest micro-batch, longest sequence) ``method`` answers for ``setup``, or None when unbounded."""
+def domain(method: str, setup: TrainingSetup) -> Optional[tuple[int, int, int]]:
+    """(largest micro-batch, longest sequence, shortest sequence) ``method`` answers for ``setup``, or None
+    when unbounded."""
     m = get_method(method)
     return m.domain(setup) if hasattr(m, "domain") else None
 

@@ -100,15 +100,15 @@ class Frontier:
 
 
 def largest_feasible(fits: Callable[[np.ndarray], np.ndarray], limit: int,
-                     candidates: int = _CANDIDATES) -> tuple[int, bool]:
-    """Largest integer ``x`` in [1, limit] with ``fits(x)``, for a monotone ``fits`` (true up to a point).
+                     candidates: int = _CANDIDATES, start: int = 1) -> tuple[int, bool]:
+    """Largest integer ``x`` in [start, limit] with ``fits(x)``, for a monotone ``fits`` (true up to a point).
 
     ``fits`` maps an int64 array of candidates to a bool array. Returns ``(x, capped)``: ``(0, False)``
-    when 1 does not fit, ``(limit, True)`` when ``limit`` fits. Each refinement evaluates up to
+    when ``start`` does not fit, ``(limit, True)`` when ``limit`` fits. Each refinement evaluates up to
     ``candidates`` evenly spaced points (3 makes it a bisection, for methods that are not vectorised).
     """
     powers = 1 << np.arange(int(math.log2(limit)) + 1, dtype=np.int64)
-    powers = np.unique(np.append(powers[powers <= limit], limit))
+    powers = np.unique(np.append(powers[(powers <= limit) & (powers > start)], [start, limit]))
     ok = np.asarray(fits(powers))
     if not ok[0]:
         return 0, False
@@ -165,8 +165,10 @@ def frontier(model: Any, hardware: Any, *, method: str = "first-order", over: tu
         setup = setup.replace(batch=dp_acc)
     seq, mb = setup.seq_len, setup.micro_batch
     bounds = domain(method, setup)  # a method that answers a bounded range (traced): search inside it
+    min_seq = 1
     if bounds is not None:
         max_microbatch, max_seq_len = min(max_microbatch, bounds[0]), min(max_seq_len, bounds[1])
+        min_seq = bounds[2]
     available = float(base["available_bytes"][()])
     usable = available * (1.0 - headroom)
     rest = {k: v for k, v in fields.items() if k not in ("batch", "seq_len")}
@@ -180,7 +182,7 @@ def frontier(model: Any, hardware: Any, *, method: str = "first-order", over: tu
     # a method without a vectorised version runs element by element: bisect instead of 4,096-way steps
     k = _CANDIDATES if is_vectorised(method) else 3
     max_mb, mb_capped = largest_feasible(lambda v: run_batch(v)["total_bytes"] <= usable, max_microbatch, k)
-    max_s, s_capped = largest_feasible(lambda v: run_seq(v)["total_bytes"] <= usable, max_seq_len, k)
+    max_s, s_capped = largest_feasible(lambda v: run_seq(v)["total_bytes"] <= usable, max_seq_len, k, min_seq)
 
     def curve(name: str, xs: np.ndarray, res: SweepResult) -> Curve:
         total = np.asarray(res["total_bytes"])
@@ -192,6 +194,7 @@ def frontier(model: Any, hardware: Any, *, method: str = "first-order", over: tu
         batch_curve = curve("batch", xs, run_batch(xs))
     if "seq" in over:
         xs = _axis(max_s, s_capped, 128 if max_s >= 128 or max_s == 0 else 1, max_seq_len)
+        xs = xs[xs >= min_seq]
         seq_curve = curve("seq", xs, run_seq(xs))
     notes = ["micro-batch = samples one accelerator holds at once = global batch / (dp * accumulation)",
              f"searches assume memory never decreases as micro-batch or sequence length grows (the {method} "
@@ -199,8 +202,8 @@ def frontier(model: Any, hardware: Any, *, method: str = "first-order", over: tu
     if headroom:
         notes.append(f"feasible = total <= {100 * (1 - headroom):.0f} % of capacity ({headroom:.0%} headroom kept free)")
     if bounds is not None:
-        notes.append(f"the {method} method answers micro-batches up to {bounds[0]:,} and sequences up to "
-                     f"{bounds[1]:,} tokens: the searches stop there")
+        notes.append(f"the {method} method answers micro-batches up to {bounds[0]:,} and sequences of "
+                     f"{bounds[2]:,}-{bounds[1]:,} tokens: the searches stay there")
     return Frontier(model=setup.model.name, hardware=base.inputs.devices[0].name, method=method,
                     available_bytes=available, headroom=float(headroom), setup=setup, seq_len=seq, microbatch=mb,
                     max_microbatch=max_mb, max_microbatch_capped=mb_capped, max_seq_len=max_s,

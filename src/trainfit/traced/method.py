@@ -216,10 +216,11 @@ class Traced:
         if not is_traced(setup.model.config, recipe_of(setup)):
             raise TrainfitError(f"{setup.model.name} has not been traced with this recipe yet")
 
-    def domain(self, setup: TrainingSetup) -> tuple[int, int]:
-        """(largest micro-batch, longest sequence) the setup's fitted timeline answers (searches stay inside)."""
+    def domain(self, setup: TrainingSetup) -> tuple[int, int, int]:
+        """(largest micro-batch, longest sequence, shortest sequence) the setup's fitted timeline answers
+        (searches stay inside)."""
         tl = self.timeline(setup)
-        return tl.b_max, max(r.s_hi for r in tl.regimes)
+        return tl.b_max, max(r.s_hi for r in tl.regimes), min(r.s_lo for r in tl.regimes)
 
     def timeline(self, setup: TrainingSetup, *, cache: bool = True, progress: Optional[Callable[[str], None]] = None,
                  task: Optional[str] = None) -> Timeline:

@@ -422,6 +422,14 @@ def _discover(pr: Prober, table: PolyTable, s_max: int) -> list[RegimeFit]:
         lat = Lattice(group[0])
         regimes = _regimes_of_class(pr, 2, group, s_max)
         for lo, hi, g in regimes:
+            if hi == S_MIN:  # a one-token sequence: answered when it follows the rules, else left out
+                try:
+                    one = [fit_regime(pr, lo, hi, g, False, table, [lo]), fit_regime(pr, lo, hi, g, True, table, [lo])]
+                except UntrustedFit as exc:
+                    pr.report.notes.append(f"sequences of one token are not answered ({exc})")
+                    continue
+                fits.extend(one)
+                continue
             extra = []
             if len(g) > 1:  # one length of the class's other divisors, to check they share the fit
                 v = Lattice(g[-1]).near((lo * hi) ** 0.5, lo, hi)
