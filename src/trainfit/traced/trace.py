@@ -465,8 +465,13 @@ def _unit_of(pr2: Prober, f: RegimeFit, table: PolyTable) -> tuple[list[Insertio
     values. When that does not settle every one, the deeper model is fitted in full."""
     lengths = sorted({s for _, s in f.points})
     b0 = 1 if f.batch_one else 2
-    pick = [lengths[0], lengths[len(lengths) // 2], lengths[-1]]
-    shapes = [(b0, pick[0]), (b0 if f.batch_one else 3, pick[1]), (b0, pick[2])]
+    # the diff runs at the first shape: a long sequence, where different allocations have different sizes
+    # (at a few tokens many coincide and the alignment would say nothing about other shapes)
+    mid = lengths[len(lengths) // 2]
+    pick = [lengths[-1], mid, lengths[0]] if len(lengths) > 1 else lengths * 3
+    shapes = [(b0, pick[0]), (b0 if f.batch_one else 3, pick[1]), (b0 if f.batch_one else 7, pick[2])]
+    if f.batch_one and len(set(pick)) < 3:
+        return _unit_by_refit(pr2, f, table, lengths)
     traces = [pr2.trace(b, s) for b, s in shapes]
     if len({t.signature() for t in traces}) == 1:
         known: dict[tuple, set[int]] = {}
@@ -482,6 +487,11 @@ def _unit_of(pr2: Prober, f: RegimeFit, table: PolyTable) -> tuple[list[Insertio
             named = _name_pieces(cut, base, deep, known, f, table)
             if named is not None:
                 return named
+    return _unit_by_refit(pr2, f, table, lengths)
+
+
+def _unit_by_refit(pr2: Prober, f: RegimeFit, table: PolyTable,
+                   lengths: Sequence[int]) -> tuple[list[Insertion], Counter]:
     refit = fit_regime(pr2, f.s_lo, f.s_hi, f.v2, f.batch_one, table, lengths, check_batch=False)
     return insertions(f.window, refit.window), static_delta(f.window, refit.window)
 
