@@ -56,7 +56,7 @@ class Window:
     @staticmethod
     def from_tokens(tokens: Sequence[tuple[int, int, int, int]], static: Counter) -> "Window":
         arr = np.asarray(tokens, dtype=np.int64).reshape(-1, 4)
-        return Window(arr[:, 0].astype(np.int32), arr[:, 1].astype(np.int8), arr[:, 2].astype(np.int8),
+        return Window(arr[:, 0].copy(), arr[:, 1].astype(np.int8), arr[:, 2].astype(np.int8),
                       arr[:, 3].astype(np.int8), Counter(static))
 
     def __len__(self) -> int:
