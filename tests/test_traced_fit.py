@@ -206,3 +206,9 @@ def test_repeat_plan_keeps_the_first_and_last_block_apart():
     # model would be most of the full one): traced at full depth
     bamba = ["attn" if i in (9, 18, 27) else "mamba" for i in range(32)]
     assert repeat_plan(bamba) is None
+
+
+def test_window_tokens_hold_sizes_beyond_32_bits():
+    # a long sequence's activation is tens of GB: compared as concrete sizes, they must not wrap around
+    w = Window.from_tokens([(48 * 2**30, 3, 1, 0), (-1, 0, 0, 0)], Counter())
+    assert w.tokens() == [(48 * 2**30, 3, 1, 0), (-1, 0, 0, 0)]
