@@ -12,10 +12,13 @@
    lies between two recorded ones of its class without being checked.
 2. **Sizes.** In each regime, steps at several lengths and batches 2, 3 (and 7, to check the batch
    term; or batch 1 alone) give every allocation's size as an exact polynomial (:mod:`.fit`), checked on
-   every recorded step; a size that follows none makes the trace refuse with one line. Steps at common
-   shapes (powers of two, round thousands) are then predicted and compared allocation by allocation.
-3. **Blocks.** A model whose blocks repeat (:mod:`.layers`) is traced with one and with two units of
-   blocks; what the second adds (:func:`~.window.insertions`) is repeated to the full depth.
+   every recorded step; a size that follows none makes the trace refuse with one line (a regime too short
+   to fit is answered length by length instead; a one-token sequence that breaks the rules is left out).
+   Steps at common shapes (1024 to 8192 tokens) are then predicted and compared allocation by allocation.
+3. **Blocks.** A model whose blocks repeat (:mod:`.layers`) is charted and fitted with one unit of
+   blocks; the model with two units is recorded at three shapes of each regime, what the second unit adds
+   is found (:func:`~.window.insertions`, on a long sequence where sizes differ) and each added allocation
+   is named by the fitted size that takes its three recorded values; that is repeated to the full depth.
 4. **Verification.** The full-depth model records one step per batch class; the extended timeline
    must reproduce it allocation by allocation, or the model is traced at full depth instead.
 5. **Compilation** into :class:`~.timeline.Regime` s (:func:`~.timeline.compile_regime`).
