@@ -16,12 +16,13 @@ from typer.testing import CliRunner
 
 from trainfit import Models
 from trainfit.arch import (
-    HF_CLASS, SUPPORTED_TYPES, ArchSpec, arch_from_config, bundled_configs, load_config, resolve_arch,
+    HF_CLASS, SUPPORTED_TYPES, ArchSpec, arch_from_config, bundled_configs, load_config, readable_configs, resolve_arch,
 )
 from trainfit.cli import app
 from trainfit.errors import TrainfitError
 from trainfit.families import DEFAULT_MODULE_NAMES, FAMILIES, Family
 from trainfit.memory import model_shape
+from trainfit.refs import config_counts
 
 NAMED_MODELS = {  # the models trainfit ships configs for (docs/architectures.md, "Bundled configs"), by slug
     "llama-3.1-8b", "llama-3.1-70b", "llama-3.2-1b", "llama-3.2-3b", "mistral-7b", "qwen2.5-0.5b", "qwen2.5-7b",
@@ -31,8 +32,8 @@ NAMED_MODELS = {  # the models trainfit ships configs for (docs/architectures.md
 
 
 def test_every_named_model_is_bundled_and_parses():
-    assert set(bundled_configs()) == NAMED_MODELS
-    for slug in bundled_configs():
+    assert set(readable_configs()) == NAMED_MODELS
+    for slug in readable_configs():
         spec = resolve_arch(slug)
         assert spec.name == slug and spec.hf_class == HF_CLASS[spec.model_type]
         assert spec.parameters == spec.param_counts()["total"] > 0
@@ -61,8 +62,16 @@ def test_load_config_returns_fresh_copies():
 def test_catalog_config_fields_point_at_bundled_files():
     linked = {m.slug: m.config for m in Models if m.config}
     assert linked == {s: s for s in ("bert-base", "bert-large", "gpt2-small", "gpt2-xl", "llama-3.1-8b",
-                                     "llama-3.1-70b", "mixtral-8x7b")}
+                                     "llama-3.1-70b", "mixtral-8x7b", "deepseek-v3")}
+    # DeepSeek-V3's type is answered by the traced method (no ArchSpec): its layers, width and exact count
+    # (data/config_parameters.yaml) against the catalog's; the catalog's heads (56) are the seed's figure,
+    # the config has 128 query heads
+    ds, cfg = Models.get("deepseek-v3"), load_config("deepseek-v3")
+    assert (cfg["num_hidden_layers"], cfg["hidden_size"]) == (ds.layers, ds.hidden_dim)
+    assert config_counts()["deepseek-v3"] == pytest.approx(ds.parameters, rel=0.001)
     for slug, config in linked.items():
+        if slug == "deepseek-v3":
+            continue
         # Same layers/hidden/heads as the catalog entry; the parameter count within 3 % of its rounded figure
         # (the catalog keeps the seed's rounded counts, e.g. BERT-Base "110M", GPT-2 "1.5B").
         m, a = Models.get(slug), resolve_arch(config)

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from trainfit.arch import HF_CLASS, SUPPORTED_TYPES, arch_from_config, bundled_configs, load_config  # noqa: E402
+from trainfit.arch import HF_CLASS, SUPPORTED_TYPES, arch_from_config, load_config, readable_configs  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -123,7 +123,7 @@ def test_bare_defaults_exact(model_type):
     assert arch_from_config(cfg).parameters == numel(build(cfg))
 
 
-@pytest.mark.parametrize("slug", bundled_configs())
+@pytest.mark.parametrize("slug", readable_configs())
 def test_bundled_configs_exact(slug):
     cfg = load_config(slug)
     spec = arch_from_config(cfg, name=slug)
@@ -149,8 +149,8 @@ def _hf_layer_types(model_type: str, cfg: dict[str, Any]) -> tuple[str, ...]:
     return tuple("sliding_attention" if sliding else "full_attention" for _ in range(config.num_hidden_layers))
 
 
-@pytest.mark.parametrize("model_type,cfg", SMALL + [(None, s) for s in bundled_configs()],
-                         ids=[f"{t}-{i}" for i, (t, _) in enumerate(SMALL)] + list(bundled_configs()))
+@pytest.mark.parametrize("model_type,cfg", SMALL + [(None, s) for s in readable_configs()],
+                         ids=[f"{t}-{i}" for i, (t, _) in enumerate(SMALL)] + list(readable_configs()))
 def test_layer_types_follow_transformers(model_type, cfg):
     if model_type is None:
         cfg = load_config(cfg)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from trainfit.arch import arch_from_config, bundled_configs, resolve_arch
+from trainfit.arch import arch_from_config, readable_configs, resolve_arch
 from trainfit.detailed.layout import param_tensors, stage_layers
 from trainfit.detailed.states import rounded
 
@@ -16,7 +16,7 @@ TINY = dict(model_type="llama", hidden_size=256, num_hidden_layers=2, num_attent
             intermediate_size=704, vocab_size=5000, max_position_embeddings=512)
 
 
-@pytest.mark.parametrize("name", bundled_configs())
+@pytest.mark.parametrize("name", readable_configs())
 def test_tensor_inventory_adds_up_to_the_exact_parameter_count(name):
     """arch.parameters is checked against transformers' own count in tests/test_arch.py."""
     arch = resolve_arch(name)

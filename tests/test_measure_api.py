@@ -65,7 +65,7 @@ def test_phases_chain_and_the_step_is_steady():
     (dict(precision="fp8"), "unknown precision for the measured method 'fp8'"),
     (dict(semantics="tpu"), "unknown semantics"),
     (dict(lora_rank=-1), "lora_rank must be >= 0"),
-    (dict(task="seq2seq"), "unknown task"),
+    (dict(task="speech"), "unknown task"),
     (dict(tp=2), "tensor-parallel .* need a decoder with embed_tokens"),
     (dict(cp=2), "measured method cannot express cp=2 \\(context parallelism is not measured"),
     (dict(dp=2, zero=2), "measured method cannot express zero=2 \\(it runs PyTorch's data parallelism"),

@@ -273,7 +273,7 @@ def test_unknown_field_and_shape_mismatch_are_clear():
 # ------------------------------------------------------------------------------------- method registry
 
 def test_unknown_method_lists_the_registered_ones():
-    with pytest.raises(TrainfitError, match="unknown method 'detialed'; accepted: detailed, first-order, measured"):
+    with pytest.raises(TrainfitError, match="unknown method 'detialed'; accepted: detailed, traced, first-order, measured"):
         sweep("llama-3.1-8b", "h100", batch=8, method="detialed")
 
 

@@ -35,7 +35,7 @@ def _setup(cfg: Mapping[str, Any], batch: int, seq: int, precision: str, optimiz
 
     torch.manual_seed(seed)
     built = build_model(cfg, seq=seq, precision=precision, checkpointing=checkpointing, lora_r=lora_r, device="cpu")
-    inputs = make_inputs(built.config.vocab_size, batch, seq, built.task, built.model_type)
+    inputs = make_inputs(built.vocab_size, batch, seq, built.task, built.model_type)
     opt = make_optimizer([p for p in built.model.parameters() if p.requires_grad], optimizer, opt_impl)
     return built, built.model, inputs, opt
 

@@ -119,7 +119,7 @@ def run_rank(cfg: Mapping[str, Any], fields: Mapping[str, Any], warmup: int, sta
     if on_meta:
         model.to_empty(device="cpu")
         _init_real(model)
-    inputs = make_inputs(built.config.vocab_size, setup.micro_batch, setup.seq_len, built.task, built.model_type)
+    inputs = make_inputs(built.vocab_size, setup.micro_batch, setup.seq_len, built.task, built.model_type)
     if layout.tp > 1:
         inputs["position_ids"] = torch.arange(setup.seq_len).unsqueeze(0)
     tracker = make_tracker(round_to_cuda_blocks=False, distributed=True)

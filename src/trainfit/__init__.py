@@ -4,7 +4,7 @@ Library entry points:
 
 * :class:`TrainingSetup` — one validated description of a training run (model, device, batch, a
   :class:`Recipe` and a :class:`Parallelism`), the input of every method;
-* :func:`estimate` — one setup's memory by any method (detailed, first-order, measured);
+* :func:`estimate` — one setup's memory by any method (detailed, traced, first-order, measured);
 * :func:`sweep`, :func:`grid` — arrays of setups at once;
 * :class:`TrainingMemoryModel` — the seed-compatible first-order model (MLSys·im 0.3.0 parity);
 * :data:`Hardware`, :data:`Models` — the catalogs (``Hardware.Cloud.H100``, ``Models.get("llama-3.1-8b")``).

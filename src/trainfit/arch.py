@@ -324,6 +324,18 @@ def bundled_configs() -> tuple[str, ...]:
     return _bundled_index()[1]
 
 
+@lru_cache(maxsize=None)
+def readable_configs() -> tuple[str, ...]:
+    """The bundled configs of the types trainfit reads into an :class:`ArchSpec` (the others are answered by
+    the traced method, see ``data/config_parameters.yaml``)."""
+    return tuple(s for s in bundled_configs() if load_bundled(s).get("model_type") in SUPPORTED_TYPES)
+
+
+def bundled_slug(name: str) -> Optional[str]:
+    """The bundled config a name or Hugging Face id stands for (case and punctuation ignored), or None."""
+    return _bundled_index()[0].get(_squash(name))
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -452,6 +464,6 @@ def arch_reference(model: Any) -> Optional[ArchSpec]:
 
 __all__ = [
     "ArchSpec", "CONFIG_DIR", "HF_CLASS", "PARAM_GROUPS", "SUPPORTED_TYPES", "UnknownConfigError",
-    "arch_from_config", "arch_reference", "bundled_configs", "load_bundled", "load_config", "locate_config",
+    "arch_from_config", "arch_reference", "bundled_configs", "bundled_slug", "readable_configs", "load_bundled", "load_config", "locate_config",
     "resolve_arch",
 ]

@@ -12,6 +12,7 @@ Keyword arguments are the flat fields of :class:`~trainfit.training_setup.Traini
 from __future__ import annotations
 
 import inspect
+from collections.abc import Collection
 from typing import Any, Optional
 
 from .detailed.method import Detailed
@@ -22,12 +23,15 @@ from .method import MemoryMethod, refusable
 from .result import Estimate
 from .suggest import suggest as _suggest
 from .sweep import SetupArrays, SweepResult, check_supported, elementwise, encode, evaluate
+from .traced import Traced
 from .training_setup import FIELDS, TrainingSetup, setup_of
 
 #: every memory method, by name
-METHODS: dict[str, MemoryMethod] = {m.name: m for m in (Detailed(), FirstOrder(), Measured())}
-#: the methods tried, in order, when none is named: the first that can answer for the model answers
-DEFAULT_ORDER: tuple[str, ...] = ("detailed", "first-order")
+METHODS: dict[str, MemoryMethod] = {m.name: m for m in (Detailed(), Traced(), FirstOrder(), Measured())}
+#: the methods tried, in order, when none is named: the first that can answer for the model answers --
+#: detailed for the model types trainfit hand-models, traced for any other type transformers builds (with the
+#: ``measure`` extra installed), first-order otherwise
+DEFAULT_ORDER: tuple[str, ...] = ("detailed", "traced", "first-order")
 
 
 def get_method(name: str) -> MemoryMethod:
@@ -38,10 +42,12 @@ def get_method(name: str) -> MemoryMethod:
     return m
 
 
-def default_method(setup: TrainingSetup) -> str:
-    """The first method of :data:`DEFAULT_ORDER` that applies to ``setup``'s model."""
+def default_method(setup: TrainingSetup, *, searching: Collection[str] = ()) -> str:
+    """The first method of :data:`DEFAULT_ORDER` that applies to ``setup``'s model and, for a search that
+    varies the fields ``searching`` (the planner's layouts), models every value of them."""
     for name in DEFAULT_ORDER:
-        if METHODS[name].applies(setup):
+        m = METHODS[name]
+        if m.applies(setup) and all(f in m.accepts for f in searching):
             return name
     return DEFAULT_ORDER[-1]
 
@@ -59,23 +65,37 @@ def _check_options(method: MemoryMethod, fn: Any, options: dict[str, Any]) -> No
             raise unknown_choice(f"training setup field or {method.name} option", k, [*FIELDS, *accepted])
 
 
+#: why each method is the default for a model, said in the output when no method was named
+WHY_DEFAULT = {
+    "detailed": "trainfit hand-models this model type",
+    "traced": "trainfit does not hand-model this model type; traced from the model transformers builds",
+    "first-order": "no architecture details for the other methods (a config and the measure extra)",
+}
+
+
 def estimate(model: Any, hardware: Any = None, *, method: Optional[str] = None, suggestions: bool = True,
-             **kwargs: Any) -> Estimate:
+             chosen: Optional[str] = None, **kwargs: Any) -> Estimate:
     """Memory of one training step on one accelerator.
 
     ``model`` is a :class:`TrainingSetup` or anything :func:`trainfit.refs.resolve_model` accepts;
-    ``kwargs`` are setup fields and method options. ``method`` None picks :func:`default_method`. When
-    the run does not fit, ``suggestions`` adds single changes re-estimated by the same method (methods
-    with a vectorised form only: a measurement per candidate would take minutes).
+    ``kwargs`` are setup fields and method options. ``method`` None picks :func:`default_method` (or
+    ``chosen``, when the caller already picked it) and the estimate's notes say which method answered and
+    why. When the run does not fit, ``suggestions`` adds single changes re-estimated by the same method
+    (methods with a vectorised form only: a measurement per candidate would take minutes).
     """
     fields, options = split_options(kwargs)
     setup = setup_of(model, hardware, **fields)
-    m = get_method(method if method is not None else default_method(setup))
+    name = method if method is not None else (chosen or default_method(setup))
+    m = get_method(name)
     _check_options(m, m.estimate, options)
     est = m.estimate(setup, **options)
-    # suggestions re-estimate a dozen changed setups: cheap for the formula methods, minutes for a measurement
+    if method is None:
+        est = est.model_copy(update={"notes": [f"method: {name}, the default for this model "
+                                               f"({WHY_DEFAULT.get(name, 'first that applies')})", *est.notes]})
     if suggestions and est.feasible is False and m.vectorised is not None:
-        est = est.with_suggestions(_suggest(setup, est.total_bytes, lambda s: m.estimate(s, **options), m.check))
+        # a method whose other recipes cost a trace each (traced) suggests only those it can answer at once
+        check = getattr(m, "check_traced", m.check)
+        est = est.with_suggestions(_suggest(setup, est.total_bytes, lambda s: m.estimate(s, **options), check))
     return est
 
 
@@ -118,10 +138,17 @@ def sweep_encoded(x: SetupArrays, method: str, **options: Any) -> SweepResult:
     return evaluate(x, m.name, elementwise(lambda s: m.estimate(s, **options)))
 
 
+def domain(method: str, setup: TrainingSetup) -> Optional[tuple[int, int, int]]:
+    """(largest micro-batch, longest sequence, shortest sequence) ``method`` answers for ``setup``, or None
+    when unbounded."""
+    m = get_method(method)
+    return m.domain(setup) if hasattr(m, "domain") else None
+
+
 def is_vectorised(method: str) -> bool:
     """Whether ``method`` has a vectorised form (else sweeps run setup by setup)."""
     return get_method(method).vectorised is not None
 
 
-__all__ = ["DEFAULT_ORDER", "METHODS", "default_method", "estimate", "get_method", "is_vectorised", "split_options",
-           "sweep", "sweep_encoded", "default_method_for"]
+__all__ = ["DEFAULT_ORDER", "METHODS", "default_method", "default_method_for", "domain", "estimate", "get_method",
+           "is_vectorised", "split_options", "sweep", "sweep_encoded"]

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .engine import default_method, is_vectorised, split_options, sweep
+from .engine import default_method, domain, is_vectorised, split_options, sweep
 from .errors import TrainfitError, unknown_choice
 from .rules import model_values
 from .sweep import SweepResult
@@ -101,15 +101,15 @@ class Frontier:
 
 
 def largest_feasible(fits: Callable[[np.ndarray], np.ndarray], limit: int,
-                     candidates: int = _CANDIDATES) -> tuple[int, bool]:
-    """Largest integer ``x`` in [1, limit] with ``fits(x)``, for a monotone ``fits`` (true up to a point).
+                     candidates: int = _CANDIDATES, start: int = 1) -> tuple[int, bool]:
+    """Largest integer ``x`` in [start, limit] with ``fits(x)``, for a monotone ``fits`` (true up to a point).
 
     ``fits`` maps an int64 array of candidates to a bool array. Returns ``(x, capped)``: ``(0, False)``
-    when 1 does not fit, ``(limit, True)`` when ``limit`` fits. Each refinement evaluates up to
+    when ``start`` does not fit, ``(limit, True)`` when ``limit`` fits. Each refinement evaluates up to
     ``candidates`` evenly spaced points (3 makes it a bisection, for methods that are not vectorised).
     """
     powers = 1 << np.arange(int(math.log2(limit)) + 1, dtype=np.int64)
-    powers = np.unique(np.append(powers[powers <= limit], limit))
+    powers = np.unique(np.append(powers[(powers <= limit) & (powers > start)], [start, limit]))
     ok = np.asarray(fits(powers))
     if not ok[0]:
         return 0, False
@@ -169,6 +169,11 @@ def frontier(model: Any, hardware: Any, *, method: Optional[str] = None, over: t
     if not batch_given:
         setup = setup.replace(batch=dp_acc)
     seq, mb = setup.seq_len, setup.micro_batch
+    bounds = domain(method, setup)  # a method that answers a bounded range (traced): search inside it
+    min_seq = 1
+    if bounds is not None:
+        max_microbatch, max_seq_len = min(max_microbatch, bounds[0]), min(max_seq_len, bounds[1])
+        min_seq = bounds[2]
     available = float(base["available_bytes"][()])
     usable = available * (1.0 - headroom)
     rest = {k: v for k, v in fields.items() if k not in ("batch", "seq_len")}
@@ -185,7 +190,7 @@ def frontier(model: Any, hardware: Any, *, method: Optional[str] = None, over: t
     # a method without a vectorised version runs element by element: bisect instead of 4,096-way steps
     k = _CANDIDATES if is_vectorised(method) else 3
     max_mb, mb_capped = largest_feasible(lambda v: run_batch(v)["total_bytes"] <= usable, max_microbatch, k)
-    max_s, s_capped = largest_feasible(lambda v: run_seq(v)["total_bytes"] <= usable, seq_limit, k)
+    max_s, s_capped = largest_feasible(lambda v: run_seq(v)["total_bytes"] <= usable, seq_limit, k, min_seq)
 
     def curve(name: str, xs: np.ndarray, res: SweepResult) -> Curve:
         total = np.asarray(res["total_bytes"])
@@ -197,6 +202,7 @@ def frontier(model: Any, hardware: Any, *, method: Optional[str] = None, over: t
         batch_curve = curve("batch", xs, run_batch(xs))
     if "seq" in over:
         xs = _axis(max_s, s_capped, 128 if max_s >= 128 or max_s == 0 else 1, seq_limit)
+        xs = xs[xs >= min_seq]
         seq_curve = curve("seq", xs, run_seq(xs))
     notes = ["micro-batch = samples one accelerator holds at once = global batch / (dp * accumulation)",
              f"searches assume memory never decreases as micro-batch or sequence length grows (the {method} "
@@ -205,6 +211,9 @@ def frontier(model: Any, hardware: Any, *, method: Optional[str] = None, over: t
         notes.append(f"feasible = total <= {100 * (1 - headroom):.0f} % of capacity ({headroom:.0%} headroom kept free)")
     if seq_limit < max_seq_len:
         notes.append(f"the sequence search stops at the {positions:,} positions of the model's learned position table")
+    if bounds is not None:
+        notes.append(f"the {method} method answers micro-batches up to {bounds[0]:,} and sequences of "
+                     f"{bounds[2]:,}-{bounds[1]:,} tokens: the searches stay there")
     return Frontier(model=setup.model.name, hardware=base.inputs.devices[0].name, method=method,
                     available_bytes=available, headroom=float(headroom), setup=setup, seq_len=seq, microbatch=mb,
                     max_microbatch=max_mb, max_microbatch_capped=mb_capped, max_seq_len=max_s,

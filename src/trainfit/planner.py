@@ -13,7 +13,8 @@
 
 The layouts are encoded once as arrays of training setups (:mod:`trainfit.sweep`). Their memory comes
 from the chosen method — by default the one :func:`trainfit.engine.default_method` picks for the
-model, the detailed method when it has architecture details, so ``plan``, ``frontier`` and
+model among those that model every layout, the detailed method when it has architecture details (the
+first-order one for a type only the single-accelerator traced method reads), so ``plan``, ``frontier`` and
 ``estimate`` agree on the memory of the same configuration — evaluated for every layout at once; the
 step time of every layout comes from :mod:`trainfit.steptime`. Layouts whose total fits under
 ``capacity · (1 − headroom)`` are ranked fastest first; the report carries the best layouts with their
@@ -420,7 +421,8 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
                             "(n_gpus, global_batch, seq_len, precision, optimizer, zero_stages, checkpointing)")
     if method is None:
         method = default_method(TrainingSetup.build(ctx.model, ctx.device, precision=ctx.precision,
-                                                    optimizer=ctx.optimizer, **fields))
+                                                    optimizer=ctx.optimizer, **fields),
+                                searching=("tp", "pp", "dp", "ep", "zero", "checkpointing", "accumulation"))
     notes: list[str] = []
     if ctx.heads is None and 0 in cks:
         cks = [c for c in cks if c]

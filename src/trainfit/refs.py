@@ -25,8 +25,9 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from .arch import (ArchSpec, UnknownConfigError, arch_from_config, arch_reference, bundled_configs, locate_config,
-                   resolve_arch)
+from . import hub
+from .arch import (ArchSpec, UnknownConfigError, arch_from_config, arch_reference, bundled_configs, bundled_slug,
+                   load_bundled, locate_config, resolve_arch)
 from .catalog import DEVICE_NOUN, HardwareSpec, Models, ModelSpec, get_hardware, get_model
 from .errors import TrainfitError, clip, unknown_choice
 from .families import FAMILIES, SIZE_LIMITS
@@ -68,8 +69,10 @@ class ModelRef:
     def require_arch(self, method: str) -> ArchSpec:
         """The architecture, or a one-line error naming ``method`` and why there is none."""
         if self.arch is None:
+            other = "--method traced (any type transformers builds) or first-order" if self.config is not None \
+                else "--method first-order"
             raise TrainfitError(f"the {method} method needs the model's architecture (a bundled config, a config.json "
-                                f"path or a catalog model with one): {self.arch_error}; or use --method first-order")
+                                f"path or a catalog model with one): {self.arch_error}; or use {other}")
         return self.arch
 
 
@@ -193,9 +196,50 @@ def _label(path_label: str) -> str:
     return path.parent.name if path.name == "config.json" and path.parent.name else path.stem
 
 
-def _from_config(label: str, cfg: Mapping[str, Any], source: Any) -> ModelRef:
+class _ConfigCount(BaseModel):
+    """One bundled config of a model type trainfit does not read itself: its exact parameter count."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    config: str  #: the bundled config's slug
+    parameters: int  #: sum(p.numel()) of the model transformers builds from it (tied weights once)
+    note: Optional[str] = None  #: what the count includes or leaves out
+
+
+@lru_cache(maxsize=1)
+def config_counts() -> dict[str, int]:
+    """Slug -> exact parameter count of the bundled configs of types without an architecture reader
+    (``data/config_parameters.yaml``; ``tests/test_traced_configs.py`` builds each model to check it)."""
+    from .datafile import DATA_DIR, load_entries
+
+    entries = load_entries(DATA_DIR / "config_parameters.yaml", _ConfigCount, what="config parameter count")
+    bad = [e.config for e in entries if e.parameters <= 0 or e.config not in bundled_configs()]
+    if bad:
+        raise TrainfitError(f"data/config_parameters.yaml: {bad[0]!r} needs a bundled config and a positive count")
+    return {e.config: e.parameters for e in entries}
+
+
+def _first(cfg: Mapping[str, Any], *keys: str) -> Optional[int]:
+    for k in keys:
+        v = cfg.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def _config_shape(label: str, cfg: Mapping[str, Any], parameters: int) -> ModelShape:
+    """The first-order view of a config trainfit does not read in full: the exact count and the usual keys."""
+    layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers") or 1
+    layers += _first(cfg, "num_decoder_layers", "encoder_layers") or 0 if cfg.get("is_encoder_decoder") else 0
+    moe = bool(_first(cfg, "num_experts", "num_local_experts", "n_routed_experts"))
+    return ModelShape(name=label, parameters=float(parameters), layers=layers,
+                      hidden_dim=_first(cfg, "hidden_size", "d_model", "n_embd"),
+                      heads=_first(cfg, "num_attention_heads", "n_head", "num_heads", "encoder_attention_heads"),
+                      is_moe=moe)
+
+
+def _from_config(label: str, cfg: Mapping[str, Any], source: Any, slug: Optional[str] = None) -> ModelRef:
     """A model known by its Hugging Face config: its architecture when trainfit reads the type, else the
-    config alone (a method that builds the real model can still use it)."""
+    config alone (a method that builds the real model can still use it; a bundled one also has its count)."""
     try:
         arch, why = arch_from_config(cfg, name=label), None
     except TrainfitError as exc:
@@ -203,8 +247,11 @@ def _from_config(label: str, cfg: Mapping[str, Any], source: Any) -> ModelRef:
             raise  # a type trainfit reads, with a bad value: bad for every method, the measured one too
         arch, why = None, str(exc)
     shape = _arch_shape(arch) if arch is not None else None
+    shape_why = why
+    if arch is None and slug is not None and slug in config_counts():
+        shape, shape_why = _config_shape(label, cfg, config_counts()[slug]), None
     return ModelRef(name=label, shape=shape, arch=arch, arch_error=why, config=MappingProxyType(dict(cfg)),
-                    shape_error=why, source=source)
+                    shape_error=shape_why, source=source)
 
 
 def _resolve_model(model: Any) -> ModelRef:
@@ -220,12 +267,27 @@ def _resolve_model(model: Any) -> ModelRef:
             arch, why = model_arch(spec if spec.config else model), None
         except (TrainfitError, OSError) as exc:
             arch, why = None, str(exc)
-        return ModelRef(name=shape.name, shape=shape, arch=arch, arch_error=why, spec=spec,
-                        config=arch.raw_config if arch is not None else None, source=model)
+        config = arch.raw_config if arch is not None else (
+            MappingProxyType(load_bundled(spec.config)) if spec.config else None)
+        return ModelRef(name=shape.name, shape=shape, arch=arch, arch_error=why, spec=spec, config=config,
+                        source=model)
     if isinstance(model, (str, os.PathLike)):
+        text = os.fspath(model)
+        if hub.looks_like_id(text):
+            # a Hub id: the local Hugging Face cache first (the model's own config as downloaded), then a
+            # bundled config of that id, then the Hub itself (config.json only)
+            hit = hub.cached_config(text)
+            if hit is None and bundled_slug(text) is None:
+                hit = hub.hub_config(text)
+            if hit is not None:
+                slug = bundled_slug(text)
+                return _from_config(text, hit[1], model, slug if slug and load_bundled(slug) == hit[1] else None)
         label, cfg = locate_model_config(model)
         if label in bundled_configs():
-            arch = resolve_arch(label)  # parsed once per process
+            try:
+                arch = resolve_arch(label)  # parsed once per process
+            except TrainfitError:  # a type trainfit does not read: the config (and its bundled count) alone
+                return _from_config(label, cfg, model, label)
             return ModelRef(name=label, shape=_arch_shape(arch), arch=arch, config=arch.raw_config, source=model)
         return _from_config(_label(label), cfg, model)
     shape = model_shape(model)

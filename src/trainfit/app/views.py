@@ -47,15 +47,19 @@ def model_options() -> dict[str, str]:
     """Free-mode dropdown ``'Llama-3.1-8B (llama-3.1-8b, 8.03 B params)' -> name``: the catalog's transformer
     models (the memory methods cover transformers), then the bundled configs the catalog does not hold."""
     from .. import Models
-    from ..arch import bundled_configs, resolve_arch
+    from ..arch import bundled_configs
 
     out: dict[str, str] = {}
     for m in Models:
         if m.is_transformer:
             out[f"{m.name} ({m.slug}, {m.parameters / 1e9:,.3g} B params)"] = m.slug
+    from ..refs import resolve_model
+
     for name in bundled_configs():
         if name not in Models:
-            out[f"{name} (bundled config, {resolve_arch(name).parameters / 1e9:,.3g} B params)"] = name
+            shape = resolve_model(name).shape
+            params = f", {shape.parameters / 1e9:,.3g} B params" if shape is not None else ""
+            out[f"{name} (bundled config{params})"] = name
     return out
 
 

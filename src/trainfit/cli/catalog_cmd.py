@@ -8,7 +8,8 @@ import typer
 from ..arch import ArchSpec, UnknownConfigError, bundled_configs, resolve_arch
 from ..catalog import Hardware, HardwareSpec, Models, ModelSpec, squash
 from ..errors import TrainfitError, unknown_choice
-from ..report.catalog import arch_document, entry_document, hardware_document, models_document
+from ..refs import ModelRef, config_counts, resolve_model
+from ..report.catalog import arch_document, config_document, entry_document, hardware_document, models_document
 from ..units import GB, GiB
 from ._common import Output, app, emit, guarded
 
@@ -49,15 +50,24 @@ def models_command(
     emit(models_document(rows), output, json=rows)
 
 
-def find_entry(name: str) -> HardwareSpec | ModelSpec | ArchSpec:
-    """Look ``name`` up in both catalogs, then among the bundled model configs and config.json paths."""
+def find_entry(name: str) -> HardwareSpec | ModelSpec | ArchSpec | ModelRef:
+    """Look ``name`` up in both catalogs, then among the bundled model configs, Hub ids and config.json
+    paths (a config of a type trainfit does not read comes back as its :class:`ModelRef`)."""
     hits = [c.get(name) for c in (Models, Hardware) if name in c]
     if not hits:
         try:
             return resolve_arch(name)
         except UnknownConfigError:
-            choices = [e.slug for e in Models] + [e.slug for e in Hardware] + list(bundled_configs())
-            raise unknown_choice("model or hardware", name, choices, show=10) from None
+            try:
+                return resolve_model(name)
+            except TrainfitError:
+                choices = [e.slug for e in Models] + [e.slug for e in Hardware] + list(bundled_configs())
+                raise unknown_choice("model or hardware", name, choices, show=10) from None
+        except TrainfitError:
+            ref = resolve_model(name)
+            if ref.config is None or ref.arch is not None:
+                raise
+            return ref
     return hits[0]
 
 
@@ -74,11 +84,21 @@ def show_command(
     if isinstance(entry, ArchSpec):
         emit(arch_document(entry), output, json=entry.summary())
         return
+    if isinstance(entry, ModelRef):
+        params = int(entry.shape.parameters) if entry.shape is not None else None
+        cfg = dict(entry.config or {})
+        emit(config_document(entry.name, cfg, params, "traced (the model type is not hand-modelled)"), output,
+             json={"name": entry.name, "model_type": cfg.get("model_type"), "parameters": params, "config": cfg,
+                   "method": "traced"})
+        return
     data = entry.model_dump(exclude_none=True)
     data = {"qualified_name": entry.qualified_name, **data}
     if isinstance(entry, ModelSpec) and entry.config:
         # The catalog's rounded figure stays (seed parity); the bundled config gives the exact count.
-        data["config_parameters"] = resolve_arch(entry.config).parameters
+        try:
+            data["config_parameters"] = resolve_arch(entry.config).parameters
+        except TrainfitError:  # a type trainfit does not read: the exact count kept with the bundled config
+            data["config_parameters"] = config_counts().get(entry.config)
     emit(entry_document(entry, data), output, json=data)
 
 

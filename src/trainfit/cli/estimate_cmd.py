@@ -6,6 +6,7 @@ from typing import Any, Optional
 import typer
 
 from ..engine import METHODS, default_method, get_method
+from ..traced.method import progress_to_stderr
 from ..report.estimate import estimate_document
 from ..training_setup import TrainingSetup
 from ._common import Output, app, emit, guarded
@@ -16,13 +17,13 @@ from .options import flags_for, setup_options
 @guarded
 @setup_options()
 def estimate_command(
-    model: str = typer.Argument(..., help="Model: catalog name, key or slug (see `trainfit models`), a bundled config name or a path to a config.json."),
+    model: str = typer.Argument(..., help="Model: catalog name, key or slug (see `trainfit models`), a bundled config name, a Hugging Face id (allenai/OLMo-2-1124-7B: its config.json from the local cache or the Hub) or a path to a config.json or model directory."),
     hardware: str = typer.Argument(..., help="Accelerator: catalog name, key or slug (see `trainfit hardware`)."),
     comm_buffer_fraction: float = typer.Option(0.05, "--comm-buffer-fraction",
                                                help="first-order: gradient bucket as a fraction of local gradient bytes, in [0, 1]."),
     no_overheads: bool = typer.Option(False, "--no-overheads", help="detailed: leave CUDA context, workspaces and allocator reserve out of the total."),
     explain: bool = typer.Option(False, "--explain", help="detailed: print each component's formula, numbers and source."),
-    method: Optional[str] = typer.Option(None, "--method", help="Memory model: " + ", ".join(METHODS) + ". Default: detailed for models with architecture details, else first-order."),
+    method: Optional[str] = typer.Option(None, "--method", help="Memory model: " + ", ".join(METHODS) + ". Default: detailed for the model types trainfit hand-models, else traced (any type transformers builds; needs the measure extra; traces once, then cached), else first-order."),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text | json | markdown."),
     require_fit: bool = typer.Option(False, "--require-fit", help="Exit with code 2 when the run does not fit."),
     setup_fields: Optional[dict[str, Any]] = None,
@@ -48,7 +49,9 @@ def estimate_command(
         options.update(overheads=not no_overheads, explain=explain)
     elif no_overheads or explain:
         raise_unused("--no-overheads" if no_overheads else "--explain", name)
-    est = estimate(setup, method=name, **options)
+    if name == "traced":
+        options["progress"] = progress_to_stderr
+    est = estimate(setup, method=method, chosen=name, **options)
     st, why = _step_time(setup)
     emit(estimate_document(est, flags=flags_for, explain=explain, step_time=st), output,
          json=_json(est, st, why, explain))

@@ -24,7 +24,7 @@ class MeasureOutput(str, Enum):
 @setup_options()
 def measure_command(
     model: str = typer.Argument(..., help="Bundled config name, catalog model naming one, or path to a config.json."),
-    task: Optional[str] = typer.Option(None, "--task", help="clm | mlm (default: mlm for BERT/RoBERTa, else clm)."),
+    task: Optional[str] = typer.Option(None, "--task", help="clm | mlm | seq2seq (default: mlm for BERT/RoBERTa, seq2seq for encoder-decoders such as T5, else clm)."),
     warmup: int = typer.Option(1, "--warmup", help="Warm-up steps before the measured one."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="Accelerator to judge the fit on (catalog name)."),
     output: MeasureOutput = typer.Option(MeasureOutput.text, "--output", "-o", help="text | json | markdown."),

@@ -18,8 +18,8 @@ class Over(str, Enum):
 
 
 _METHOD_HELP = ("Memory model: " + ", ".join(METHODS) + ". Default: detailed for models with architecture details "
-                "(as estimate), else first-order. First-order and detailed are vectorised; measured runs "
-                "configuration by configuration.")
+                "(as estimate), else first-order. First-order, detailed and traced are vectorised (traced models "
+                "one accelerator); measured runs configuration by configuration.")
 
 
 @app.command("frontier")

@@ -27,7 +27,7 @@ from ..training_setup import TrainingSetup, setup_of
 from ._deps import quiet, require
 
 NAME = "measured"
-TASKS = ("clm", "mlm")
+TASKS = ("clm", "mlm", "seq2seq")
 #: what one measured step can run: recipes PyTorch and PEFT build on fake tensors, on one GPU or one rank of
 #: PyTorch's own parallelism (DDP, FSDP2, DTensor tensor parallelism, a pipeline stage; see :mod:`.distributed`)
 ACCEPTS: dict[str, Any] = {
@@ -91,7 +91,7 @@ def _train_step(model: Any, inputs: dict[str, Any], opt: Any, tracker: Any, task
     tracker.new_step()
     holder: dict[str, Any] = {}
     kwargs = dict(inputs)
-    if task == "clm":
+    if task in ("clm", "seq2seq"):
         kwargs["use_cache"] = False
     with tracker.phase("forward"):
         if autocast is not None:
@@ -167,7 +167,8 @@ class Measured:
                  semantics: str = "cuda") -> Estimate:
         """Measure the peak memory (bytes) of one steady-state training step of ``setup``.
 
-        ``task``: clm | mlm (default: mlm for BERT/RoBERTa, clm otherwise). ``semantics``: "cuda" (the
+        ``task``: clm | mlm | seq2seq (default: mlm for BERT/RoBERTa, seq2seq for encoder-decoders such as
+        T5 and BART, whose decoder reads the labels shifted right; clm otherwise). ``semantics``: "cuda" (the
         GPU's allocations, the default) or "cpu" (plain CPU semantics, to compare with a real CPU run).
         Returns an :class:`~trainfit.result.Estimate` with ``method="measured"``, ``total_bytes`` = the
         peak, ``components`` = the breakdown at the peak, and ``extra`` holding ``peak_phase``, ``phases``
@@ -205,7 +206,7 @@ class Measured:
             to_fake(model, fake_mode)
             t_build = time.perf_counter() - t0
             with fake_mode:
-                inputs = make_inputs(built.config.vocab_size, batch, seq, built.task, built.model_type)
+                inputs = make_inputs(built.vocab_size, batch, seq, built.task, built.model_type)
                 opt = make_optimizer([p for p in model.parameters() if p.requires_grad], r.optimizer, r.opt_impl)
                 try:
                     tracker, emulation = run_steps(model, inputs, opt, task=built.task, precision=r.precision,

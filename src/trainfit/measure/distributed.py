@@ -619,7 +619,7 @@ def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str],
             to_fake(model, fake_mode)
         param_dtype = str(next(iter(model.parameters())).dtype).replace("torch.", "")
         with fake_mode, eager_dtensor():
-            inputs = make_inputs(built.config.vocab_size, setup.micro_batch, setup.seq_len, built.task,
+            inputs = make_inputs(built.vocab_size, setup.micro_batch, setup.seq_len, built.task,
                                  built.model_type)
             if layout.tp > 1:
                 # the embeddings' output is sequence-sharded: give the rotary tables the whole sequence

@@ -19,7 +19,7 @@ _DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropo
                  "ffn_dropout", "emb_pdrop")
 
 PRECISIONS = ("fp32", "amp-bf16", "bf16")
-TASKS = ("clm", "mlm")
+TASKS = ("clm", "mlm", "seq2seq")
 
 
 @dataclass
@@ -31,6 +31,16 @@ class BuiltModel:
     task: str
     model_type: str
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model embeds (a multimodal config such as Gemma 3's keeps it in its text part)."""
+        v = getattr(self.config, "vocab_size", None)
+        if v is None and hasattr(self.config, "get_text_config"):
+            v = getattr(self.config.get_text_config(), "vocab_size", None)
+        if not isinstance(v, int):
+            raise TrainfitError(f"the {self.model_type} config states no vocab_size")
+        return v
 
 
 def default_task(model_type: str) -> str:
@@ -81,17 +91,26 @@ def build_model(cfg: Mapping[str, Any], *, seq: int, task: Optional[str] = None,
     transformers = require("transformers")
     config, notes = prepare_config(cfg, seq=seq, attn=attn, dropout=dropout)
     model_type = config.model_type
-    task = task or default_task(model_type)
+    # encoder-decoders (T5, BART) train as sequence-to-sequence models: input_ids in, labels out
+    task = task or ("seq2seq" if getattr(config, "is_encoder_decoder", False) else default_task(model_type))
     if task not in TASKS:
         from ..errors import unknown_choice
         raise unknown_choice("task", task, TASKS)
-    auto = transformers.AutoModelForMaskedLM if task == "mlm" else transformers.AutoModelForCausalLM
+    auto = {"mlm": transformers.AutoModelForMaskedLM, "seq2seq": transformers.AutoModelForSeq2SeqLM}.get(
+        task, transformers.AutoModelForCausalLM)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     try:
-        with torch.device(device):
-            # dtype at construction (not .to() afterwards): buffers computed in fp32 on purpose
-            # (rotary inv_freq) stay fp32, as they do when a bf16 model is loaded
-            model = auto.from_config(config, attn_implementation=attn, dtype=dtype)
+        try:
+            model = _from_config(torch, auto, config, attn, dtype, device)
+        except ValueError as exc:
+            if not (attn == "sdpa" and "does not support an attention implementation" in str(exc)):
+                raise
+            # no SDPA path for this class (state-space models, some MoE): transformers' own default is eager
+            config, notes = prepare_config(cfg, seq=seq, attn="eager", dropout=dropout)
+            notes.append(f"{model_type} has no SDPA attention in transformers: eager attention, its default")
+            model = _from_config(torch, auto, config, "eager", dtype, device)
+    except TrainfitError:
+        raise
     except Exception as exc:  # noqa: BLE001 - a config transformers refuses, whatever it raises
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise TrainfitError(f"transformers cannot build a {task} model for model_type {model_type!r} from this "
@@ -121,6 +140,13 @@ def build_model(cfg: Mapping[str, Any], *, seq: int, task: Optional[str] = None,
                                 f"(linear layers: {', '.join(names)})") from None
     model.train()
     return BuiltModel(model=model, config=config, task=task, model_type=model_type, notes=notes)
+
+
+def _from_config(torch: Any, auto: Any, config: Any, attn: str, dtype: Any, device: str) -> Any:
+    with torch.device(device):
+        # dtype at construction (not .to() afterwards): buffers computed in fp32 on purpose
+        # (rotary inv_freq) stay fp32, as they do when a bf16 model is loaded
+        return auto.from_config(config, attn_implementation=attn, dtype=dtype)
 
 
 def to_fake(model: Any, fake_mode: Any) -> None:

@@ -85,6 +85,22 @@ class StepRecord:
         return self.phases[self.peak_phase].peak
 
 
+class TimelineListener:
+    """What a tracker's ``listener`` receives (every method optional to override): each storage event
+    (``kind`` ADD, DEL, REF or SIZE; ``winfo`` MemTracker's record with ``size`` bytes, ``element_size``
+    and ``reftype``; ``old_category`` for REF), each point where the tracker checks its peak (after
+    every op), and the start and end of each phase. Used to record an allocation timeline."""
+
+    def storage_event(self, kind: str, winfo: Any, old_category: Any) -> None:
+        """A storage was tracked (ADD), freed (DEL), re-categorised (REF) or resized (SIZE)."""
+
+    def peak_check(self) -> None:
+        """The tracker compared the live bytes with its peak (after an op's outputs are tracked)."""
+
+    def phase_boundary(self, name: str, edge: str) -> None:
+        """A phase (forward, backward, optimizer) starts or ends (``edge``)."""
+
+
 def _classes() -> tuple[Any, Any, Any]:
     require("torch")
     from torch.distributed._tools import mem_tracker as mt
@@ -145,6 +161,14 @@ def make_tracker(round_to_cuda_blocks: bool, distributed: bool = False) -> Any:
             self.categories = CATEGORIES + (COMM_CATEGORIES if distributed else ())
             if distributed:
                 self._ref_class = [*mt._MemRefType, *CommRefType]  # type: ignore[assignment]
+
+            #: optional observer of every storage event and peak check (see :class:`TimelineListener`)
+            self.listener: Any = None
+
+        def _update_snap(self, u_type: Any, winfo: Any, old_mem_consumed: Any = None, old_reftype: Any = None) -> None:
+            super()._update_snap(u_type, winfo, old_mem_consumed=old_mem_consumed, old_reftype=old_reftype)
+            if self.listener is not None:
+                self.listener.storage_event(u_type.name, winfo, None if old_reftype is None else old_reftype.value)
 
         # fix 1: gradient hooks only on parameters that require grad
         def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> tuple[int, int]:
@@ -266,6 +290,8 @@ def make_tracker(round_to_cuda_blocks: bool, distributed: bool = False) -> Any:
                 if self._peak_mem.get(dev, 0) < dev_snap[mt._TOTAL_KEY]:
                     self._peak_mem[dev] = dev_snap[mt._TOTAL_KEY]
                     self._peak_mem_snap[dev] = dict(dev_snap)
+            if self.listener is not None:
+                self.listener.peak_check()
 
         def _on_grad(self, grad: Any) -> None:
             self._update_and_maybe_create_winfos(grad, mt._MemRefType.GRAD)
@@ -326,7 +352,11 @@ def make_tracker(round_to_cuda_blocks: bool, distributed: bool = False) -> Any:
         def phase(self, name: str) -> Iterator[None]:
             start = self._snap("current")
             self._reset_peak()
+            if self.listener is not None:
+                self.listener.phase_boundary(name, "start")
             yield
+            if self.listener is not None:
+                self.listener.phase_boundary(name, "end")
             end = self._snap("current")
             peak = self._snap("peak")
             if peak.total < end.total:  # frees never raise the peak; an unseen allocation would

@@ -78,4 +78,14 @@ def arch_document(spec: ArchSpec) -> Document:
     return _fields(f"{spec.name} — {spec.model_type} architecture", lines)
 
 
-__all__ = ["arch_document", "entry_document", "hardware_document", "models_document"]
+def config_document(name: str, config: dict, parameters: int | None, method: str) -> Document:
+    """A Hugging Face config of a type trainfit does not read itself: its keys, its exact count when known,
+    and the method that answers for it."""
+    lines = [("model_type", str(config.get("model_type"))), ("hugging face id", str(config.get("_name_or_path", "-"))),
+             ("parameters", f"{parameters:,} params (exact, the model transformers builds)" if parameters else
+              "- (built by the traced and measured methods)"), ("answered by", method)]
+    lines += [(f"config.{k}", str(v)) for k, v in config.items() if k not in ("model_type", "_name_or_path")]
+    return _fields(f"{name} — {config.get('model_type')} (Hugging Face config)", lines)
+
+
+__all__ = ["arch_document", "config_document", "entry_document", "hardware_document", "models_document"]

@@ -36,7 +36,7 @@ def setup_line(est: Estimate) -> str:
 def shown_components(est: Estimate) -> dict[str, float]:
     """Components worth a row: all of the first-order five and the six measured categories, and the
     detailed method's that are not zero for this recipe (JSON keeps every key)."""
-    if est.method in ("first-order", "measured"):
+    if est.method in ("first-order", "measured", "traced"):
         return dict(est.components)
     return {k: v for k, v in est.components.items() if v != 0}
 
@@ -90,6 +90,10 @@ def estimate_document(est: Estimate, *, flags: Optional[Callable[[dict[str, Any]
             doc.line(f"{s.change}{how}: {s.total_bytes / GB:.2f} GB ({'fits' if s.feasible else 'still too big'})",
                      item=True)
     x = est.extra
+    if est.method == "traced" and "phases" in x:
+        phases = ", ".join(f"{p} {v / GiB:.2f}" for p, v in x["phases"].items())
+        doc.line(f"peak allocated (torch.cuda.max_memory_allocated, as the measured method emulates it) in the "
+                 f"{x['peak_phase']} phase; phase peaks GiB: {phases}; {x.get('n_params') or 0:,} parameters", "dim")
     if "peak_allocated_bytes" in x:
         pk = x["peak_allocated_bytes"]
         phases = ", ".join(f"{p} {v / GiB:.2f}" for p, v in x["phases"].items())

@@ -1,0 +1,134 @@
+"""The traced method's speed: tracing a 7B-class model once, one estimate, a million-configuration sweep.
+
+    python benchmarks/bench_traced.py                  # a few minutes on a loaded 2-core machine
+    python benchmarks/bench_traced.py --json out.json --repeats 7
+
+Measured in one process, against peers in the same run:
+
+(a) tracing OLMo-2-7B (``allenai/OLMo-2-1124-7B``, 7.3 B parameters, 32 blocks; amp-bf16, AdamW) once, without
+    the disk cache, against one ``trainfit measure`` step of the same model (the alternative for a type
+    trainfit does not hand-model: seconds per configuration);
+(b) one estimate from the fitted timeline (``Traced().estimate(setup)`` on a built setup, the timeline in
+    memory), median of ``--calls``, against the detailed and first-order methods' estimate of Llama-3.1-8B
+    (the hand-modelled 8B) and against a measured step;
+(c) a 1,000 x 1,000 (batch, seq) sweep — one million configurations — through ``trainfit.sweep`` with the
+    traced method, against the detailed and first-order methods' sweeps of Llama-3.1-8B on the same grid.
+
+Rounds are round-robin (``--repeats``), so load from other work on a shared machine hits every path alike;
+figures are medians over rounds, ratios medians of per-round ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+
+
+def _median_time(fn: Callable[[], Any], calls: int) -> float:
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def machine() -> dict[str, Any]:
+    cpu = "?"
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+            "load_average_1min": load[0] if load else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--json", type=str, default=None)
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    os.environ["TRAINFIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="trainfit-bench-")
+
+    from trainfit import engine, grid
+    from trainfit.measure import measure
+    from trainfit.traced import Traced
+    from trainfit.training_setup import TrainingSetup
+
+    out: dict[str, Any] = {"machine": machine()}
+    print(f"machine: {out['machine']}", flush=True)
+
+    # (a) trace once vs one measured step
+    olmo = TrainingSetup.build("olmo-2-7b", "h100", batch=8, seq_len=2048)
+    t = time.perf_counter()
+    tl = Traced().timeline(olmo, cache=False)
+    trace_s = time.perf_counter() - t
+    t = time.perf_counter()
+    measured = measure(olmo)
+    measure_s = time.perf_counter() - t
+    est = Traced().estimate(olmo)
+    out["trace"] = {"model": "olmo-2-7b", "seconds": trace_s, "steps": tl.info["steps"], "depths": tl.info["depths"],
+                    "measure_one_step_seconds": measure_s, "traced_bytes": est.total_bytes,
+                    "measured_bytes": measured.total_bytes}
+    print(f"(a) trace OLMo-2-7B once: {trace_s:.1f} s ({tl.info['steps']} fake-tensor steps, depths "
+          f"{tl.info['depths']}); one measured step of it: {measure_s:.1f} s; traced {est.total_bytes:,.0f} B, "
+          f"measured {measured.total_bytes:,.0f} B", flush=True)
+
+    # (b) one estimate; (c) a million-configuration sweep
+    llama = TrainingSetup.build("llama-3.1-8b", "h100", batch=8, seq_len=2048)
+    axes = grid(batch=np.arange(1, 1001), seq_len=np.arange(1, 1001) * 32)
+    paths_b = {"traced (olmo-2-7b)": lambda: Traced().estimate(olmo),
+               "detailed (llama-3.1-8b)": lambda: engine.get_method("detailed").estimate(llama),
+               "first-order (llama-3.1-8b)": lambda: engine.get_method("first-order").estimate(llama)}
+    paths_c = {"traced (olmo-2-7b)": lambda: engine.sweep(olmo.model, "h100", method="traced", **axes),
+               "detailed (llama-3.1-8b)": lambda: engine.sweep("llama-3.1-8b", "h100", method="detailed", **axes),
+               "first-order (llama-3.1-8b)": lambda: engine.sweep("llama-3.1-8b", "h100", method="first-order",
+                                                                  **axes)}
+    for f in (*paths_b.values(), *paths_c.values()):
+        f()  # warm: imports, caches
+    rounds_b: dict[str, list[float]] = {k: [] for k in paths_b}
+    rounds_c: dict[str, list[float]] = {k: [] for k in paths_c}
+    for _ in range(args.repeats):
+        for k, f in paths_b.items():
+            rounds_b[k].append(_median_time(f, args.calls))
+        for k, f in paths_c.items():
+            rounds_c[k].append(_median_time(f, 1))
+    base_b, base_c = "traced (olmo-2-7b)", "traced (olmo-2-7b)"
+    out["estimate_seconds"] = {k: statistics.median(v) for k, v in rounds_b.items()}
+    out["sweep_1m_seconds"] = {k: statistics.median(v) for k, v in rounds_c.items()}
+    print("(b) one estimate, median:", flush=True)
+    for k, v in rounds_b.items():
+        ratio = statistics.median(a / b for a, b in zip(v, rounds_b[base_b]))
+        print(f"    {k:<28} {1e6 * statistics.median(v):9.1f} us   ({ratio:.2f}x traced)")
+    print(f"    {'measured step (olmo-2-7b)':<28} {1e6 * measure_s:9.0f} us   ({measure_s / statistics.median(rounds_b[base_b]):,.0f}x traced)")
+    print("(c) sweep of 1,000,000 (batch, seq) configurations, median:", flush=True)
+    for k, v in rounds_c.items():
+        ratio = statistics.median(a / b for a, b in zip(v, rounds_c[base_c]))
+        print(f"    {k:<28} {statistics.median(v):9.3f} s    ({ratio:.2f}x traced)")
+    out["ok"] = {"trace_under_60_s": trace_s < 60, "estimate_under_1_ms": out["estimate_seconds"][base_b] < 1e-3,
+                 "sweep_1m_under_1_s": out["sweep_1m_seconds"][base_c] < 1.0}
+    print(f"targets: {out['ok']}")
+    if args.json:
+        from trainfit.files import write_text
+
+        write_text(args.json, json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""The traced method: any model transformers builds, traced once on fake tensors, then evaluated in microseconds.
+
+:func:`timeline` traces a (model config, recipe) once (:mod:`.trace`), keeps the fitted timeline in
+memory and on disk (:mod:`.cache`), and :class:`Timeline` answers the peak of one step for any batch
+and sequence length, or for arrays of them (:meth:`Timeline.evaluate`, the one code path of both
+:meth:`Traced.estimate` and :meth:`Traced.vectorised`). The peak means what ``trainfit measure`` means
+(``torch.cuda.max_memory_allocated()`` of a steady-state step on one sm80/sm90 GPU, emulated), and equals
+it to the byte where the fit holds (``validation/traced_vs_measured.jsonl``).
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..errors import TrainfitError
+from ..method import check_accepts
+from ..result import Estimate, verdict_of
+from ..sweep import SetupArrays, SweepOutput
+from ..training_setup import FIELD_NAMES, TrainingSetup
+
+NAME = "traced"
+#: the measured method's recipes (the trace runs the measurement's step): single GPU
+ACCEPTS: dict[str, Any] = {
+    "batch": None, "seq_len": None, "precision": ("fp32", "amp-bf16", "bf16"),
+    "optimizer": ("adamw", "adam", "sgd", "sgd-momentum"), "opt_impl": None, "checkpointing": ("none", "full"),
+    "attention": ("auto", "eager"), "dropout": None, "lora_rank": None, "lora_targets": None,
+}
+HINTS = {"tp": "it traces one GPU's step", "dp": "it traces one GPU's step", "pp": "it traces one GPU's step",
+         "zero": "it traces one GPU's step", "fsdp": "it traces one GPU's step", "cp": "it traces one GPU's step",
+         "ep": "it traces one GPU's step", "accumulation": "it traces one micro-batch's step"}
+#: MemTracker category -> Estimate component (as the measured method reports them)
+COMPONENT_OF = ("parameters", "other", "gradients", "activations", "temporaries", "optimizer_state", "other")
+COMPONENTS = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
+PHASES = ("forward", "backward", "optimizer")
+#: shapes evaluated at once (bounds the memory of a sweep of millions)
+CHUNK = 1 << 17
+
+
+@dataclass
+class Timeline:
+    """A traced model under one recipe: its regimes and how the trace went."""
+
+    regimes: list[Any]
+    info: dict[str, Any] = field(default_factory=dict)
+    path: Optional[str] = None
+
+    def regime_index(self, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """Index of the regime of each (b, s); -1 outside every regime."""
+        from .timeline import v2_of
+
+        out = np.full(b.shape, -1, dtype=np.int64)
+        k = v2_of(s)
+        for i, r in enumerate(self.regimes):
+            sel = ((b == 1) if r.batch_one else (b >= 2)) & (s >= r.s_lo) & (s <= r.s_hi) & (b <= self.b_max) \
+                & np.isin(k, r.v2)
+            out[sel] = i
+        return out
+
+    @property
+    def b_max(self) -> int:
+        return int(self.info.get("b_max", 0))
+
+    def evaluate(self, b: Any, s: Any, *, detail: bool = False) -> dict[str, np.ndarray]:
+        """Peak bytes of one step for arrays (or scalars) ``b`` (micro-batch) and ``s`` (tokens), with the
+        components at the peak (bytes, :data:`COMPONENTS`) and the peak's phase (0 forward, 1 backward, 2
+        optimizer). ``detail`` adds each phase's own peak. Shapes outside the traced range raise."""
+        b = np.asarray(b, dtype=np.float64).reshape(-1)
+        s = np.asarray(s, dtype=np.float64).reshape(-1)
+        b, s = np.broadcast_arrays(b, s)
+        reg = self.regime_index(b, s)
+        if (reg < 0).any():
+            i = int(np.argmax(reg < 0))
+            raise TrainfitError(f"the traced method answers micro-batches 1-{self.b_max} and sequences "
+                                f"{min(r.s_lo for r in self.regimes)}-{max(r.s_hi for r in self.regimes)} tokens; "
+                                f"got micro-batch {b[i]:.0f} x seq {s[i]:.0f}")
+        n = b.size
+        total = np.empty(n)
+        phase = np.empty(n, dtype=np.int64)
+        comps = np.zeros((len(COMPONENTS), n))
+        phase_peaks = np.zeros((len(PHASES), n)) if detail else None
+        cidx = [COMPONENTS.index(c) for c in COMPONENT_OF]
+        for ri in np.unique(reg):
+            r = self.regimes[ri]
+            every = np.nonzero(reg == ri)[0]
+            for start in range(0, every.size, CHUNK):  # bounded memory for millions of shapes
+                sel = every[start:start + CHUNK]
+                if detail:
+                    live, phi, eps = r.live(b[sel], s[sel])
+                    m = np.argmax(live, axis=1)
+                    total[sel] = live[np.arange(sel.size), m]
+                    for p in range(len(PHASES)):
+                        cols = np.nonzero(r.phase == p)[0]
+                        if cols.size:
+                            phase_peaks[p, sel] = live[:, cols].max(axis=1)
+                else:
+                    total[sel], m, phi, eps = r.peak(b[sel], s[sel])
+                phase[sel] = r.phase[m]
+                by_cat = r.breakdown(m, phi, eps)
+                for c, ci in enumerate(cidx):
+                    comps[ci, sel] += by_cat[:, c]
+        out = {"total": total, "phase": phase, **{c: comps[i] for i, c in enumerate(COMPONENTS)}}
+        if phase_peaks is not None:
+            out.update({f"{p}_peak": phase_peaks[i] for i, p in enumerate(PHASES)})
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"regimes": [r.to_json() for r in self.regimes], "info": self.info}
+
+    @staticmethod
+    def from_json(d: dict[str, Any], path: Optional[str] = None) -> "Timeline":
+        from .timeline import Regime
+
+        return Timeline([Regime.from_json(r) for r in d["regimes"]], dict(d["info"]), path)
+
+
+# --------------------------------------------------------------------------------------- tracing, cached
+
+_MEMORY: dict[str, Timeline] = {}
+_KEYS: dict[tuple[int, tuple], tuple[Any, str]] = {}
+
+
+def recipe_of(setup: TrainingSetup, task: Optional[str] = None) -> Any:
+    from .record import Recipe
+
+    r = setup.recipe
+    return Recipe(precision=r.precision, optimizer=r.optimizer, opt_impl=r.opt_impl, checkpointing=r.checkpointing,
+                  attention=r.attention, dropout=r.dropout, lora_rank=r.lora_rank,
+                  lora_targets=tuple(r.lora_targets) if r.lora_rank else ("q_proj", "v_proj"), task=task)
+
+
+def progress_to_stderr(message: str) -> None:
+    """Progress of a trace (it takes seconds to a minute, once), for a command line: one line each on stderr."""
+    print(f"trainfit: traced method: {message}", file=sys.stderr, flush=True)
+
+
+def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
+             progress: Optional[Callable[[str], None]] = None) -> Timeline:
+    """The fitted timeline of ``config`` under ``recipe``: from memory, the disk cache, or traced now."""
+    from . import cache
+    from .trace import B_MAX, S_MAX
+
+    memo = (id(config), tuple(sorted(recipe.key().items(), key=lambda kv: kv[0])).__repr__())
+    hit = _KEYS.get(memo)
+    if hit is not None and hit[0] is config and use_cache and hit[1] in _MEMORY:
+        return _MEMORY[hit[1]]
+    key = cache.cache_key(config, recipe.key(), {"s_max": S_MAX, "b_max": B_MAX})
+    _KEYS[memo] = (config, key)
+    if use_cache:
+        if key in _MEMORY:
+            return _MEMORY[key]
+        stored = cache.load(key)
+        if stored is not None:
+            tl = Timeline.from_json(stored["timeline"], str(cache.path_for(key)))
+            _MEMORY[key] = tl
+            return tl
+    from ..measure._deps import require
+    from .trace import trace_timeline
+
+    require("torch")
+    require("transformers")
+    say = progress or (lambda _m: None)
+    say("tracing this model and recipe once (cached for later runs)")
+    regimes, report, facts = trace_timeline(config, recipe, progress=say)
+    info = {"steps": report.steps, "seconds": round(report.seconds, 2), "depths": report.depths,
+            "n_layers": report.n_layers, "blocks": report.plan, "trace_notes": report.notes,
+            "b_max": B_MAX, "s_max": S_MAX, "versions": cache.versions(), **facts}
+    tl = Timeline(regimes, info)
+    path = cache.store(key, {"timeline": tl.to_json()}) if use_cache else None
+    tl.path = str(path) if path else None
+    _MEMORY[key] = tl
+    return tl
+
+
+def is_traced(config: Any, recipe: Any) -> bool:
+    """Whether ``timeline(config, recipe)`` would answer without tracing."""
+    from . import cache
+    from .trace import B_MAX, S_MAX
+
+    key = cache.cache_key(config, recipe.key(), {"s_max": S_MAX, "b_max": B_MAX})
+    return key in _MEMORY or cache.path_for(key).is_file()
+
+
+# ----------------------------------------------------------------------------------------------- method
+
+def _applies(setup: TrainingSetup) -> bool:
+    return setup.model.config is not None and importlib.util.find_spec("torch") is not None \
+        and importlib.util.find_spec("transformers") is not None
+
+
+class Traced:
+    """The traced method as a :class:`~trainfit.method.MemoryMethod` (needs the ``measure`` extra)."""
+
+    name = NAME
+    accepts = ACCEPTS
+    summary = ("the measured step traced once at a few shapes on fake tensors, every allocation's size fitted in "
+               "(batch, seq), then evaluated for any shape (equal to the measured method where the fit holds)")
+
+    def applies(self, setup: TrainingSetup) -> bool:
+        return _applies(setup)
+
+    def check(self, setup: TrainingSetup) -> None:
+        if setup.model.config is None:
+            raise TrainfitError(f"the {NAME} method builds the model from its Hugging Face config; "
+                                f"{setup.model.name!r} has none ({setup.model.arch_error})")
+        check_accepts(setup, NAME, ACCEPTS, HINTS)
+
+    def check_traced(self, setup: TrainingSetup) -> None:
+        """:meth:`check`, and a one-line refusal unless the setup's model and recipe were traced already (in this
+        process or in the disk cache): what-to-change suggestions use it, so that they never start a trace."""
+        self.check(setup)
+        if not is_traced(setup.model.config, recipe_of(setup)):
+            raise TrainfitError(f"{setup.model.name} has not been traced with this recipe yet")
+
+    def domain(self, setup: TrainingSetup) -> tuple[int, int, int]:
+        """(largest micro-batch, longest sequence, shortest sequence) the setup's fitted timeline answers
+        (searches stay inside)."""
+        tl = self.timeline(setup)
+        return tl.b_max, max(r.s_hi for r in tl.regimes), min(r.s_lo for r in tl.regimes)
+
+    def timeline(self, setup: TrainingSetup, *, cache: bool = True, progress: Optional[Callable[[str], None]] = None,
+                 task: Optional[str] = None) -> Timeline:
+        """The fitted timeline of the setup's model and recipe (traced on first use)."""
+        self.check(setup)
+        return timeline(setup.model.config, recipe_of(setup, task), use_cache=cache, progress=progress)
+
+    def estimate(self, setup: TrainingSetup, *, cache: bool = True, task: Optional[str] = None,
+                 progress: Optional[Callable[[str], None]] = None) -> Estimate:
+        """Peak memory (bytes) of one steady-state training step of ``setup``, from its fitted timeline.
+
+        ``components`` are the measured method's, at the peak; ``extra`` holds ``peak_phase``, each phase's
+        peak (``phases``), the regime, parameter counts and how the trace went (``trace``: steps recorded,
+        seconds, depths traced, the cache file). ``cache`` False traces again without reading or writing
+        the disk cache. ``task`` clm | mlm | seq2seq as the measured method's.
+        """
+        tl = self.timeline(setup, cache=cache, progress=progress, task=task)
+        t0 = time.perf_counter()
+        out = tl.evaluate(setup.micro_batch, setup.seq_len, detail=True)
+        total = float(out["total"][0])
+        comps = {c: float(out[c][0]) for c in COMPONENTS}
+        available = setup.hardware.capacity_bytes if setup.hardware else None
+        feasible, util = verdict_of(total, available)
+        info = tl.info
+        inputs = setup.as_dict()
+        inputs.update(parameters=info.get("n_params"), trainable_parameters=info.get("n_trainable"),
+                      task=info.get("task"))
+        extra = {
+            "peak_phase": PHASES[int(out["phase"][0])],
+            "phases": {p: float(out[f"{p}_peak"][0]) for p in PHASES},
+            "n_params": info.get("n_params"), "n_trainable_params": info.get("n_trainable"),
+            "arch": info.get("model_type"),
+            "trace": {k: info.get(k) for k in ("steps", "seconds", "depths", "n_layers", "blocks", "trace_notes",
+                                               "versions", "sdpa")} | {"cache": tl.path},
+            "evaluate_seconds": time.perf_counter() - t0,
+        }
+        blocks = f"; blocks: {info['blocks']}" if info.get("blocks") else ""
+        notes = list(info.get("notes", [])) + [
+            f"traced once: {info.get('steps')} fake-tensor steps in {info.get('seconds')} s at depths "
+            f"{info.get('depths')}{blocks}; every allocation's size fitted exactly in (batch, seq)",
+            "peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, as the measured "
+            "method emulates it; excludes CUDA context, library workspaces, kernel scratch, fragmentation"]
+        return Estimate(method=NAME, model=setup.model.name, hardware=setup.hardware.name if setup.hardware else "none",
+                        feasible=feasible, total_bytes=total, available_bytes=available, utilization=util,
+                        components=comps, dominant=max(comps, key=comps.__getitem__), inputs=inputs, notes=notes,
+                        extra=extra, setup=setup)
+
+    def vectorised(self, x: SetupArrays, *, cache: bool = True) -> SweepOutput:
+        """Arrays of setups: one fitted timeline per distinct model and recipe, batch and sequence as arrays."""
+        shape = x.shape
+        micro = np.broadcast_to(x.micro_batch, shape).reshape(-1).astype(np.float64)
+        seq = np.broadcast_to(x["seq_len"], shape).reshape(-1).astype(np.float64)
+        n = micro.size
+        comps = {c: np.zeros(n) for c in COMPONENTS}
+        total = np.zeros(n)
+        phase = np.zeros(n, dtype=np.int64)
+        discrete = tuple(f for f in FIELD_NAMES if f not in ("batch", "seq_len"))
+        for idx, row in x.distinct(discrete):
+            fields = {k: row[k] for k in discrete}
+            setup = TrainingSetup.build(x.models[row["model_index"]], x.devices[row["device_index"]], **fields)
+            tl = self.timeline(setup, cache=cache)
+            out = tl.evaluate(micro[idx], seq[idx])
+            total[idx] = out["total"]
+            phase[idx] = out["phase"]
+            for c in COMPONENTS:
+                comps[c][idx] = out[c]
+        return SweepOutput({c: v.reshape(shape) for c, v in comps.items()}, {"peak_phase": phase.reshape(shape)},
+                           total.reshape(shape))
+
+
+__all__ = ["ACCEPTS", "COMPONENTS", "NAME", "Timeline", "Traced", "progress_to_stderr", "recipe_of", "timeline"]

@@ -1,0 +1,663 @@
+"""Tracing a model once: regimes, fitted sizes, repeated blocks, verification, the compiled timeline.
+
+1. **Regimes.** The step's allocation sequence can change with the shape: a batch of one takes other
+   paths (size-one dimensions make some copies views); a sliding-window mask is skipped while the
+   sequence fits in the window; a mask's key dimension is padded to a multiple of 16 unless it is one
+   already, a chunked scan pads a sequence unless it fills whole chunks. A regime is a batch class
+   (1, or 2 and more), a class of lengths by their largest power-of-two divisor ``2**k`` (``k`` capped at
+   12) and an interval of lengths with one allocation sequence. Steps are recorded at a ladder of odd
+   lengths (:data:`LADDER`) and, between neighbours that differ, bisection finds the boundary; in each
+   interval, lengths with ``k`` = 1 ... 12 are compared with the odd ones, and every class that differs
+   is charted the same way on its own lattice of lengths (``2**k`` times odd numbers), so that no length
+   lies between two recorded ones of its class without being checked.
+2. **Sizes.** In each regime, steps at several lengths and batches 2, 3 (and 7, to check the batch
+   term; or batch 1 alone) give every allocation's size as an exact polynomial (:mod:`.fit`), checked on
+   every recorded step; a size that follows none makes the trace refuse with one line (a regime too short
+   to fit is answered length by length instead; a one-token sequence that breaks the rules is left out).
+   Steps at common shapes (1024 to 8192 tokens) are then predicted and compared allocation by allocation.
+3. **Blocks.** A model whose blocks repeat (:mod:`.layers`) is charted and fitted with one unit of
+   blocks; the model with two units is recorded at three shapes of each regime, what the second unit adds
+   is found (:func:`~.window.insertions`, on a long sequence where sizes differ) and each added allocation
+   is named by the fitted size that takes its three recorded values; that is repeated to the full depth.
+4. **Verification.** The full-depth model records one step per batch class; the extended timeline
+   must reproduce it allocation by allocation, or the model is traced at full depth instead.
+5. **Compilation** into :class:`~.timeline.Regime` s (:func:`~.timeline.compile_regime`).
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ..errors import TrainfitError
+from .fit import Poly, fit_sizes
+from .layers import RepeatPlan, block_signature, repeat_plan
+from .record import ADD, SIZE, Recipe, StepTrace, TraceSession, layer_stack, position_limit
+from .timeline import V2_CAP, Regime, compile_regime
+from .window import Insertion, PolyTable, Window, concrete_window, expand, insertions, static_delta, window_of
+
+#: the longest sequence and the largest micro-batch a trace answers for (tokens; samples)
+S_MAX = 262_144
+B_MAX = 65_536
+S_MIN = 1
+#: odd lengths recorded first (irregular, so that lengths padded to different blocks differ)
+LADDER = (1, 3, 5, 23, 87, 351, 1403, 5611, 22445, 89785, S_MAX - 1)
+#: lengths per regime used to fit and check sizes (6 determine the most general size at batch one, two more
+#: check it)
+POINTS_PER_REGIME = 8
+#: shapes people ask for, predicted and compared with a recorded step after the fit
+COMMON_SHAPES = ((2, 1024), (4, 2048), (1, 4096), (3, 8192))
+#: the shapes at which a timeline extended from a few blocks is checked against the full model
+VERIFY_SHAPES = ((2, 1403), (1, 351))
+
+
+class UntrustedFit(TrainfitError):
+    """The recorded steps do not determine the sizes for every shape (one-line reason)."""
+
+
+def v2(s: int) -> int:
+    """k of the largest 2**k dividing s, capped at :data:`V2_CAP`."""
+    return min((s & -s).bit_length() - 1, V2_CAP)
+
+
+@dataclass(frozen=True)
+class Lattice:
+    """The lengths of one class: ``2**k`` times an odd number (``k`` = :data:`V2_CAP`: any multiple)."""
+
+    k: int
+
+    @property
+    def step(self) -> int:
+        return 1 << self.k
+
+    def member(self, s: int) -> bool:
+        return s % self.step == 0 and (self.k == V2_CAP or (s // self.step) % 2 == 1)
+
+    def near(self, s: float, lo: int, hi: int) -> Optional[int]:
+        """The member of [lo, hi] nearest to ``s``, or None."""
+        best = None
+        m = int(round(s / self.step))
+        for d in range(0, 4):
+            for mm in (m - d, m + d):
+                v = mm * self.step
+                if mm >= 1 and lo <= v <= hi and self.member(v):
+                    if best is None or abs(v - s) < abs(best - s):
+                        best = v
+            if best is not None:
+                return best
+        return None
+
+    def between(self, a: int, c: int) -> Optional[int]:
+        """A member strictly between a and c near the middle, or None."""
+        v = self.near((a + c) / 2, a + 1, c - 1)
+        return v
+
+
+@dataclass
+class RegimeFit:
+    batch_one: bool
+    s_lo: int
+    s_hi: int
+    v2: tuple[int, ...]
+    points: list[tuple[int, int]]
+    window: Window
+    sdpa: dict[str, int]
+
+    def contains(self, b: int, s: int) -> bool:
+        return self.batch_one == (b == 1) and self.s_lo <= s <= self.s_hi and v2(s) in self.v2
+
+
+@dataclass
+class TraceReport:
+    """How a trace went: steps recorded, seconds, depths, regimes."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    depths: list[int] = field(default_factory=list)
+    n_layers: Optional[int] = None
+    plan: Optional[str] = None
+    notes: list[str] = field(default_factory=list)
+
+
+class Prober:
+    """Records steps of one session on demand, once per shape."""
+
+    def __init__(self, session: TraceSession, report: TraceReport) -> None:
+        self.session, self.report = session, report
+        self.traces: dict[tuple[int, int], StepTrace] = {}
+        self.hints = config_lengths(session.config)
+
+    def trace(self, b: int, s: int) -> StepTrace:
+        key = (int(b), int(s))
+        if key not in self.traces:
+            self.traces[key] = self.session.record(*key)
+            self.report.steps += 1
+        return self.traces[key]
+
+    def sig(self, b: int, s: int) -> bytes:
+        return self.trace(b, s).signature()
+
+
+# -------------------------------------------------------------------------------------- regime discovery
+
+def config_lengths(config: Mapping[str, Any]) -> list[int]:
+    """Whole numbers in a config (windows, chunk sizes, position limits ...): where a regime boundary is
+    likely, so bisection tries them first."""
+    out: set[int] = set()
+
+    def walk(v: Any) -> None:
+        if isinstance(v, bool):
+            return
+        if isinstance(v, int) and 2 <= v <= 1 << 22:
+            out.add(v)
+        elif isinstance(v, Mapping):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)) and len(v) <= 256:
+            for x in v:
+                walk(x)
+
+    walk(dict(config))
+    return sorted(out)
+
+
+def _chart(pr: Prober, b: int, lat: Lattice, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Intervals [first, last] of lattice members in [lo, hi] with one allocation sequence at batch ``b``."""
+    pts = sorted({v for v in (lat.near(x, lo, hi) for x in (lo, hi, *LADDER)) if v is not None})
+    if not pts:
+        return []
+    bounds: list[tuple[int, int]] = []
+
+    def split(a: int, sa: bytes, c: int, sc: bytes) -> None:
+        if sa == sc:
+            return
+        mid = lat.between(a, c)
+        if mid is None:
+            bounds.append((a, c))
+            return
+        # a length from the config inside (a, c) is the likely boundary: try its lattice neighbours first
+        for h in pr.hints:
+            if a < h <= c:
+                below = lat.near(h - 0.5 * lat.step, a + 1, c - 1) if h - 1 > a else None
+                below = below if below is not None and below < h else None
+                above = lat.near(h + 0.5 * lat.step, a + 1, c - 1)
+                above = above if above is not None and above >= h else None
+                if below is not None or above is not None:
+                    mid = below if below is not None else above
+                    break
+        sm = pr.sig(b, mid)
+        split(a, sa, mid, sm)
+        split(mid, sm, c, sc)
+
+    small = [s for s in pts if s <= 100][:4]
+    counts = [pr.trace(b, s).kind.size for s in small]
+    if len(counts) >= 3 and all(x < y for x, y in zip(counts, counts[1:])):
+        raise UntrustedFit(f"the step's number of allocations grows with the sequence length ({counts[0]} at seq "
+                           f"{small[0]}, {counts[-1]} at seq {small[-1]}): a loop over positions (a sequential scan) "
+                           "that no fixed timeline describes; use the measured method")
+    sigs = [pr.sig(b, s) for s in pts]
+    for (a, sa), (c, sc) in zip(zip(pts, sigs), zip(pts[1:], sigs[1:])):
+        split(a, sa, c, sc)
+    out, start = [], pts[0]
+    for a, c in sorted(bounds):
+        out.append((start, a))
+        start = c
+    out.append((start, pts[-1]))
+    return out
+
+
+def _classes(pr: Prober, b: int, intervals: Sequence[tuple[int, int]]) -> list[tuple[int, ...]]:
+    """Group k = 0 ... V2_CAP by the allocation sequence of lengths ``2**k`` x odd inside each odd-length
+    interval (compared with an odd length of the same interval)."""
+    behaviour: dict[int, list[Any]] = {k: [] for k in range(V2_CAP + 1)}
+    for lo, hi in intervals:
+        mid = (lo * hi) ** 0.5
+        ref = Lattice(0).near(mid, lo, hi)
+        base = pr.sig(b, ref) if ref is not None else None
+        lengths = {k: Lattice(k).near(mid, lo, hi) for k in range(V2_CAP + 1)}
+        sig = lambda k: None if lengths[k] is None else pr.sig(b, lengths[k])  # noqa: E731
+        found: dict[int, Any] = {}
+        if base is not None:
+            # a divisibility condition ("unless the length is a multiple of 16") splits k at a threshold:
+            # compare the ends, find the threshold by bisection, and check one k on each side of it; any
+            # other pattern compares every k
+            top = max((k for k in lengths if lengths[k] is not None), default=0)
+            found = {0: base, top: sig(top)}
+            if found[top] == base:
+                for k in (4, 8):
+                    if lengths[k] is not None:
+                        found[k] = sig(k)
+            else:
+                lo_k, hi_k = 0, top
+                while hi_k - lo_k > 1:
+                    m = (lo_k + hi_k) // 2
+                    found[m] = sig(m) if lengths[m] is not None else base
+                    lo_k, hi_k = (m, hi_k) if found[m] == base else (lo_k, m)
+                for k in {max(hi_k - 2, 0), (hi_k + top) // 2}:
+                    if lengths[k] is not None and k not in found:
+                        found[k] = sig(k)
+                steps = all(found[k] == (base if k < hi_k else found[top]) for k in found)
+                if steps:
+                    found = {k: (base if k < hi_k else found[top]) for k in range(V2_CAP + 1)}
+                else:
+                    found = {k: sig(k) for k in range(V2_CAP + 1)}
+            if len(set(found.values())) == 1:
+                found = {}
+        for k in range(V2_CAP + 1):
+            v = found.get(k, base)
+            behaviour[k].append(None if v is None or v == base else v)
+    groups: dict[tuple, list[int]] = {}
+    for k in range(V2_CAP + 1):
+        key = tuple("odd" if v is None else v for v in behaviour[k])
+        if all(v == "odd" for v in key):
+            key = ("odd",)
+        groups.setdefault(key, []).append(k)
+    return [tuple(ks) for ks in groups.values()]
+
+
+def _gap_members(lat: Lattice, group: Sequence[int], a: int, c: int) -> list[int]:
+    """Lengths of the class strictly between two neighbouring lattice members a < c."""
+    return [x for x in range(a + 1, c) if v2(x) in group and not lat.member(x)] if c - a <= 4 * lat.step else []
+
+
+def _regimes_of_class(pr: Prober, b: int, group: tuple[int, ...], s_max: int) -> list[tuple[int, int, tuple]]:
+    """(lo, hi, group) regimes of one class of lengths at batch ``b``."""
+    lat = Lattice(group[0])
+    intervals = _chart(pr, b, lat, S_MIN, s_max)
+    if not intervals:
+        return []
+    # members of the class below the first and above the last lattice length join the nearest interval
+    # when their allocation sequence is the same, else stand alone
+    head = [x for x in range(S_MIN, intervals[0][0]) if v2(x) in group]
+    tail = [x for x in range(intervals[-1][1] + 1, s_max + 1) if v2(x) in group] \
+        if s_max - intervals[-1][1] <= 4 * lat.step else []
+    lead: list[tuple[int, int, tuple]] = []
+    for x in reversed(head):
+        if pr.sig(b, x) == pr.sig(b, intervals[0][0]) and not lead:
+            intervals[0] = (x, intervals[0][1])
+        else:
+            lead.insert(0, (x, x, group))
+    for x in tail:
+        if pr.sig(b, x) == pr.sig(b, intervals[-1][1]):
+            intervals[-1] = (intervals[-1][0], x)
+        else:
+            break
+    out: list[tuple[int, int, tuple]] = list(lead)
+    for n, (lo, hi) in enumerate(intervals):
+        out.append((lo, hi, group))
+        if n + 1 < len(intervals):  # members of the class between this interval's end and the next start
+            nxt = intervals[n + 1][0]
+            for x in _gap_members(lat, group, hi, nxt):
+                sx = pr.sig(b, x)
+                if sx == pr.sig(b, hi):
+                    out[-1] = (out[-1][0], x, group)
+                elif sx == pr.sig(b, nxt):
+                    intervals[n + 1] = (x, intervals[n + 1][1])
+                else:
+                    out.append((x, x, group))
+    return out
+
+
+def _fit_lengths(lo: int, hi: int, lat: Lattice, known: Sequence[int], extra: Sequence[int] = ()) -> list[int]:
+    """About :data:`POINTS_PER_REGIME` lattice lengths spread over [lo, hi] (the ends, recorded ones,
+    fillers), plus ``extra``."""
+    members = {s for s in known if lo <= s <= hi and lat.member(s)} | {lo, hi}
+    members = {s for s in members if lat.member(s) or s in (lo, hi)}
+    if len(members) < POINTS_PER_REGIME:
+        for x in np.geomspace(max(lo, 1), hi, 3 * POINTS_PER_REGIME):
+            v = lat.near(float(x), lo, hi)
+            if v is not None:
+                members.add(v)
+    if len(members) < POINTS_PER_REGIME:  # a short regime: every member
+        v = lo
+        while v <= hi and len(members) < POINTS_PER_REGIME:
+            if lat.member(v):
+                members.add(v)
+            v += 1 if lat.k == 0 else lat.step
+    pts = _spread_subset(sorted(members), POINTS_PER_REGIME + 1)
+    return sorted(set(pts) | set(extra))
+
+
+def _slots(trace: StepTrace) -> np.ndarray:
+    return np.nonzero((trace.kind == ADD) | (trace.kind == SIZE))[0]
+
+
+def _spread_subset(lengths: Sequence[int], n: int) -> list[int]:
+    """``n`` of ``lengths`` (sorted) spread out evenly in log(length), the ends included."""
+    if len(lengths) <= n:
+        return list(lengths)
+    logs = np.log(np.asarray(lengths, dtype=float))
+    chosen = {0, len(lengths) - 1}
+    for target in np.linspace(logs[0], logs[-1], n)[1:-1]:
+        order = np.argsort(np.abs(logs - target))
+        chosen.add(int(next(i for i in order if int(i) not in chosen)))
+    return [lengths[i] for i in sorted(chosen)]
+
+
+def fit_regime(pr: Prober, lo: int, hi: int, group: tuple[int, ...], batch_one: bool, table: PolyTable,
+               lengths: Sequence[int], check_batch: bool = True) -> RegimeFit:
+    """Fit one regime from steps recorded at some of ``lengths`` (batch 1, or batches 2 and 3 plus 7 once to
+    check that sizes are linear in the batch): a few lengths first (enough for plain or padded lengths, with
+    checks), all of them when a size needs more."""
+    lengths = sorted(lengths)
+    few = 5 if batch_one else 4  # rows enough to solve a plain or padded length and check it twice
+    recorded = [s for s in lengths if (1 if batch_one else 2, s) in pr.traces]
+    first = _spread_subset(recorded, few) if len(recorded) >= few and {lo, hi} <= set(recorded) \
+        else _spread_subset(lengths, few)
+    tries = [first]
+    if len(lengths) > few:
+        tries.append(lengths)
+    for n, use in enumerate(tries):
+        try:
+            return _fit_at(pr, lo, hi, group, batch_one, table, use, check_batch)
+        except UntrustedFit:
+            if n + 1 == len(tries):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _fit_at(pr: Prober, lo: int, hi: int, group: tuple[int, ...], batch_one: bool, table: PolyTable,
+            lengths: Sequence[int], check_batch: bool) -> RegimeFit:
+    if batch_one:
+        points = [(1, s) for s in lengths]
+    else:
+        points = [(b, s) for s in lengths for b in (2, 3)]
+        if check_batch or len(lengths) == 1:
+            points.append((7, lengths[len(lengths) // 2]))
+    traces = [pr.trace(b, s) for b, s in points]
+    sig = traces[0].signature()
+    for t in traces[1:]:
+        if t.signature() != sig:
+            raise UntrustedFit(f"the allocation sequence differs between batch {traces[0].batch} x seq "
+                               f"{traces[0].seq} and batch {t.batch} x seq {t.seq} although no regime boundary "
+                               "separates them; the trace cannot be trusted; use the measured method")
+    slots = _slots(traces[0])
+    sizes = np.stack([t.nbytes[slots] for t in traces]) if slots.size else np.zeros((len(traces), 0), np.int64)
+    polys, failed = fit_sizes(points, sizes, batch_one=batch_one)
+    if failed:
+        j = failed[0]
+        seen = ", ".join(f"{b}x{s}: {int(v)}" for (b, s), v in zip(points[:4], sizes[:4, j]))
+        raise UntrustedFit(f"{len(failed)} allocation size(s) of the step follow no polynomial in (batch, seq) "
+                           f"between seq {lo} and {hi} (e.g. bytes at batch x seq {seen}); the trace cannot be "
+                           "trusted there; use the measured method")
+    slot_poly: list[Optional[int]] = [None] * traces[0].kind.size
+    for pos, poly in zip(slots.tolist(), polys):
+        assert poly is not None
+        slot_poly[pos] = table.id(poly)
+    return RegimeFit(batch_one, lo, hi, group, points, window_of(traces[0], slot_poly, table), dict(traces[0].sdpa))
+
+
+#: a regime with at most this many lengths of its class may be answered length by length (each recorded)
+SHORT_REGIME = 48
+
+
+def _members(group: Sequence[int], lo: int, hi: int) -> list[int]:
+    """The lengths of a class (largest power-of-two divisor 2**k, k in ``group``) in [lo, hi]."""
+    step = 1 << min(group)
+    return [s for s in range(-(-lo // step) * step, hi + 1, step) if v2(s) in group]
+
+
+def _fit_or_each(pr: Prober, lo: int, hi: int, g: tuple[int, ...], batch_one: bool, table: PolyTable,
+                 lengths: Sequence[int]) -> list[RegimeFit]:
+    """One fitted regime, or, when a short regime has too few lengths to fit and check a length term, one
+    regime per length of its class (each one recorded: exact, nothing to extrapolate)."""
+    members = _members(g, lo, hi)
+    try:
+        if len(lengths) < 4 and hi > lo:
+            raise UntrustedFit("too few lengths")
+        return [fit_regime(pr, lo, hi, g, batch_one, table, lengths)]
+    except UntrustedFit:
+        if len(members) > SHORT_REGIME:
+            raise
+        return [fit_regime(pr, s, s, g, batch_one, table, [s]) for s in members]
+
+
+def _discover(pr: Prober, table: PolyTable, s_max: int) -> list[RegimeFit]:
+    """Every regime of a session (see the module docstring), fitted."""
+    known = lambda: sorted({s for (_, s) in pr.traces})  # noqa: E731
+    odd = _chart(pr, 2, Lattice(0), S_MIN, s_max)
+    groups = _classes(pr, 2, odd)
+    fits: list[RegimeFit] = []
+    for group in sorted(groups):
+        lat = Lattice(group[0])
+        regimes = _regimes_of_class(pr, 2, group, s_max)
+        for lo, hi, g in regimes:
+            if hi == S_MIN:  # a one-token sequence: answered when it follows the rules, else left out
+                try:
+                    one = [fit_regime(pr, lo, hi, g, False, table, [lo]), fit_regime(pr, lo, hi, g, True, table, [lo])]
+                except UntrustedFit as exc:
+                    pr.report.notes.append(f"sequences of one token are not answered ({exc})")
+                    continue
+                fits.extend(one)
+                continue
+            extra = []
+            if len(g) > 1:  # one length of the class's other divisors, to check they share the fit
+                v = Lattice(g[-1]).near((lo * hi) ** 0.5, lo, hi)
+                if v is not None and v not in (lo, hi):
+                    extra.append(v)
+            lengths = _fit_lengths(lo, hi, lat, known(), extra) if hi > lo else [lo]
+            fits.extend(_fit_or_each(pr, lo, hi, g, False, table, lengths))
+            # batch one: the same regimes when its steps agree there, else charted on its own
+            try:
+                fits.extend(_fit_or_each(pr, lo, hi, g, True, table, lengths))
+            except UntrustedFit:
+                fits.extend(_discover_batch_one(pr, table, g, lo, hi, known()))
+    return fits
+
+
+def _discover_batch_one(pr: Prober, table: PolyTable, group: tuple[int, ...], lo: int, hi: int,
+                        known: Sequence[int]) -> list[RegimeFit]:
+    lat = Lattice(group[0])
+    out = []
+    for rlo, rhi, g in _regimes_of_class(pr, 1, group, hi):
+        rlo, rhi = max(rlo, lo), min(rhi, hi)
+        if rlo > rhi:
+            continue
+        lengths = _fit_lengths(rlo, rhi, lat, known) if rhi > rlo else [rlo]
+        out.extend(_fit_or_each(pr, rlo, rhi, g, True, table, lengths))
+    return out
+
+
+def _unit_of(pr2: Prober, f: RegimeFit, table: PolyTable) -> tuple[list[Insertion], Counter]:
+    """What one more unit of blocks adds to regime ``f``'s step (the pieces and the storages alive before the
+    step), from the deeper model recorded at three shapes of the regime: the added allocations are the same
+    kinds as the shallower model's, so each is named by the one fitted size that takes its three recorded
+    values. When that does not settle every one, the deeper model is fitted in full."""
+    lengths = sorted({s for _, s in f.points})
+    b0 = 1 if f.batch_one else 2
+    # the diff runs at the first shape: a long sequence, where different allocations have different sizes
+    # (at a few tokens many coincide and the alignment would say nothing about other shapes)
+    mid = lengths[len(lengths) // 2]
+    pick = [lengths[-1], mid, lengths[0]] if len(lengths) > 1 else lengths * 3
+    shapes = [(b0, pick[0]), (b0 if f.batch_one else 3, pick[1]), (b0 if f.batch_one else 7, pick[2])]
+    if f.batch_one and len(set(pick)) < 3:
+        return _unit_by_refit(pr2, f, table, lengths)
+    traces = [pr2.trace(b, s) for b, s in shapes]
+    if len({t.signature() for t in traces}) == 1:
+        known: dict[tuple, set[int]] = {}
+        for pid, poly in enumerate(table.polys):
+            known.setdefault(tuple(int(poly.value(b, s)) for b, s in shapes), set()).add(pid)
+        base = [_predict(f.window, [], 0, Counter(), table.polys, b, s) for b, s in shapes]
+        deep = [concrete_window(t) for t in traces]
+        try:
+            cut = insertions(Window.from_tokens(base[0][0], base[0][1]), Window.from_tokens(deep[0][0], deep[0][1]))
+        except TrainfitError:
+            cut = None
+        if cut is not None:
+            named = _name_pieces(cut, base, deep, known, f, table)
+            if named is not None:
+                return named
+    return _unit_by_refit(pr2, f, table, lengths)
+
+
+def _unit_by_refit(pr2: Prober, f: RegimeFit, table: PolyTable,
+                   lengths: Sequence[int]) -> tuple[list[Insertion], Counter]:
+    refit = fit_regime(pr2, f.s_lo, f.s_hi, f.v2, f.batch_one, table, lengths, check_batch=False)
+    return insertions(f.window, refit.window), static_delta(f.window, refit.window)
+
+
+def _name_pieces(cut: Sequence[Insertion], base: list, deep: list, known: dict[tuple, set[int]], f: RegimeFit,
+                 table: PolyTable) -> Optional[tuple[list[Insertion], Counter]]:
+    """The pieces found on concrete sizes (at the first shape), with each size replaced by the fitted size
+    whose values at all three shapes are the recorded ones (several: those of this regime's own step, and
+    only if they agree at every length the regime was fitted at); None when one is missing or ambiguous."""
+    used = set(f.window.poly.tolist())
+
+    def one(ids: set[int]) -> Optional[int]:
+        if len(ids) > 1:
+            ids = {i for i in ids if i in used} or ids
+        if len(ids) > 1:
+            vals = {tuple(table.polys[i].value(b, s) for b, s in f.points) for i in ids}
+            if len(vals) > 1:
+                return None
+        return min(ids) if ids else None
+
+    # where each piece sits in the deeper stream (the same positions at every shape: one signature)
+    out: list[Insertion] = []
+    shift = 0
+    for piece in sorted(cut, key=lambda p: p.at):
+        start = piece.at + shift
+        toks = []
+        for k, tok in enumerate(piece.tokens):
+            if tok[0] < 0:
+                toks.append(tok)
+                continue
+            pid = one(known.get(tuple(d[0][start + k][0] for d in deep), set()))
+            if pid is None:
+                return None
+            toks.append((pid, tok[1], tok[2], tok[3]))
+        out.append(Insertion(piece.at, tuple(toks)))
+        shift += len(piece.tokens)
+    static: Counter = Counter()
+    for i, (d, b) in enumerate(zip(deep, base)):
+        diff = Counter(d[1])
+        diff.subtract(b[1])
+        if i == 0:
+            static = +diff
+        elif +diff != static:
+            return None
+    unit: Counter = Counter()
+    for (nb, cat), n in static.items():
+        unit[(table.id(Poly.const(nb)), cat)] += n
+    return out, unit
+
+
+def _regime_of(fits: Sequence[RegimeFit], b: int, s: int) -> Optional[int]:
+    return next((i for i, f in enumerate(fits) if f.contains(b, s)), None)
+
+
+def _predict(base: Window, pieces: Sequence[Insertion], copies: int, unit_static: Counter, polys: Sequence[Poly],
+             b: int, s: int) -> tuple[list[tuple[int, int, int, int]], Counter]:
+    """The predicted step at (b, s), sizes in bytes, to compare with a recording (:func:`concrete_window`)."""
+    w = expand(base, pieces, copies, unit_static) if copies else base
+    vals = {p: int(polys[p].value(b, s)) for p in set(w.poly.tolist()) if p >= 0}
+    toks = [(vals[p] if p >= 0 else -1, c, sg, ph) for p, c, sg, ph in w.tokens()]
+    static: Counter = Counter()
+    for (p, c), n in w.static.items():
+        static[(int(polys[p].coef[0]), c)] += n
+    return toks, static
+
+
+def _check_common(pr: Prober, fits: Sequence[RegimeFit], table: PolyTable, s_max: int) -> None:
+    for b, s in COMMON_SHAPES:
+        if s > s_max:
+            continue
+        i = _regime_of(fits, b, s)
+        if i is None:
+            raise UntrustedFit(f"batch {b} x seq {s} falls in no regime the trace charted; use the measured method")
+        if _predict(fits[i].window, [], 0, Counter(), table.polys, b, s) != concrete_window(pr.trace(b, s)):
+            raise UntrustedFit(f"the fitted timeline does not reproduce the recorded step at batch {b} x seq {s}; "
+                               "the trace cannot be trusted; use the measured method")
+
+
+# ------------------------------------------------------------------------------------------------ trace
+
+def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_MAX,
+                   progress: Optional[Callable[[str], None]] = None) -> tuple[list[Regime], TraceReport, dict]:
+    """Trace ``config`` under ``recipe``: (the compiled regimes, how it went, facts about the model)."""
+    t0 = time.perf_counter()
+    report = TraceReport()
+    say = progress or (lambda _m: None)
+    table = PolyTable()
+    facts: dict[str, Any] = {}
+    build_seq = S_MIN  # no position table enlarged: the model as its config describes it
+    checks = [(b, min(s, s_max)) for b, s in VERIFY_SHAPES]
+    fits: list[RegimeFit] = []
+    plan: Optional[RepeatPlan] = None
+    wanted: dict[tuple[int, int], Any] = {}
+    with TraceSession(config, recipe, build_seq=build_seq) as full:
+        n_layers = full.full_layers
+        limit = position_limit(full.built.model, full.built.config)
+        if limit is not None and limit < s_max:
+            s_max = limit
+            facts["s_max"] = limit
+            report.notes.append(f"learned position table: sequences up to {limit} tokens")
+        checks = [(b, min(s, s_max)) for b, s in VERIFY_SHAPES]
+        found = layer_stack(full.built.model, n_layers)
+        plan = repeat_plan([block_signature(b) for b in found[2]]) if found is not None else None
+        facts.update(n_params=full.n_params, n_trainable=full.n_trainable, model_type=full.built.model_type,
+                     task=full.built.task, notes=list(full.built.notes))
+        report.n_layers = n_layers
+        full_pr = Prober(full, report)
+        if plan is None:
+            say(f"tracing all {n_layers or '?'} blocks")
+            report.depths = [n_layers or 0]
+            fits = _discover(full_pr, table, s_max)
+            _check_common(full_pr, fits, table, s_max)
+        else:
+            wanted = {shape: concrete_window(full_pr.trace(*shape)) for shape in checks}
+    pieces: list[list[Insertion]] = [[] for _ in fits]
+    unit_static: list[Counter] = [Counter() for _ in fits]
+    copies = 0
+    if plan is not None:
+        report.plan = (f"blocks 0-{plan.prefix - 1}, then {plan.units} units of {plan.period}, then the last "
+                       f"{plan.suffix}")
+        d1, d2 = plan.depth(1), plan.depth(2)
+        report.depths = [d1, d2, n_layers or 0]
+        say(f"tracing {d1} and {d2} of {n_layers} blocks")
+        with TraceSession(config, recipe, keep=plan.keep(1), build_seq=build_seq) as s1:
+            pr1 = Prober(s1, report)
+            fits = _discover(pr1, table, s_max)
+            _check_common(pr1, fits, table, s_max)
+        copies = plan.units - 1
+        try:
+            with TraceSession(config, recipe, keep=plan.keep(2), build_seq=build_seq) as s2:
+                pr2 = Prober(s2, report)
+                pieces, unit_static = [], []
+                for f in fits:
+                    pcs, ust = _unit_of(pr2, f, table)
+                    pieces.append(pcs)
+                    unit_static.append(ust)
+            for (b, s), want in wanted.items():
+                i = _regime_of(fits, b, s)
+                if i is None or _predict(fits[i].window, pieces[i], copies, unit_static[i], table.polys, b, s) != want:
+                    raise TrainfitError(f"the {d1}- and {d2}-block traces do not extend exactly to {n_layers} "
+                                        f"blocks (batch {b}, seq {s})")
+        except TrainfitError as exc:
+            report.notes.append(f"{exc}: traced at full depth")
+            say("tracing at full depth")
+            report.depths = [n_layers or 0]
+            plan, copies = None, 0
+            with TraceSession(config, recipe, build_seq=build_seq) as full:
+                pr = Prober(full, report)
+                fits = _discover(pr, table, s_max)
+                _check_common(pr, fits, table, s_max)
+            pieces, unit_static = [[] for _ in fits], [Counter() for _ in fits]
+    say("compiling")
+    regimes = []
+    for f, pcs, ust in zip(fits, pieces, unit_static):
+        static = Counter(f.window.static)
+        for k, v in ust.items():
+            static[k] += v * copies
+        regimes.append(compile_regime(table.polys, f.window, pcs, copies, static, batch_one=f.batch_one,
+                                      s_lo=f.s_lo, s_hi=f.s_hi, v2=f.v2, b_max=B_MAX))
+    facts["sdpa"] = {("b=1" if f.batch_one else "b>=2") + f" s={f.s_lo}-{f.s_hi}" + (
+        f" (2^k | s, k in {list(f.v2)})" if f.v2 != tuple(range(V2_CAP + 1)) else ""): f.sdpa for f in fits}
+    report.seconds = time.perf_counter() - t0
+    return regimes, report, facts
+
+
+__all__ = ["B_MAX", "LADDER", "S_MAX", "TraceReport", "UntrustedFit", "trace_timeline", "v2"]
