@@ -25,31 +25,14 @@ import pytest
 from trainfit.steptime import Overlap, setup_step_time
 from trainfit.training_setup import TrainingSetup
 
-SEQ, VOCAB = 2048, 51200
-OLD_MEGATRON = dict(tp_backward=False, pp=False, cp=False)
+# The published rows, kept once in validation/steptime.py (which writes validation/steptime.md):
+# Narayanan et al. 2021 Table 1 (name, heads, hidden, layers, tp, pp, virtual, GPUs, global batch, micro-batch,
+# DDP, published TFLOP/s per GPU) and Korthikanti et al. 2022 Table 5 with the settings of its Table 3 (name,
+# heads, hidden, layers, tp, pp, virtual, GPUs, global batch, micro-batch, seconds with full recomputation,
+# seconds with selective recomputation + SP).
+from validation.steptime import SEQ, TABLE1, TABLE5, VOCAB  # noqa: E402
 
-# Narayanan et al. 2021 Table 1: name, heads, hidden, layers, tp, pp, virtual, GPUs, global batch, micro-batch,
-# DDP, published TFLOP/s per GPU
-TABLE1 = [
-    ("1.7B", 24, 2304, 24, 1, 1, 1, 32, 512, 16, "torch", 137),
-    ("3.6B", 32, 3072, 30, 2, 1, 1, 64, 512, 16, "torch", 138),
-    ("7.5B", 32, 4096, 36, 4, 1, 1, 128, 512, 16, "torch", 142),
-    ("18B", 48, 6144, 40, 8, 1, 1, 256, 1024, 8, "torch", 135),
-    ("39B", 64, 8192, 48, 8, 2, 1, 512, 1536, 4, "local", 138),
-    ("76B", 80, 10240, 60, 8, 4, 3, 1024, 1792, 2, "local", 140),
-    ("145B", 96, 12288, 80, 8, 8, 2, 1536, 2304, 2, "local", 148),
-    ("310B", 128, 16384, 96, 8, 16, 2, 1920, 2160, 1, "local", 155),
-    ("530B", 128, 20480, 105, 8, 35, 3, 2520, 2520, 1, "local", 163),
-    ("1T", 160, 25600, 128, 8, 64, 1, 3072, 3072, 1, "local", 163),
-]
-# Korthikanti et al. 2022 Table 5 (settings: Table 3): name, heads, hidden, layers, tp, pp, virtual, GPUs,
-# global batch, micro-batch, seconds with full recomputation, seconds with selective recomputation + SP
-TABLE5 = [
-    ("22B", 64, 6144, 48, 8, 1, 1, 8, 4, 4, 1.42, 1.10),
-    ("175B", 96, 12288, 96, 8, 8, 3, 64, 64, 1, 18.13, 13.75),
-    ("530B", 128, 20480, 105, 8, 35, 3, 280, 280, 1, 49.05, 37.83),
-    ("1T", 160, 25600, 128, 8, 64, 1, 512, 512, 1, 94.42, 71.49),
-]
+OLD_MEGATRON = dict(tp_backward=False, pp=False, cp=False)
 
 
 def gpt(heads, hidden, layers):

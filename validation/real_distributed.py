@@ -81,13 +81,11 @@ def _init_real(model: Any) -> None:
 def run_rank(cfg: Mapping[str, Any], fields: Mapping[str, Any], warmup: int, stage: Optional[int] = None) -> RankPeaks:
     """Build and run this process's rank of the layout for real (the process group must be up, or absent
     for a pipeline stage run on its own); returns its peaks."""
-    import contextlib
-
     import torch
 
-    from trainfit.measure import ATTN_IMPLEMENTATION, make_optimizer
-    from trainfit.measure.distributed import (StepRun, apply_fsdp, apply_tp, block_list, build_mesh, layouts_of,
-                                              run_parallel_steps, run_pipeline_steps, stage_model)
+    from trainfit.measure import ATTN_IMPLEMENTATION
+    from trainfit.measure.distributed import (apply_fsdp, apply_tp, block_list, build_mesh, layouts_of, run_rank_steps,
+                                              stage_model)
     from trainfit.measure.emulation import CudaSemantics
     from trainfit.measure.fake import build_model, make_inputs
     from trainfit.measure.tracker import make_tracker
@@ -124,24 +122,9 @@ def run_rank(cfg: Mapping[str, Any], fields: Mapping[str, Any], warmup: int, sta
         inputs["position_ids"] = torch.arange(setup.seq_len).unsqueeze(0)
     tracker = make_tracker(round_to_cuda_blocks=False, distributed=True)
     tracker.track_external(model, *inputs.values())
-    emulation = CudaSemantics(enabled=False)
-    autocast = torch.bfloat16 if r.precision == "amp-bf16" and not layout.fsdp_mixed_precision else None
-
-    def make_opt(m: Any) -> Any:
-        return make_optimizer([p for p in m.parameters() if p.requires_grad], r.optimizer, r.opt_impl)
-
-    if layout.pp > 1:
-        dtype = next(iter(model.parameters())).dtype
-        shape = (setup.micro_batch, setup.seq_len, built.config.hidden_size)
-        run_pipeline_steps(model, layout, StepRun(inputs, built.task, autocast),
-                           lambda: torch.randn(shape, dtype=dtype).requires_grad_(), make_opt, tracker, emulation,
-                           warmup)
-    else:
-        loss_ctx = contextlib.nullcontext
-        if layout.loss_parallel and layout.tp > 1:
-            from torch.distributed.tensor.parallel import loss_parallel as loss_ctx  # type: ignore[assignment]
-        run_parallel_steps(model, StepRun(inputs, built.task, autocast, loss_ctx), make_opt, tracker, emulation,
-                           layout, warmup + (1 if layout.ddp else 0), fake=False)
+    # DDP's reducer rebuilds its buckets after the first real step: one warm-up more (never a pipeline's)
+    run_rank_steps(model, layout, setup, built, inputs, tracker, CudaSemantics(enabled=False), warmup +
+                   (1 if layout.ddp else 0), fake=False)
     step = tracker.steps[-1]
     return RankPeaks(peak_bytes=int(step.peak.total), phase_peaks={n: int(p.peak.total) for n, p in step.phases.items()},
                      rank=layout.rank, world_size=layout.world_size)

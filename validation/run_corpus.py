@@ -18,6 +18,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -29,11 +30,12 @@ FIELDS = ("batch", "seq_len", "precision", "optimizer", "opt_impl", "checkpointi
 OPTIONS = ("task", "warmup")
 
 
-def load_cases(path: Path) -> list[dict]:
+def load_cases(path: Path, fields: tuple[str, ...] = FIELDS) -> list[dict]:
+    """The cases of a corpus file, each checked for the keys it may hold (``fields``, the measurement's options)."""
     data = yaml.safe_load(path.read_text())
     cases = data["cases"]
     for i, c in enumerate(cases):
-        unknown = set(c) - {"model", *FIELDS, *OPTIONS}
+        unknown = set(c) - {"model", *fields, *OPTIONS}
         if unknown or not {"model", "batch", "seq_len"} <= set(c):
             raise SystemExit(f"{path}: case {i}: needs model, batch, seq_len; unknown keys: {sorted(unknown)}")
     return cases
@@ -63,24 +65,33 @@ def run_case(i: int, case: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--corpus", type=Path, default=HERE / "corpus.yaml")
-    ap.add_argument("--out", type=Path, default=HERE / "corpus-measured.jsonl")
+    return corpus_main(argv, corpus=HERE / "corpus.yaml", out=HERE / "corpus-measured.jsonl", load=load_cases,
+                       run=run_case, line=lambda row: (
+                           f"{row['arch']:<9} {row['model']:<32} b{row['batch']:<3} s{row['seq_len']:<5} "
+                           f"{row['precision']:<8} {row['optimizer']:<12} ckpt={row['checkpointing']:<4} "
+                           f"lora={row['lora_rank']:<2}"))
+
+
+def corpus_main(argv: list[str] | None, *, corpus: Path, out: Path, load: Callable[[Path], list[dict]],
+                run: Callable[[int, dict], dict], line: Callable[[dict], str]) -> int:
+    """Measure every case of ``corpus`` (or ``--only`` some, printed, not written) into ``out``, atomically."""
+    ap = argparse.ArgumentParser(description=(sys.modules["__main__"].__doc__ or "").splitlines()[0] or None)
+    ap.add_argument("--corpus", type=Path, default=corpus)
+    ap.add_argument("--out", type=Path, default=out)
     ap.add_argument("--only", type=int, nargs="*", help="case indices to run (prints; does not write --out)")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
-    cases = load_cases(args.corpus)
+    cases = load(args.corpus)
     picked = args.only if args.only else list(range(len(cases)))
     rows = []
     for i in picked:
-        row = run_case(i, cases[i])
+        row = run(i, cases[i])
         rows.append(row)
-        print(f"{i:>3} {row['arch']:<9} {row['model']:<32} b{row['batch']:<3} s{row['seq_len']:<5} "
-              f"{row['precision']:<8} {row['optimizer']:<12} ckpt={row['checkpointing']:<4} lora={row['lora_rank']:<2} "
-              f"{row['peak_bytes'] / 1e9:8.3f} GB  {row['peak_phase']:<9} {row['seconds']:6.1f}s", flush=True)
+        print(f"{i:>3} {line(row)} {row['peak_bytes'] / 1e9:8.3f} GB  {row['peak_phase']:<9} {row['seconds']:6.1f}s",
+              flush=True)
     if args.only:
         return 0
-    write_text(args.out, "".join(json.dumps(row, sort_keys=False) + "\n" for row in rows))
+    write_text(args.out, "".join(json.dumps(row) + "\n" for row in rows))
     print(f"wrote {len(rows)} cases to {args.out}")
     return 0
 

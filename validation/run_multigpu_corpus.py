@@ -13,35 +13,20 @@ every case succeeded. About 4 minutes on 2 CPU cores (nothing is allocated for r
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
-import warnings
 from pathlib import Path
 
-import yaml
-
-from trainfit.files import write_text
-from trainfit.training_setup import FIELD_NAMES
-
 HERE = Path(__file__).resolve().parent
-OPTIONS = ("task", "warmup")
+sys.path.insert(0, str(HERE))
+
+import run_corpus  # noqa: E402
+
+from trainfit.training_setup import FIELD_NAMES  # noqa: E402
 
 
 def load_cases(path: Path) -> list[dict]:
-    cases = yaml.safe_load(path.read_text())["cases"]
-    for i, c in enumerate(cases):
-        unknown = set(c) - {"model", *FIELD_NAMES, *OPTIONS}
-        if unknown or not {"model", "batch", "seq_len"} <= set(c):
-            raise SystemExit(f"{path}: case {i}: needs model, batch, seq_len; unknown keys: {sorted(unknown)}")
-    return cases
-
-
-def model_ref(model: str) -> str:
-    """A path relative to this directory when the file exists here, else a bundled config name."""
-    local = HERE / model
-    return str(local) if local.suffix == ".json" and local.exists() else model
+    return run_corpus.load_cases(path, FIELD_NAMES)
 
 
 def run_case(i: int, case: dict) -> dict:
@@ -49,7 +34,7 @@ def run_case(i: int, case: dict) -> dict:
 
     kw = {k: v for k, v in case.items() if k != "model"}
     t = time.perf_counter()
-    est = measure(model_ref(case["model"]), **kw)
+    est = measure(run_corpus.model_ref(case["model"]), **kw)
     x = est.extra
     return {**est.inputs, "index": i, "model": case["model"], "arch": x["arch"],
             "peak_bytes": int(est.total_bytes), "peak_phase": x["peak_phase"],
@@ -70,26 +55,11 @@ def describe(row: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--corpus", type=Path, default=HERE / "corpus-multigpu.yaml")
-    ap.add_argument("--out", type=Path, default=HERE / "multigpu-measured.jsonl")
-    ap.add_argument("--only", type=int, nargs="*", help="case indices to run (prints; does not write --out)")
-    args = ap.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    cases = load_cases(args.corpus)
-    picked = args.only if args.only else list(range(len(cases)))
-    rows = []
-    for i in picked:
-        row = run_case(i, cases[i])
-        rows.append(row)
-        print(f"{i:>3} {row['arch']:<7} {row['model']:<28} {describe(row):<18} b{row['batch']:<3} s{row['seq_len']:<5} "
-              f"{row['precision']:<8} ckpt={row['checkpointing']:<4} lora={row['lora_rank']:<2} "
-              f"{row['peak_bytes'] / 1e9:8.3f} GB  {row['peak_phase']:<9} {row['seconds']:6.1f}s", flush=True)
-    if args.only:
-        return 0
-    write_text(args.out, "".join(json.dumps(row) + "\n" for row in rows))
-    print(f"wrote {len(rows)} cases to {args.out}")
-    return 0
+    return run_corpus.corpus_main(argv, corpus=HERE / "corpus-multigpu.yaml", out=HERE / "multigpu-measured.jsonl",
+                                  load=load_cases, run=run_case, line=lambda row: (
+                                      f"{row['arch']:<7} {row['model']:<28} {describe(row):<18} b{row['batch']:<3} "
+                                      f"s{row['seq_len']:<5} {row['precision']:<8} ckpt={row['checkpointing']:<4} "
+                                      f"lora={row['lora_rank']:<2}"))
 
 
 if __name__ == "__main__":

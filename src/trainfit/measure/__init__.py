@@ -229,11 +229,7 @@ class Measured:
         inputs_echo = setup.as_dict()
         inputs_echo.update(task=built.task, warmup=warmup, semantics=semantics, attn_implementation=attn)
         extra = {
-            "peak_phase": step.peak_phase,
-            "phases": {n: p.as_dict() for n, p in step.phases.items()},
-            "tracker_breakdown": peak.as_dict(),
-            "first_step": {"peak_bytes": first.peak.total, "peak_phase": first.peak_phase,
-                           "peak_breakdown": first.peak.as_dict()},
+            **step_summary(step, first),
             "static": {"param_bytes": peak.by_category["parameter"],
                        "optimizer_state_bytes": step.phases["forward"].start.by_category["optstate"],
                        "grad_bytes_end_of_backward": end_bw["gradient"]},
@@ -298,11 +294,7 @@ def _estimate_rank(setup: TrainingSetup, *, task: Optional[str], warmup: int, se
                        rank=layout.rank, mesh=layout.mesh)
     start = step.phases["forward"].start.by_category
     extra = {
-        "peak_phase": step.peak_phase,
-        "phases": {n: p.as_dict() for n, p in step.phases.items()},
-        "tracker_breakdown": peak.as_dict(),
-        "first_step": {"peak_bytes": first.peak.total, "peak_phase": first.peak_phase,
-                       "peak_breakdown": first.peak.as_dict()},
+        **step_summary(step, first),
         "static": {"param_bytes": start["parameter"], "optimizer_state_bytes": start["optstate"],
                    "grad_bytes_end_of_backward": step.phases["backward"].end.by_category["gradient"],
                    "ddp_bucket_bytes": start.get("ddp bucket", 0)},
@@ -331,6 +323,14 @@ def _estimate_rank(setup: TrainingSetup, *, task: Optional[str], warmup: int, se
                     components=components, dominant=max(components, key=lambda k: components[k]),
                     inputs=inputs_echo, notes=notes, extra=extra, setup=setup)
 
+
+
+def step_summary(step: Any, first: Any) -> dict[str, Any]:
+    """The measured step's peak phase, phases and breakdown at the peak, and the first (warm-up) step's peak."""
+    return {"peak_phase": step.peak_phase, "phases": {n: p.as_dict() for n, p in step.phases.items()},
+            "tracker_breakdown": step.peak.as_dict(),
+            "first_step": {"peak_bytes": first.peak.total, "peak_phase": first.peak_phase,
+                           "peak_breakdown": first.peak.as_dict()}}
 
 def measure(model: Any, hardware: Any = None, *, task: Optional[str] = None, warmup: int = 1,
             semantics: str = "cuda", **fields: Any) -> Estimate:

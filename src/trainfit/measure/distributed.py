@@ -567,6 +567,33 @@ def run_pipeline_steps(model: Any, layout: Layout, run: StepRun, hidden: Callabl
                 opt.zero_grad(set_to_none=True)
 
 
+def run_rank_steps(model: Any, layout: Layout, setup: TrainingSetup, built: Any, inputs: dict[str, Any], tracker: Any,
+                   emulation: Any, warmup: int, *, fake: bool) -> None:
+    """Run this rank's warm-up and measured steps of ``setup`` (its pipeline stage, or its data/tensor-parallel
+    step) under ``tracker``: on fake tensors (``fake``), or for real on a process group."""
+    from . import make_optimizer
+
+    torch = require("torch")
+    r = setup.recipe
+    autocast = torch.bfloat16 if r.precision == "amp-bf16" and not layout.fsdp_mixed_precision else None
+
+    def make_opt(m: Any) -> Any:
+        return make_optimizer([p for p in m.parameters() if p.requires_grad], r.optimizer, r.opt_impl)
+
+    if layout.pp > 1:
+        dtype = next(iter(model.parameters())).dtype
+        shape = (setup.micro_batch, setup.seq_len, built.config.hidden_size)
+        new = torch.empty if fake else torch.randn  # what the previous stage sends
+        run_pipeline_steps(model, layout, StepRun(inputs, built.task, autocast),
+                           lambda: new(shape, dtype=dtype).requires_grad_(), make_opt, tracker, emulation, warmup)
+        return
+    loss_ctx = contextlib.nullcontext
+    if layout.loss_parallel and layout.tp > 1:
+        loss_ctx = importlib.import_module("torch.distributed.tensor.parallel").loss_parallel
+    run_parallel_steps(model, StepRun(inputs, built.task, autocast, loss_ctx), make_opt, tracker, emulation, layout,
+                       warmup, fake=fake)
+
+
 # ---------------------------------------------------------------------------------------------
 # One rank, end to end
 
@@ -590,7 +617,6 @@ def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str],
     torch = require("torch")
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from . import make_optimizer
     from .emulation import CudaSemantics
     from .fake import build_model, count_params, make_inputs, to_fake
     from .tracker import make_tracker
@@ -627,23 +653,7 @@ def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str],
             tracker = make_tracker(round_to_cuda_blocks=cuda, distributed=True)
             tracker.track_external(model, *inputs.values())
             emulation = CudaSemantics(enabled=cuda)
-            autocast = torch.bfloat16 if r.precision == "amp-bf16" and not layout.fsdp_mixed_precision else None
-
-            def make_opt(m: Any) -> Any:
-                return make_optimizer([p for p in m.parameters() if p.requires_grad], r.optimizer, r.opt_impl)
-
-            if layout.pp > 1:
-                dtype = next(iter(model.parameters())).dtype
-                shape = (setup.micro_batch, setup.seq_len, built.config.hidden_size)
-                run_pipeline_steps(model, layout, StepRun(inputs, built.task, autocast),
-                                   lambda: torch.empty(shape, dtype=dtype).requires_grad_(), make_opt, tracker,
-                                   emulation, warmup)
-            else:
-                loss_ctx = contextlib.nullcontext
-                if layout.loss_parallel and layout.tp > 1:
-                    loss_ctx = importlib.import_module("torch.distributed.tensor.parallel").loss_parallel
-                run_parallel_steps(model, StepRun(inputs, built.task, autocast, loss_ctx), make_opt, tracker,
-                                   emulation, layout, warmup, fake=True)
+            run_rank_steps(model, layout, setup, built, inputs, tracker, emulation, warmup, fake=True)
     return RankMeasurement(layout=layout, tracker=tracker, emulation=emulation, built=built, n_params=n_params,
                            n_trainable=n_trainable, param_dtype=param_dtype, stage_layers=keep)
 
