@@ -419,11 +419,14 @@ def plan(model: Any, hardware: Any, n_gpus: int, *, global_batch: int = DEFAULT_
     if fixed:
         raise TrainfitError(f"{fixed[0]} is chosen by the planner's search; pass the search's own arguments "
                             "(n_gpus, global_batch, seq_len, precision, optimizer, zero_stages, checkpointing)")
-    if method is None:
-        method = default_method(TrainingSetup.build(ctx.model, ctx.device, precision=ctx.precision,
-                                                    optimizer=ctx.optimizer, **fields),
-                                searching=("tp", "pp", "dp", "ep", "zero", "checkpointing", "accumulation"))
     notes: list[str] = []
+    if method is None:
+        probe = TrainingSetup.build(ctx.model, ctx.device, precision=ctx.precision, optimizer=ctx.optimizer, **fields)
+        method = default_method(probe, searching=("tp", "pp", "dp", "ep", "zero", "checkpointing", "accumulation"))
+        single = default_method(probe)
+        if single != method:
+            notes.append(f"memory by the {method} method: the {single} method, this model's default, models one "
+                         "accelerator, not the layouts searched")
     if ctx.heads is None and 0 in cks:
         cks = [c for c in cks if c]
         notes.append("checkpointing 'none' skipped: the model states no attention-head count")
