@@ -57,6 +57,8 @@ def test_a_300_character_model_name_is_an_unknown_name(command):
     (["plan", "llama-3.1-8b", "--gpus", "16", "--inter-node-bandwidth", "1e-300 B/s", "-o", "json"],
      "inter-node bandwidth must be between 1 MB/s and 1 PB/s"),
     (["plan", "llama-3.1-8b", "--gpus", "16", "--node-size", str(2**64)], "node size must be at most"),
+    (["estimate", "mixtral-8x7b", "esp32-s3", "--capacity-factor", "1e308"], "capacity_factor must be a finite "
+     "number >= 0 and <= 256"),
 ])
 def test_huge_and_vanishing_numbers_are_one_line_errors(args, needle):
     fails_in_one_line(*args, needle=needle)
@@ -74,9 +76,12 @@ def test_the_api_bounds_whole_numbers_the_same_way_for_solve_and_sweep():
 
 
 @pytest.mark.parametrize("text,needle", [
-    ('{"model_type": "gpt2", "n_embd": NaN, "n_layer": 2, "n_head": 4}', "'n_embd' must be a whole number"),
+    # NaN and Infinity are not JSON (Python's json module reads them): refused at parse, whatever the model type
+    ('{"model_type": "gpt2", "n_embd": NaN, "n_layer": 2, "n_head": 4}', "not valid JSON (NaN is not a JSON number"),
     ('{"model_type": "llama", "hidden_size": Infinity, "num_hidden_layers": 2, "num_attention_heads": 4}',
-     "'hidden_size' must be a whole number"),
+     "not valid JSON (Infinity is not a JSON number"),
+    ('{"model_type": "olmo2", "hidden_size": 64, "eos_token_id": NaN}', "not valid JSON (NaN is not a JSON number"),
+    ('{"model_type": "gpt2", "n_embd": 1e999, "n_layer": 2, "n_head": 4}', "'n_embd' must be a whole number"),
     ('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1000000, "num_attention_heads": 4}',
      "'num_hidden_layers' must be at most 4,096"),
     ('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1e30, "num_attention_heads": 4}',

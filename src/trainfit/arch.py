@@ -336,15 +336,27 @@ def bundled_slug(name: str) -> Optional[str]:
     return _bundled_index()[0].get(_squash(name))
 
 
+def parse_json(text: str, where: str) -> Any:
+    """Standard JSON only: Python's NaN and Infinity extensions are refused, as JSON itself refuses them."""
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        return json.loads(text, parse_constant=constant)
+    except json.JSONDecodeError as exc:
+        raise TrainfitError(f"{where}: line {exc.lineno} column {exc.colno}: not valid JSON ({exc.msg})") from None
+    except ValueError as exc:
+        raise TrainfitError(f"{where}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise TrainfitError(f"{where}: not a config (JSON nested too deeply)") from None
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TrainfitError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TrainfitError(f"{path}: line {exc.lineno} column {exc.colno}: not valid JSON ({exc.msg})") from None
+    data = parse_json(text, str(path))
     if not isinstance(data, dict):
         raise TrainfitError(f"{path}: a config.json must hold a JSON object, got {type(data).__name__}")
     if not isinstance(data.get("model_type"), str):

@@ -57,11 +57,12 @@ def fraction(value: Any, name: str) -> float:
     return float(v)
 
 
-def non_negative(value: Any, name: str) -> float:
-    """``value`` as a finite float >= 0."""
+def non_negative(value: Any, name: str, maximum: float = math.inf) -> float:
+    """``value`` as a finite float in [0, ``maximum``]."""
     v = magnitude(value)
-    if _is_bool(v) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
-        raise TrainfitError(f"{name} must be a finite number >= 0, got {clip(value)}")
+    if _is_bool(v) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0 or v > maximum:
+        most = f" and <= {maximum:g}" if math.isfinite(maximum) else ""
+        raise TrainfitError(f"{name} must be a finite number >= 0{most}, got {clip(value)}")
     return float(v)
 
 
@@ -177,8 +178,9 @@ def fraction_array(value: Any, name: str) -> np.ndarray:
     return _float_array(value, name, fraction, lambda a: (a >= 0.0) & (a <= 1.0))
 
 
-def non_negative_array(value: Any, name: str) -> np.ndarray:
-    return _float_array(value, name, non_negative, lambda a: np.isfinite(a) & (a >= 0))
+def non_negative_array(value: Any, name: str, maximum: float = math.inf) -> np.ndarray:
+    return _float_array(value, name, lambda v, n: non_negative(v, n, maximum),
+                        lambda a: np.isfinite(a) & (a >= 0) & (a <= maximum))
 
 
 def flag_array(value: Any, name: str) -> np.ndarray:

@@ -11,13 +11,13 @@ comes with transformers).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
 
+from .arch import parse_json
 from .errors import TrainfitError
 
 INSTALL_HINT = "pip install 'trainfit[hub]'"
@@ -58,9 +58,10 @@ def offline() -> bool:
 
 def _read(repo_id: str, path: str) -> dict[str, Any]:
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
     except (OSError, ValueError) as exc:
-        raise TrainfitError(f"{repo_id}: its config.json ({path}) cannot be read as JSON ({exc})") from None
+        raise TrainfitError(f"{repo_id}: its config.json ({path}) cannot be read ({exc})") from None
+    data = parse_json(text, f"{repo_id}: its config.json ({path})")
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise TrainfitError(f"{repo_id}: its config.json ({path}) has no 'model_type'; give a transformers model")
     data.setdefault("_name_or_path", repo_id)

@@ -12,6 +12,7 @@ a :class:`SweepOutput`; :func:`evaluate` adds the total, utilisation and verdict
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional
@@ -219,7 +220,7 @@ def _encode_field(name: str, value: Any) -> tuple[np.ndarray, Optional[tuple[Any
     if kind == "fraction":
         return V.fraction_array(value, name), None
     if kind == "number":
-        return V.non_negative_array(value, name), None
+        return V.non_negative_array(value, name, meta.get("maximum", math.inf)), None
     if kind == "flag":
         return V.flag_array(value, name), None
     if kind == "zero":

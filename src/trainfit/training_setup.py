@@ -14,6 +14,7 @@ seed's rule (MLSys·im ``TrainingMemoryModel``), derived here and nowhere else.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
@@ -100,7 +101,7 @@ def _apply_rule(name: str, value: Any, meta: dict[str, Any]) -> Any:
     if kind == "fraction":
         return V.fraction(value, name)
     if kind == "number":
-        return V.non_negative(value, name)
+        return V.non_negative(value, name, meta.get("maximum", math.inf))
     if kind == "flag":
         return V.flag(value, name)
     if kind == "choice":
@@ -160,7 +161,8 @@ class Recipe:
     fp32_grads: bool = _flag(False, "--fp32-grads", "Keep an fp32 gradient copy (DeepSpeed ZeRO-2/3, Megatron "
                              "main_grad).")
     capacity_factor: float = field(default=0.0, metadata=_meta(
-        "number", "--capacity-factor", "MoE expert capacity factor (0: dropless, tokens routed as they come)."))
+        "number", "--capacity-factor", "MoE expert capacity factor, 0 to 256 (0: dropless, tokens routed as they "
+        "come; beyond experts / top-k every expert could hold every token).", maximum=256.0))
 
     def __post_init__(self) -> None:
         _validate_fields(self)
