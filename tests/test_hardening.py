@@ -214,3 +214,9 @@ def test_frontier_stays_finite_near_the_bounds():
     f = frontier("llama-3.2-1b", "h100", method="first-order", checkpointing="full", seq_len=1024)
     assert 0 < f.max_microbatch < 2**24 and f.max_seq_len > 0
     json.dumps(f.to_json(), allow_nan=False)
+
+
+def test_an_array_where_solve_takes_one_zero_stage_is_a_one_line_error():
+    """Found by the long fuzz run: ``solve`` compared an array with the stages and raised numpy's ValueError."""
+    with pytest.raises(TrainfitError, match="zero_stage must be 0, 1, 2 or 3, got array"):
+        TrainingMemoryModel().solve("gpt2-small", "h100", zero_stage=np.array([[1], [2]]), batch_size=4)

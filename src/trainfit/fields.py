@@ -66,6 +66,14 @@ def non_negative(value: Any, name: str, maximum: float = math.inf) -> float:
     return float(v)
 
 
+def zero_stage(value: Any, name: str = "zero") -> int:
+    """A ZeRO stage 0, 1, 2 or 3."""
+    v = magnitude(value)
+    if _is_bool(v) or not isinstance(v, numbers.Real) or v not in (0, 1, 2, 3):
+        raise TrainfitError(f"{name} must be 0, 1, 2 or 3, got {clip(value)}")
+    return int(v)
+
+
 def flag(value: Any, name: str) -> bool:
     """``value`` as a bool (Python or numpy booleans only: ``"no"`` is not False)."""
     if _is_bool(value):

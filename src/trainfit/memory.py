@@ -129,9 +129,7 @@ class TrainingMemoryModel:
         accum = V.whole(gradient_accumulation_steps, "gradient_accumulation_steps")
         tf = V.fraction(trainable_fraction, "trainable_fraction")
         cbf = V.fraction(communication_buffer_fraction, "communication_buffer_fraction")
-        if V.magnitude(zero_stage) not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
-            raise TrainfitError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
-        zero = int(V.magnitude(zero_stage))
+        zero = V.zero_stage(zero_stage, "zero_stage")
         shape = model_shape(model)
         hw_name, available = capacity_bytes(hardware)
         if ckpt == "none" and shape.heads is None:

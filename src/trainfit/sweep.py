@@ -25,7 +25,7 @@ from .errors import TrainfitError, unknown_choice
 from .formulas import local_microbatch
 from .refs import DeviceRef, ModelRef, resolve_device, resolve_model
 from .rules import check_arrays, model_values
-from .training_setup import DEFAULTS, FIELD_NAMES, FIELDS, TrainingSetup, zero_stage
+from .training_setup import DEFAULTS, FIELD_NAMES, FIELDS, TrainingSetup
 
 _CATEGORICAL = ("choice", "optional-choice", "names")
 
@@ -204,11 +204,11 @@ def _categorical(name: str, value: Any, meta: Mapping[str, Any]) -> tuple[list[A
 
 def _zero_array(value: Any) -> np.ndarray:
     if V.is_scalar(value):
-        return np.asarray(zero_stage(value), dtype=np.int64)
+        return np.asarray(V.zero_stage(value), dtype=np.int64)
     arr = np.asarray(value)
     bad = ~np.isin(arr, (0, 1, 2, 3)) if arr.dtype.kind in "iuf" else np.ones(arr.shape, dtype=bool)
     if bad.any():
-        V._fail_at(arr, bad, zero_stage)
+        V._fail_at(arr, bad, V.zero_stage)
     return arr.astype(np.int64)
 
 

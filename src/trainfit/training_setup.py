@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-import numpy as np
 
 from . import fields as V
-from .errors import TrainfitError, clip, unknown_choice
+from .errors import TrainfitError, unknown_choice
 from .refs import DeviceRef, ModelRef, resolve_device, resolve_model
 from .rules import check_setup
 
@@ -113,7 +111,7 @@ def _apply_rule(name: str, value: Any, meta: dict[str, Any]) -> Any:
     if kind == "names":
         return V.names(value, name)
     if kind == "zero":
-        return zero_stage(value)
+        return V.zero_stage(value)
     raise AssertionError(kind)  # pragma: no cover - every kind is handled above
 
 
@@ -266,14 +264,6 @@ class Parallelism:
             if name == dim:
                 return out
         raise unknown_choice("parallel dimension", dim, [n for n, _ in self.mesh])
-
-
-def zero_stage(value: Any) -> int:
-    """A ZeRO stage 0, 1, 2 or 3."""
-    v = V.magnitude(value)
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) or v not in (0, 1, 2, 3):
-        raise TrainfitError(f"zero must be 0, 1, 2 or 3, got {clip(value)}")
-    return int(v)
 
 
 RECIPE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Recipe))
@@ -440,4 +430,4 @@ def setup_of(model: Any, hardware: Any = None, **fields: Any) -> TrainingSetup:
 
 __all__ = ["ATTENTION", "CHECKPOINTING", "DEFAULTS", "FIELDS", "FIELD_NAMES", "LORA_DEFAULT_TARGETS", "OPTIMIZERS",
            "OPT_IMPLS", "PARALLEL_FIELDS", "PRECISIONS", "PP_SCHEDULES", "Parallelism", "TP_PLANS", "Precision", "QLORA",
-           "RECIPE_FIELDS", "Recipe", "SHAPE_FIELDS", "TrainingSetup", "setup_of", "split_fields", "zero_stage"]
+           "RECIPE_FIELDS", "Recipe", "SHAPE_FIELDS", "TrainingSetup", "setup_of", "split_fields"]
