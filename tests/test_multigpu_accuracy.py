@@ -15,23 +15,21 @@ import numpy as np
 import pytest
 
 from trainfit.detailed.phases import compute_phases
-from validation.corpus import case_arch, case_setup, read_jsonl
+from validation.corpus import case_arch, case_setup, parallel_kind, read_jsonl
 
 VALIDATION = Path(__file__).resolve().parents[1] / "validation"
 CORPUS = VALIDATION / "multigpu-measured.jsonl"
 
 
-def _kind(row: dict) -> str:
-    """The parallelism a case exercises (the report groups errors the same way)."""
-    if row["pp"] > 1:
-        return "pipeline"
-    if row["tp"] > 1 and row["dp"] > 1:
-        return "fsdp x tp"
-    if row["tp"] > 1:
-        return "tp"
-    if row["fsdp"]:
-        return "fsdp" if row["reshard_after_forward"] else "fsdp (no reshard)"
-    return "ddp"
+@pytest.fixture(scope="module")
+def runner():
+    """validation/run_multigpu_corpus.py, the script that measured the corpus (it imports its siblings)."""
+    sys.path.insert(0, str(VALIDATION))
+    try:
+        import run_multigpu_corpus
+    finally:
+        sys.path.remove(str(VALIDATION))
+    return run_multigpu_corpus
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +47,11 @@ def results(rows):
     return out
 
 
-def test_the_corpus_covers_the_layouts(rows):
-    sys.path.insert(0, str(VALIDATION))
-    try:
-        from run_multigpu_corpus import load_cases
-    finally:
-        sys.path.remove(str(VALIDATION))
-    cases = load_cases(VALIDATION / "corpus-multigpu.yaml")
+def test_the_corpus_covers_the_layouts(rows, runner):
+    cases = runner.load_cases(VALIDATION / "corpus-multigpu.yaml")
     assert len(rows) == len(cases) >= 40 and [r["index"] for r in rows] == list(range(len(cases)))
     assert len({r["arch"] for r in rows}) >= 4
-    kinds = Counter(_kind(r) for r in rows)
+    kinds = Counter(parallel_kind(r) for r in rows)
     assert set(kinds) == {"ddp", "fsdp", "fsdp (no reshard)", "tp", "fsdp x tp", "pipeline"}, kinds
     fsdp_dp = {r["dp"] for r in rows if r["fsdp"] and r["tp"] == 1}
     assert min(fsdp_dp) == 2 and max(fsdp_dp) == 64
@@ -83,7 +76,7 @@ def test_detailed_meets_the_multi_gpu_targets(results):
 
 @pytest.mark.parametrize("kind", ["ddp", "fsdp", "fsdp (no reshard)", "tp", "fsdp x tp", "pipeline"])
 def test_every_parallelism_within_two_percent(results, kind):
-    errs = [abs(float(r.peak) - c["peak_bytes"]) / c["peak_bytes"] for c, _, r in results if _kind(c) == kind]
+    errs = [abs(float(r.peak) - c["peak_bytes"]) / c["peak_bytes"] for c, _, r in results if parallel_kind(c) == kind]
     assert errs and max(errs) <= 0.02 and np.median(errs) <= 0.005, (kind, max(errs))
 
 
@@ -99,15 +92,10 @@ def test_each_phase_and_the_model_states(results):
 
 
 @pytest.mark.slow
-def test_a_corpus_case_regenerates_to_the_committed_bytes(rows):
-    sys.path.insert(0, str(VALIDATION))
-    try:
-        from run_multigpu_corpus import load_cases, run_case
-    finally:
-        sys.path.remove(str(VALIDATION))
-    cases = load_cases(VALIDATION / "corpus-multigpu.yaml")
+def test_a_corpus_case_regenerates_to_the_committed_bytes(rows, runner):
+    cases = runner.load_cases(VALIDATION / "corpus-multigpu.yaml")
     i = next(i for i, c in enumerate(cases) if c == {"model": "gpt2-small", "batch": 8, "seq_len": 1024, "dp": 2})
-    fresh = run_case(i, cases[i])
+    fresh = runner.run_case(i, cases[i])
     assert fresh["peak_bytes"] == rows[i]["peak_bytes"]
     assert fresh["tracker_breakdown"] == rows[i]["tracker_breakdown"]
     assert fresh["phases"] == rows[i]["phases"]

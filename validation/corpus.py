@@ -75,6 +75,19 @@ def single_gpu(case: dict[str, Any]) -> bool:
     return int(case.get("world_size", 1) or 1) == 1
 
 
+def parallel_kind(case: dict[str, Any]) -> str:
+    """The parallelism a multi-GPU case exercises; the report and the tests group errors by it."""
+    if case["pp"] > 1:
+        return "pipeline"
+    if case["tp"] > 1 and case["dp"] > 1:
+        return "fsdp x tp"
+    if case["tp"] > 1:
+        return "tp"
+    if case["fsdp"]:
+        return "fsdp" if case["reshard_after_forward"] else "fsdp (no reshard)"
+    return "ddp"
+
+
 def iter_cases(path: Path, configs_dir: Optional[Path] = None) -> Iterator[tuple[dict[str, Any], ArchSpec, TrainingSetup]]:
     for case in read_jsonl(path):
         arch = case_arch(case, configs_dir, path.parent)

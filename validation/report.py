@@ -42,7 +42,7 @@ from trainfit.files import atomic_path, write_text  # noqa: E402
 from trainfit.detailed.phases import compute_phases  # noqa: E402
 from trainfit.memory import TrainingMemoryModel  # noqa: E402
 from trainfit.training_setup import TrainingSetup  # noqa: E402
-from validation.corpus import case_arch, case_setup, read_jsonl, single_gpu  # noqa: E402
+from validation.corpus import case_arch, case_setup, parallel_kind, read_jsonl, single_gpu  # noqa: E402
 
 GT = REPO / "tests" / "data" / "groundtruth"
 SOURCES = [("dev", GT / "dev-cases.jsonl"), ("corpus", HERE / "corpus-measured.jsonl"),
@@ -178,19 +178,6 @@ MULTI = HERE / "multigpu-measured.jsonl"
 MULTI_KINDS = ("ddp", "fsdp", "fsdp (no reshard)", "tp", "fsdp x tp", "pipeline")
 
 
-def kind_of(case: dict[str, Any]) -> str:
-    """The parallelism a multi-GPU case exercises."""
-    if case["pp"] > 1:
-        return "pipeline"
-    if case["tp"] > 1 and case["dp"] > 1:
-        return "fsdp x tp"
-    if case["tp"] > 1:
-        return "tp"
-    if case["fsdp"]:
-        return "fsdp" if case["reshard_after_forward"] else "fsdp (no reshard)"
-    return "ddp"
-
-
 def multi_label(case: dict[str, Any], s: TrainingSetup) -> str:
     p, lay = s.parallel, case["layout"]
     parts = [label(case, s)]
@@ -213,7 +200,7 @@ def collect_multi() -> list[dict[str, Any]]:
         arch = case_arch(case, GT / "configs", MULTI.parent)
         setup = case_setup(case, arch)
         res = compute_phases(arch, setup)
-        rows.append({"source": "multi", "kind": kind_of(case), "case": multi_label(case, setup),
+        rows.append({"source": "multi", "kind": parallel_kind(case), "case": multi_label(case, setup),
                      "measured": float(case["peak_bytes"]), "measured_phase": case["peak_phase"],
                      "detailed": float(res.peak), "detailed_phase": res.peak_phase,
                      "first-order": first_order(setup, arch), "mlsysim 0.3.0": mlsysim_peak(setup, arch),
