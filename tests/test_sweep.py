@@ -314,3 +314,19 @@ def test_methods_without_a_vectorised_form_run_setup_by_setup():
         assert m.calls == 6  # the repeated batch 8 is evaluated once per sequence length
     finally:
         del METHODS[m.name]
+
+
+def test_a_sweep_groups_its_method_check_on_the_switches_only_where_a_refusable_field_depends_on_them():
+    from trainfit.method import refusable
+    from trainfit.training_setup import FIELD_NAMES
+
+    everything = {n: None for n in FIELD_NAMES}
+    # trainable_fraction matters in every setup: the check's verdict cannot depend on tp, pp, ...
+    assert refusable({k: v for k, v in everything.items() if k != "trainable_fraction"}) == ("trainable_fraction",)
+    # sequence_parallel matters only with tp > 1: tp must split the groups
+    only_sp = refusable({k: v for k, v in everything.items() if k != "sequence_parallel"})
+    assert only_sp[0] == "sequence_parallel" and "tp" in only_sp
+    # and the check still sees the element it refuses: pp_schedule matters only with pp > 1 (element 1)
+    with pytest.raises(TrainfitError, match=r"pp_schedule='gpipe'.*\(sweep element 1\)"):
+        default_sweep("llama-3.1-8b", "h100", method="first-order", batch=8, seq_len=1024, pp=np.array([1, 2]),
+                      pp_schedule="gpipe")

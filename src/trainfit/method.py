@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Protocol
 from .errors import TrainfitError, unknown_choice
 from .result import Estimate
 from .sweep import SetupArrays, SweepOutput
-from .training_setup import DEFAULTS, FIELD_NAMES, TrainingSetup, relevant
+from .training_setup import CONDITIONAL_FIELDS, DEFAULTS, FIELD_NAMES, TrainingSetup, relevant
 
 
 class MemoryMethod(Protocol):
@@ -59,10 +59,11 @@ _SWITCHES = ("tp", "pp", "dp", "zero", "fsdp", "lora_rank", "checkpointing", "pp
 
 
 def refusable(accepts: dict[str, Optional[Collection[Any]]]) -> tuple[str, ...]:
-    """The fields a method's check may refuse (plus the switches that make them matter): what a sweep
-    groups on to run the check once per distinct combination."""
+    """The fields a method's check may refuse (plus the switches that make them matter, where one of them
+    matters only in some setups): what a sweep groups on to run the check once per distinct combination."""
     names = [n for n in FIELD_NAMES if accepts.get(n, ()) is not None]
-    return tuple(dict.fromkeys([*names, *_SWITCHES]))
+    switches = _SWITCHES if CONDITIONAL_FIELDS.intersection(names) else ()
+    return tuple(dict.fromkeys([*names, *switches]))
 
 
 def _show(value: Any) -> str:

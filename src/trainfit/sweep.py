@@ -30,6 +30,13 @@ from .training_setup import DEFAULTS, FIELD_NAMES, FIELDS, TrainingSetup
 _CATEGORICAL = ("choice", "optional-choice", "names")
 
 
+def _element(a: Any, shape: tuple[int, ...], index: Any) -> Any:
+    """One element of ``a`` broadcast to ``shape``, as a Python value (a 0-d field is its own element)."""
+    if np.ndim(a) == 0:
+        return a.item() if hasattr(a, "item") else a
+    return np.broadcast_to(a, shape)[index].item()
+
+
 @dataclass(frozen=True)
 class SetupArrays:
     """Validated, encoded training setups: arrays (0-d for scalars) that broadcast to ``shape``.
@@ -65,7 +72,7 @@ class SetupArrays:
 
     def value_at(self, name: str, index: Any) -> Any:
         """One element's value of a flat field (decoded)."""
-        v = np.broadcast_to(self.values[name], self.shape)[index].item()
+        v = _element(self.values[name], self.shape, index)
         return self.choices[name][v] if name in self.choices else v
 
     @property
@@ -89,8 +96,8 @@ class SetupArrays:
 
     def setup_at(self, index: Any) -> TrainingSetup:
         """The :class:`TrainingSetup` of one element."""
-        m = int(np.broadcast_to(self.model_index, self.shape)[index])
-        d = int(np.broadcast_to(self.device_index, self.shape)[index])
+        m = int(_element(self.model_index, self.shape, index))
+        d = int(_element(self.device_index, self.shape, index))
         return TrainingSetup.build(self.models[m], self.devices[d], **{n: self.value_at(n, index) for n in FIELD_NAMES})
 
     def distinct(self, names: tuple[str, ...]) -> list[tuple[Any, dict[str, Any]]]:
@@ -283,7 +290,7 @@ def encode(model: Any, hardware: Any, **fields: Any) -> SetupArrays:
         if name in model_arrays:
             v = np.broadcast_to(model_arrays[name], shape)[idx]
             return v.item() if hasattr(v, "item") else v
-        v = np.broadcast_to(values[name], shape)[idx].item()
+        v = _element(values[name], shape, idx)
         return choices[name][v] if name in choices else v
 
     check_arrays(_ArrayValues({**values, **model_arrays}, choices), scalar_at, shape)

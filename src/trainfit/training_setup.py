@@ -386,6 +386,10 @@ _RELEVANT_WHEN: dict[str, Any] = {
 }
 
 
+#: fields that matter only in some setups (the others always do)
+CONDITIONAL_FIELDS: frozenset[str] = frozenset(_RELEVANT_WHEN)
+
+
 def relevant(setup: "TrainingSetup", name: str) -> bool:
     """Whether field ``name`` changes anything in ``setup`` (``lora_dtype`` does not without LoRA)."""
     rule = _RELEVANT_WHEN.get(name)
@@ -428,6 +432,6 @@ def setup_of(model: Any, hardware: Any = None, **fields: Any) -> TrainingSetup:
     return TrainingSetup.build(model, hardware, **fields)
 
 
-__all__ = ["ATTENTION", "CHECKPOINTING", "DEFAULTS", "FIELDS", "FIELD_NAMES", "LORA_DEFAULT_TARGETS", "OPTIMIZERS",
+__all__ = ["ATTENTION", "CHECKPOINTING", "CONDITIONAL_FIELDS", "DEFAULTS", "FIELDS", "FIELD_NAMES", "LORA_DEFAULT_TARGETS", "OPTIMIZERS",
            "OPT_IMPLS", "PARALLEL_FIELDS", "PRECISIONS", "PP_SCHEDULES", "Parallelism", "TP_PLANS", "Precision", "QLORA",
            "RECIPE_FIELDS", "Recipe", "SHAPE_FIELDS", "TrainingSetup", "setup_of", "split_fields"]
