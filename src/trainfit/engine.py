@@ -6,8 +6,8 @@
 * :func:`get_method` — a method by name.
 
 Keyword arguments are the flat fields of :class:`~trainfit.training_setup.TrainingSetup` (``batch``,
-``seq_len``, ``precision``, ``tp`` ...) plus the chosen method's own options (``overheads``,
-``explain`` for detailed; ``comm_buffer_fraction`` for first-order; ``task``, ``semantics`` for measured).
+``seq_len``, ``precision``, ``tp`` ...) plus the chosen method's own options (each method's ``options``,
+:class:`~trainfit.method.MethodOption`).
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def get_method(name: str) -> MemoryMethod:
 
 def default_method(setup: TrainingSetup, *, searching: Collection[str] = ()) -> str:
     """The first method of :data:`DEFAULT_ORDER` that applies to ``setup``'s model and, for a search that
-    varies the fields ``searching`` (the planner's layouts), models every value of them."""
+    varies the fields ``searching`` (the planner's layouts, :data:`trainfit.planner.SEARCHED`), models every
+    value of them."""
     for name in DEFAULT_ORDER:
         m = METHODS[name]
         if m.applies(setup) and all(f in m.accepts for f in searching):
@@ -65,12 +66,9 @@ def _check_options(method: MemoryMethod, fn: Any, options: dict[str, Any]) -> No
             raise unknown_choice(f"training setup field or {method.name} option", k, [*FIELDS, *accepted])
 
 
-#: why each method is the default for a model, said in the output when no method was named
-WHY_DEFAULT = {
-    "detailed": "trainfit hand-models this model type",
-    "traced": "trainfit does not hand-model this model type; traced from the model transformers builds",
-    "first-order": "no architecture details for the other methods (a config and the measure extra)",
-}
+#: why each method is the default for a model, said in the output when no method was named (each method's own
+#: ``why_default``)
+WHY_DEFAULT = {name: m.why_default for name, m in METHODS.items()}
 
 
 def estimate(model: Any, hardware: Any = None, *, method: Optional[str] = None, suggestions: bool = True,
@@ -81,7 +79,7 @@ def estimate(model: Any, hardware: Any = None, *, method: Optional[str] = None, 
     ``kwargs`` are setup fields and method options. ``method`` None picks :func:`default_method` (or
     ``chosen``, when the caller already picked it) and the estimate's notes say which method answered and
     why. When the run does not fit, ``suggestions`` adds single changes re-estimated by the same method
-    (methods with a vectorised form only: a measurement per candidate would take minutes).
+    (methods that declare ``suggests``: a measurement per candidate would take minutes).
     """
     fields, options = split_options(kwargs)
     setup = setup_of(model, hardware, **fields)
@@ -91,11 +89,12 @@ def estimate(model: Any, hardware: Any = None, *, method: Optional[str] = None, 
     est = m.estimate(setup, **options)
     if method is None:
         est = est.model_copy(update={"notes": [f"method: {name}, the default for this model "
-                                               f"({WHY_DEFAULT.get(name, 'first that applies')})", *est.notes]})
-    if suggestions and est.feasible is False and m.vectorised is not None:
-        # a method whose other recipes cost a trace each (traced) suggests only those it can answer at once
-        check = getattr(m, "check_traced", m.check)
-        est = est.with_suggestions(_suggest(setup, est.total_bytes, lambda s: m.estimate(s, **options), check))
+                                               f"({m.why_default})", *est.notes]})
+    if suggestions and est.feasible is False and m.suggests:
+        # a method whose other recipes cost a trace each (traced) refuses, in check_suggestion, those it cannot
+        # answer at once
+        est = est.with_suggestions(_suggest(setup, est.total_bytes, lambda s: m.estimate(s, **options),
+                                            m.check_suggestion))
     return est
 
 
@@ -141,8 +140,12 @@ def sweep_encoded(x: SetupArrays, method: str, **options: Any) -> SweepResult:
 def domain(method: str, setup: TrainingSetup) -> Optional[tuple[int, int, int]]:
     """(largest micro-batch, longest sequence, shortest sequence) ``method`` answers for ``setup``, or None
     when unbounded."""
-    m = get_method(method)
-    return m.domain(setup) if hasattr(m, "domain") else None
+    return get_method(method).domain(setup)
+
+
+def interactive_methods() -> list[str]:
+    """The registered methods an interactive face offers (those that answer in well under a second)."""
+    return [name for name, m in METHODS.items() if m.interactive]
 
 
 def is_vectorised(method: str) -> bool:
@@ -151,4 +154,4 @@ def is_vectorised(method: str) -> bool:
 
 
 __all__ = ["DEFAULT_ORDER", "METHODS", "default_method", "default_method_for", "domain", "estimate", "get_method",
-           "is_vectorised", "split_options", "sweep", "sweep_encoded"]
+           "interactive_methods", "is_vectorised", "split_options", "sweep", "sweep_encoded"]

@@ -24,7 +24,7 @@ import numpy as np
 from . import fields as V
 from . import formulas as F
 from .errors import TrainfitError
-from .method import check_accepts
+from .method import MemoryMethod, MethodOption, check_accepts
 from .result import Estimate, verdict_of
 from .sweep import SetupArrays, SweepOutput
 from .training_setup import PRECISIONS, TrainingSetup
@@ -67,12 +67,24 @@ def trace(w: float, g: float, o: float, a: float, c: float, *, zero: int, dp: in
     return out
 
 
-class FirstOrder:
+class FirstOrder(MemoryMethod):
     """The seed's first-order model as a :class:`~trainfit.method.MemoryMethod`."""
 
     name = NAME
     accepts = ACCEPTS
     summary = "MLSys·im's TrainingMemoryModel formulas (Megatron-LM, ZeRO, Korthikanti et al.)"
+    options = (MethodOption("comm_buffer_fraction", DEFAULT_COMM_FRACTION,
+                            "first-order: gradient bucket as a fraction of local gradient bytes, in [0, 1].",
+                            flag="--comm-buffer-fraction"),)
+    why_default = "no architecture details for the other methods (a config and the measure extra)"
+    counts_inflight = False  # the seed keeps one micro-batch of activations per pipeline stage
+
+    def memory_basis(self, inflight: bool) -> str:
+        if self.counts_inflight:  # a variant that counts the schedule itself is taken as it reports
+            return super().memory_basis(inflight)
+        return ("trainfit's first-order model per accelerator (MLSys·im TrainingMemoryModel), with "
+                + ("the first pipeline stage holding min(p, m) micro-batches of activations (1F1B)" if inflight
+                   else "one micro-batch of activations per stage (the seed's assumption)"))
 
     def applies(self, setup: TrainingSetup) -> bool:
         return True

@@ -1,14 +1,26 @@
 """The protocol every memory method follows, and the one check of what a method can express.
 
 A method takes a :class:`~trainfit.training_setup.TrainingSetup` and returns an
-:class:`~trainfit.result.Estimate`. It declares, in ``accepts``, the setup fields it models (with the
-values it knows, or ``None`` for any value); any other field set away from its default is refused
-with one line, never silently ignored. A method may add a vectorised form over
-:class:`~trainfit.sweep.SetupArrays`. Methods are registered in :mod:`trainfit.engine`.
+:class:`~trainfit.result.Estimate`. It declares what it models, so that the engine, the searches, the
+reports, the command line and the app loop over the registered methods and never test a method's name:
+
+* ``accepts``: the setup fields it models (with the values it knows, or ``None`` for any value); any other
+  field set away from its default is refused with one line, never silently ignored;
+* ``options``: its own keyword options (:class:`MethodOption`: default, command-line flag and help);
+* ``domain``: the micro-batches and sequences it answers for a model (None: unbounded);
+* ``counts_inflight``: whether its activations count the pipeline schedule's in-flight micro-batches;
+* ``suggests`` and ``vectorised``: whether it re-estimates what-to-change suggestions, and its form over
+  :class:`~trainfit.sweep.SetupArrays` (None: sweeps run setup by setup);
+* ``why_default``: why it answers when no method is named; ``interactive``: whether the app offers it;
+* ``presentation``: how a report shows its estimate (:class:`Presentation`).
+
+A method class subclasses :class:`MemoryMethod` to inherit the defaults. Methods are registered in
+:mod:`trainfit.engine`.
 """
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 from .errors import TrainfitError, unknown_choice
@@ -17,13 +29,75 @@ from .sweep import SetupArrays, SweepOutput
 from .training_setup import CONDITIONAL_FIELDS, DEFAULTS, FIELD_NAMES, TrainingSetup, relevant
 
 
+@dataclass(frozen=True)
+class MethodOption:
+    """One keyword option of a method's ``estimate`` (and ``vectorised``), as the command line offers it.
+
+    ``flag`` is the command-line spelling (None: the Python API only); a bool option whose default is True
+    is switched off by its flag (``--no-overheads``). ``cli_value`` is what a command line passes when the
+    option has no flag (the traced method's progress lines on stderr); None passes nothing."""
+
+    name: str
+    default: Any
+    help: str
+    flag: Optional[str] = None
+    cli_value: Any = None
+
+    @property
+    def inverted(self) -> bool:
+        """A True-by-default switch turned off by its flag."""
+        return self.default is True
+
+
+#: sections of an estimate's report that read a method's ``extra`` (see :class:`Presentation`)
+DETAIL_SECTIONS = ("phase-peaks", "allocated-peak", "explain")
+
+
+@dataclass(frozen=True)
+class Presentation:
+    """How a report shows a method's estimate.
+
+    ``layout`` "estimate" (components, verdict, suggestions) or "measurement" (the measured step: the
+    breakdown at the peak and a table of phases, from ``extra``); ``zero_components`` whether a component
+    that is zero for this recipe still gets a row (the JSON keeps every key); ``details`` the report sections
+    that read ``extra`` (:data:`DETAIL_SECTIONS`): "phase-peaks" (``peak_phase``, ``phases``, ``n_params``),
+    "allocated-peak" (``peak_allocated_bytes`` and the overheads), "explain" (``explain``: each component's
+    formula and source, when asked)."""
+
+    layout: str = "estimate"
+    zero_components: bool = True
+    details: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.layout not in ("estimate", "measurement"):
+            raise unknown_choice("report layout", self.layout, ("estimate", "measurement"))
+        for d in self.details:
+            if d not in DETAIL_SECTIONS:
+                raise unknown_choice("report section", d, DETAIL_SECTIONS)
+
+
 class MemoryMethod(Protocol):
     """A memory method: ``check`` refuses what it cannot express, ``estimate`` answers one setup,
-    ``vectorised`` (or None) answers arrays of setups with the same formulas."""
+    ``vectorised`` (or None) answers arrays of setups with the same formulas. The members with a value
+    here are defaults a method class inherits by subclassing this protocol."""
 
     name: str
     summary: str
     accepts: dict[str, Optional[Collection[Any]]]  #: the setup fields it models (None: any value)
+    #: its own keyword options (beyond the setup's fields), with their defaults and command-line flags
+    options: tuple[MethodOption, ...] = ()
+    #: why it is the default for a model it applies to (said in the output when no method was named)
+    why_default: str = "the first method that applies"
+    #: whether its activation memory counts the in-flight micro-batches of the pipeline schedule itself; False:
+    #: one micro-batch per stage, which a layout search scales by 1F1B's min(pp, micro-batches) when asked
+    counts_inflight: bool = True
+    #: whether a run that does not fit gets what-to-change suggestions re-estimated by this method (a method
+    #: that takes seconds per setup does not: a measurement per candidate would take minutes)
+    suggests: bool = True
+    #: whether interactive faces (the app) offer it: False for a method that runs seconds per configuration
+    interactive: bool = True
+    presentation: Presentation = Presentation()
+    vectorised: Optional[Callable[..., SweepOutput]] = None
 
     def applies(self, setup: TrainingSetup) -> bool:
         """Whether the method can answer for this model at all (the default-method order asks)."""
@@ -34,7 +108,23 @@ class MemoryMethod(Protocol):
     def estimate(self, setup: TrainingSetup, **options: Any) -> Estimate:
         """Memory of one training step of ``setup`` on its device."""
 
-    vectorised: Optional[Callable[..., SweepOutput]]
+    def check_suggestion(self, setup: TrainingSetup) -> None:
+        """:meth:`check` for a suggested change: a method refuses here what it cannot answer at once."""
+        self.check(setup)
+
+    def domain(self, setup: TrainingSetup) -> Optional[tuple[int, int, int]]:
+        """(largest micro-batch, longest sequence, shortest sequence) the method answers for ``setup``'s
+        model and recipe, or None when unbounded (searches stay inside)."""
+        return None
+
+    def memory_basis(self, inflight: bool) -> str:
+        """What a layout search's memory is, in one phrase of its assumptions (``inflight``: the search
+        scales one micro-batch of activations by the pipeline's in-flight micro-batches)."""
+        return f"trainfit's {self.name!r} method per accelerator, as it reports it (its own pipeline accounting)"
+
+    def option(self, name: str) -> Optional[MethodOption]:
+        """The declared option ``name``, or None."""
+        return next((o for o in self.options if o.name == name), None)
 
 
 def check_accepts(setup: TrainingSetup, method: str, accepts: dict[str, Optional[Collection[Any]]],
@@ -70,4 +160,5 @@ def _show(value: Any) -> str:
     return ",".join(value) if isinstance(value, tuple) else repr(value)
 
 
-__all__ = ["MemoryMethod", "SetupArrays", "SweepOutput", "check_accepts", "refusable"]
+__all__ = ["DETAIL_SECTIONS", "MemoryMethod", "MethodOption", "Presentation", "SetupArrays", "SweepOutput",
+           "check_accepts", "refusable"]

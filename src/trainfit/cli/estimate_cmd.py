@@ -6,27 +6,25 @@ from typing import Any, Optional
 import typer
 
 from ..engine import METHODS, default_method, get_method
-from ..traced.method import progress_to_stderr
 from ..report.estimate import estimate_document
 from ..training_setup import TrainingSetup
 from ._common import Output, app, emit, guarded
+from .method_options import method_options, options_for
 from .options import flags_for, setup_options
 
 
 @app.command("estimate")
 @guarded
 @setup_options()
+@method_options()
 def estimate_command(
     model: str = typer.Argument(..., help="Model: catalog name, key or slug (see `trainfit models`), a bundled config name, a Hugging Face id (allenai/OLMo-2-1124-7B: its config.json from the local cache or the Hub) or a path to a config.json or model directory."),
     hardware: str = typer.Argument(..., help="Accelerator: catalog name, key or slug (see `trainfit hardware`)."),
-    comm_buffer_fraction: float = typer.Option(0.05, "--comm-buffer-fraction",
-                                               help="first-order: gradient bucket as a fraction of local gradient bytes, in [0, 1]."),
-    no_overheads: bool = typer.Option(False, "--no-overheads", help="detailed: leave CUDA context, workspaces and allocator reserve out of the total."),
-    explain: bool = typer.Option(False, "--explain", help="detailed: print each component's formula, numbers and source."),
     method: Optional[str] = typer.Option(None, "--method", help="Memory model: " + ", ".join(METHODS) + ". Default: detailed for the model types trainfit hand-models, else traced (any type transformers builds; needs the measure extra; traces once, then cached), else first-order."),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text | json | markdown."),
     require_fit: bool = typer.Option(False, "--require-fit", help="Exit with code 2 when the run does not fit."),
     setup_fields: Optional[dict[str, Any]] = None,
+    method_values: Optional[dict[str, Any]] = None,
 ) -> None:
     """Predict the memory one accelerator needs for one training step, component by component.
 
@@ -39,18 +37,8 @@ def estimate_command(
     setup = TrainingSetup.build(model, hardware, **(setup_fields or {}))
     name = method or default_method(setup)
     m = get_method(name)
-    options: dict[str, Any] = {}
-    if name == "first-order":
-        options["comm_buffer_fraction"] = comm_buffer_fraction
-    elif comm_buffer_fraction != 0.05:
-        m.check(setup)
-        raise_unused("--comm-buffer-fraction", name)
-    if name == "detailed":
-        options.update(overheads=not no_overheads, explain=explain)
-    elif no_overheads or explain:
-        raise_unused("--no-overheads" if no_overheads else "--explain", name)
-    if name == "traced":
-        options["progress"] = progress_to_stderr
+    options = options_for(m, method_values or {}, check=lambda: m.check(setup))
+    explain = bool(options.get("explain", False))
     est = estimate(setup, method=method, chosen=name, **options)
     st, why = _step_time(setup)
     emit(estimate_document(est, flags=flags_for, explain=explain, step_time=st), output,
@@ -84,9 +72,3 @@ def _json(est: Any, st: Any, why: Optional[str], explain: bool) -> dict[str, Any
         d["step_time"] = None
         d["step_time_note"] = why
     return d
-
-
-def raise_unused(flag: str, method: str) -> None:
-    from ..errors import TrainfitError
-
-    raise TrainfitError(f"{flag} is an option of another method; the {method} method does not use it")

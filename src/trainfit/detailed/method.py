@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TrainfitError
-from ..method import check_accepts
+from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
 from ..result import Estimate, verdict_of
 from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, PRECISIONS, TrainingSetup
@@ -53,12 +53,20 @@ def total_and_overheads(arch: Any, setup: TrainingSetup, res: PhaseResult, inclu
     return res.peak + sum(o.bytes for o in ovh), ovh
 
 
-class Detailed:
+class Detailed(MemoryMethod):
     """The detailed method as a :class:`~trainfit.method.MemoryMethod`."""
 
     name = NAME
     accepts = ACCEPTS
     summary = "the step's allocations walked through the architecture, phase by phase (within about 1 % of measured steps)"
+    options = (MethodOption("overheads", True, "detailed: leave CUDA context, workspaces and allocator reserve out of "
+                            "the total.", flag="--no-overheads"),
+               MethodOption("explain", False, "detailed: print each component's formula, numbers and source.",
+                            flag="--explain"))
+    why_default = "trainfit hand-models this model type"
+    # its phases count the in-flight micro-batches of the pipeline schedule (detailed/phases.py)
+    counts_inflight = True
+    presentation = Presentation(zero_components=False, details=("allocated-peak", "explain"))
 
     def applies(self, setup: TrainingSetup) -> bool:
         return setup.model.arch is not None

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 
 from ..errors import TrainfitError, unknown_choice
 from ..fields import whole
-from ..method import check_accepts
+from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
 from ..result import Estimate, verdict_of
 from ..training_setup import TrainingSetup, setup_of
 from ._deps import quiet, require
@@ -139,13 +139,21 @@ def _steps(model: Any, inputs: dict[str, Any], opt: Any, task: str, autocast: An
             _train_step(model, inputs, opt, tracker, task, autocast)
 
 
-class Measured:
+class Measured(MemoryMethod):
     """The measurement as a :class:`~trainfit.method.MemoryMethod`: one real PyTorch training step on
     fake tensors, every allocation tracked (needs the ``measure`` extra)."""
 
     name = NAME
     accepts = ACCEPTS
     summary = "one real PyTorch training step on fake tensors, allocations tracked under CUDA semantics"
+    options = (MethodOption("task", None, "measured: clm | mlm | seq2seq (default by model type)."),
+               MethodOption("warmup", 1, "measured: steps run before the measured one."),
+               MethodOption("semantics", "cuda", "measured: cuda (the GPU's allocations) | cpu."))
+    why_default = "never the default: it runs a real step (seconds per setup)"
+    counts_inflight = True  # a pipeline rank is measured as it runs
+    suggests = False  # a measurement per candidate change would take minutes
+    interactive = False
+    presentation = Presentation(layout="measurement")
     vectorised = None
 
     def applies(self, setup: TrainingSetup) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from ..engine import METHODS
+from ..method import Presentation
 from ..result import Estimate
 from ..units import GB, GiB, format_bytes
 from .document import Column, Document
@@ -33,10 +35,16 @@ def setup_line(est: Estimate) -> str:
     return ", ".join(parts)
 
 
+def presentation(est: Estimate) -> Presentation:
+    """How the method that answered declares its estimate is shown (the default for an unregistered one)."""
+    m = METHODS.get(est.method)
+    return m.presentation if m is not None else Presentation()
+
+
 def shown_components(est: Estimate) -> dict[str, float]:
-    """Components worth a row: all of the first-order five and the six measured categories, and the
-    detailed method's that are not zero for this recipe (JSON keeps every key)."""
-    if est.method in ("first-order", "measured", "traced"):
+    """Components worth a row: all of them for a method that declares ``zero_components`` (the first-order
+    five, the six measured categories), else the ones not zero for this recipe (JSON keeps every key)."""
+    if presentation(est).zero_components:
         return dict(est.components)
     return {k: v for k, v in est.components.items() if v != 0}
 
@@ -74,7 +82,7 @@ def estimate_document(est: Estimate, *, flags: Optional[Callable[[dict[str, Any]
     """An estimate as a report. ``flags`` turns a suggestion's changes into command-line flags;
     ``step_time`` (a :class:`~trainfit.steptime.StepTime`) adds the step's time, broken down with
     ``explain``."""
-    if est.method == "measured":
+    if presentation(est).layout == "measurement":
         return measurement_document(est)
     doc = Document()
     doc.line(f"{est.model} on {est.hardware} — method: {est.method}", "title")
@@ -89,26 +97,13 @@ def estimate_document(est: Estimate, *, flags: Optional[Callable[[dict[str, Any]
             how = f" ({flags(s.changes)})" if flags else ""
             doc.line(f"{s.change}{how}: {s.total_bytes / GB:.2f} GB ({'fits' if s.feasible else 'still too big'})",
                      item=True)
-    x = est.extra
-    if est.method == "traced" and "phases" in x:
-        phases = ", ".join(f"{p} {v / GiB:.2f}" for p, v in x["phases"].items())
-        doc.line(f"peak allocated (torch.cuda.max_memory_allocated, as the measured method emulates it) in the "
-                 f"{x['peak_phase']} phase; phase peaks GiB: {phases}; {x.get('n_params') or 0:,} parameters", "dim")
-    if "peak_allocated_bytes" in x:
-        pk = x["peak_allocated_bytes"]
-        phases = ", ".join(f"{p} {v / GiB:.2f}" for p, v in x["phases"].items())
-        measure = ("torch.cuda.max_memory_allocated" if x.get("platform", "cuda") in ("cuda", "rocm")
-                   else "by the step's tensors")
-        doc.line(f"peak allocated ({measure}): {pk / GB:.3f} GB ({pk / GiB:.3f} GiB) in the "
-                 f"{x['peak_phase']} phase; phase peaks GiB: {phases}; attention kernel {x['attention_kernel']}", "dim")
-        if x["overheads_included"] and x["overheads_bytes"]:
-            doc.line(f"overheads included in the total: {x['overheads_bytes'] / GiB:.3f} GiB", "dim")
-        elif not x["overheads_included"]:
-            doc.line("overheads left out: the total is the allocated peak", "dim")
-    if explain and x.get("explain"):
-        doc.line("explain (formula with numbers; source):", "heading")
-        for ln in x["explain"]:
-            doc.line(f"{ln['component']}: {ln['bytes'] / GiB:.4f} GiB = {ln['formula']}  [{ln['source']}]", item=True)
+    details = presentation(est).details
+    if "phase-peaks" in details and "phases" in est.extra:
+        _phase_peaks(est, doc)
+    if "allocated-peak" in details and "peak_allocated_bytes" in est.extra:
+        _allocated_peak(est, doc)
+    if explain and "explain" in details and est.extra.get("explain"):
+        _explain(est, doc)
     for n in est.notes:
         if n.startswith("Training Memory:"):
             continue  # the seed's trace restates the table
@@ -118,6 +113,35 @@ def estimate_document(est: Estimate, *, flags: Optional[Callable[[dict[str, Any]
 
         add_step_time(doc, step_time, explain=explain)
     return doc
+
+
+def _phase_peaks(est: Estimate, doc: Document) -> None:
+    """A traced peak: its phase, each phase's peak and the parameter count."""
+    x = est.extra
+    phases = ", ".join(f"{p} {v / GiB:.2f}" for p, v in x["phases"].items())
+    doc.line(f"peak allocated (torch.cuda.max_memory_allocated, as the measured method emulates it) in the "
+             f"{x['peak_phase']} phase; phase peaks GiB: {phases}; {x.get('n_params') or 0:,} parameters", "dim")
+
+
+def _allocated_peak(est: Estimate, doc: Document) -> None:
+    """The allocated peak (what torch.cuda.max_memory_allocated reports), its phase, and the overheads."""
+    x = est.extra
+    pk = x["peak_allocated_bytes"]
+    phases = ", ".join(f"{p} {v / GiB:.2f}" for p, v in x["phases"].items())
+    measure = ("torch.cuda.max_memory_allocated" if x.get("platform", "cuda") in ("cuda", "rocm")
+               else "by the step's tensors")
+    doc.line(f"peak allocated ({measure}): {pk / GB:.3f} GB ({pk / GiB:.3f} GiB) in the "
+             f"{x['peak_phase']} phase; phase peaks GiB: {phases}; attention kernel {x['attention_kernel']}", "dim")
+    if x["overheads_included"] and x["overheads_bytes"]:
+        doc.line(f"overheads included in the total: {x['overheads_bytes'] / GiB:.3f} GiB", "dim")
+    elif not x["overheads_included"]:
+        doc.line("overheads left out: the total is the allocated peak", "dim")
+
+
+def _explain(est: Estimate, doc: Document) -> None:
+    doc.line("explain (formula with numbers; source):", "heading")
+    for ln in est.extra["explain"]:
+        doc.line(f"{ln['component']}: {ln['bytes'] / GiB:.4f} GiB = {ln['formula']}  [{ln['source']}]", item=True)
 
 
 def measurement_document(est: Estimate) -> Document:
@@ -141,5 +165,5 @@ def measurement_document(est: Estimate) -> Document:
     return doc
 
 
-__all__ = ["component_table", "estimate_document", "measurement_document", "setup_line", "shown_components",
-           "verdict"]
+__all__ = ["component_table", "estimate_document", "measurement_document", "presentation", "setup_line",
+           "shown_components", "verdict"]

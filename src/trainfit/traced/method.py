@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..errors import TrainfitError
-from ..method import check_accepts
+from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
 from ..result import Estimate, verdict_of
 from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, TrainingSetup
@@ -192,13 +192,20 @@ def _applies(setup: TrainingSetup) -> bool:
         and importlib.util.find_spec("transformers") is not None
 
 
-class Traced:
+class Traced(MemoryMethod):
     """The traced method as a :class:`~trainfit.method.MemoryMethod` (needs the ``measure`` extra)."""
 
     name = NAME
     accepts = ACCEPTS
     summary = ("the measured step traced once at a few shapes on fake tensors, every allocation's size fitted in "
                "(batch, seq), then evaluated for any shape (equal to the measured method where the fit holds)")
+    options = (MethodOption("cache", True, "traced: read and write the disk cache of fitted timelines."),
+               MethodOption("task", None, "traced: clm | mlm | seq2seq, as the measured method's."),
+               MethodOption("progress", None, "traced: called with one line per step of a trace (it takes seconds "
+                            "to a minute, once).", cli_value=progress_to_stderr))
+    why_default = "trainfit does not hand-model this model type; traced from the model transformers builds"
+    counts_inflight = True  # one GPU's step: no pipeline
+    presentation = Presentation(details=("phase-peaks",))
 
     def applies(self, setup: TrainingSetup) -> bool:
         return _applies(setup)
@@ -209,7 +216,7 @@ class Traced:
                                 f"{setup.model.name!r} has none ({setup.model.arch_error})")
         check_accepts(setup, NAME, ACCEPTS, HINTS)
 
-    def check_traced(self, setup: TrainingSetup) -> None:
+    def check_suggestion(self, setup: TrainingSetup) -> None:
         """:meth:`check`, and a one-line refusal unless the setup's model and recipe were traced already (in this
         process or in the disk cache): what-to-change suggestions use it, so that they never start a trace."""
         self.check(setup)
