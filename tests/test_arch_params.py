@@ -162,7 +162,7 @@ def test_layer_types_follow_transformers(model_type, cfg):
 @pytest.mark.parametrize("model_type", SUPPORTED_TYPES)
 def test_family_module_names_exist_in_the_model(model_type):
     """The module names each family gives its projections (what LoRA targets match) are the built model's."""
-    from trainfit.detailed.layout import block_linears
+    from trainfit.detailed.inventory import block_linears
 
     cfg = {"model_type": model_type, **next(c for t, c in SMALL if t == model_type)}
     spec = arch_from_config(cfg)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from trainfit.arch import arch_from_config, readable_configs, resolve_arch
-from trainfit.detailed.layout import param_tensors, stage_layers
+from trainfit.detailed.inventory import param_tensors, stage_layers
 from trainfit.detailed.states import rounded
 
 from setups import states
@@ -118,7 +118,7 @@ def test_fsdp2_shards_each_tensor_not_a_flat_buffer():
     """FSDP2 (torch.distributed.fsdp.fully_shard, _fsdp_param.py) chunks every parameter's dim 0 over the
     ranks, rank 0 holding ceil(rows / N) rows, each shard its own (512-byte rounded) allocation; DeepSpeed
     ZeRO-3 partitions one flat buffer. Same total within the padding; Adam's moments follow the shards."""
-    from trainfit.detailed.layout import param_tensors
+    from trainfit.detailed.inventory import param_tensors
 
     arch = arch_from_config(TINY)
     z3 = states(arch, precision="bf16", optimizer="adam", dp=8, zero=3)

@@ -2,7 +2,7 @@
 allocates it — exact model states, activations walked layer by layer through the architecture,
 a maximum over the forward, backward and optimizer phases, and labelled fixed overheads.
 
-* :mod:`.layout` — every parameter tensor of the model;
+* :mod:`.inventory` — every parameter tensor of the model;
 * :mod:`.states` — parameters, master weights, gradients, optimizer state and temporaries, exact;
 * :mod:`.graph`, :mod:`.activations` — the forward walk and its saved tensors;
 * :mod:`.phases` — per-phase peaks; :mod:`.overheads` — CUDA context, workspaces, allocator reserve;

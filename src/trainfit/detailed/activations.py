@@ -29,7 +29,7 @@ from typing import Optional
 
 from ..arch import ArchSpec
 from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd
-from .layout import block_linears, stage_layers
+from .inventory import block_linears, stage_layers
 from ..training_setup import Parallelism, Recipe
 
 

@@ -123,7 +123,7 @@ def fsdp_groups(recipe: Any, par: Parallelism, tensors: list[Any], lora: list[tu
     """The root group and the block groups (in block order) of an FSDP2-wrapped model on one rank, plus the
     root's unsharded gradient bytes produced at the head (final norm, untied head) and at the embeddings.
 
-    ``tensors`` are the model's parameter tensors on this rank (:func:`~.layout.param_tensors`, stage-
+    ``tensors`` are the model's parameter tensors on this rank (:func:`~.inventory.param_tensors`, stage-
     filtered), ``lora`` its LoRA adapters (name, shape). Every tensor is its own allocation (512-byte
     blocks); the all-gather and reduce-scatter buffers are one flat allocation per group.
     """

@@ -78,7 +78,7 @@ def explain(arch: ArchSpec, setup: TrainingSetup, res: PhaseResult, overheads: l
              + (f"; LoRA r={recipe.lora_rank} on {', '.join(recipe.lora_targets)} in {recipe.lora_dtype}" if recipe.lora else "")
              + (f"; / tp {par.tp}" if par.tp > 1 else "")
              + (f"; / dp {par.dp} (ZeRO-3)" if par.zero_stage >= 3 and par.dp > 1 and not is_fsdp(par) else ""),
-             "tensor inventory of the transformers model (detailed/layout.py); CUDA caching allocator 512-byte blocks"))
+             "tensor inventory of the transformers model (detailed/inventory.py); CUDA caching allocator 512-byte blocks"))
     add(Line("buffers", comp["buffers"], "rotary inv_freq + original_inv_freq (fp32), Gemma embed_scale, "
              "BERT/RoBERTa position_ids + token_type_ids (int64 x max positions)", "transformers register_buffer"))
     add(Line("master_weights", comp["master_weights"],

@@ -27,7 +27,7 @@ from .activations import ActivationProfile, activation_profile, walk_parallelism
 from .distributed import (ddp_bucket_bytes, ddp_bucket_label, forward_regions, fsdp_candidates, fsdp_compute_bytes,
                           fsdp_groups, is_fsdp, walk_recipe)
 from .graph import Vec, ZERO, tok, vadd, vbytes, vsub
-from .layout import block_linears
+from .inventory import block_linears
 from ..training_setup import Parallelism, Recipe, TrainingSetup
 from .states import StateBytes, stage_tensors, state_bytes
 

@@ -31,7 +31,7 @@ from functools import lru_cache
 from ..arch import ArchSpec
 from .alloc import BLOCK, rounded
 from .distributed import fsdp_shard_numel, is_fsdp, local_rows, replicated_gradient_bytes
-from .layout import ParamTensor, block_linears, param_tensors, stage_layers
+from .inventory import ParamTensor, block_linears, param_tensors, stage_layers
 from ..training_setup import Parallelism, Recipe
 
 STEP_COUNTER_BYTES = BLOCK  #: one 0-d fp32 tensor, rounded to a block

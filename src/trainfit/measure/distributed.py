@@ -337,7 +337,7 @@ def apply_fsdp(model: Any, blocks: Any, mesh: Any, layout: Layout) -> None:
 def stage_model(model: Any, arch: Any, layout: Layout) -> tuple[Any, list[int]]:
     """Cut ``model`` down to pipeline stage ``layout.stage``; returns it and the blocks it keeps."""
     torch = require("torch")
-    from ..detailed.layout import stage_layers
+    from ..detailed.inventory import stage_layers
 
     if arch is None or arch.position_embedding != "rotary" or arch.embedding_scale or arch.task != "causal_lm":
         raise TrainfitError("the measured pipeline stage needs a rotary causal decoder without embedding scaling "

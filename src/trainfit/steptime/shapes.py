@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from .. import formulas as F
 from ..arch import ArchSpec
-from ..detailed.layout import block_linears
+from ..detailed.inventory import block_linears
 from ..errors import TrainfitError
 
 #: vocabulary assumed for a catalog model without an architecture or an embedding count (Llama-2's)
