@@ -134,15 +134,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def mlsysim_all() -> None:
         for x in layouts:
             up.solve(um, uh, batch_size=1024, seq_len=2048, precision="bf16", optimizer="adam",
-                     activation_checkpointing=x.checkpointing, tp_size=x.tp, pp_size=x.pp, dp_size=x.dp,
-                     zero_stage=x.zero_stage, gradient_accumulation_steps=x.accumulation)
+                     activation_checkpointing=x.checkpointing, tp_size=x.parallel.tp, pp_size=x.parallel.pp,
+                     dp_size=x.parallel.dp, zero_stage=x.parallel.zero, gradient_accumulation_steps=x.accumulation)
 
     def llm_analysis_all() -> None:
         for x in layouts:
             try:
                 la_train("upstage_Llama-2-70b-instruct-v2", "h100-sxm-80gb", "w16a16e16", log_level="ERROR",
-                         batch_size_per_gpu=x.microbatch, gradient_accumulation_steps=x.accumulation, seq_len=2048,
-                         tp_size=x.tp, pp_size=x.pp, dp_size=x.dp, ds_zero=x.zero_stage,
+                         batch_size_per_gpu=x.micro_batch, gradient_accumulation_steps=x.accumulation, seq_len=2048,
+                         tp_size=x.parallel.tp, pp_size=x.parallel.pp, dp_size=x.parallel.dp,
+                         ds_zero=x.parallel.zero,
                          activation_recomputation=la_ckpt[x.checkpointing])
             except AssertionError:  # it refuses layouts that do not fit
                 pass

@@ -59,7 +59,8 @@ def test_estimate_frontier_and_plan_agree_on_the_memory_of_one_configuration():
     # the planner's row for the same layout
     p = plan("llama-3.1-8b", "h100", 8, global_batch=32, seq_len=1024, precision="bf16", zero_stages=[1],
              checkpointing=["full"], top=10_000, rejected=10_000)
-    row = next(r for r in p.top + p.rejected if (r.tp, r.pp, r.dp, r.microbatch, r.accumulation) == (2, 1, 4, 4, 2))
+    row = next(r for r in p.top + p.rejected
+               if (r.parallel.tp, r.parallel.pp, r.parallel.dp, r.micro_batch, r.accumulation) == (2, 1, 4, 4, 2))
     assert row.total_bytes == est.total_bytes
     assert row.memory == est.components
 

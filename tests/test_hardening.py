@@ -152,8 +152,9 @@ def test_layouts_the_model_cannot_be_split_into_are_refused_by_every_method(args
 def test_plan_excludes_exactly_what_estimate_refuses():
     p = plan("llama-3.1-8b", "h100", 32, global_batch=64, top=10_000, rejected=10_000)
     for x in p.top + p.rejected:  # every layout the planner shows is one estimate accepts
-        TrainingSetup.build("llama-3.1-8b", "h100", batch=64, tp=x.tp, pp=x.pp, dp=x.dp, ep=x.ep)
-    assert {x.tp for x in p.top + p.rejected} <= {1, 2, 4, 8}
+        par = x.parallel
+        TrainingSetup.build("llama-3.1-8b", "h100", batch=64, tp=par.tp, pp=par.pp, dp=par.dp, ep=par.ep)
+    assert {x.parallel.tp for x in p.top + p.rejected} <= {1, 2, 4, 8}
 
 
 @pytest.mark.parametrize("hardware,platform", [("tpuv5p", "tpu"), ("macbookm3max", "apple"),

@@ -69,12 +69,12 @@ def test_enumeration_follows_the_rules_and_counts_every_layout(model, n, batch):
     rows = p.top + p.rejected
     assert len(rows) == p.searched
     for x in rows:
-        assert m.heads % x.tp == 0 and x.tp <= 8
-        assert m.layers % x.pp == 0
-        assert x.dp * x.tp * x.pp * x.ep == n
-        assert x.microbatch * x.accumulation * x.dp == batch
-        assert x.dp > 1 or x.zero_stage == 0
-        assert (m.experts or 1) % x.ep == 0
+        assert m.heads % x.parallel.tp == 0 and x.parallel.tp <= 8
+        assert m.layers % x.parallel.pp == 0
+        assert x.parallel.dp * x.parallel.tp * x.parallel.pp * x.parallel.ep == n
+        assert x.micro_batch * x.accumulation * x.parallel.dp == batch
+        assert x.parallel.dp > 1 or x.parallel.zero == 0
+        assert (m.experts or 1) % x.parallel.ep == 0
     excluded = " ".join(p.excluded)
     # tp 16+ divides these models' 32 or 64 heads, but splits their 8 key/value heads (Megatron-LM requires whole ones)
     assert "would split the 8 key/value heads" in excluded and m.kv_heads == 8
@@ -96,10 +96,11 @@ def test_memory_breakdown_is_solve_with_1f1b_inflight_activations():
     assert p.top and p.rejected
     for x in p.top + p.rejected:
         r = SOLVE("llama-3.1-70b", "h100", batch_size=256, seq_len=4096, precision="bf16", optimizer="adam",
-                  activation_checkpointing=x.checkpointing, tp_size=x.tp, pp_size=x.pp, dp_size=x.dp, ep_size=x.ep,
-                  zero_stage=x.zero_stage, gradient_accumulation_steps=x.accumulation)
-        assert r.inputs["local_microbatch"] == x.microbatch
-        inflight = min(x.pp, x.accumulation) if x.pp > 1 else 1
+                  activation_checkpointing=x.checkpointing, tp_size=x.parallel.tp, pp_size=x.parallel.pp,
+                  dp_size=x.parallel.dp, ep_size=x.parallel.ep, zero_stage=x.parallel.zero,
+                  gradient_accumulation_steps=x.accumulation)
+        assert r.inputs["local_microbatch"] == x.micro_batch
+        inflight = min(x.parallel.pp, x.accumulation) if x.parallel.pp > 1 else 1
         for comp in ("weights", "gradients", "optimizer_state", "communication_buffers"):
             assert x.memory[comp] == pytest.approx(getattr(r, f"{comp}_bytes"), rel=1e-12)
         assert x.memory["activations"] == pytest.approx(r.activations_bytes * inflight, rel=1e-12)
@@ -115,17 +116,18 @@ def test_layouts_are_ranked_by_the_step_time_model_of_their_own_setup():
     p = plan("llama-3.1-70b", "h100", 256, global_batch=512, seq_len=4096, top=8, rejected=4)
     assert p.method == "detailed" and p.evaluated == p.searched  # the default: every layout, detailed memory
     for x in p.top + p.rejected:
-        setup = TrainingSetup.build("llama-3.1-70b", "h100", batch=512, seq_len=4096, tp=x.tp, pp=x.pp, dp=x.dp,
-                                    zero=x.zero_stage, checkpointing=x.checkpointing, accumulation=x.accumulation)
-        assert setup.micro_batch == x.microbatch
+        setup = TrainingSetup.build("llama-3.1-70b", "h100", batch=512, seq_len=4096, tp=x.parallel.tp,
+                                    pp=x.parallel.pp, dp=x.parallel.dp, zero=x.parallel.zero,
+                                    checkpointing=x.checkpointing, accumulation=x.accumulation)
+        assert setup.micro_batch == x.micro_batch
         st = setup_step_time(setup)
-        assert x.step_s == st.seconds and x.time == st.components
+        assert x.step_time["seconds"] == st.seconds and x.time == st.components
         assert x.step_time == {"seconds": st.seconds, "tokens_per_second": st.tokens_per_second,
                                "tokens_per_second_per_device": st.tokens_per_second_per_device,
                                "tflops_per_device": st.tflops_per_device, "mfu": st.mfu}
-        assert x.step_s == pytest.approx(sum(x.time.values()), rel=1e-12)
-        assert x.tokens_per_s == pytest.approx(512 * 4096 / x.step_s, rel=1e-12)
-    steps = [x.step_s for x in p.top]
+        assert x.step_time["seconds"] == pytest.approx(sum(x.time.values()), rel=1e-12)
+        assert x.step_time["tokens_per_second"] == pytest.approx(512 * 4096 / x.step_time["seconds"], rel=1e-12)
+    steps = [x.step_time["seconds"] for x in p.top]
     assert steps == sorted(steps)
     assert all(x.fits for x in p.top) and not any(x.fits for x in p.rejected)
 
@@ -145,12 +147,12 @@ def test_rejected_layouts_say_why():
     assert p.rejected
     for x in p.rejected:
         assert x.reason.startswith("needs ") and "GB usable" in x.reason and "10% headroom" in x.reason
-        assert x.step_s >= 0
+        assert x.step_time["seconds"] >= 0
 
 
 def test_min_gpus_is_the_smallest_n_that_fits():
     found, n = min_gpus("llama-3.1-70b", "h100", global_batch=256)
-    assert found is not None and found.n_gpus == n and found.fitting > 0
+    assert found is not None and found.world_size == n and found.fitting > 0
     assert plan("llama-3.1-70b", "h100", n - 1, global_batch=256).fitting == 0
     # lower bound: Adam model states alone are 16 bytes x 70.6e9 params = 1.13 TB; usable 77.3 GB per GPU
     assert n >= 16 * L70.parameters / (0.9 * H100.memory.capacity)
@@ -159,13 +161,15 @@ def test_min_gpus_is_the_smallest_n_that_fits():
 
 
 def test_restrictions_and_validation():
-    p = plan("llama-3.1-8b", "h100", 8, zero_stages=["3"], checkpointing=["full"], top=10_000, rejected=10_000)
-    assert {x.zero_stage for x in p.top + p.rejected} == {0, 3}  # ZeRO-0 only where dp = 1
-    assert all(x.dp == 1 for x in p.top + p.rejected if x.zero_stage == 0)
-    assert any(x.dp == 1 for x in p.top + p.rejected)  # dp = 1 layouts are kept, labelled ZeRO-0
+    p = plan("llama-3.1-8b", "h100", 8, zero_stages=[3], checkpointing=["full"], top=10_000, rejected=10_000)
+    assert {x.parallel.zero for x in p.top + p.rejected} == {0, 3}  # ZeRO-0 only where dp = 1
+    assert all(x.parallel.dp == 1 for x in p.top + p.rejected if x.parallel.zero == 0)
+    assert any(x.parallel.dp == 1 for x in p.top + p.rejected)  # dp = 1 layouts are kept, labelled ZeRO-0
     assert {x.checkpointing for x in p.top + p.rejected} == {"full"}
-    with pytest.raises(TrainfitError, match="unknown ZeRO stage 4; accepted: 0, 1, 2, 3"):
+    with pytest.raises(TrainfitError, match="ZeRO stage must be 0, 1, 2 or 3, got 4"):  # the setup's zero rule
         plan("llama-3.1-8b", "h100", 8, zero_stages=[4])
+    with pytest.raises(TrainfitError, match="ZeRO stage must be 0, 1, 2 or 3, got '3'"):  # a number, not its text
+        plan("llama-3.1-8b", "h100", 8, zero_stages=["3"])
     with pytest.raises(TrainfitError, match="unknown checkpointing 'ful'"):
         plan("llama-3.1-8b", "h100", 8, checkpointing=["ful"])
     with pytest.raises(TrainfitError, match="gpus must be >= 1, got 0"):
@@ -191,47 +195,56 @@ def test_cli_plan_text_json_markdown_and_errors():
                    "pipeline bubble", "GB", "tokens/s", "TFLOP/s"):
         assert needle in r.output, needle
     d = json.loads(runner.invoke(app, ["plan", "llama-3.1-70b", "--gpus", "64", "-o", "json"]).stdout)
-    assert d["n_gpus"] == 64 and d["top"] and d["assumptions"] and d["fitting"] <= d["searched"]
+    assert d["world_size"] == 64 and d["top"] and d["assumptions"] and d["fitting"] <= d["searched"]
     assert d["method"] == "detailed" and d["evaluated"] == d["searched"]
     assert set(d["top"][0]["time_s"]) == set(COMPONENTS)
     assert set(d["top"][0]["step_time"]) == {"seconds", "tokens_per_second", "tokens_per_second_per_device",
                                              "tflops_per_device", "mfu"}
     assert d["top"][0]["memory_bytes"] and d["top"][0]["total_bytes"] > 0
+    # the setup's vocabulary, each figure once (step_time as estimate --output json has it)
+    assert set(d["top"][0]) == {"tp", "pp", "dp", "ep", "zero", "checkpointing", "micro_batch", "accumulation",
+                                "memory_bytes", "total_bytes", "fits", "step_time", "time_s", "reason"}
+    assert "n_gpus" not in d and "step_s" not in d["top"][0] and "tokens_per_s" not in d["top"][0]
     md = runner.invoke(app, ["plan", "llama-3.1-8b", "--gpus", "8", "-o", "markdown"]).stdout
     assert "#### Assumptions" in md and "| # | layout |" in md
     r = runner.invoke(app, ["plan", "llama-3.1-70b", "--min-gpus", "--batch", "256"])
     assert r.exit_code == 0 and "smallest N that fits" in r.output
     for args, msg in ((["plan", "llama-3.1-8b"], "--gpus N is required"),
-                      (["plan", "llama-3.1-8b", "--gpus", "8", "--zero", "5"], "unknown ZeRO stage '5'"),
+                      (["plan", "llama-3.1-8b", "--gpus", "8", "--zero", "5"],
+                       "ZeRO stage must be 0, 1, 2 or 3, got 5"),
                       (["plan", "llama-3.1-405b", "--min-gpus", "--gpus", "2"], "no layout of llama-3.1-405b fits")):
         r = runner.invoke(app, args)
         assert r.exit_code == 1 and msg in r.output and r.output.strip().count("\n") == 0, r.output
 
 
 class _Renamed(FirstOrder):
-    """The first-order method under another name (optionally without its vectorised form)."""
+    """The first-order method under another name (optionally without its vectorised form, or declaring that it
+    counts the pipeline's in-flight micro-batches itself)."""
 
-    def __init__(self, name: str, vectorised: bool):
+    def __init__(self, name: str, vectorised: bool, counts_inflight: bool = False):
         self.name = name
+        self.counts_inflight = counts_inflight
         if not vectorised:
             self.vectorised = None
 
 
 def test_other_memory_methods_are_taken_as_they_report():
-    """Only the first-order model gets the 1F1B in-flight factor added; any other method (the detailed one
-    counts its own pipeline schedule) is used as reported. Checked with first-order registered under a new name."""
-    METHODS["first-order-as-reported-test"] = _Renamed("first-order-as-reported-test", vectorised=False)
+    """Only a method that declares one micro-batch of activations per stage (counts_inflight False: first-order)
+    gets the 1F1B in-flight factor added; any other (the detailed one counts its own pipeline schedule) is used as
+    reported. Checked with first-order registered under a new name, declaring that it counts them itself."""
+    METHODS["first-order-as-reported-test"] = _Renamed("first-order-as-reported-test", vectorised=False,
+                                                      counts_inflight=True)
     try:
         p = plan("llama-3.1-70b", "h100", 16, global_batch=32, seq_len=2048, method="first-order-as-reported-test",
                  zero_stages=[3], checkpointing=["full"], top=100, rejected=100)
         assert any("no vectorised version" in n for n in p.notes)
         assert any("'first-order-as-reported-test' method" in a for a in p.assumptions)
-        piped = [x for x in p.top + p.rejected if x.pp > 1 and x.accumulation > 1]
+        piped = [x for x in p.top + p.rejected if x.parallel.pp > 1 and x.accumulation > 1]
         assert piped
         for x in piped:
             r = SOLVE("llama-3.1-70b", "h100", batch_size=32, seq_len=2048, precision="bf16",
-                      activation_checkpointing="full", tp_size=x.tp, pp_size=x.pp, dp_size=x.dp,
-                      zero_stage=x.zero_stage, gradient_accumulation_steps=x.accumulation)
+                      activation_checkpointing="full", tp_size=x.parallel.tp, pp_size=x.parallel.pp,
+                      dp_size=x.parallel.dp, zero_stage=x.parallel.zero, gradient_accumulation_steps=x.accumulation)
             assert x.memory["activations"] == pytest.approx(r.activations_bytes, rel=1e-12)
     finally:
         del METHODS["first-order-as-reported-test"]

@@ -21,9 +21,11 @@ from typing import Any, Optional
 from ..errors import TrainfitError
 from ..labs import (TrackProfile, TrainingFrontierResult, TrainingMemoryStackResult, TrainingTrackProfile,
                     list_tracks)
+from ..planner import SEARCHED
 from ..report import Document, to_markdown
 from ..report import labs as lab_tables
 from ..report.backends import table_html
+from ..training_setup import PARALLEL_FIELDS
 
 #: The lab's five components, in the seed's order (the prediction choices).
 COMPONENTS = ("weights", "gradients", "optimizer state", "activations", "data batch")
@@ -165,8 +167,8 @@ def plot_png(draw: Callable[..., Path], *args: Any) -> bytes:
 #: the training-setup fields free mode offers, in display order (the others keep their defaults)
 FREE_FIELDS = ("batch", "seq_len", "precision", "optimizer", "checkpointing", "lora_rank", "attention",
                "trainable_fraction", "tp", "pp", "dp", "zero", "accumulation", "sequence_parallel")
-#: the subset the planner does not search (it chooses parallelism, ZeRO, checkpointing and micro-batches)
-PLAN_FIELDS = ("batch", "seq_len", "precision", "optimizer", "lora_rank", "attention", "trainable_fraction")
+#: the subset the planner takes (it searches the parallel layout, ZeRO, checkpointing and micro-batches)
+PLAN_FIELDS = tuple(f for f in FREE_FIELDS if f not in (*SEARCHED, *PARALLEL_FIELDS))
 FREE_LABELS = {"batch": "Global batch (samples)", "seq_len": "Sequence length (tokens)", "precision": "Precision",
                "optimizer": "Optimizer", "checkpointing": "Activation checkpointing", "lora_rank": "LoRA rank (0: all "
                "parameters)", "attention": "Attention kernel", "trainable_fraction": "Trainable fraction",
@@ -199,8 +201,11 @@ DEFAULT_METHOD = "default (detailed where the model has an architecture)"
 
 
 def method_options(methods: Sequence[str]) -> list[str]:
-    """Free mode's memory-method choices: the engine's default first, then every method but measured."""
-    return [DEFAULT_METHOD] + [m for m in methods if m != "measured"]
+    """Free mode's memory-method choices: the engine's default first, then every method of ``methods`` that
+    declares itself ``interactive`` (not the measurement: seconds per configuration)."""
+    from ..engine import METHODS
+
+    return [DEFAULT_METHOD] + [m for m in methods if m not in METHODS or METHODS[m].interactive]
 
 
 def method_of(value: str) -> Optional[str]:

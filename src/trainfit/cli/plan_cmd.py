@@ -8,7 +8,11 @@ import typer
 
 from ..engine import METHODS
 from ..errors import TrainfitError
+from ..planner import (DEFAULT_GLOBAL_BATCH, DEFAULT_HEADROOM, DEFAULT_MAX_GPUS, DEFAULT_REJECTED, DEFAULT_TOP,
+                       NOT_SEARCHED, SEARCHED)
+from ..steptime import DEFAULT_NODE_SIZE
 from ._common import Output, app, console, emit, guarded
+from .method_options import flagged
 from .options import setup_options
 
 
@@ -18,8 +22,12 @@ class Over(str, Enum):
 
 
 _METHOD_HELP = ("Memory model: " + ", ".join(METHODS) + ". Default: detailed for models with architecture details "
-                "(as estimate), else first-order. First-order, detailed and traced are vectorised (traced models "
-                "one accelerator); measured runs configuration by configuration.")
+                "(as estimate), else first-order. "
+                + ", ".join(n for n, m in METHODS.items() if m.vectorised is not None) + " are vectorised; "
+                + ", ".join(n for n, m in METHODS.items() if m.vectorised is None) + " run(s) configuration by "
+                "configuration.")
+#: the methods that keep one micro-batch of activations per pipeline stage (the planner scales them)
+_ONE_MICRO_BATCH = ", ".join(n for n, m in METHODS.items() if not m.counts_inflight)
 
 
 @app.command("frontier")
@@ -35,7 +43,7 @@ def frontier_command(
                                         "(memory vs sequence length); both when omitted."),
     headroom: float = typer.Option(0.0, "--headroom", help="Fraction of memory kept free, in [0, 1) (default 0)."),
     comm_buffer_fraction: Optional[float] = typer.Option(None, "--comm-buffer-fraction",
-                                                         help="first-order: gradient bucket as a fraction of local gradient bytes."),
+                                                         help=flagged()["comm_buffer_fraction"].help),
     method: Optional[str] = typer.Option(None, "--method", help=_METHOD_HELP),
     plot: Optional[str] = typer.Option(None, "--plot", help="Save the curves to FILE (.png, .svg or .pdf; needs "
                                        "matplotlib: pip install 'trainfit[plot]')."),
@@ -66,41 +74,41 @@ def _split(text: Optional[str]) -> Optional[list[str]]:
     return [t for t in (s.strip() for s in text.split(",")) if t]
 
 
-#: fields the planner searches (its own options below say how)
-_SEARCHED = ("tp", "pp", "dp", "ep", "cp", "zero", "fsdp", "fsdp_prefetch", "checkpointing", "checkpoint_every",
-             "accumulation", "pp_schedule", "pp_virtual")
+def _numbers(items: Optional[list[str]]) -> Optional[list[Any]]:
+    """A comma list's whole numbers as ints (the rest as text, for the field's rule to refuse by name)."""
+    return None if items is None else [int(t) if t.isdigit() else t for t in items]
 
 
 @app.command("plan")
 @guarded
-@setup_options(exclude=_SEARCHED, defaults={"batch": 1024},
+@setup_options(exclude=SEARCHED + NOT_SEARCHED, defaults={"batch": DEFAULT_GLOBAL_BATCH},
                helps={"batch": "Global batch in sequences per optimizer step, split over the data-parallel ranks "
                                "and micro-batches of every layout."})
 def plan_command(
     model: str = typer.Argument(..., help="Model: catalog name, key or slug (see `trainfit models`)."),
     hardware: str = typer.Option("H100", "--hardware", help="Accelerator (see `trainfit hardware`)."),
     gpus: Optional[int] = typer.Option(None, "--gpus", "-n", help="Number of accelerators N (dp*tp*pp*ep = N). With "
-                                       "--min-gpus: the largest N to try (default 4096)."),
-    headroom: float = typer.Option(0.10, "--headroom", help="Fraction of each accelerator's memory kept free, in [0, 1)."),
+                                       f"--min-gpus: the largest N to try (default {DEFAULT_MAX_GPUS})."),
+    headroom: float = typer.Option(DEFAULT_HEADROOM, "--headroom", help="Fraction of each accelerator's memory kept free, in [0, 1)."),
     min_gpus_flag: bool = typer.Option(False, "--min-gpus", help="Find the smallest N for which any layout fits."),
     zero: Optional[str] = typer.Option(None, "--zero", help="ZeRO stages to consider, e.g. '1,3' (default 0,1,2,3)."),
     checkpointing: Optional[str] = typer.Option(None, "--checkpointing",
                                                 help="Checkpointing modes to consider, e.g. 'selective,full' "
                                                      "(default none,selective,full)."),
-    node_size: int = typer.Option(8, "--node-size", help="Accelerators per node (TP stays inside one)."),
+    node_size: int = typer.Option(DEFAULT_NODE_SIZE, "--node-size",
+                                  help="Accelerators per node (TP stays inside one)."),
     inter_node: Optional[str] = typer.Option(None, "--inter-node-bandwidth",
                                              help="Per-accelerator network bandwidth per direction, e.g. '400 Gbps' or "
                                                   "'50 GB/s' (default: the accelerator's NIC in the catalog, else "
                                                   "400 Gb/s)."),
     no_inflight: bool = typer.Option(False, "--no-inflight",
-                                     help="first-order: keep one micro-batch of activations per pipeline stage (the "
-                                          "seed's assumption) instead of 1F1B's min(pp, accumulation)."),
+                                     help=f"{_ONE_MICRO_BATCH}: keep one micro-batch of activations per pipeline "
+                                          "stage (the seed's assumption) instead of 1F1B's min(pp, accumulation)."),
     exhaustive: bool = typer.Option(False, "--exhaustive",
-                                    help="Evaluate the memory of every layout. Vectorised methods (first-order, "
-                                         "detailed) always do; the measured method otherwise stops once the ranking is "
-                                         "settled."),
-    top: int = typer.Option(5, "--top", help="Layouts to show."),
-    rejected: int = typer.Option(5, "--rejected", help="Best rejected layouts to show."),
+                                    help="Evaluate the memory of every layout. Vectorised methods always do; the "
+                                         "others otherwise stop once the ranking is settled."),
+    top: int = typer.Option(DEFAULT_TOP, "--top", help="Layouts to show."),
+    rejected: int = typer.Option(DEFAULT_REJECTED, "--rejected", help="Best rejected layouts to show."),
     method: Optional[str] = typer.Option(None, "--method", help=_METHOD_HELP),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text | json | markdown."),
     setup_fields: Optional[dict[str, Any]] = None,
@@ -117,12 +125,12 @@ def plan_command(
     fields = dict(setup_fields or {})
     global_batch, seq = fields.pop("batch"), fields.pop("seq_len")
     opts = dict(global_batch=global_batch, seq_len=seq, precision=fields.pop("precision"),
-                optimizer=fields.pop("optimizer"), headroom=headroom, zero_stages=_split(zero),
+                optimizer=fields.pop("optimizer"), headroom=headroom, zero_stages=_numbers(_split(zero)),
                 checkpointing=_split(checkpointing), method=method, node_size=node_size,
                 inter_node_bandwidth=inter_node, inflight=not no_inflight, exhaustive=True if exhaustive else None,
                 top=top, rejected=rejected, **fields)
     if min_gpus_flag:
-        limit = 4096 if gpus is None else gpus
+        limit = DEFAULT_MAX_GPUS if gpus is None else gpus
         p, _ = min_gpus(model, hardware, max_gpus=limit, **opts)
         if p is None:
             raise TrainfitError(f"no layout of {model} fits on up to {limit} x {hardware} with global batch "

@@ -8,8 +8,10 @@ from ..units import GB, GiB
 from .document import Column, Document
 from .labels import short, time_label
 
+
 def layout_name(x: Layout) -> str:
-    return f"tp{x.tp} pp{x.pp} dp{x.dp}" + (f" ep{x.ep}" if x.ep > 1 else "")
+    p = x.parallel
+    return f"tp{p.tp} pp{p.pp} dp{p.dp}" + (f" ep{p.ep}" if p.ep > 1 else "")
 
 
 def _mem_columns(rows: list[Layout], most: int = 6) -> list[str]:
@@ -26,7 +28,7 @@ def _mem_columns(rows: list[Layout], most: int = 6) -> list[str]:
 
 
 def header_lines(p: Plan) -> list[str]:
-    lines = [f"{p.model} on {p.n_gpus} x {p.hardware} — memory method: {p.method}",
+    lines = [f"{p.model} on {p.world_size} x {p.hardware} — memory method: {p.method}",
              f"capacity {p.capacity_bytes / GB:.2f} GB ({p.capacity_bytes / GiB:.0f} GiB) per accelerator; usable "
              f"{p.usable_bytes / GB:.2f} GB with {p.headroom:.0%} headroom",
              f"global batch {p.global_batch:,} sequences x {p.seq_len:,} tokens = {p.global_batch * p.seq_len:,} "
@@ -51,14 +53,16 @@ def _tables(doc: Document, rows: list[Layout], title: str) -> None:
         cells = [f"{x.memory.get(k, 0.0) / GB:,.1f}" for k in named]
         if "other" in comps:
             cells.append(f"{sum(v for k, v in x.memory.items() if k not in named) / GB:,.1f}")
-        mem.append([str(i), layout_name(x), str(x.zero_stage), x.checkpointing, f"{x.microbatch} x {x.accumulation}"]
+        mem.append([str(i), layout_name(x), str(x.parallel.zero_stage), x.checkpointing,
+                    f"{x.micro_batch} x {x.accumulation}"]
                    + cells + [f"{x.total_bytes / GB:,.1f}"])
     doc.table(f"{title} — memory per accelerator", [Column(h, right=h not in ("layout", "ckpt")) for h in head], mem)
     # components that are zero in every row shown (EP without experts, CP, ...) get no column
     parts = [t for t in TIME_COMPONENTS if any(x.time.get(t, 0.0) for x in rows)]
     head = ["#"] + [f"{time_label(t)} s" for t in parts] + ["step s", "tokens/s", "TFLOP/s each", "MFU %"]
-    times = [[str(i)] + [f"{x.time[k]:.3g}" for k in parts] + [f"{x.step_s:.3g}", f"{x.tokens_per_s:,.0f}",
-                                                               f"{x.tflops_per_device:.0f}", f"{100 * x.mfu:.1f}"]
+    times = [[str(i)] + [f"{x.time[k]:.3g}" for k in parts]
+             + [f"{x.step_time['seconds']:.3g}", f"{x.step_time['tokens_per_second']:,.0f}",
+                f"{x.step_time['tflops_per_device']:.0f}", f"{100 * x.step_time['mfu']:.1f}"]
              for i, x in enumerate(rows, 1)]
     doc.table(f"{title} — time per step (seconds)", [Column(h, right=True) for h in head], times)
 
@@ -66,7 +70,7 @@ def _tables(doc: Document, rows: list[Layout], title: str) -> None:
 def plan_document(p: Plan) -> Document:
     head = header_lines(p)
     doc = Document()
-    doc.line(f"Plan: {p.model} on {p.n_gpus} x {p.hardware}", "title")
+    doc.line(f"Plan: {p.model} on {p.world_size} x {p.hardware}", "title")
     for s in head:
         doc.line(s)
     if p.top:
@@ -76,8 +80,9 @@ def plan_document(p: Plan) -> Document:
     if p.rejected:
         doc.line("Best rejected layouts (fastest first) and why they do not fit:", "heading")
         for i, x in enumerate(p.rejected, 1):
-            doc.line(f"{i}. {layout_name(x)}, ZeRO {x.zero_stage}, {x.checkpointing}, micro-batch {x.microbatch} x "
-                     f"{x.accumulation}: {x.reason}; would take {x.step_s:.3g} s/step", item=True)
+            doc.line(f"{i}. {layout_name(x)}, ZeRO {x.parallel.zero_stage}, {x.checkpointing}, micro-batch "
+                     f"{x.micro_batch} x {x.accumulation}: {x.reason}; would take {x.step_time['seconds']:.3g} s/step",
+                     item=True)
     doc.line("Assumptions:", "heading")
     for a in p.assumptions:
         doc.line(a, "dim", item=True)

@@ -1,0 +1,90 @@
+"""The planner's results: one evaluated :class:`Layout` and the :class:`Plan` of a search.
+
+A layout is a :class:`~trainfit.training_setup.Parallelism` (the setup's own parallel layout) with the
+checkpointing mode and the micro-batch x accumulation split the search chose, and what it costs: memory in
+bytes per accelerator, time in seconds per optimizer step. The JSON speaks the training setup's vocabulary
+(``tp``, ``zero``, ``micro_batch``, ``world_size``) and carries each figure once; ``step_time`` holds the
+throughput figures as ``estimate --output json`` reports them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..steptime import FIGURES as STEP_FIGURES  # the throughput figures of every layout (JSON ``step_time``)
+from ..training_setup import Parallelism
+
+#: the parallel fields a layout's JSON always carries (the ones the search varies); others only when set
+_LAYOUT_DEGREES = ("tp", "pp", "dp", "ep", "zero")
+_PARALLEL_DEFAULTS = Parallelism()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One evaluated layout. Memory in bytes per accelerator, times in seconds per optimizer step."""
+
+    parallel: Parallelism
+    checkpointing: str
+    micro_batch: int
+    accumulation: int
+    memory: dict[str, float]  #: bytes per accelerator by component
+    total_bytes: float
+    fits: bool
+    time: dict[str, float]  #: seconds per step by step-time component
+    step_time: dict[str, float]  #: the step-time model's throughput figures (:data:`trainfit.steptime.FIGURES`)
+    reason: Optional[str] = None  #: why it does not fit
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.parallel
+        other = {f.name: getattr(p, f.name) for f in dataclasses.fields(p)
+                 if f.name not in _LAYOUT_DEGREES and getattr(p, f.name) != getattr(_PARALLEL_DEFAULTS, f.name)}
+        return {**{k: getattr(p, k) for k in _LAYOUT_DEGREES}, **other, "checkpointing": self.checkpointing,
+                "micro_batch": self.micro_batch, "accumulation": self.accumulation, "memory_bytes": dict(self.memory),
+                "total_bytes": self.total_bytes, "fits": self.fits, "step_time": dict(self.step_time),
+                "time_s": dict(self.time), "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Result of :func:`~trainfit.planner.plan`."""
+
+    model: str
+    hardware: str
+    method: str
+    world_size: int  #: accelerators (dp x tp x pp x ep of every layout)
+    global_batch: int
+    seq_len: int
+    precision: str
+    optimizer: str
+    headroom: float
+    capacity_bytes: float
+    searched: int
+    fitting: int  #: layouts that fit, among those whose memory was evaluated
+    top: list[Layout]
+    rejected: list[Layout]
+    candidates: dict[str, list[int]]
+    excluded: list[str]
+    assumptions: list[str]
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)
+    evaluated: int = 0  #: layouts whose memory was evaluated (all of them unless the search stopped early)
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.capacity_bytes * (1.0 - self.headroom)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "hardware": self.hardware, "method": self.method, "world_size": self.world_size,
+                "global_batch": self.global_batch, "seq_len": self.seq_len, "precision": self.precision,
+                "optimizer": self.optimizer, "headroom": self.headroom, "capacity_bytes": self.capacity_bytes,
+                "usable_bytes": self.usable_bytes, "searched": self.searched, "evaluated": self.evaluated,
+                "fitting": self.fitting,
+                "top": [x.to_json() for x in self.top], "rejected": [x.to_json() for x in self.rejected],
+                "candidates": self.candidates, "excluded": list(self.excluded),
+                "assumptions": list(self.assumptions), "elapsed_s": self.elapsed_s, "notes": list(self.notes),
+                "units": "bytes per accelerator (GB = 1e9 bytes, GiB = 2^30 bytes where shown); seconds per step; "
+                         "tokens/s; 10^12 model FLOP/s per device"}
+
+
+__all__ = ["Layout", "Plan", "STEP_FIGURES"]

@@ -1,0 +1,265 @@
+"""The search: evaluate the layouts of a :class:`~trainfit.planner.space.LayoutSpace`, rank them fastest
+first, and stop early where a method without a vectorised form would take long.
+
+The layouts are encoded once as arrays of training setups (:mod:`trainfit.sweep`). Their memory comes
+from the chosen method — by default the one :func:`trainfit.engine.default_method` picks for the model
+among those that model every searched field — evaluated for every layout at once; the step time of every
+layout comes from :mod:`trainfit.steptime`. Layouts whose total fits under ``capacity · (1 − headroom)``
+are ranked fastest first (ties: less memory first). Sizes in bytes, times in seconds.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from .. import fields as V
+from .. import formulas as F
+from ..engine import default_method, get_method, split_options, sweep_encoded
+from ..errors import TrainfitError
+from ..steptime import (DEFAULT_NODE_SIZE, DEFAULT_OVERLAP, TIME_COMPONENTS, Overlap, assumptions, step_time_arrays,
+                        time_arch)
+from ..sweep import SetupArrays, encode
+from ..training_setup import DEFAULTS, PARALLEL_FIELDS, PRECISIONS, Parallelism, TrainingSetup
+from ..units import GB
+from .results import STEP_FIGURES, Layout, Plan
+from .space import (CHECKPOINTING, PLAN_ARGUMENTS, SEARCHED, LayoutSpace, ModelContext, context, enumerate_layouts,
+                    world_sizes)
+
+#: defaults of :func:`plan` (the command line reads them): sequences per optimizer step, the fraction of
+#: memory kept free, layouts shown (fitting and rejected), and the largest N :func:`min_gpus` tries
+DEFAULT_GLOBAL_BATCH = 1024
+DEFAULT_SEQ_LEN: int = DEFAULTS["seq_len"]
+DEFAULT_HEADROOM = 0.10
+DEFAULT_TOP = 5
+DEFAULT_REJECTED = 5
+DEFAULT_MAX_GPUS = 4096
+#: The search enumerates divisors of the GPU count and of the per-replica batch: beyond these the layouts
+#: no longer describe a cluster and the enumeration stops being instant.
+MAX_GPUS = 2**20
+MAX_GLOBAL_BATCH = 2**24
+
+
+def _encode(ctx: ModelContext, space: LayoutSpace, *, global_batch: int, seq_len: int,
+            fields: dict[str, Any]) -> SetupArrays:
+    """Every layout of ``space`` as encoded, validated training setups (one per element)."""
+    acc = global_batch // (space.dp * space.mb)
+    return encode(ctx.model, ctx.device, batch=global_batch, seq_len=seq_len, precision=ctx.precision,
+                  optimizer=ctx.optimizer, checkpointing=np.asarray(CHECKPOINTING)[space.ckpt], tp=space.tp,
+                  pp=space.pp, dp=space.dp, ep=space.ep, zero=space.zero, accumulation=acc, **fields)
+
+
+def _memory(x: SetupArrays, *, method: str, inflight: bool, options: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Memory arrays (bytes per accelerator) for every layout of ``x``, from the chosen method."""
+    res = sweep_encoded(x, method, **options)
+    comps = {k: np.array(v, dtype=float) for k, v in res.components.items()}
+    # A method that keeps one micro-batch of activations per stage (it declares counts_inflight False) gets the
+    # 1F1B in-flight factor; the others count the in-flight micro-batches of their pipeline schedule themselves.
+    if inflight and not get_method(method).counts_inflight and "activations" in comps:
+        comps["activations"] = comps["activations"] * F.pipeline_inflight_microbatches(x["pp"], x["accumulation"])
+        total = None
+        for v in comps.values():
+            total = v if total is None else total + v
+    else:
+        total = np.array(res["total_bytes"], dtype=float)  # the method's own total (a peak, not always a sum)
+    out = {f"mem_{k}": v for k, v in comps.items()}
+    out["total_bytes"] = total
+    return out
+
+
+def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: int, rejected: int,
+          exhaustive: bool, **memory_args: Any) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+    """Memory for the layouts needed to rank: all of them (``exhaustive``), or in order of step time until
+    the fastest ``top`` fitting and ``rejected`` non-fitting layouts are known, ties included (for methods
+    without a vectorised form; the layouts never evaluated are all slower). Returns (arrays over all
+    layouts, NaN where not evaluated; the evaluated mask; how many were evaluated)."""
+    n = x.size
+    step = times["time_step"]
+    arr: dict[str, np.ndarray] = {"total_bytes": np.full(n, np.nan)}
+    done = np.zeros(n, dtype=bool)
+
+    def fill(idx: np.ndarray) -> None:
+        whole = len(idx) == n and bool(np.all(idx == np.arange(n)))
+        part = _memory(x if whole else x.take(idx), **memory_args)
+        for k, v in part.items():
+            if k not in arr:
+                arr[k] = np.zeros(n)
+            arr[k][idx] = v
+        done[idx] = True
+
+    if exhaustive:
+        fill(np.arange(n))
+        return arr, done, n
+    order = np.argsort(step, kind="stable")
+    pos, chunk = 0, max(8, 2 * (top + rejected))
+    while pos < n:
+        fill(order[pos:pos + chunk])
+        pos = min(n, pos + chunk)
+        chunk *= 2
+        seen = order[:pos]
+        ok = arr["total_bytes"][seen] <= usable
+        if ok.sum() >= top and (~ok).sum() >= rejected and pos < n:
+            cut = max(step[seen[ok]][top - 1] if top else -np.inf,
+                      step[seen[~ok]][rejected - 1] if rejected else -np.inf)
+            if step[order[pos]] > cut:  # every later layout is strictly slower: the ranking is settled
+                break
+    return arr, done, pos
+
+
+def _layout(space: LayoutSpace, arr: dict[str, np.ndarray], i: int, usable: float, capacity: float,
+            headroom: float, parallel: dict[str, Any]) -> Layout:
+    memory = {k[4:]: float(v[i]) for k, v in arr.items() if k.startswith("mem_")}
+    times = {k: float(arr[f"time_{k}"][i]) for k in TIME_COMPONENTS}
+    total = float(arr["total_bytes"][i])
+    fits = total <= usable
+    reason = None
+    if not fits:
+        big = max(memory, key=memory.__getitem__)
+        reason = (f"needs {total / GB:.1f} GB > {usable / GB:.1f} GB usable ({capacity / GB:.1f} GB - "
+                  f"{headroom:.0%} headroom); largest: {big.replace('_', ' ')} {memory[big] / GB:.1f} GB")
+    par = Parallelism(**parallel, tp=int(space.tp[i]), pp=int(space.pp[i]), dp=int(space.dp[i]), ep=int(space.ep[i]),
+                      zero=int(space.zero[i]))
+    return Layout(parallel=par, checkpointing=CHECKPOINTING[int(space.ckpt[i])], micro_batch=int(space.mb[i]),
+                  accumulation=int(arr["accumulation"][i]), memory=memory, total_bytes=total, fits=fits, time=times,
+                  step_time={k: float(arr["time_step" if k == "seconds" else f"time_{k}"][i]) for k in STEP_FIGURES},
+                  reason=reason)
+
+
+def _validate(world_size: Any, global_batch: Any, seq_len: Any, headroom: Any, top: Any, rejected: Any,
+              method: Optional[str]) -> None:
+    V.whole(world_size, "gpus", maximum=MAX_GPUS)
+    V.whole(global_batch, "global batch", maximum=MAX_GLOBAL_BATCH)
+    V.whole(seq_len, "seq")
+    V.whole(top, "top", maximum=10**6)
+    if isinstance(rejected, bool) or not isinstance(rejected, int) or rejected < 0:
+        raise TrainfitError(f"rejected must be a whole number >= 0, got {rejected!r}")
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0.0 <= headroom < 1.0:
+        raise TrainfitError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
+    if method is not None:
+        get_method(method)
+
+
+def _restriction(values: Optional[Sequence[Any]], every: Sequence[Any], what: str, rule: Any) -> list[Any]:
+    """The values a search restriction keeps (each through the setup field's own rule); all when None."""
+    if values is None:
+        return list(every)
+    out = [rule(v) for v in values]
+    if not out:
+        raise TrainfitError(f"{what}: give at least one value")
+    return out
+
+
+def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFAULT_GLOBAL_BATCH,
+         seq_len: int = DEFAULT_SEQ_LEN, precision: str = DEFAULTS["precision"],
+         optimizer: str = DEFAULTS["optimizer"], headroom: float = DEFAULT_HEADROOM,
+         zero_stages: Optional[Sequence[Any]] = None, checkpointing: Optional[Sequence[str]] = None,
+         method: Optional[str] = None, node_size: int = DEFAULT_NODE_SIZE, inter_node_bandwidth: Any = None,
+         inflight: bool = True, top: int = DEFAULT_TOP, rejected: int = DEFAULT_REJECTED,
+         exhaustive: Optional[bool] = None, overlap: Overlap = DEFAULT_OVERLAP, **options: Any) -> Plan:
+    """Every valid layout of ``model`` on ``world_size`` accelerators of ``hardware``, ranked.
+
+    ``global_batch`` in sequences, ``seq_len`` in tokens; ``headroom`` the fraction of memory kept
+    free; ``zero_stages``/``checkpointing`` restrict the search (default: all; each value by the setup
+    field's own rule); ``method`` the memory method (None: :func:`~trainfit.engine.default_method` for the
+    model among those that model every searched field — detailed when it has architecture details);
+    ``node_size``, ``inter_node_bandwidth`` (e.g. ``"400 Gbps"``; default the catalog's NIC) and ``overlap``
+    set the step-time model's network and overlap; ``inflight=False`` keeps one micro-batch of activations
+    per pipeline stage for a method that counts one (first-order: the seed's assumption) instead of 1F1B's
+    min(pp, micro-batches). ``exhaustive`` evaluates the memory of every layout (the default for methods
+    with a vectorised form); otherwise memory is evaluated in order of step time until the ranking is
+    settled. ``options`` are the other training-setup fields (``sequence_parallel``, ``lora_rank``, ...),
+    the same for every layout, and the memory method's own options.
+    """
+    _validate(world_size, global_batch, seq_len, headroom, top, rejected, method)
+    ctx = context(model, hardware, precision, optimizer, node_size, inter_node_bandwidth)
+    started = time.perf_counter()  # the search itself; loading the catalogs on first use is not counted
+    zs = _restriction(zero_stages, (0, 1, 2, 3), "ZeRO stage", lambda v: V.zero_stage(v, "ZeRO stage"))
+    cks = [CHECKPOINTING.index(c) for c in _restriction(checkpointing, CHECKPOINTING, "checkpointing",
+                                                          lambda v: V.choice(v, "checkpointing", CHECKPOINTING))]
+    fields, method_options = split_options(options)
+    fixed = [k for k in fields if k in SEARCHED or k in PLAN_ARGUMENTS]
+    if fixed:
+        raise TrainfitError(f"{fixed[0]} is chosen by the planner's search; pass the search's own arguments "
+                            "(world_size, global_batch, seq_len, precision, optimizer, zero_stages, checkpointing)")
+    notes: list[str] = []
+    if method is None:
+        probe = TrainingSetup.build(ctx.model, ctx.device, batch=int(global_batch), seq_len=int(seq_len),
+                                    precision=ctx.precision, optimizer=ctx.optimizer, **fields)
+        method = default_method(probe, searching=SEARCHED)
+        single = default_method(probe)
+        if single != method:
+            notes.append(f"memory by the {method} method: the {single} method, this model's default, models one "
+                         "accelerator, not the layouts searched")
+    m = get_method(method)
+    if ctx.heads is None and 0 in cks:
+        cks = [c for c in cks if c]
+        notes.append("checkpointing 'none' skipped: the model states no attention-head count")
+    space = enumerate_layouts(ctx, int(world_size), int(global_batch), zero_stages=zs, ckpt_codes=cks)
+    capacity = float(ctx.device.capacity_bytes)
+    usable = capacity * (1.0 - headroom)
+    top_rows: list[Layout] = []
+    rej_rows: list[Layout] = []
+    fitting = 0
+    evaluated = 0
+    if exhaustive is None:
+        exhaustive = m.vectorised is not None  # one vectorised pass over every layout
+    if space.size:
+        x = _encode(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
+        st = step_time_arrays(x, node_size=ctx.net.node_size, inter_node_bandwidth=inter_node_bandwidth,
+                              overlap=overlap)
+        times = {f"time_{k}": v for k, v in st.items()}
+        mem, done, evaluated = _rank(x, times, usable, top=top, rejected=rejected, exhaustive=exhaustive,
+                                     method=method, inflight=inflight, options=method_options)
+        arr = {**times, **mem, "accumulation": global_batch // (space.dp * space.mb)}
+        fits = done & (mem["total_bytes"] <= usable)
+        misses = done & ~fits
+        fitting = int(fits.sum())
+        # fastest first; ties broken by less memory
+        order = np.lexsort((np.nan_to_num(mem["total_bytes"], nan=np.inf), times["time_step"]))
+        parallel = {k: v for k, v in fields.items() if k in PARALLEL_FIELDS}
+        top_rows = [_layout(space, arr, int(i), usable, capacity, headroom, parallel) for i in order[fits[order]][:top]]
+        rej_rows = [_layout(space, arr, int(i), usable, capacity, headroom, parallel)
+                    for i in order[misses[order]][:rejected]]
+        if evaluated < space.size:
+            notes.append(f"memory evaluated for the {evaluated:,} fastest layouts only (method {method!r}); the "
+                         f"other {space.size - evaluated:,} are all slower, so the ranking is exact, but the fit "
+                         "count covers the evaluated ones (--exhaustive evaluates every layout)")
+        if m.vectorised is None:
+            notes.append(f"the {method!r} memory method has no vectorised version: it ran layout by layout")
+    else:
+        notes.append("no valid layout: no tp x pp x ep x dp split of the accelerators reaches the global batch exactly")
+    peak = ctx.hw.flops(PRECISIONS[ctx.precision].flops)
+    lines = assumptions(net=ctx.net, overlap=overlap, hardware=ctx.hw.name, precision=ctx.precision, peak_flops=peak,
+                        exact_arch=time_arch(ctx.model).exact)
+    lines.append(f"memory: {m.memory_basis(inflight)}; a layout fits when its total <= capacity x (1 - {headroom:g}) "
+                 "headroom")
+    return Plan(model=ctx.name, hardware=ctx.hw.name, method=method, world_size=int(world_size),
+                global_batch=int(global_batch), seq_len=int(seq_len), precision=ctx.precision,
+                optimizer=ctx.optimizer, headroom=float(headroom), capacity_bytes=capacity, searched=space.size,
+                fitting=fitting, evaluated=evaluated, top=top_rows, rejected=rej_rows, candidates=space.candidates,
+                excluded=space.excluded, assumptions=lines, elapsed_s=time.perf_counter() - started, notes=notes)
+
+
+def min_gpus(model: Any, hardware: Any, *, max_gpus: int = DEFAULT_MAX_GPUS,
+             **options: Any) -> tuple[Optional[Plan], int]:
+    """The smallest N <= ``max_gpus`` for which some layout fits, and its plan; ``(None, max_gpus)``
+    when none does. ``options`` are :func:`plan`'s keyword arguments."""
+    max_gpus = V.whole(max_gpus, "max gpus", maximum=MAX_GPUS)
+    ctx = context(model, hardware, options.get("precision", DEFAULTS["precision"]),
+                  options.get("optimizer", DEFAULTS["optimizer"]), options.get("node_size", DEFAULT_NODE_SIZE),
+                  options.get("inter_node_bandwidth"))
+    batch = V.whole(options.get("global_batch", DEFAULT_GLOBAL_BATCH), "global batch", maximum=MAX_GLOBAL_BATCH)
+    started = time.perf_counter()
+    candidates = world_sizes(ctx, batch, max_gpus)  # only these can hold any layout: try them, smallest first
+    for n in candidates:
+        p = plan(model, hardware, n, **options)
+        if p.fitting:
+            return (Plan(**{**p.__dict__, "elapsed_s": time.perf_counter() - started,
+                            "notes": p.notes + [f"smallest N that fits: {n} (searched the {candidates.index(n) + 1} "
+                                                "accelerator counts up to it that can split the batch)"]}), n)
+    return None, max_gpus
+
+
+__all__ = ["DEFAULT_GLOBAL_BATCH", "DEFAULT_HEADROOM", "DEFAULT_MAX_GPUS", "DEFAULT_REJECTED", "DEFAULT_SEQ_LEN",
+           "DEFAULT_TOP", "MAX_GLOBAL_BATCH", "MAX_GPUS", "min_gpus", "plan"]
