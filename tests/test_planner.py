@@ -278,3 +278,27 @@ def test_a_type_only_the_traced_method_reads_is_planned_by_first_order():
     p = plan("olmo-2-7b", "h100", 8)
     assert p.method == "first-order" and p.top
     assert any("the traced method, this model's default, models one accelerator" in n for n in p.notes), p.notes
+
+
+def test_a_layout_is_the_setups_parallel_layout_and_other_parallel_fields_pass_through():
+    """A layout embeds training_setup.Parallelism: FSDP given to the search is in every layout, in its JSON (fields
+    set away from their defaults only), and its memory is estimate's of the same setup."""
+    from trainfit.engine import estimate
+
+    p = plan("llama-3.1-8b", "h100", 8, global_batch=32, seq_len=1024, fsdp=True, zero_stages=[0],
+             checkpointing=["full"], top=3, rejected=3)
+    for x in p.top + p.rejected:
+        assert x.parallel.fsdp and x.parallel.zero == 0 and x.parallel.zero_stage == 3  # FSDP counts as ZeRO-3
+        d = x.to_json()
+        assert d["fsdp"] is True and "reshard_after_forward" not in d
+        setup = TrainingSetup.build("llama-3.1-8b", "h100", batch=32, seq_len=1024, fsdp=True, tp=x.parallel.tp,
+                                    pp=x.parallel.pp, dp=x.parallel.dp, checkpointing="full",
+                                    accumulation=x.accumulation)
+        assert x.total_bytes == estimate(setup, suggestions=False).total_bytes
+
+
+def test_the_default_method_is_probed_at_the_searched_sequence_length():
+    """GPT-2's learned positions stop at 1,024: a plan at seq 1024 picks its method without tripping on the setup's
+    default 2,048 (the probe once ignored seq_len and refused the plan)."""
+    p = plan("gpt2-xl", "a100", 4, global_batch=8, seq_len=1024)
+    assert p.method == "detailed" and p.searched > 0
