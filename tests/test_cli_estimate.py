@@ -134,3 +134,26 @@ def test_usage_errors_are_one_line_exit_1(args, needle):
 def test_bare_command_prints_help_and_succeeds():
     p = subprocess.run([sys.executable, "-m", "trainfit"], capture_output=True, text=True, check=False)
     assert p.returncode == 0 and "estimate" in p.stdout and "Usage" in p.stdout
+
+
+def test_method_options_come_from_the_methods_declarations_and_reach_only_their_method():
+    """Every flagged option a registered method declares is an `estimate` option with the method's default; a
+    method's own flag reaches it (first-order's gradient bucket is fraction x local gradient bytes, so 0.2 is four
+    times the default 0.05), another method's flag is refused in one line."""
+    from trainfit.engine import METHODS
+
+    text = " ".join(run("estimate", "--help").output.split())
+    flagged = [o for m in METHODS.values() for o in m.options if o.flag]
+    assert {o.flag for o in flagged} >= {"--comm-buffer-fraction", "--no-overheads", "--explain"}
+    for o in flagged:
+        assert o.flag in text, o.flag
+    base = ("estimate", "llama-3.1-8b", "h100", "--batch", "8", "--seq", "1024", "-o", "json", *SEED)
+    d = json.loads(run(*base).stdout)
+    wide = json.loads(run(*base, "--comm-buffer-fraction", "0.2").stdout)
+    assert wide["inputs"]["comm_buffer_fraction"] == 0.2 and d["inputs"]["comm_buffer_fraction"] == 0.05
+    assert wide["components"]["communication_buffers"] == pytest.approx(4 * d["components"]["communication_buffers"],
+                                                                        rel=1e-12)
+    r = run("estimate", "llama-3.1-8b", "h100", "--method", "detailed", "--comm-buffer-fraction", "0.2")
+    assert r.exit_code == 1 and "--comm-buffer-fraction is an option of another method" in r.output
+    r = run(*base, "--no-overheads")
+    assert r.exit_code == 1 and "--no-overheads is an option of another method; the first-order method" in r.output
