@@ -5,12 +5,16 @@ from typing import Any, Optional
 
 import typer
 
-from ..engine import METHODS, default_method, get_method
+from ..engine import DEFAULT_ORDER, METHODS, default_method, get_method
 from ..report.estimate import estimate_document
 from ..training_setup import TrainingSetup
 from ._common import Output, app, emit, guarded
 from .method_options import method_options, options_for
 from .options import flags_for, setup_options
+
+#: the methods and the default order, from the registry (each method says why it is the default)
+_METHOD_HELP = ("Memory model: " + ", ".join(METHODS) + ". Default: the first that applies of "
+                + "; ".join(f"{n} ({METHODS[n].why_default})" for n in DEFAULT_ORDER) + ".")
 
 
 @app.command("estimate")
@@ -20,7 +24,7 @@ from .options import flags_for, setup_options
 def estimate_command(
     model: str = typer.Argument(..., help="Model: catalog name, key or slug (see `trainfit models`), a bundled config name, a Hugging Face id (allenai/OLMo-2-1124-7B: its config.json from the local cache or the Hub) or a path to a config.json or model directory."),
     hardware: str = typer.Argument(..., help="Accelerator: catalog name, key or slug (see `trainfit hardware`)."),
-    method: Optional[str] = typer.Option(None, "--method", help="Memory model: " + ", ".join(METHODS) + ". Default: detailed for the model types trainfit hand-models, else traced (any type transformers builds; needs the measure extra; traces once, then cached), else first-order."),
+    method: Optional[str] = typer.Option(None, "--method", help=_METHOD_HELP),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text | json | markdown."),
     require_fit: bool = typer.Option(False, "--require-fit", help="Exit with code 2 when the run does not fit."),
     setup_fields: Optional[dict[str, Any]] = None,
