@@ -144,11 +144,6 @@ def param_tensors(arch: ArchSpec) -> tuple[ParamTensor, ...]:
     return tuple(out)
 
 
-def lora_linears(arch: ArchSpec, targets: tuple[str, ...], index: int) -> list[Linear]:
-    """Projections of block ``index`` that LoRA adapts (module-name match, as PEFT's ``target_modules``)."""
-    return [lin for lin in block_linears(arch, index) if lin.module in targets]
-
-
 def stage_layers(num_layers: int, pp: int, stage: int = 0) -> range:
     """Blocks held by pipeline ``stage`` (Megatron-style even split, the remainder on the first stages)."""
     base, extra = divmod(num_layers, pp)
