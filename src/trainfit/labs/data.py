@@ -179,10 +179,6 @@ class LabData:
         raise TrainfitError(f"{self.path}: no variant for lab_id={lab_id!r}, track_id={tid!r}; "
                             f"variants of this track: {', '.join(have) or 'none'}")
 
-    def list_variants(self, lab_id: str = TRAINING_LAB_ID) -> tuple[LabTrackVariant, ...]:
-        return tuple(v for v in self.variants if v.lab_id == lab_id)
-
-
 def _line(node: NodeRef | None, path: tuple[Any, ...]) -> str:
     sub = node_at(node, path)
     return str(sub.line()) if sub is not None else "?"

@@ -22,9 +22,6 @@ from .schemas import (TrainingFrontierResult, TrainingMemoryStackResult, Trainin
                       _Plain, from_plain, to_plain)
 from .training import all_memory_stacks, training_frontier, training_plan
 
-_SECTIONS = ("report_artifact", "profile", "stacks", "frontier", "physics")
-
-
 @dataclass(frozen=True)
 class TrainingLabReport(_Plain):
     """A plan and its evidence for one track, strategy and batch."""
