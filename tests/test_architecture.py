@@ -310,3 +310,17 @@ def test_every_file_the_architecture_doc_cites_exists():
         if not ok:
             missing.append(c)
     assert not missing, f"docs/architecture.md cites files that do not exist: {missing}"
+
+
+def test_every_image_under_docs_is_made_by_the_script():
+    """docs/make_images.py regenerates every docs/*.png (from the CLI and the app), and each it names exists."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_images", DOCS / "make_images.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert sorted(module.IMAGES) == sorted(p.name for p in DOCS.glob("*.png"))
+    for path in (DOCS / "app.md", DOCS / "labs.md", DOCS / "sweeps-and-planner.md"):
+        for name in re.findall(r"\]\(([\w.-]+\.png)\)", path.read_text()):
+            assert name in module.IMAGES, (path.name, name)
