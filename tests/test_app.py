@@ -26,7 +26,7 @@ from trainfit.app.launcher import bind
 from trainfit.cli import app as cli
 from trainfit.errors import TrainfitError
 from trainfit.labs import all_memory_stacks, lab_report, list_tracks, load_training_profile
-from trainfit.labs.report import stack_rows
+from trainfit.report.labs import stack_rows
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()

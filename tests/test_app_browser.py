@@ -34,6 +34,7 @@ import trainfit
 from trainfit.app import views
 from trainfit.labs import lab_report, load_training_profile
 from trainfit.planner import plan as layout_plan
+from trainfit.report.labs import lab_report_markdown
 
 REPO = Path(__file__).resolve().parents[1]
 SCREENSHOTS = os.environ.get("TRAINFIT_APP_SCREENSHOTS")
@@ -272,7 +273,7 @@ def test_app_in_headless_chromium(chromium: str, app_url: Callable[[], str]) -> 
             with page.expect_download(timeout=TIMEOUT_MS) as dl:
                 page.get_by_text("Download the report (markdown)").click()
             downloaded = Path(dl.value.path()).read_text()
-            assert downloaded.startswith(report.to_markdown())  # the CLI's report, unchanged
+            assert downloaded.startswith(lab_report_markdown(report))  # the CLI's report, unchanged
             assert "predicted **activations**, lab result **activations** (correct)" in downloaded
             assert downloaded.rstrip().endswith(note)
             _shoot(page, "plan")

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from trainfit.cli import app
 from trainfit.labs import TrainingLabReport, lab_report, load_training_profile
+from trainfit.report.labs import lab_report_markdown
 
 runner = CliRunner()
 
@@ -122,7 +123,7 @@ def test_plan_batch_option_and_clamp_note():
 
 def test_report_markdown_sections_and_json_round_trip():
     report = lab_report(load_training_profile("edge"), strategy_id="fleet_retrain_local_validation")
-    md = report.to_markdown()
+    md = lab_report_markdown(report)
     for heading in ("## Track And Scenario", "## Memory Stack", "## Physical Engine View", "## Batch Frontier",
                     "## Final Decision", "## Rejected Alternatives", "## Validation Tests", "## Residual Risk",
                     "## Source Trace"):

@@ -75,9 +75,6 @@ class TrainingMemoryResult(BaseModel):
         return max(comps, key=comps.__getitem__)
 
 
-_RESULT_FIELDS = frozenset(TrainingMemoryResult.model_fields)
-
-
 def _build_result(values: dict[str, Any]) -> TrainingMemoryResult:
     """A TrainingMemoryResult from values that already have their final types, without validation.
 

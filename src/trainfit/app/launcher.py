@@ -58,7 +58,7 @@ def warm_up() -> None:
     try:
         from ..frontier import frontier  # noqa: F401
         from ..labs import lab_report, load_training_profile
-        from ..labs.plots import plot_memory_stack
+        from ..report.lab_plots import plot_memory_stack
         from ..planner import plan  # noqa: F401
         from .views import plot_png
 

@@ -24,11 +24,12 @@ def _():
     from trainfit.report.frontier import frontier_document
     from trainfit.report.frontier import plot_frontier as plot_trainfit_frontier
     from trainfit.report.plan import plan_document
-    from trainfit.labs.plots import plot_frontier, plot_memory_stack
-    from trainfit.report.labs import frontier_summary
+    from trainfit.report.lab_plots import plot_frontier, plot_memory_stack
+    from trainfit.report.labs import frontier_summary, lab_report_markdown
     from trainfit.planner import plan as trainfit_plan
     return (METHODS, TrainfitError, estimate_document, frontier_document, frontier_summary, io, json, labs, mo,
-            plan_document, plot_frontier, plot_memory_stack, plot_trainfit_frontier, to_markdown, trainfit,
+            lab_report_markdown, plan_document, plot_frontier, plot_memory_stack, plot_trainfit_frontier, to_markdown,
+            trainfit,
             trainfit_frontier, trainfit_plan, views)
 
 
@@ -124,8 +125,8 @@ def _(METHODS, mo, views):
 
 
 @app.cell
-def _(frontier_summary, io, json, mo, plot_frontier, plot_memory_stack, prediction, physics, profile, reflection,
-      report, selected, views):
+def _(frontier_summary, io, json, lab_report_markdown, mo, plot_frontier, plot_memory_stack, prediction, physics,
+      profile, reflection, report, selected, views):
     # View builders: the layout cell calls only the visible one (charts cost a few hundred ms each).
     def _png(draw, *args):
         return mo.image(io.BytesIO(views.plot_png(draw, *args)), style={"max-width": "1100px", "width": "100%"})
@@ -188,7 +189,7 @@ def _(frontier_summary, io, json, mo, plot_frontier, plot_memory_stack, predicti
 
     def plan_view():
         _name = f"training-plan-{_p.track_id}-{_plan.selected_id}-b{_plan.batch_size}"
-        _md = report.to_markdown()
+        _md = lab_report_markdown(report)
         _notes_md, _notes = views.student_notes(prediction.value, selected, reflection.value)
         _json = report.to_dict()
         if _notes:

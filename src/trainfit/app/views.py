@@ -4,7 +4,7 @@ The notebook (``training_gauntlet.py``) stays a thin layout over these functions
 tested without a browser. Nothing here computes a memory figure: the track lab's numbers come from
 :mod:`trainfit.labs` and its tables are the lab report's own (:mod:`trainfit.report.labs`, rendered
 with :func:`~trainfit.report.backends.table_html`), the free mode's from :func:`trainfit.estimate` and
-the report builders of :mod:`trainfit.report`, the charts from :mod:`trainfit.labs.plots`. Units: the lab
+the report builders of :mod:`trainfit.report`, the charts from :mod:`trainfit.report.lab_plots`. Units: the lab
 speaks decimal MB (1e6 bytes); the free mode GB (1e9 bytes) and GiB (2^30 bytes).
 
 Every table carries ``data-testid`` (the table) and ``data-col`` (each cell) attributes so the browser
@@ -157,7 +157,7 @@ def student_notes(prediction: Optional[str], stack: TrainingMemoryStackResult, r
 
 
 def plot_png(draw: Callable[..., Path], *args: Any) -> bytes:
-    """Run one of :mod:`trainfit.labs.plots`' drawing functions into a temporary PNG; return its bytes."""
+    """Run one of :mod:`trainfit.report.lab_plots`' drawing functions into a temporary PNG; return its bytes."""
     with tempfile.TemporaryDirectory(prefix="trainfit-app-") as tmp:
         path = Path(tmp) / "plot.png"
         draw(*args, path)

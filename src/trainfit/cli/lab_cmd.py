@@ -89,7 +89,7 @@ def stack_command(track: str = TRACK_ARG,
         stacks = all_memory_stacks(profile, batch)
     views = physics_view(profile, batch_size=batch, strategy_id=stacks[0].strategy_id if strategy else None)
     if plot is not None:
-        from ..labs.plots import plot_memory_stack
+        from ..report.lab_plots import plot_memory_stack
         plot_memory_stack(profile, stacks, plot)
     items = [dict(to_plain(s), physics=to_plain(v)) for s, v in zip(stacks, views)]
     emit(stack_document(profile, stacks, views, compact=output is Output.text), output,
@@ -110,7 +110,7 @@ def frontier_command(track: str = TRACK_ARG,
     sid = _strategy_required(profile, strategy)
     f = training_frontier(profile, strategy_id=sid)
     if plot is not None:
-        from ..labs.plots import plot_frontier
+        from ..report.lab_plots import plot_frontier
         plot_frontier(profile, f, plot)
     emit(batch_frontier_document(profile, f, compact=output is Output.text), output, json=to_plain(f))
     if plot is not None:

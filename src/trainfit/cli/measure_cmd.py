@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import typer
 
-from ..errors import TrainfitError
+from ..engine import get_method
 from ..report.estimate import measurement_document
 from ..training_setup import TrainingSetup
 from ._common import Output, app, emit, guarded
@@ -43,10 +43,6 @@ def measure_command(
     Options mean what they mean for `trainfit estimate`; what one measured step cannot run is refused.
     Needs the extra: pip install 'trainfit[measure]'.
     """
-    try:
-        from ..measure import Measured
-    except ImportError as exc:  # pragma: no cover - the package itself has no heavy imports
-        raise TrainfitError(f"trainfit measure is unavailable ({exc}); pip install 'trainfit[measure]'") from None
     setup = TrainingSetup.build(model, hardware, **(setup_fields or {}))
-    est = Measured().estimate(setup, task=task, warmup=warmup)
+    est = get_method("measured").estimate(setup, task=task, warmup=warmup)
     emit(measurement_document(est), Output(output.value), json=est.to_json())

@@ -21,7 +21,6 @@ from typing import Optional
 
 Vec = tuple[float, float, float, float]  # element counts: per token, per position, per score, constant
 ZERO: Vec = (0.0, 0.0, 0.0, 0.0)
-END = 10**9  # "until the end of the forward pass"
 
 
 def vadd(a: Vec, b: Vec) -> Vec:

@@ -11,12 +11,14 @@ resolved (``mobile`` -> ``iphone``, ``wearable`` -> ``oura_ring``, ``edge`` -> `
 """
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from ..datafile import DATA_DIR, NodeRef, node_at, read_yaml, validate_entries
 from ..errors import TrainfitError, unknown_choice
@@ -35,21 +37,33 @@ REQUIRED_TRAINING_KEYS: tuple[str, ...] = (
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 
-class TrackEntry(BaseModel):
-    model_config = _STRICT
-    track_id: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
-    label: str = Field(min_length=1)
-    icon: str = ""
-    category: str
-    hardware_ref: str
-    system_ref: Optional[str] = None
-    stakeholder: str
-    primary_metrics: tuple[str, ...]
-    guardrail_metrics: tuple[str, ...]
-    dominant_constraints: tuple[str, ...] = ()
-    narrative: str
-    source_policy: str = ""
-    aliases: tuple[str, ...] = ()
+def file_schema(record: type, **overrides: tuple[Any, Any]) -> type[BaseModel]:
+    """The strict pydantic model that validates one file entry of the frozen dataclass ``record``.
+
+    The record declares its fields once (types and defaults); ``overrides`` gives ``(type, default)``
+    where the file differs from the record: a pattern, a default the loader fills in (a variant's
+    ``hardware_ref`` is its track's), or a nested schema (a variant's ``defaults``). Unknown keys are refused.
+    """
+    hints = typing.get_type_hints(record)
+    spec: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        if f.name in overrides:
+            spec[f.name] = overrides[f.name]
+        elif f.default is not dataclasses.MISSING:
+            spec[f.name] = (hints[f.name], f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            spec[f.name] = (hints[f.name], Field(default_factory=f.default_factory))
+        else:
+            spec[f.name] = (hints[f.name], ...)
+    unknown = sorted(set(overrides) - set(spec))
+    assert not unknown, f"{record.__name__} has no fields {unknown}"
+    return create_model(f"{record.__name__}Entry", __config__=_STRICT, **spec)
+
+
+#: a track as ``tracks.yaml`` writes it: :class:`TrackProfile`'s fields, the id a lower-case identifier
+TrackEntry = file_schema(TrackProfile, track_id=(str, Field(pattern=r"^[a-z][a-z0-9_]*$")),
+                         label=(str, Field(min_length=1)), dominant_constraints=(tuple[str, ...], ()),
+                         source_policy=(str, ""))
 
 
 class PhysicsEntry(BaseModel):
@@ -112,21 +126,10 @@ class TrainingDefaults(BaseModel):
         return self
 
 
-class VariantEntry(BaseModel):
-    model_config = _STRICT
-    lab_id: str = TRAINING_LAB_ID
-    track_id: str
-    scenario_id: str
-    stakeholder: str
-    workload_summary: str
-    objective: str
-    primary_metric: str
-    guardrail_metric: str
-    hardware_ref: Optional[str] = None
-    model_ref: str = ""
-    system_ref: Optional[str] = None
-    defaults: TrainingDefaults = TrainingDefaults()
-    assumptions: dict[str, Any] = {}
+#: a variant as ``tracks.yaml`` writes it: :class:`LabTrackVariant`'s fields; the lab id defaults to the
+#: training lab's, ``hardware_ref`` to the track's, and ``defaults`` follows the training lab's schema
+VariantEntry = file_schema(LabTrackVariant, lab_id=(str, TRAINING_LAB_ID), hardware_ref=(Optional[str], None),
+                           defaults=(TrainingDefaults, TrainingDefaults()))
 
 
 def normalize_track_id(name: Any) -> str:
@@ -178,10 +181,6 @@ class LabData:
         have = sorted({v.lab_id for v in self.variants if v.track_id == tid})
         raise TrainfitError(f"{self.path}: no variant for lab_id={lab_id!r}, track_id={tid!r}; "
                             f"variants of this track: {', '.join(have) or 'none'}")
-
-    def list_variants(self, lab_id: str = TRAINING_LAB_ID) -> tuple[LabTrackVariant, ...]:
-        return tuple(v for v in self.variants if v.lab_id == lab_id)
-
 
 def _line(node: NodeRef | None, path: tuple[Any, ...]) -> str:
     sub = node_at(node, path)

@@ -1,5 +1,5 @@
-"""The training feasibility plan as a report: JSON for tools, markdown (built by :mod:`trainfit.report.labs`)
-for people.
+"""The training feasibility plan as data: JSON for tools; its markdown for people is
+:func:`trainfit.report.labs.lab_report_markdown` (results are data here, how they look is :mod:`trainfit.report`).
 
 :func:`lab_report` gathers everything a student defends in the memo — the track and scenario, the
 memory stack of every strategy, the physical engine's view beside it, the selected strategy's batch
@@ -21,9 +21,6 @@ from .physics import PhysicsStrategyView, physics_view
 from .schemas import (TrainingFrontierResult, TrainingMemoryStackResult, TrainingPlanResult, TrainingTrackProfile,
                       _Plain, from_plain, to_plain)
 from .training import all_memory_stacks, training_frontier, training_plan
-
-_SECTIONS = ("report_artifact", "profile", "stacks", "frontier", "physics")
-
 
 @dataclass(frozen=True)
 class TrainingLabReport(_Plain):
@@ -53,9 +50,6 @@ class TrainingLabReport(_Plain):
                    frontier=from_plain(TrainingFrontierResult, data["frontier"]),
                    physics=tuple(from_plain(PhysicsStrategyView, p) for p in data["physics"]))
 
-    def to_markdown(self) -> str:
-        return report_markdown(self)
-
 
 def lab_report(profile: TrainingTrackProfile, *, strategy_id: str, batch_size: Optional[int] = None) -> TrainingLabReport:
     """Build the report for ``strategy_id`` at ``batch_size`` (clamped; the track default when None)."""
@@ -66,22 +60,3 @@ def lab_report(profile: TrainingTrackProfile, *, strategy_id: str, batch_size: O
         frontier=training_frontier(profile, strategy_id=plan.selected_id),
         physics=physics_view(profile, batch_size=plan.batch_size))
 
-
-# ------------------------------------------------------------------------------------------- markdown
-# The rendering lives in trainfit.report.labs, which imports this package's modules at load time; importing
-# it on use keeps either package importable first.
-
-
-def report_markdown(report: TrainingLabReport) -> str:
-    """The plan as a markdown document (headings follow the seed's lab report)."""
-    from ..report.backends import to_markdown
-    from ..report.labs import lab_report_document
-
-    return to_markdown(lab_report_document(report))
-
-
-def stack_rows(stacks: tuple[TrainingMemoryStackResult, ...] | list[TrainingMemoryStackResult]) -> list[list[str]]:
-    """The memory-stack table's rows as the report and the app show them."""
-    from ..report.labs import stack_rows as rows
-
-    return rows(stacks)

@@ -15,6 +15,7 @@ SHORT = {
     "weights": "weights", "gradients": "grads", "optimizer_state": "optimizer", "activations": "activations",
     "communication_buffers": "buffers", "parameters": "params", "optimizer_temporaries": "opt temps",
     "master_weights": "master", "allocator_reserve": "reserve", "cuda_context": "context", "other": "other",
+    "buffers": "model buffers",  # "buffers" alone is the communication buffers' short head
 }
 
 

@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from ..labs.physics import PhysicsStrategyView
+from ..labs.report import TrainingLabReport
 from ..labs.schemas import TrainingFrontierResult, TrainingMemoryStackResult, TrainingTrackProfile
 from ..labs.training import get_strategy
+from .backends import to_markdown
 from .document import Column, Document, Table
 
 
@@ -190,7 +192,7 @@ def batch_frontier_document(profile: TrainingTrackProfile, frontier: TrainingFro
     return doc.line(frontier_summary(f) + ".").add(frontier_table(f))
 
 
-def plan_summary_document(report: Any) -> Document:
+def plan_summary_document(report: TrainingLabReport) -> Document:
     """The plan of a :class:`~trainfit.labs.report.TrainingLabReport` at a glance: decision, memory, risks,
     memo and the physical engine's verdict (the terminal's view; the full report is
     :func:`lab_report_document`)."""
@@ -214,7 +216,7 @@ def plan_summary_document(report: Any) -> Document:
                     f"{profile.hardware_name}; {'agrees' if phys.agree else 'DISAGREES'} with the lab: {phys.note}")
 
 
-def lab_report_document(report: Any) -> Document:
+def lab_report_document(report: TrainingLabReport) -> Document:
     """The whole lab report of a :class:`~trainfit.labs.report.TrainingLabReport` (its sections follow the
     seed's lab report): track and scenario, memory stack, physical engine view, batch frontier, the
     decision and memo, rejected alternatives, validation tests, residual risk and the source trace."""
@@ -289,6 +291,11 @@ def lab_report_document(report: Any) -> Document:
     return doc
 
 
+def lab_report_markdown(report: TrainingLabReport) -> str:
+    """The whole lab report as markdown (``trainfit lab plan --output markdown``; the app's download)."""
+    return to_markdown(lab_report_document(report))
+
+
 __all__ = ["FRONTIER_COLUMNS", "PHYSICS_COLUMNS", "STACK_COLUMNS", "batch_frontier_document", "frontier_rows",
-           "frontier_summary", "frontier_table", "lab_report_document", "physics_rows", "physics_table",
+           "frontier_summary", "frontier_table", "lab_report_document", "lab_report_markdown", "physics_rows", "physics_table",
            "plan_summary_document", "stack_document", "stack_rows", "stack_table", "track_line", "tracks_document"]

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import TrainfitError
-from ..report.labels import colours, label
-from .schemas import TrainingFrontierResult, TrainingMemoryStackResult, TrainingTrackProfile
-from .training import get_strategy
+from ..labs.schemas import TrainingFrontierResult, TrainingMemoryStackResult, TrainingTrackProfile
+from ..labs.training import get_strategy
+from .labels import colours, label
 
 FORMATS = (".png", ".svg")
 #: The lab's five components in the seed's order; a stack names them by their labels (``optimizer state``).
