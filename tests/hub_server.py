@@ -5,7 +5,8 @@ port) from a thread, with the status codes and headers the Hub sends and hugging
 (``huggingface_hub/utils/_http.py`` ``hf_raise_for_status`` and ``file_download.py`` ``get_hf_file_metadata``,
 version 2.4): ``X-Repo-Commit``, ``ETag`` (the git blob id of the file, as the Hub gives for files kept in
 git), ``Content-Length``; errors carry ``X-Error-Code`` (``GatedRepo``, ``RepoNotFound``, ``RevisionNotFound``,
-``EntryNotFound``) and ``X-Error-Message``. Any other route (huggingface_hub's daily
+``EntryNotFound``) and ``X-Error-Message``; a renamed repository answers 307 with a relative ``Location``
+(which huggingface_hub follows on the same host). Any other route (huggingface_hub's daily
 ``/api/agent-harnesses`` request) gets a plain 404.
 
 It records every request for a repository's files, stops when the test is done, and stops by itself after
@@ -66,6 +67,7 @@ class FakeHub:
 
     def __init__(self, lifetime: float = 120.0) -> None:
         self.repos: dict[str, Repo] = {}
+        self.renamed: dict[str, str] = {}  # old id -> new id: answered with a relative 307, as the Hub does
         self.requests: list[str] = []  # "HEAD /owner/name/resolve/main/config.json"
         self.tokens: list[Optional[str]] = []  # the bearer token of each recorded request
         hub = self
@@ -96,6 +98,10 @@ class FakeHub:
         repo = Repo(config, commit or hashlib.sha1(repo_id.encode()).hexdigest(), access)
         self.repos[repo_id] = repo
         return repo
+
+    def rename(self, old: str, new: str) -> None:
+        """``old`` answers with a redirect to ``new`` (a repository renamed or moved to another owner)."""
+        self.renamed[old] = new
 
     def start(self) -> "FakeHub":
         self._thread.start()
@@ -130,6 +136,9 @@ class FakeHub:
         self.tokens.append(token)
         if token is not None and token not in (TOKEN, TOKEN_WITHOUT_ACCESS):
             return self._send(handler, 401, {"X-Error-Message": "Invalid credentials in Authorization header"})
+        if route["repo"] in self.renamed:
+            moved = f"/{self.renamed[route['repo']]}{handler.path[len(route['repo']) + 1:]}"
+            return self._send(handler, 307, {"Location": moved})
         repo = self.repos.get(route["repo"])
         if repo is None:
             return self._send(handler, 404, {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"})

@@ -129,6 +129,16 @@ def test_each_refusal_is_one_line(hub, home, access, config, repo_id, env, needl
     assert not (home / "hub" / f"models--{repo_id.replace('/', '--')}" / "snapshots").exists()
 
 
+def test_a_renamed_model_is_followed_to_its_new_name(hub, home):
+    repo = hub.add("acme/tiny-llama", TINY_LLAMA)
+    hub.rename("acme/llama-small", "acme/tiny-llama")
+    result = trainfit(home, hub.url, "estimate", "acme/llama-small", "h100", "--output", "json")
+    assert parameters(result) == llama_parameters(TINY_LLAMA)
+    assert hub.gets() == ["GET /acme/tiny-llama/resolve/main/config.json"]
+    # kept under the name asked for, so that name resolves offline next time
+    assert (home / "hub" / "models--acme--llama-small" / "snapshots" / repo.commit / "config.json").is_file()
+
+
 def test_a_token_opens_a_private_or_gated_model(hub, home):
     for repo_id, access in (("acme/private", "private"), ("acme/gated", "gated")):
         hub.add(repo_id, TINY_LLAMA, access=access)
