@@ -4,12 +4,12 @@ speaking the Hub's responses (a file, a gated repository, a missing one) in plac
 tests cannot reach. No weights are ever asked for: the server records every request."""
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 
 import pytest
 from typer.testing import CliRunner
+
+from hub_server import FakeHub, isolate
 
 from trainfit import hub
 from trainfit.arch import load_bundled
@@ -44,52 +44,16 @@ def cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def fake_hub(monkeypatch):
-    """A local server answering as the Hub does: ``org/gated-*`` gated, ``org/missing-*`` not found (what a
-    private repository looks like without a token), anything else a config.json. It records every request
-    for a model's files (huggingface_hub's own once-a-day registry request is answered, not recorded)."""
-    requests: list[str] = []
-    body = json.dumps(dict(TINY_OLMO, hidden_size=32)).encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def _answer(self, with_body: bool) -> None:
-            if self.path.startswith("/api/agent-harnesses"):  # huggingface_hub's own daily registry fetch
-                self.send_response(404)
-                self.end_headers()
-                return
-            requests.append(f"{self.command} {self.path}")
-            if "/gated-" in self.path:
-                self.send_response(401)
-                self.send_header("X-Error-Code", "GatedRepo")
-                self.end_headers()
-                return
-            if "/missing-" in self.path:
-                self.send_response(401)
-                self.send_header("X-Error-Code", "RepoNotFound")
-                self.end_headers()
-                return
-            self.send_response(200)
-            self.send_header("X-Repo-Commit", "f" * 40)
-            self.send_header("ETag", '"c0ffee"')
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if with_body:
-                self.wfile.write(body)
-
-        def do_HEAD(self) -> None:  # noqa: N802 - http.server's naming
-            self._answer(False)
-
-        def do_GET(self) -> None:  # noqa: N802
-            self._answer(True)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
-    yield requests
-    server.shutdown()
+def fake_hub(cache, monkeypatch):
+    """A local server answering as the Hub does (``hub_server.FakeHub``): ``org/gated-model`` gated,
+    ``org/missing-model`` private (what a missing repository also looks like without a token),
+    ``org/new-model`` a config.json. It records every request for a model's files."""
+    with FakeHub() as server:
+        server.add("org/new-model", dict(TINY_OLMO, hidden_size=32), commit="f" * 40)
+        server.add("org/gated-model", TINY_OLMO, access="gated")
+        server.add("org/missing-model", TINY_OLMO, access="private")
+        isolate(monkeypatch, server.url, cache.root.parent)
+        yield server.requests
 
 
 def test_an_id_in_the_local_cache_resolves_without_the_hub(cache, fake_hub):
@@ -118,9 +82,9 @@ def test_an_unknown_id_downloads_config_json_only_once(cache, fake_hub):
 
 @pytest.mark.parametrize("repo,needle", [
     ("org/gated-model", "org/gated-model is gated on the Hugging Face Hub: accept its terms on its model page, "
-                        "then log in (`huggingface-cli login`, or set HF_TOKEN), or pass a local path"),
+                        "then log in (`hf auth login`, or set HF_TOKEN), or pass a local path"),
     ("org/missing-model", "org/missing-model was not found on the Hugging Face Hub, or it is private: check the id, "
-                          "log in for a private model (`huggingface-cli login`, or set HF_TOKEN), or pass a local path"),
+                          "log in for a private model (`hf auth login`, or set HF_TOKEN), or pass a local path"),
 ])
 def test_gated_and_private_models_say_how_to_get_in(cache, fake_hub, repo, needle):
     with pytest.raises(TrainfitError) as e:
