@@ -37,6 +37,38 @@ def _element(a: Any, shape: tuple[int, ...], index: Any) -> Any:
     return np.broadcast_to(a, shape)[index].item()
 
 
+#: at most this many groups are collected by one comparison each; more by one stable sort
+_FEW_GROUPS = 16
+#: group keys (products of each varying field's distinct codes) counted directly up to this many
+_BINCOUNT_KEYS = 1 << 22
+
+
+def _varies(a: np.ndarray) -> bool:
+    """Whether an encoded array holds more than one value (numbers and flags: min/max, one pass, no sort)."""
+    if not np.ndim(a):
+        return False
+    flat = np.asarray(a).reshape(-1)
+    if flat.dtype.kind in "biuf":
+        return bool(flat.min() != flat.max())
+    return np.unique(flat).size > 1
+
+
+def _dense_codes(flat: np.ndarray) -> np.ndarray:
+    """Each element's rank among the distinct values of a 1-D array (``np.unique``'s inverse): for
+    integers and flags over a small range by counting (one pass), else by a sort."""
+    if flat.dtype.kind in "biu":
+        lo, hi = int(flat.min()), int(flat.max())
+        if hi - lo < _BINCOUNT_KEYS:
+            codes = flat.astype(np.int64) - lo
+            present = np.flatnonzero(np.bincount(codes, minlength=hi - lo + 1))
+            if present.size == hi - lo + 1:
+                return codes
+            lut = np.zeros(hi - lo + 1, dtype=np.int64)
+            lut[present] = np.arange(present.size)
+            return lut[codes]
+    return np.unique(flat, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
 @dataclass(frozen=True)
 class SetupArrays:
     """Validated, encoded training setups: arrays (0-d for scalars) that broadcast to ``shape``.
@@ -70,6 +102,14 @@ class SetupArrays:
         ch = self.choices[name]
         return ch.index(value) if value in ch else -1
 
+    def at_default(self, name: str) -> bool:
+        """Whether every element holds the field's default value."""
+        default = DEFAULTS[name]
+        if name in self.choices:
+            codes = [i for i, c in enumerate(self.choices[name]) if c == default]
+            return bool(codes) and bool(np.all(self.values[name] == codes[0]))
+        return bool(np.all(self.values[name] == default))
+
     def value_at(self, name: str, index: Any) -> Any:
         """One element's value of a flat field (decoded)."""
         v = _element(self.values[name], self.shape, index)
@@ -102,39 +142,53 @@ class SetupArrays:
 
     def distinct(self, names: tuple[str, ...]) -> list[tuple[Any, dict[str, Any]]]:
         """Group the elements by the values of ``names`` (plus model and device): a list of (flat indices,
-        {name: decoded value, "model_index", "device_index"}) — one entry per distinct combination."""
+        {name: decoded value, "model_index", "device_index"}) — one entry per distinct combination, in
+        ascending order of the values, each group's indices ascending."""
+        inverse, firsts, rows = self._groups(names)
+        if inverse is None:
+            return [(slice(None), rows[0])]
+        if len(firsts) <= _FEW_GROUPS:  # one pass per group beats a sort of every element
+            return [(np.flatnonzero(inverse == g), row) for g, row in enumerate(rows)]
+        order = np.argsort(inverse, kind="stable")
+        bounds = np.searchsorted(inverse[order], np.arange(len(firsts) + 1))
+        return [(order[bounds[g]:bounds[g + 1]], row) for g, row in enumerate(rows)]
+
+    def _groups(self, names: tuple[str, ...]) -> tuple[Optional[np.ndarray], list[int], list[dict[str, Any]]]:
+        """(flat group code of every element or None when there is one group, flat index of each group's
+        first element, each group's decoded row); groups in ascending order of the values."""
         arrays = [("model_index", self.model_index), ("device_index", self.device_index)]
         arrays += [(n, self.values[n]) for n in names]
-        varying = [(n, a) for n, a in arrays if np.ndim(a) and np.unique(a).size > 1]
-        first = {n: np.asarray(a).reshape(-1)[0].item() for n, a in arrays if not (np.ndim(a) and np.unique(a).size > 1)}
+        varying = [(n, a) for n, a in arrays if _varies(a)]
+        first = {n: np.asarray(a).reshape(-1)[0].item() for n, a in arrays if not _varies(a)}
         if not varying:
-            groups = [(slice(None), 0)]
+            inverse, firsts = None, [0]
         else:
-            # each varying array as dense codes (ints, floats and flags alike)
-            cols = [np.unique(np.broadcast_to(a, self.shape).reshape(-1), return_inverse=True)[1].reshape(-1)
-                    .astype(np.int64) for _, a in varying]
+            cols = [_dense_codes(np.broadcast_to(a, self.shape).reshape(-1)) for _, a in varying]
             radix = [int(c.max()) + 1 for c in cols]
-            if float(np.prod(radix, dtype=np.float64)) < 2.0**62:  # one integer key (mixed radix): fast
-                key = np.zeros(self.size, dtype=np.int64)
-                for c, r in zip(cols, radix):
+            if float(np.prod(radix, dtype=np.float64)) <= _BINCOUNT_KEYS:  # one integer key (mixed radix): O(n)
+                key = cols[0]
+                for c, r in zip(cols[1:], radix[1:]):
                     key = key * r + c
-                _, firsts, inverse = np.unique(key, return_index=True, return_inverse=True)
+                present = np.flatnonzero(np.bincount(key, minlength=int(np.prod(radix))))
+                lut = np.zeros(int(np.prod(radix)), dtype=np.int64)
+                lut[present] = np.arange(present.size)
+                inverse = lut[key]
+                first_at = np.full(present.size, self.size, dtype=np.int64)
+                np.minimum.at(first_at, inverse, np.arange(self.size, dtype=np.int64))
+                firsts = [int(f) for f in first_at]
             else:
-                _, firsts, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_index=True,
-                                               return_inverse=True)
-            inverse = inverse.reshape(-1)
-            order = np.argsort(inverse, kind="stable")
-            bounds = np.searchsorted(inverse[order], np.arange(len(firsts) + 1))
-            groups = [(order[bounds[g]:bounds[g + 1]], int(f)) for g, f in enumerate(firsts)]
-        out = []
-        for idx, f in groups:
+                _, first_at, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_index=True,
+                                                 return_inverse=True)
+                inverse, firsts = inverse.reshape(-1), [int(f) for f in first_at]
+        rows = []
+        for f in firsts:
             row = dict(first)
             for n, a in varying:
                 row[n] = np.broadcast_to(a, self.shape).reshape(-1)[f].item()
             decoded = {n: (self.choices[n][row[n]] if n in self.choices else row[n]) for n in names}
             decoded.update(model_index=int(row["model_index"]), device_index=int(row["device_index"]))
-            out.append((idx, decoded))
-        return out
+            rows.append(decoded)
+        return inverse, firsts, rows
 
 
 class SweepOutput(NamedTuple):
@@ -301,18 +355,14 @@ def encode(model: Any, hardware: Any, **fields: Any) -> SetupArrays:
 def check_supported(x: SetupArrays, names: tuple[str, ...], check: Callable[[TrainingSetup], None]) -> None:
     """Run a method's scalar ``check`` once per distinct combination of the fields ``names`` it can refuse
     (the first element of each), so a sweep rejects what the method cannot express with its own message."""
-    for idx, row in x.distinct(names):
+    inverse, firsts, _ = x._groups(names)
+    for g, first in enumerate(firsts):
         try:
-            check(x.setup_at(x.first_index(idx)))
+            check(x.setup_at(np.unravel_index(first, x.shape) if x.shape else ()))
         except TrainfitError as exc:
-            where = f" (sweep element {V.position(_mask(x, idx))})" if x.shape else ""
+            mask = np.ones(x.shape, dtype=bool) if inverse is None else (inverse == g).reshape(x.shape)
+            where = f" (sweep element {V.position(mask)})" if x.shape else ""
             raise TrainfitError(f"{exc}{where}") from None
-
-
-def _mask(x: SetupArrays, idx: Any) -> np.ndarray:
-    m = np.zeros(x.size, dtype=bool)
-    m[idx] = True
-    return m.reshape(x.shape)
 
 
 def evaluate(x: SetupArrays, method: str, fn: Callable[[SetupArrays], SweepOutput]) -> SweepResult:
