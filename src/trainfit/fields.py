@@ -74,6 +74,16 @@ def zero_stage(value: Any, name: str = "zero") -> int:
     return int(v)
 
 
+def sharding_stage(zero: Any, fsdp: Any, reshard_after_forward: Any) -> Any:
+    """The data-parallel sharding stage every model counts (the one definition; scalars or numpy arrays):
+    the ZeRO stage, or for FSDP 3 (parameters, gradients and optimizer state sharded), 2 when each block
+    keeps its gathered parameters from its forward to its backward (``reshard_after_forward`` off:
+    PyTorch FSDP2 then holds whole parameters through the step, like ZeRO-2)."""
+    if is_scalar(zero) and is_scalar(fsdp) and is_scalar(reshard_after_forward):
+        return (3 if reshard_after_forward else 2) if fsdp else int(zero)
+    return np.where(fsdp, np.where(reshard_after_forward, 3, 2), zero)
+
+
 def flag(value: Any, name: str) -> bool:
     """``value`` as a bool (Python or numpy booleans only: ``"no"`` is not False)."""
     if _is_bool(value):
@@ -253,4 +263,5 @@ def _hashable(v: Any) -> bool:
 
 
 __all__ = ["MAX_WHOLE", "choice", "distinct", "flag", "flag_array", "fraction", "fraction_array", "is_scalar",
-           "magnitude", "names", "non_negative", "non_negative_array", "position", "whole", "whole_array"]
+           "magnitude", "names", "non_negative", "non_negative_array", "position", "sharding_stage", "whole",
+           "whole_array"]

@@ -122,7 +122,7 @@ class FirstOrder:
         opt = np.asarray([F.OPTIMIZER_BYTES[o] for o in x.choices["optimizer"]], dtype=np.float64)[x["optimizer"]]
         ckpt = np.asarray([F.CHECKPOINTING.index(c) for c in x.choices["checkpointing"]], dtype=np.int64)[
             x["checkpointing"]]
-        zero = np.where(x["fsdp"], np.where(x["reshard_after_forward"], 3, 2), x["zero"])
+        zero = x.zero_stage
         c = F.first_order_components(
             params, layers, hidden, heads, prec, opt, ckpt, x["batch"], x["seq_len"], tp=x["tp"], pp=x["pp"],
             dp=x["dp"], ep=x["ep"], zero_stage=zero, accumulation=x["accumulation"],

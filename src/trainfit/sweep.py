@@ -120,6 +120,12 @@ class SetupArrays:
         """Samples per rank per forward/backward (the setup's own rule, over arrays)."""
         return local_microbatch(self.values["batch"], self.values["dp"], self.values["accumulation"])
 
+    @property
+    def zero_stage(self) -> np.ndarray:
+        """The data-parallel sharding stage (:attr:`Parallelism.zero_stage <trainfit.training_setup.
+        Parallelism.zero_stage>` over arrays: FSDP 3, or 2 without ``reshard_after_forward``)."""
+        return V.sharding_stage(self.values["zero"], self.values["fsdp"], self.values["reshard_after_forward"])
+
     def first_index(self, idx: Any) -> Any:
         """The array index of the first element of a group from :meth:`distinct`."""
         first = 0 if isinstance(idx, slice) else int(idx[0])

@@ -103,7 +103,7 @@ def _layout_arrays(x: SetupArrays, idx: Any) -> dict[str, np.ndarray]:
     ckpt_names = x.choices["checkpointing"]
     ckpt = np.asarray([CKPT_CODES[c] for c in ckpt_names])[col("checkpointing")]
     sched = np.asarray([SCHEDULE_CODES[c] for c in x.choices["pp_schedule"]])[col("pp_schedule")]
-    zero = np.where(col("fsdp"), 3, col("zero"))
+    zero = np.broadcast_to(x.zero_stage, x.shape).reshape(-1)[idx]
     micro = np.broadcast_to(x.micro_batch, x.shape).reshape(-1)[idx]
     return dict(tp=col("tp"), pp=col("pp"), dp=col("dp"), ep=col("ep"), cp=col("cp"), zero=zero, ckpt=ckpt,
                 ckpt_every=col("checkpoint_every"), micro_batch=micro, accumulation=col("accumulation"),
