@@ -45,12 +45,13 @@ import numpy as np
 from . import constants as C
 from .kernels import Device, fused_attention_time, gemm_time, memory_time
 from .links import Network, all_to_all_time, collective_time, p2p_time
+from ..training_setup import CHECKPOINTING, PP_SCHEDULES
 from .shapes import Projection, TimeArch
 
-#: checkpointing codes of the layout arrays
-CKPT_CODES = {"none": 0, "selective": 1, "full": 2, "every-k": 3}
-#: pipeline schedule codes
-SCHEDULE_CODES = {"1f1b": 0, "interleaved": 1, "gpipe": 2}
+#: checkpointing codes of the layout arrays: the position in the setup's list of modes
+CKPT_CODES = {mode: code for code, mode in enumerate(CHECKPOINTING)}
+#: pipeline schedule codes: the position in the setup's list of schedules
+SCHEDULE_CODES = {schedule: code for code, schedule in enumerate(PP_SCHEDULES)}
 
 #: the components of a step, in the order they are reported; they add up to the step time
 COMPONENTS: tuple[str, ...] = ("gemm", "attention", "memory_bound", "recompute", "tp_comm", "cp_comm", "ep_comm",
