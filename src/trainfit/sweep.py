@@ -27,8 +27,6 @@ from .refs import DeviceRef, ModelRef, resolve_device, resolve_model
 from .rules import check_arrays, model_values
 from .training_setup import DEFAULTS, FIELD_NAMES, FIELDS, TrainingSetup
 
-_CATEGORICAL = ("choice", "optional-choice", "names")
-
 
 def _element(a: Any, shape: tuple[int, ...], index: Any) -> Any:
     """One element of ``a`` broadcast to ``shape``, as a Python value (a 0-d field is its own element)."""
