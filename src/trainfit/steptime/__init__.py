@@ -75,9 +75,9 @@ def kernel_for(ta: TimeArch, model: Any, recipe: Recipe) -> str:
 
 def time_recipe(ta: TimeArch, model: Any, recipe: Recipe) -> TimeRecipe:
     """The recipe as the time model reads it."""
-    grads = 4.0 if recipe.fp32_grads else float(recipe.param_bytes)
+    grads = constants.FP32_BYTES if recipe.fp32_grads else float(recipe.param_bytes)
     return TimeRecipe(compute_bytes=float(recipe.compute_bytes), param_bytes=float(recipe.param_bytes),
-                      grad_bytes=grads, state_bytes=4.0 if recipe.master_weights else float(recipe.param_bytes),
+                      grad_bytes=grads, state_bytes=constants.FP32_BYTES if recipe.master_weights else float(recipe.param_bytes),
                       master=recipe.master_weights, optimizer=recipe.optimizer, kernel=kernel_for(ta, model, recipe),
                       dropout=recipe.dropout, lora_rank=recipe.lora_rank,
                       lora_targets=tuple(recipe.lora_targets) if recipe.lora else ())

@@ -103,6 +103,11 @@ ATTENTION_FLOPS_PER_KEY = 4.0
 #: and up): Mixtral / Qwen-MoE experts, transformers' ``MixtralBlockSparseTop2MLP``.
 GATED_MLP_MATRICES = 3.0
 GATED_MLP_FUSED_INPUT = 2
+#: Weight matrices of a plain (non-gated) MLP: fc1 and fc2 (GPT-2, BERT).
+PLAIN_MLP_MATRICES = 2.0
+#: Vocabulary-sized matrices of a model whose architecture is approximated from its parameter count:
+#: the token embedding and an untied LM head.
+EMBEDDING_MATRICES = 2.0
 
 #: Model FLOPs of a training step per forward FLOP: the backward does twice the forward's matmul work
 #: (input and weight gradients), so forward + backward = 3x (Kaplan et al. 2020 §2.1; Narayanan et al.
@@ -152,6 +157,11 @@ NVLINK_EFFICIENCY = 0.78
 #: multi-node DGX systems reports bus bandwidths of 90-95 % of the NICs' aggregate line rate.
 NIC_EFFICIENCY = 0.92
 
+#: Passes of a ring all-reduce over the buffer: a reduce-scatter then an all-gather, each moving
+#: ``(n-1)/n`` of it in ``n-1`` steps (Patarasuk & Yuan 2009; NCCL's ``busBw`` factor ``2(n-1)/n`` in
+#: nccl-tests ``doc/PERFORMANCE.md``); an all-gather or a reduce-scatter alone is one pass.
+ALL_REDUCE_PASSES = 2.0
+
 #: NCCL ring latency model (``src/graph/tuning.cc``): a base latency per collective and a latency per
 #: ring step over NVLink or the network. The base is Ring/Simple's 8.4 us; the per-step figures are
 #: Ring/LL128's hardware latencies (1.9 us NVLink, 4.0 us network) — the Simple figures include a
@@ -172,6 +182,10 @@ DEFAULT_NIC_BANDWIDTH = 400e9 / 8
 DEFAULT_SM_COUNT = 108
 
 # --------------------------------------------------------------------------- optimizer
+
+#: Bytes of an fp32 element: gradients kept in fp32 (``fp32_grads``), master weights and optimizer
+#: states under mixed precision.
+FP32_BYTES = 4.0
 
 #: Bytes an fp32 tensor element costs when read and written once (2 x 4).
 READ_WRITE_FP32 = 2 * 4
