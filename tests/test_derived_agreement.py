@@ -105,3 +105,22 @@ def test_fsdp_without_resharding_is_zero_2_in_every_path():
     # and the step time tells the two FSDP modes apart: without resharding no second gather per block
     seconds = step_time_arrays(x)["dp_comm"]
     assert seconds[1] != seconds[0]
+
+
+@pytest.mark.parametrize("n_dp,names", [(2, ("dp", "checkpointing")), (5, ("dp", "checkpointing", "seq_len"))],
+                         ids=["6 groups", "45 groups"])  # few: one comparison each; many: one stable sort
+def test_sweep_groups_equal_numpy_unique(n_dp, names):
+    """The sweep's grouping (counting small integer codes, no sort per field) gives the groups, their
+    order (ascending values) and their members that ``np.unique`` over the stacked codes gives."""
+    rng = np.random.default_rng(3)
+    n = 5000
+    cols = dict(batch=rng.choice([64, 128, 256], n), seq_len=rng.choice([512, 2048, 4096], n),
+                dp=rng.choice([1, 2, 4, 8, 16][:n_dp], n), checkpointing=rng.choice(["none", "full", "every-k"], n))
+    x = encode("llama-3.1-8b", "h100", **cols)
+    stacked = np.stack([np.broadcast_to(x.values[k], x.shape) for k in names], axis=1)
+    _, firsts, inverse = np.unique(stacked, axis=0, return_index=True, return_inverse=True)
+    groups = x.distinct(names)
+    assert len(groups) == len(firsts) == (6 if len(names) == 2 else 45)
+    for g, (idx, row) in enumerate(groups):
+        np.testing.assert_array_equal(idx, np.flatnonzero(inverse.reshape(-1) == g))
+        assert row["dp"] == cols["dp"][firsts[g]] and row["checkpointing"] == cols["checkpointing"][firsts[g]]

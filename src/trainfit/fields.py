@@ -235,15 +235,18 @@ def distinct(value: Any, resolve: Callable[[Any], Any], *, by_identity: bool = F
                 items.append(v)
             codes[i] = seen[k]
     else:
-        start = 0
-        while True:
-            todo = np.flatnonzero(codes[start:] < 0)
-            if todo.size == 0:
-                break
-            start += int(todo[0])
+        start = 0  # every element before ``start`` has its code: compare only the rest, once per value
+        while start < flat.size:
             v = flat[start]
-            codes[flat == v] = len(items)
+            rest = codes[start:]
+            rest[flat[start:] == v] = len(items)
+            rest[0] = len(items)
             items.append(v.item() if hasattr(v, "item") else v)
+            free = rest < 0
+            step = int(free.argmax())
+            if not free[step]:
+                break
+            start += step
     codes = codes.reshape(arr.shape)
     out = []
     for k, item in enumerate(items):

@@ -162,8 +162,9 @@ class SetupArrays:
         first element, each group's decoded row); groups in ascending order of the values."""
         arrays = [("model_index", self.model_index), ("device_index", self.device_index)]
         arrays += [(n, self.values[n]) for n in names]
-        varying = [(n, a) for n, a in arrays if _varies(a)]
-        first = {n: np.asarray(a).reshape(-1)[0].item() for n, a in arrays if not _varies(a)}
+        varies = [_varies(a) for _, a in arrays]
+        varying = [(n, a) for (n, a), v in zip(arrays, varies) if v]
+        first = {n: np.asarray(a).reshape(-1)[0].item() for (n, a), v in zip(arrays, varies) if not v}
         if not varying:
             inverse, firsts = None, [0]
         else:
@@ -177,9 +178,12 @@ class SetupArrays:
                 lut = np.zeros(int(np.prod(radix)), dtype=np.int64)
                 lut[present] = np.arange(present.size)
                 inverse = lut[key]
-                first_at = np.full(present.size, self.size, dtype=np.int64)
-                np.minimum.at(first_at, inverse, np.arange(self.size, dtype=np.int64))
-                firsts = [int(f) for f in first_at]
+                if present.size <= _FEW_GROUPS:
+                    firsts = [int(np.argmax(inverse == g)) for g in range(present.size)]
+                else:
+                    first_at = np.full(present.size, self.size, dtype=np.int64)
+                    np.minimum.at(first_at, inverse, np.arange(self.size, dtype=np.int64))
+                    firsts = [int(f) for f in first_at]
             else:
                 _, first_at, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_index=True,
                                                  return_inverse=True)
@@ -271,7 +275,13 @@ def _zero_array(value: Any) -> np.ndarray:
     if V.is_scalar(value):
         return np.asarray(V.zero_stage(value), dtype=np.int64)
     arr = np.asarray(value)
-    bad = ~np.isin(arr, (0, 1, 2, 3)) if arr.dtype.kind in "iuf" else np.ones(arr.shape, dtype=bool)
+    if arr.dtype.kind in "iu":
+        bad = (arr < 0) | (arr > 3)
+    elif arr.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            bad = ~((arr == 0) | (arr == 1) | (arr == 2) | (arr == 3))
+    else:
+        bad = np.ones(arr.shape, dtype=bool)
     if bad.any():
         V._fail_at(arr, bad, V.zero_stage)
     return arr.astype(np.int64)
