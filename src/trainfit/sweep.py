@@ -268,7 +268,10 @@ def _categorical(name: str, value: Any, meta: Mapping[str, Any]) -> tuple[list[A
         return [_apply_rule(name, value, meta)], np.asarray(0, dtype=np.intp)
     if value is None:
         return [_apply_rule(name, value, meta)], np.asarray(0, dtype=np.intp)
-    return V.distinct(value, lambda v: _apply_rule(name, v, meta))
+    items, codes = V.distinct(value, lambda v: _apply_rule(name, v, meta))
+    if len(items) == 1:  # one value throughout: a 0-d code, so the methods compute with a scalar
+        codes = np.asarray(0, dtype=np.intp)
+    return items, codes
 
 
 def _zero_array(value: Any) -> np.ndarray:
