@@ -129,7 +129,7 @@ def sweep_encoded(x: SetupArrays, method: str, **options: Any) -> SweepResult:
     """:func:`sweep` over setups already encoded and validated by :func:`~trainfit.sweep.encode` (the
     planner encodes its layouts once for the memory method and the step-time model)."""
     m = get_method(method)
-    check_supported(x, refusable(m.accepts), m.check)
+    check_supported(x, refusable(m.accepts, x), m.check)
     if m.vectorised is not None:
         _check_options(m, m.vectorised, options)
         return evaluate(x, m.name, lambda xs: m.vectorised(xs, **options))

@@ -74,6 +74,16 @@ def zero_stage(value: Any, name: str = "zero") -> int:
     return int(v)
 
 
+def sharding_stage(zero: Any, fsdp: Any, reshard_after_forward: Any) -> Any:
+    """The data-parallel sharding stage every model counts (the one definition; scalars or numpy arrays):
+    the ZeRO stage, or for FSDP 3 (parameters, gradients and optimizer state sharded), 2 when each block
+    keeps its gathered parameters from its forward to its backward (``reshard_after_forward`` off:
+    PyTorch FSDP2 then holds whole parameters through the step, like ZeRO-2)."""
+    if is_scalar(zero) and is_scalar(fsdp) and is_scalar(reshard_after_forward):
+        return (3 if reshard_after_forward else 2) if fsdp else int(zero)
+    return np.where(fsdp, np.where(reshard_after_forward, 3, 2), zero)
+
+
 def flag(value: Any, name: str) -> bool:
     """``value`` as a bool (Python or numpy booleans only: ``"no"`` is not False)."""
     if _is_bool(value):
@@ -143,6 +153,8 @@ def whole_array(value: Any, name: str, minimum: int = 1, maximum: int = MAX_WHOL
     arr = np.asarray(value, dtype=object if isinstance(value, (list, tuple)) and _has_big_int(value) else None)
     check = lambda v: whole(v, name, minimum, maximum)  # noqa: E731
     kind = arr.dtype.kind
+    if kind in "iu" and (arr.size == 0 or (arr.min() >= minimum and arr.max() <= maximum)):
+        return arr.astype(np.int64)  # the common case: two reductions, no mask
     if kind in "iu":
         bad = (arr < minimum) | (arr > maximum)
     elif kind == "f":
@@ -214,9 +226,9 @@ def distinct(value: Any, resolve: Callable[[Any], Any], *, by_identity: bool = F
         return [resolve(value)], np.asarray(0, dtype=np.intp)
     arr = np.asarray(value, dtype=object) if by_identity else np.asarray(value)
     flat = arr.reshape(-1)
-    codes = np.full(flat.shape, -1, dtype=np.intp)
-    items: list[Any] = []
     if by_identity or arr.dtype == object:
+        items: list[Any] = []
+        codes = np.full(flat.shape, -1, dtype=np.intp)
         seen: dict[int, int] = {}
         for i, v in enumerate(flat):
             k = id(v) if by_identity else hash((type(v), v)) if _hashable(v) else id(v)
@@ -225,15 +237,7 @@ def distinct(value: Any, resolve: Callable[[Any], Any], *, by_identity: bool = F
                 items.append(v)
             codes[i] = seen[k]
     else:
-        start = 0
-        while True:
-            todo = np.flatnonzero(codes[start:] < 0)
-            if todo.size == 0:
-                break
-            start += int(todo[0])
-            v = flat[start]
-            codes[flat == v] = len(items)
-            items.append(v.item() if hasattr(v, "item") else v)
+        items, codes = _value_codes(flat)
     codes = codes.reshape(arr.shape)
     out = []
     for k, item in enumerate(items):
@@ -242,6 +246,34 @@ def distinct(value: Any, resolve: Callable[[Any], Any], *, by_identity: bool = F
         except TrainfitError as exc:
             raise TrainfitError(f"{exc} (sweep element {position(codes == k)})" if arr.ndim else str(exc)) from None
     return out, codes
+
+
+def _value_codes(flat: np.ndarray) -> tuple[list[Any], np.ndarray]:
+    """The distinct values of a 1-D numpy array (strings, numbers) in order of first appearance, and each
+    element's code: one comparison per distinct value, over the elements not coded yet."""
+    if flat.size == 0:
+        return [], np.zeros(0, dtype=np.intp)
+    hit = flat == flat[0]
+    if hit.all():  # one value throughout (a categorical field given as a repeated column)
+        return [_plain(flat[0])], np.zeros(flat.shape, dtype=np.intp)
+    items: list[Any] = []
+    codes = np.full(flat.shape, -1, dtype=np.intp)
+    start = 0  # every element before ``start`` has its code
+    while True:
+        rest = codes[start:]
+        np.copyto(rest, len(items), where=hit)
+        rest[0] = len(items)  # a value unequal to itself (NaN) is its own
+        items.append(_plain(flat[start]))
+        free = rest < 0
+        step = int(free.argmax())
+        if not free[step]:
+            return items, codes
+        start += step
+        hit = flat[start:] == flat[start]
+
+
+def _plain(v: Any) -> Any:
+    return v.item() if hasattr(v, "item") else v
 
 
 def _hashable(v: Any) -> bool:
@@ -253,4 +285,5 @@ def _hashable(v: Any) -> bool:
 
 
 __all__ = ["MAX_WHOLE", "choice", "distinct", "flag", "flag_array", "fraction", "fraction_array", "is_scalar",
-           "magnitude", "names", "non_negative", "non_negative_array", "position", "whole", "whole_array"]
+           "magnitude", "names", "non_negative", "non_negative_array", "position", "sharding_stage", "whole",
+           "whole_array"]

@@ -25,7 +25,7 @@ from . import fields as V
 from . import formulas as F
 from .errors import TrainfitError
 from .method import MemoryMethod, MethodOption, check_accepts
-from .result import Estimate, verdict_of
+from .result import Estimate
 from .sweep import SetupArrays, SweepOutput
 from .training_setup import PRECISIONS, TrainingSetup
 from .units import GB, PRECISION_BYTES
@@ -107,8 +107,6 @@ class FirstOrder(MemoryMethod):
             trainable_fraction=r.trainable_fraction, comm_fraction=cbf, sequence_parallel=p.sequence_parallel)
         comps = dict(zip(COMPONENTS, (w, g, o, a, c)))
         total = w + g + o + a + c
-        available = setup.hardware.capacity_bytes if setup.hardware else None
-        feasible, util = verdict_of(total, available)
         notes = trace(w, g, o, a, c, zero=zero, dp=p.dp, moe=shape.is_moe, ep=p.ep)
         storage = PRECISIONS[r.precision].storage
         if storage != r.precision:
@@ -117,10 +115,7 @@ class FirstOrder(MemoryMethod):
                          "the fp32 master copy and moments)")
         inputs = setup.as_dict()
         inputs.update(layers_per_stage=int(lps), comm_buffer_fraction=cbf, storage_precision=storage)
-        return Estimate(method=NAME, model=setup.model.name, hardware=setup.hardware.name if setup.hardware else "none",
-                        feasible=feasible, total_bytes=total, available_bytes=available, utilization=util,
-                        components=comps, dominant=max(comps, key=comps.__getitem__), inputs=inputs, notes=notes,
-                        setup=setup)
+        return Estimate.of(NAME, setup, total_bytes=total, components=comps, inputs=inputs, notes=notes)
 
     def vectorised(self, x: SetupArrays, *, comm_buffer_fraction: Any = DEFAULT_COMM_FRACTION) -> SweepOutput:
         """The same formulas over arrays (the very function the scalar path calls)."""
@@ -134,7 +129,7 @@ class FirstOrder(MemoryMethod):
         opt = np.asarray([F.OPTIMIZER_BYTES[o] for o in x.choices["optimizer"]], dtype=np.float64)[x["optimizer"]]
         ckpt = np.asarray([F.CHECKPOINTING.index(c) for c in x.choices["checkpointing"]], dtype=np.int64)[
             x["checkpointing"]]
-        zero = np.where(x["fsdp"], np.where(x["reshard_after_forward"], 3, 2), x["zero"])
+        zero = x.zero_stage
         c = F.first_order_components(
             params, layers, hidden, heads, prec, opt, ckpt, x["batch"], x["seq_len"], tp=x["tp"], pp=x["pp"],
             dp=x["dp"], ep=x["ep"], zero_stage=zero, accumulation=x["accumulation"],

@@ -19,12 +19,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .training_setup import CHECKPOINTING as CHECKPOINTING_MODES
+
 #: Optimizer bytes per trainable parameter (MLSys·im calibration): Adam/AdamW keep an fp32 master
 #: copy plus two fp32 moments (4+4+4); SGD keeps the fp32 master copy only.
 OPTIMIZER_BYTES: dict[str, float] = {"adam": 12.0, "adamw": 12.0, "sgd": 4.0, "none": 0.0}
 
-#: Activation checkpointing modes, in the order of their integer codes used by sweeps.
-CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")
+#: The activation checkpointing modes the seed's formulas know (every mode of the setup but every-k);
+#: each one's integer code in sweeps is its position in the setup's list.
+CHECKPOINTING: tuple[str, ...] = tuple(m for m in CHECKPOINTING_MODES if m != "every-k")
 
 #: Korthikanti et al. 2023 §4.1, bytes per (token · hidden unit) per layer at 2-byte precision.
 KORTHIKANTI_PER_TOKEN = 34.0

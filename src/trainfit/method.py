@@ -148,10 +148,14 @@ def check_accepts(setup: TrainingSetup, method: str, accepts: dict[str, Optional
 _SWITCHES = ("tp", "pp", "dp", "zero", "fsdp", "lora_rank", "checkpointing", "pp_schedule")
 
 
-def refusable(accepts: dict[str, Optional[Collection[Any]]]) -> tuple[str, ...]:
+def refusable(accepts: dict[str, Optional[Collection[Any]]], x: Optional[SetupArrays] = None) -> tuple[str, ...]:
     """The fields a method's check may refuse (plus the switches that make them matter, where one of them
-    matters only in some setups): what a sweep groups on to run the check once per distinct combination."""
+    matters only in some setups): what a sweep groups on to run the check once per distinct combination.
+    With the sweep ``x``, a field the method does not model that keeps its default in every element is
+    left out (it is never refused), and with it the switches when no such field is left."""
     names = [n for n in FIELD_NAMES if accepts.get(n, ()) is not None]
+    if x is not None:
+        names = [n for n in names if n in accepts or not x.at_default(n)]
     switches = _SWITCHES if CONDITIONAL_FIELDS.intersection(names) else ()
     return tuple(dict.fromkeys([*names, *switches]))
 

@@ -41,6 +41,21 @@ class Estimate(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict)
     setup: Any = Field(default=None, exclude=True, repr=False)  #: the TrainingSetup estimated
 
+    @classmethod
+    def of(cls, method: str, setup: Any, *, total_bytes: float, components: dict[str, float], inputs: dict[str, Any],
+           notes: Optional[list[str]] = None, extra: Optional[dict[str, Any]] = None) -> "Estimate":
+        """The one way a method builds its answer for ``setup`` (a TrainingSetup): the model and device
+        names, the device's capacity, the verdict and utilisation (:func:`verdict_of`) and the dominant
+        component (the largest; the first in order on a tie) follow from the setup and the figures."""
+        hardware = setup.hardware
+        available = hardware.capacity_bytes if hardware else None
+        total = float(total_bytes)
+        feasible, util = verdict_of(total, available)
+        return cls(method=method, model=setup.model.name, hardware=hardware.name if hardware else "none",
+                   feasible=feasible, total_bytes=total, available_bytes=available, utilization=util,
+                   components=components, dominant=max(components, key=components.__getitem__), inputs=inputs,
+                   notes=list(notes or []), extra=dict(extra or {}), setup=setup)
+
     def with_suggestions(self, suggestions: list[Suggestion]) -> "Estimate":
         return self.model_copy(update={"suggestions": list(suggestions)})
 

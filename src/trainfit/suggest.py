@@ -19,9 +19,9 @@ def candidates(setup: TrainingSetup) -> list[tuple[str, dict[str, Any]]]:
     """(description, changed fields) of every single change worth trying, least disruptive first."""
     r, p = setup.recipe, setup.parallel
     out: list[tuple[str, dict[str, Any]]] = []
-    order = ("none", "selective", "every-k", "full")
-    for mode in ("selective", "full"):
-        if order.index(mode) > order.index(r.checkpointing):
+    # selective saves memory only over none; full over every other mode (every-k keeps one block in k)
+    for mode, worth in (("selective", r.checkpointing == "none"), ("full", r.checkpointing != "full")):
+        if worth:
             out.append((f"activation checkpointing '{mode}'", {"checkpointing": mode}))
     if r.precision in ("fp32", "tf32"):
         out.append(("mixed precision amp-bf16 instead of fp32", {"precision": "amp-bf16"}))

@@ -27,14 +27,44 @@ from .refs import DeviceRef, ModelRef, resolve_device, resolve_model
 from .rules import check_arrays, model_values
 from .training_setup import DEFAULTS, FIELD_NAMES, FIELDS, TrainingSetup
 
-_CATEGORICAL = ("choice", "optional-choice", "names")
-
 
 def _element(a: Any, shape: tuple[int, ...], index: Any) -> Any:
     """One element of ``a`` broadcast to ``shape``, as a Python value (a 0-d field is its own element)."""
     if np.ndim(a) == 0:
         return a.item() if hasattr(a, "item") else a
     return np.broadcast_to(a, shape)[index].item()
+
+
+#: at most this many groups are collected by one comparison each; more by one stable sort
+_FEW_GROUPS = 16
+#: group keys (products of each varying field's distinct codes) counted directly up to this many
+_BINCOUNT_KEYS = 1 << 22
+
+
+def _varies(a: np.ndarray) -> bool:
+    """Whether an encoded array holds more than one value (numbers and flags: min/max, one pass, no sort)."""
+    if not np.ndim(a):
+        return False
+    flat = np.asarray(a).reshape(-1)
+    if flat.dtype.kind in "biuf":
+        return bool(flat.min() != flat.max())
+    return np.unique(flat).size > 1
+
+
+def _dense_codes(flat: np.ndarray) -> np.ndarray:
+    """Each element's rank among the distinct values of a 1-D array (``np.unique``'s inverse): for
+    integers and flags over a small range by counting (one pass), else by a sort."""
+    if flat.dtype.kind in "biu":
+        lo, hi = int(flat.min()), int(flat.max())
+        if hi - lo < _BINCOUNT_KEYS:
+            codes = flat.astype(np.int64) - lo
+            present = np.flatnonzero(np.bincount(codes, minlength=hi - lo + 1))
+            if present.size == hi - lo + 1:
+                return codes
+            lut = np.zeros(hi - lo + 1, dtype=np.int64)
+            lut[present] = np.arange(present.size)
+            return lut[codes]
+    return np.unique(flat, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -70,6 +100,14 @@ class SetupArrays:
         ch = self.choices[name]
         return ch.index(value) if value in ch else -1
 
+    def at_default(self, name: str) -> bool:
+        """Whether every element holds the field's default value."""
+        default = DEFAULTS[name]
+        if name in self.choices:
+            codes = [i for i, c in enumerate(self.choices[name]) if c == default]
+            return bool(codes) and bool(np.all(self.values[name] == codes[0]))
+        return bool(np.all(self.values[name] == default))
+
     def value_at(self, name: str, index: Any) -> Any:
         """One element's value of a flat field (decoded)."""
         v = _element(self.values[name], self.shape, index)
@@ -79,6 +117,12 @@ class SetupArrays:
     def micro_batch(self) -> np.ndarray:
         """Samples per rank per forward/backward (the setup's own rule, over arrays)."""
         return local_microbatch(self.values["batch"], self.values["dp"], self.values["accumulation"])
+
+    @property
+    def zero_stage(self) -> np.ndarray:
+        """The data-parallel sharding stage (:attr:`Parallelism.zero_stage <trainfit.training_setup.
+        Parallelism.zero_stage>` over arrays: FSDP 3, or 2 without ``reshard_after_forward``)."""
+        return V.sharding_stage(self.values["zero"], self.values["fsdp"], self.values["reshard_after_forward"])
 
     def first_index(self, idx: Any) -> Any:
         """The array index of the first element of a group from :meth:`distinct`."""
@@ -102,39 +146,57 @@ class SetupArrays:
 
     def distinct(self, names: tuple[str, ...]) -> list[tuple[Any, dict[str, Any]]]:
         """Group the elements by the values of ``names`` (plus model and device): a list of (flat indices,
-        {name: decoded value, "model_index", "device_index"}) — one entry per distinct combination."""
+        {name: decoded value, "model_index", "device_index"}) — one entry per distinct combination, in
+        ascending order of the values, each group's indices ascending."""
+        inverse, firsts, rows = self._groups(names)
+        if inverse is None:
+            return [(slice(None), rows[0])]
+        if len(firsts) <= _FEW_GROUPS:  # one pass per group beats a sort of every element
+            return [(np.flatnonzero(inverse == g), row) for g, row in enumerate(rows)]
+        order = np.argsort(inverse, kind="stable")
+        bounds = np.searchsorted(inverse[order], np.arange(len(firsts) + 1))
+        return [(order[bounds[g]:bounds[g + 1]], row) for g, row in enumerate(rows)]
+
+    def _groups(self, names: tuple[str, ...]) -> tuple[Optional[np.ndarray], list[int], list[dict[str, Any]]]:
+        """(flat group code of every element or None when there is one group, flat index of each group's
+        first element, each group's decoded row); groups in ascending order of the values."""
         arrays = [("model_index", self.model_index), ("device_index", self.device_index)]
         arrays += [(n, self.values[n]) for n in names]
-        varying = [(n, a) for n, a in arrays if np.ndim(a) and np.unique(a).size > 1]
-        first = {n: np.asarray(a).reshape(-1)[0].item() for n, a in arrays if not (np.ndim(a) and np.unique(a).size > 1)}
+        varies = [_varies(a) for _, a in arrays]
+        varying = [(n, a) for (n, a), v in zip(arrays, varies) if v]
+        first = {n: np.asarray(a).reshape(-1)[0].item() for (n, a), v in zip(arrays, varies) if not v}
         if not varying:
-            groups = [(slice(None), 0)]
+            inverse, firsts = None, [0]
         else:
-            # each varying array as dense codes (ints, floats and flags alike)
-            cols = [np.unique(np.broadcast_to(a, self.shape).reshape(-1), return_inverse=True)[1].reshape(-1)
-                    .astype(np.int64) for _, a in varying]
+            cols = [_dense_codes(np.broadcast_to(a, self.shape).reshape(-1)) for _, a in varying]
             radix = [int(c.max()) + 1 for c in cols]
-            if float(np.prod(radix, dtype=np.float64)) < 2.0**62:  # one integer key (mixed radix): fast
-                key = np.zeros(self.size, dtype=np.int64)
-                for c, r in zip(cols, radix):
+            if float(np.prod(radix, dtype=np.float64)) <= _BINCOUNT_KEYS:  # one integer key (mixed radix): O(n)
+                key = cols[0]
+                for c, r in zip(cols[1:], radix[1:]):
                     key = key * r + c
-                _, firsts, inverse = np.unique(key, return_index=True, return_inverse=True)
+                present = np.flatnonzero(np.bincount(key, minlength=int(np.prod(radix))))
+                lut = np.zeros(int(np.prod(radix)), dtype=np.int64)
+                lut[present] = np.arange(present.size)
+                inverse = lut[key]
+                if present.size <= _FEW_GROUPS:
+                    firsts = [int(np.argmax(inverse == g)) for g in range(present.size)]
+                else:
+                    first_at = np.full(present.size, self.size, dtype=np.int64)
+                    np.minimum.at(first_at, inverse, np.arange(self.size, dtype=np.int64))
+                    firsts = [int(f) for f in first_at]
             else:
-                _, firsts, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_index=True,
-                                               return_inverse=True)
-            inverse = inverse.reshape(-1)
-            order = np.argsort(inverse, kind="stable")
-            bounds = np.searchsorted(inverse[order], np.arange(len(firsts) + 1))
-            groups = [(order[bounds[g]:bounds[g + 1]], int(f)) for g, f in enumerate(firsts)]
-        out = []
-        for idx, f in groups:
+                _, first_at, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_index=True,
+                                                 return_inverse=True)
+                inverse, firsts = inverse.reshape(-1), [int(f) for f in first_at]
+        rows = []
+        for f in firsts:
             row = dict(first)
             for n, a in varying:
                 row[n] = np.broadcast_to(a, self.shape).reshape(-1)[f].item()
             decoded = {n: (self.choices[n][row[n]] if n in self.choices else row[n]) for n in names}
             decoded.update(model_index=int(row["model_index"]), device_index=int(row["device_index"]))
-            out.append((idx, decoded))
-        return out
+            rows.append(decoded)
+        return inverse, firsts, rows
 
 
 class SweepOutput(NamedTuple):
@@ -206,14 +268,23 @@ def _categorical(name: str, value: Any, meta: Mapping[str, Any]) -> tuple[list[A
         return [_apply_rule(name, value, meta)], np.asarray(0, dtype=np.intp)
     if value is None:
         return [_apply_rule(name, value, meta)], np.asarray(0, dtype=np.intp)
-    return V.distinct(value, lambda v: _apply_rule(name, v, meta))
+    items, codes = V.distinct(value, lambda v: _apply_rule(name, v, meta))
+    if len(items) == 1:  # one value throughout: a 0-d code, so the methods compute with a scalar
+        codes = np.asarray(0, dtype=np.intp)
+    return items, codes
 
 
 def _zero_array(value: Any) -> np.ndarray:
     if V.is_scalar(value):
         return np.asarray(V.zero_stage(value), dtype=np.int64)
     arr = np.asarray(value)
-    bad = ~np.isin(arr, (0, 1, 2, 3)) if arr.dtype.kind in "iuf" else np.ones(arr.shape, dtype=bool)
+    if arr.dtype.kind in "iu":
+        bad = (arr < 0) | (arr > 3)
+    elif arr.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            bad = ~((arr == 0) | (arr == 1) | (arr == 2) | (arr == 3))
+    else:
+        bad = np.ones(arr.shape, dtype=bool)
     if bad.any():
         V._fail_at(arr, bad, V.zero_stage)
     return arr.astype(np.int64)
@@ -301,18 +372,14 @@ def encode(model: Any, hardware: Any, **fields: Any) -> SetupArrays:
 def check_supported(x: SetupArrays, names: tuple[str, ...], check: Callable[[TrainingSetup], None]) -> None:
     """Run a method's scalar ``check`` once per distinct combination of the fields ``names`` it can refuse
     (the first element of each), so a sweep rejects what the method cannot express with its own message."""
-    for idx, row in x.distinct(names):
+    inverse, firsts, _ = x._groups(names)
+    for g, first in enumerate(firsts):
         try:
-            check(x.setup_at(x.first_index(idx)))
+            check(x.setup_at(np.unravel_index(first, x.shape) if x.shape else ()))
         except TrainfitError as exc:
-            where = f" (sweep element {V.position(_mask(x, idx))})" if x.shape else ""
+            mask = np.ones(x.shape, dtype=bool) if inverse is None else (inverse == g).reshape(x.shape)
+            where = f" (sweep element {V.position(mask)})" if x.shape else ""
             raise TrainfitError(f"{exc}{where}") from None
-
-
-def _mask(x: SetupArrays, idx: Any) -> np.ndarray:
-    m = np.zeros(x.size, dtype=bool)
-    m[idx] = True
-    return m.reshape(x.shape)
 
 
 def evaluate(x: SetupArrays, method: str, fn: Callable[[SetupArrays], SweepOutput]) -> SweepResult:

@@ -242,9 +242,7 @@ class Parallelism:
     def zero_stage(self) -> int:
         """The data-parallel sharding stage, as the first-order arithmetic counts it: FSDP counts as ZeRO-3
         (ZeRO-2 when each block keeps its gathered parameters until its backward)."""
-        if self.fsdp:
-            return 3 if self.reshard_after_forward else 2
-        return self.zero
+        return V.sharding_stage(self.zero, self.fsdp, self.reshard_after_forward)
 
     @property
     def world_size(self) -> int:

@@ -33,6 +33,17 @@ PRECISION_BYTES: dict[str, float] = {
 KB, MB, GB, TB, PB = 1e3, 1e6, 1e9, 1e12, 1e15
 KiB, MiB, GiB, TiB, PiB = 2.0**10, 2.0**20, 2.0**30, 2.0**40, 2.0**50
 
+#: The CUDA caching allocator's block, bytes: every allocation is a whole number of 512-byte blocks
+#: (``kMinBlockSize`` and ``round_size`` in PyTorch's ``c10/cuda/CUDACachingAllocator.cpp``).
+CUDA_BLOCK_BYTES = 512
+
+
+def cuda_block_bytes(nbytes: float) -> int:
+    """Bytes the CUDA caching allocator hands out for a request of ``nbytes`` (a multiple of
+    :data:`CUDA_BLOCK_BYTES`; 0 stays 0; a fractional count is rounded up to whole bytes first)."""
+    n = int(-(-nbytes // 1))
+    return -(-n // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
+
 BYTE_UNITS: dict[str, float] = {
     "b": 1.0, "byte": 1.0, "bytes": 1.0,
     "kb": KB, "mb": MB, "gb": GB, "tb": TB, "pb": PB,

@@ -17,7 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..training_setup import Parallelism
-from .alloc import rounded
+from ..units import cuda_block_bytes as rounded
 
 
 def ddp_bucket_label(par: Parallelism) -> str:
@@ -127,7 +127,6 @@ def fsdp_groups(recipe: Any, par: Parallelism, tensors: list[Any], lora: list[tu
     filtered), ``lora`` its LoRA adapters (name, shape). Every tensor is its own allocation (512-byte
     blocks); the all-gather and reduce-scatter buffers are one flat allocation per group.
     """
-    from .alloc import rounded
 
     dp, tp, ep = par.dp, par.tp, par.ep
     cb, rb = fsdp_compute_bytes(recipe), fsdp_reduce_bytes(recipe)

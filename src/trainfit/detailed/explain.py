@@ -13,8 +13,6 @@ from .overheads import Overhead
 from .phases import PhaseResult, inflight_microbatches
 from ..training_setup import Parallelism, Recipe, TrainingSetup
 
-GiB = 2**30
-
 
 @dataclass(frozen=True)
 class Line:

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import TrainfitError
 from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
-from ..result import Estimate, verdict_of
+from ..result import Estimate
 from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, PRECISIONS, TrainingSetup
 from .explain import explain as explain_lines
@@ -99,8 +99,6 @@ class Detailed(MemoryMethod):
         comps = {k: float(v) for k, v in res.phases[phase].items()}
         for o in ovh:
             comps[o.name] = float(o.bytes)
-        available = setup.hardware.capacity_bytes if setup.hardware else None
-        feasible, util = verdict_of(float(total), available)
         inputs = setup.as_dict()
         inputs.update(tokens_per_microbatch=setup.micro_batch * setup.seq_len, parameters=res.states.n_params,
                       trainable_parameters=res.states.n_trainable)
@@ -127,10 +125,7 @@ class Detailed(MemoryMethod):
         }
         if explain:
             extra["explain"] = [ln.as_dict() for ln in explain_lines(arch, effective(setup), res, ovh)]
-        return Estimate(method=NAME, model=setup.model.name, hardware=setup.hardware.name if setup.hardware else "none",
-                        feasible=feasible, total_bytes=float(total), available_bytes=available, utilization=util,
-                        components=comps, dominant=max(comps, key=comps.__getitem__), inputs=inputs, notes=notes,
-                        extra=extra, setup=setup)
+        return Estimate.of(NAME, setup, total_bytes=total, components=comps, inputs=inputs, notes=notes, extra=extra)
 
     def vectorised(self, x: SetupArrays, *, overheads: bool = True) -> SweepOutput:
         """Arrays of setups: one forward walk per distinct model split and recipe; data-parallel sharding,

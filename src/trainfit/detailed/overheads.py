@@ -30,8 +30,8 @@ from typing import Any
 
 from ..arch import ArchSpec
 from ..training_setup import Parallelism
+from ..units import MiB
 
-MiB = 2**20
 CUDA_CONTEXT_BYTES = 512 * MiB
 CUBLAS_WORKSPACE_BYTES = 32 * MiB
 NCCL_BYTES = 256 * MiB

@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..arch import ArchSpec
-from .alloc import BLOCK, rounded
+from ..units import CUDA_BLOCK_BYTES, cuda_block_bytes as rounded
 from .distributed import fsdp_shard_numel, is_fsdp, local_rows, replicated_gradient_bytes
 from .inventory import ParamTensor, block_linears, param_tensors, stage_layers
 from ..training_setup import Parallelism, Recipe
 
-STEP_COUNTER_BYTES = BLOCK  #: one 0-d fp32 tensor, rounded to a block
+STEP_COUNTER_BYTES = CUDA_BLOCK_BYTES  #: one 0-d fp32 tensor, rounded to a block
 BNB_MIN_8BIT_SIZE = 4096  #: bitsandbytes keeps 32-bit states for smaller tensors
 BNB_BLOCK = 256  #: bitsandbytes blockwise quantisation block of the optimizer states
 NF4_BLOCK, NF4_BLOCK2 = 64, 256  #: QLoRA: 4-bit weights in blocks of 64, absmax double-quantised in blocks of 256

@@ -35,16 +35,16 @@ from typing import Optional
 
 from .. import formulas as F
 from ..memory import TrainingMemoryModel
+from ..units import MB
 from .schemas import TrainingMemoryStackResult, TrainingStrategyOption, TrainingTrackProfile, _Plain
 from .training import clamp_batch, get_strategy, training_memory_stack
 
-MB = 1e6
 
 #: Lab ``precision_bytes`` -> the engine's precision name.
 PRECISION_FOR_BYTES: dict[int, str] = {4: "fp32", 2: "fp16", 1: "int8"}
-#: Lab ``checkpointing`` -> the engine's activation-checkpointing mode.
-CHECKPOINTING_FOR_LAB: dict[str, str] = {"none": "none", "selective": "selective", "full": "full",
-                                         "not applicable": "full"}
+#: Lab ``checkpointing`` values that are not the first-order mode names -> the engine's mode (a lab
+#: value that is an engine mode is taken as it is; a missing one is selective).
+LAB_ONLY_CHECKPOINTING: dict[str, str] = {"not applicable": "full"}
 
 FITS, DOES_NOT_FIT, STATE_FITS, UNKNOWN = "fits", "does not fit", "state fits", "capacity unknown"
 
@@ -102,7 +102,8 @@ def physics_strategy_view(profile: TrainingTrackProfile, *, strategy_id: str,
     b = clamp_batch(profile, batch_size)
     precision = PRECISION_FOR_BYTES[s.precision_bytes] if s.precision_bytes in PRECISION_FOR_BYTES else "fp16"
     optimizer = s.optimizer if s.optimizer in F.OPTIMIZER_BYTES else "adam"
-    ckpt = CHECKPOINTING_FOR_LAB.get(s.checkpointing, "selective")
+    ckpt = s.checkpointing if s.checkpointing in F.CHECKPOINTING else LAB_ONLY_CHECKPOINTING.get(s.checkpointing,
+                                                                                                "selective")
     tf = min(1.0, max(0.0, s.trainable_fraction))
     dp, zero = s.physics_dp_size, s.physics_zero_stage
     params = profile.model_params_m * 1e6

@@ -27,13 +27,12 @@ from typing import Any, Optional
 from .. import formulas as F
 from ..catalog import get_hardware, get_model
 from ..errors import TrainfitError, unknown_choice
-from ..units import parse_bytes, parse_power, parse_rate
+from ..units import MB, parse_bytes, parse_power, parse_rate  # the lab reports decimal megabytes
 from .schemas import (LabTrackVariant, TrackProfile, TrainingFrontierPoint, TrainingFrontierResult,
                       TrainingMemoryStackResult, TrainingPlanResult, TrainingStrategyOption, TrainingTrackProfile)
 
 __all__ = ["training_frontier", "training_memory_stack", "training_plan", "training_track_profile"]
 
-MB = 1e6  # the lab reports decimal megabytes
 
 #: Seed defaults for a strategy's missing keys.
 STRATEGY_DEFAULTS: dict[str, Any] = {

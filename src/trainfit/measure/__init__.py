@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional
 from ..errors import TrainfitError, unknown_choice
 from ..fields import whole
 from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
-from ..result import Estimate, verdict_of
+from ..result import Estimate
 from ..training_setup import TrainingSetup, setup_of
 from ._deps import quiet, require
 
@@ -231,8 +231,6 @@ class Measured(MemoryMethod):
         end_bw = step.phases["backward"].end.by_category
         components = components_of(peak.by_category)
         total = float(peak.total)
-        available = setup.hardware.capacity_bytes if setup.hardware else None
-        feasible, util = verdict_of(total, available)
         param_dtype = str(next(iter(model.parameters())).dtype).replace("torch.", "")
         inputs_echo = setup.as_dict()
         inputs_echo.update(task=built.task, warmup=warmup, semantics=semantics, attn_implementation=attn)
@@ -251,10 +249,8 @@ class Measured(MemoryMethod):
             "peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
             "excludes CUDA context, library workspaces, kernel scratch, fragmentation, multi-GPU buffers"
             if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run"]
-        return Estimate(method=NAME, model=setup.model.name, hardware=setup.hardware.name if setup.hardware else "none",
-                        feasible=feasible, total_bytes=total, available_bytes=available, utilization=util,
-                        components=components, dominant=max(components, key=lambda k: components[k]),
-                        inputs=inputs_echo, notes=notes, extra=extra, setup=setup)
+        return Estimate.of(NAME, setup, total_bytes=total, components=components, inputs=inputs_echo, notes=notes,
+                           extra=extra)
 
 
 def _run_error(model_type: str, exc: BaseException) -> TrainfitError:
@@ -294,8 +290,6 @@ def _estimate_rank(setup: TrainingSetup, *, task: Optional[str], warmup: int, se
     peak = step.peak
     components = components_of(peak.by_category, distributed=True)
     total = float(peak.total)
-    available = setup.hardware.capacity_bytes if setup.hardware else None
-    feasible, util = verdict_of(total, available)
     layout = run.layout
     inputs_echo = setup.as_dict()
     inputs_echo.update(task=run.built.task, warmup=warmup, semantics=semantics, attn_implementation=attn,
@@ -326,10 +320,8 @@ def _estimate_rank(setup: TrainingSetup, *, task: Optional[str], warmup: int, se
     if layout.pp > 1:
         notes.append(f"pipeline stage {layout.stage} of {layout.pp} ({layout.schedule}, {layout.microbatches} "
                      "micro-batches, run by hand)" + (": the busier of the first and the last" if len(runs) > 1 else ""))
-    return Estimate(method=NAME, model=setup.model.name, hardware=setup.hardware.name if setup.hardware else "none",
-                    feasible=feasible, total_bytes=total, available_bytes=available, utilization=util,
-                    components=components, dominant=max(components, key=lambda k: components[k]),
-                    inputs=inputs_echo, notes=notes, extra=extra, setup=setup)
+    return Estimate.of(NAME, setup, total_bytes=total, components=components, inputs=inputs_echo, notes=notes,
+                       extra=extra)
 
 
 

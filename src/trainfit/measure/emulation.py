@@ -32,15 +32,8 @@ import weakref
 from collections import Counter
 from typing import Any, Callable, Iterator, Optional
 
+from ..units import cuda_block_bytes  # noqa: F401  (the allocator's rounding, re-exported for the tracker)
 from ._deps import require
-
-#: The CUDA caching allocator's minimum block size and rounding unit, in bytes.
-CUDA_MIN_BLOCK_BYTES = 512
-
-
-def cuda_block_bytes(nbytes: int) -> int:
-    """Bytes the CUDA caching allocator hands out for a request of ``nbytes`` (multiples of 512; 0 stays 0)."""
-    return -(-int(nbytes) // CUDA_MIN_BLOCK_BYTES) * CUDA_MIN_BLOCK_BYTES
 
 
 # --------------------------------------------------------------------------------------------

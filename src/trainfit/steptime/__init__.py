@@ -29,9 +29,6 @@ from .links import Network, network_for
 from .model import CKPT_CODES, COMPONENTS, DEFAULT_OVERLAP, SCHEDULE_CODES, Overlap, TimeRecipe, evaluate
 from .shapes import TimeArch, time_arch
 
-#: the throughput figures every step-time answer carries (JSON ``step_time``)
-FIGURES: tuple[str, ...] = ("seconds", "tokens_per_second", "tokens_per_second_per_device", "tflops_per_device",
-                            "mfu")
 TIME_COMPONENTS = COMPONENTS
 
 
@@ -78,9 +75,9 @@ def kernel_for(ta: TimeArch, model: Any, recipe: Recipe) -> str:
 
 def time_recipe(ta: TimeArch, model: Any, recipe: Recipe) -> TimeRecipe:
     """The recipe as the time model reads it."""
-    grads = 4.0 if recipe.fp32_grads else float(recipe.param_bytes)
+    grads = constants.FP32_BYTES if recipe.fp32_grads else float(recipe.param_bytes)
     return TimeRecipe(compute_bytes=float(recipe.compute_bytes), param_bytes=float(recipe.param_bytes),
-                      grad_bytes=grads, state_bytes=4.0 if recipe.master_weights else float(recipe.param_bytes),
+                      grad_bytes=grads, state_bytes=constants.FP32_BYTES if recipe.master_weights else float(recipe.param_bytes),
                       master=recipe.master_weights, optimizer=recipe.optimizer, kernel=kernel_for(ta, model, recipe),
                       dropout=recipe.dropout, lora_rank=recipe.lora_rank,
                       lora_targets=tuple(recipe.lora_targets) if recipe.lora else ())
@@ -103,7 +100,7 @@ def _layout_arrays(x: SetupArrays, idx: Any) -> dict[str, np.ndarray]:
     ckpt_names = x.choices["checkpointing"]
     ckpt = np.asarray([CKPT_CODES[c] for c in ckpt_names])[col("checkpointing")]
     sched = np.asarray([SCHEDULE_CODES[c] for c in x.choices["pp_schedule"]])[col("pp_schedule")]
-    zero = np.where(col("fsdp"), 3, col("zero"))
+    zero = np.broadcast_to(x.zero_stage, x.shape).reshape(-1)[idx]
     micro = np.broadcast_to(x.micro_batch, x.shape).reshape(-1)[idx]
     return dict(tp=col("tp"), pp=col("pp"), dp=col("dp"), ep=col("ep"), cp=col("cp"), zero=zero, ckpt=ckpt,
                 ckpt_every=col("checkpoint_every"), micro_batch=micro, accumulation=col("accumulation"),
@@ -201,6 +198,6 @@ def assumptions(*, net: Network, overlap: Overlap, hardware: str, precision: str
     return lines
 
 
-__all__ = ["COMPONENTS", "DEFAULT_NODE_SIZE", "DEFAULT_OVERLAP", "FIGURES", "Network", "Overlap", "StepTime",
+__all__ = ["COMPONENTS", "DEFAULT_NODE_SIZE", "DEFAULT_OVERLAP", "Network", "Overlap", "StepTime",
            "TIME_COMPONENTS", "assumptions", "device_for", "evaluate", "network_for", "setup_step_time",
            "step_time_arrays", "time_arch", "time_recipe"]

@@ -54,6 +54,96 @@ DROPOUT_BYTES_PER_ELEMENT_16 = 5.0
 #: cross-entropy); the backward moves :data:`BACKWARD_TRAFFIC` times as much.
 LOSS_BYTES_PER_LOGIT = 14.0
 
+#: Elements an element-wise op moves per element of its output in the forward: it reads its input and
+#: writes its output (norms, rotary, the embedding gather, a copy) — the roofline of NVIDIA's "GPU
+#: Performance Background User's Guide" ("Understanding Performance": element-wise operations are
+#: memory-bound, bytes read + bytes written). Multiplies the element width (``compute_bytes``).
+READ_WRITE = 2.0
+
+#: Elements the two residual adds of a transformer block move per residual-stream element: each add
+#: reads two tensors and writes one (2 x 3 = 6; Vaswani et al. 2017 §3.1: ``x + Sublayer(x)`` after
+#: attention and after the MLP). This model's count; multiplies ``compute_bytes``.
+RESIDUAL_TRAFFIC = 6.0
+
+#: Hidden-state dropouts per block (after attention and after the MLP, as transformers' decoders apply
+#: ``hidden_dropout``/``resid_pdrop``); each reads and writes the activation and writes a 1-byte mask
+#: (:data:`DROPOUT_MASK_BYTES`, ``torch.nn.functional.dropout``'s bool mask).
+HIDDEN_DROPOUTS_PER_BLOCK = 2
+DROPOUT_MASK_BYTES = 1
+
+#: Elements the MLP's activation moves per intermediate element: a gated MLP (SwiGLU/GeGLU, Shazeer
+#: 2020) reads the gate and the up projection and writes their product (3); a plain MLP reads and
+#: writes one (:data:`READ_WRITE`).
+GATED_ACTIVATION_TRAFFIC = 3.0
+
+#: Elements an MoE layer's token permutation moves per routed copy of a hidden vector: gathered into
+#: expert order (read + write) and scattered back for the weighted combine (read + write): Megatron-Core
+#: ``moe_utils.permute``/``unpermute``. This model's count; multiplies ``compute_bytes``.
+MOE_PERMUTE_TRAFFIC = 4.0
+
+#: Bytes the router moves per (token, expert) logit: the fp32 logits written and read again by the
+#: softmax / top-k (4 + 4; Megatron-Core and transformers' Mixtral compute router probabilities in fp32).
+ROUTER_BYTES_PER_LOGIT = 8.0
+
+#: The element width the per-element byte figures above are stated for (16-bit), so that
+#: ``figure * compute_bytes / REFERENCE_ELEMENT_BYTES`` scales them to the recipe's width.
+REFERENCE_ELEMENT_BYTES = 2.0
+
+# --------------------------------------------------------------------------- FLOPs
+
+#: FLOPs per multiply-accumulate of a matmul (one multiply, one add).
+FLOPS_PER_MAC = 2.0
+
+#: Attention FLOPs per (query, key, head dimension): two matmuls (``Q·Kᵀ`` and ``P·V``) of 2 FLOPs per
+#: MAC each — the ``4·S·heads·head_dim`` per token and block Megatron-LM (Narayanan et al. 2021 §5.1)
+#: and PaLM (Chowdhery et al. 2022, appendix B) count.
+ATTENTION_FLOPS_PER_KEY = 4.0
+
+#: Weight matrices of a gated MLP expert (gate, up, down) and projections fused in its first GEMM (gate
+#: and up): Mixtral / Qwen-MoE experts, transformers' ``MixtralBlockSparseTop2MLP``.
+GATED_MLP_MATRICES = 3.0
+GATED_MLP_FUSED_INPUT = 2
+#: Weight matrices of a plain (non-gated) MLP: fc1 and fc2 (GPT-2, BERT).
+PLAIN_MLP_MATRICES = 2.0
+#: Vocabulary-sized matrices of a model whose architecture is approximated from its parameter count:
+#: the token embedding and an untied LM head.
+EMBEDDING_MATRICES = 2.0
+
+#: Model FLOPs of a training step per forward FLOP: the backward does twice the forward's matmul work
+#: (input and weight gradients), so forward + backward = 3x (Kaplan et al. 2020 §2.1; Narayanan et al.
+#: 2021 §5.1). Recomputation is not counted (model FLOPs, as MFU is defined: Chowdhery et al. 2022).
+TRAINING_FLOPS_PER_FORWARD = 3.0
+
+# --------------------------------------------------------------------------- parallel structure
+
+#: Sublayers of a transformer block that end in a tensor-parallel collective (attention and the MLP):
+#: Megatron-LM's ``f``/``g`` operators, one all-reduce each per direction (Shoeybi et al. 2019 §3,
+#: Fig. 3); with sequence parallelism each becomes an all-gather in front and a reduce-scatter behind
+#: (Korthikanti et al. 2022 §4.2.2).
+TP_SUBLAYERS_PER_BLOCK = 2
+
+#: All-to-alls of an expert-parallel MoE layer per direction: dispatch and combine (Megatron-Core
+#: ``MoEAlltoAllTokenDispatcher``; the backward runs both in reverse).
+EP_ALL_TO_ALLS = 2.0
+
+#: Point-to-point transfers per micro-batch and virtual stage at a pipeline boundary: the activation
+#: forward and its gradient back (Narayanan et al. 2021 §2.2).
+PP_SENDS_PER_MICROBATCH = 2.0
+
+#: Tensors ring attention passes between context-parallel ranks forward (K and V); the backward passes
+#: them and their gradients, twice the forward's traffic (Liu et al. 2023, "Ring Attention";
+#: TransformerEngine's ``AttnFuncWithCPAndKVP2P``).
+CP_KV_TENSORS = 2.0
+CP_BACKWARD_PASSES = 2
+
+#: Parameter all-gathers per block and micro-batch under ZeRO-3/FSDP: one before the forward and one
+#: again before the backward (Rajbhandari et al. 2020 §5.3; PyTorch FSDP ``reshard_after_forward``).
+ZERO3_GATHERS_PER_MICROBATCH = 2
+
+#: PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``, ``torch/nn/parallel/distributed.py``),
+#: bytes: the last bucket's reduction cannot hide behind the backward.
+DDP_BUCKET_BYTES = 25 * 2**20
+
 # --------------------------------------------------------------------------- communication
 
 #: Fraction of the per-direction NVLink bandwidth NCCL ring collectives reach as bus bandwidth. NCCL's
@@ -66,6 +156,11 @@ NVLINK_EFFICIENCY = 0.78
 #: tuning model derates the LL128 protocol to 120/128 = 0.92 (``tuning.cc``), and ``nccl-tests`` on
 #: multi-node DGX systems reports bus bandwidths of 90-95 % of the NICs' aggregate line rate.
 NIC_EFFICIENCY = 0.92
+
+#: Passes of a ring all-reduce over the buffer: a reduce-scatter then an all-gather, each moving
+#: ``(n-1)/n`` of it in ``n-1`` steps (Patarasuk & Yuan 2009; NCCL's ``busBw`` factor ``2(n-1)/n`` in
+#: nccl-tests ``doc/PERFORMANCE.md``); an all-gather or a reduce-scatter alone is one pass.
+ALL_REDUCE_PASSES = 2.0
 
 #: NCCL ring latency model (``src/graph/tuning.cc``): a base latency per collective and a latency per
 #: ring step over NVLink or the network. The base is Ring/Simple's 8.4 us; the per-step figures are
@@ -88,6 +183,16 @@ DEFAULT_SM_COUNT = 108
 
 # --------------------------------------------------------------------------- optimizer
 
+#: Bytes of an fp32 element: gradients kept in fp32 (``fp32_grads``), master weights and optimizer
+#: states under mixed precision.
+FP32_BYTES = 4.0
+
+#: Bytes an fp32 tensor element costs when read and written once (2 x 4).
+READ_WRITE_FP32 = 2 * 4
+
+#: Bytes per optimizer-state element of 8-bit Adam (bitsandbytes blockwise-quantised moments).
+ADAM8BIT_STATE_BYTES = 1.0
+
 #: Bytes the optimizer step reads and writes per trainable parameter, by optimizer, with ``p`` the
 #: parameter bytes, ``g`` the gradient bytes and ``s`` the state element bytes (fp32 with master
 #: weights or fp32 parameters): AdamW reads p, g, m, v (and the fp32 master) and writes p, m, v (and
@@ -103,12 +208,12 @@ def optimizer_bytes_per_param(optimizer: str, param_bytes: float, grad_bytes: fl
     if optimizer == "none":
         return 0.0
     states = OPTIMIZER_STATE_TENSORS.get(optimizer, 2)
-    sb = 1.0 if optimizer == "adam8bit" else state_bytes
-    moved = 2 * param_bytes + grad_bytes + 2 * states * sb
+    sb = ADAM8BIT_STATE_BYTES if optimizer == "adam8bit" else state_bytes
+    moved = READ_WRITE * param_bytes + grad_bytes + READ_WRITE * states * sb
     if optimizer == "adafactor":
-        moved += 2 * 4  # the factored second moment is re-expanded element by element (fp32)
+        moved += READ_WRITE_FP32  # the factored second moment is re-expanded element by element (fp32)
     if master:
-        moved += 2 * 4  # fp32 master weights read and written
+        moved += READ_WRITE_FP32  # fp32 master weights read and written
     return moved
 
 

@@ -104,7 +104,7 @@ def collective_time(kind: str, nbytes: Any, n: Any, stride: Any, net: Network) -
     buffer of ``nbytes`` (the full, unsharded buffer) over ``n`` ranks ``stride`` apart; 0 when n = 1 or
     there is nothing to move."""
     n = np.asarray(n, dtype=float)
-    factor = 2.0 if kind == "all_reduce" else 1.0
+    factor = C.ALL_REDUCE_PASSES if kind == "all_reduce" else 1.0
     moved = factor * (n - 1.0) / np.maximum(n, 1.0) * np.asarray(nbytes, dtype=float)
     crosses, k, nodes = _placement(n, stride, net)
     steps = factor * (n - 1.0)

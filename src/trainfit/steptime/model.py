@@ -43,21 +43,20 @@ from typing import Any
 import numpy as np
 
 from . import constants as C
+from .constants import DDP_BUCKET_BYTES
 from .kernels import Device, fused_attention_time, gemm_time, memory_time
 from .links import Network, all_to_all_time, collective_time, p2p_time
+from ..training_setup import CHECKPOINTING, PP_SCHEDULES
 from .shapes import Projection, TimeArch
 
-#: checkpointing codes of the layout arrays
-CKPT_CODES = {"none": 0, "selective": 1, "full": 2, "every-k": 3}
-#: pipeline schedule codes
-SCHEDULE_CODES = {"1f1b": 0, "interleaved": 1, "gpipe": 2}
+#: checkpointing codes of the layout arrays: the position in the setup's list of modes
+CKPT_CODES = {mode: code for code, mode in enumerate(CHECKPOINTING)}
+#: pipeline schedule codes: the position in the setup's list of schedules
+SCHEDULE_CODES = {schedule: code for code, schedule in enumerate(PP_SCHEDULES)}
 
 #: the components of a step, in the order they are reported; they add up to the step time
 COMPONENTS: tuple[str, ...] = ("gemm", "attention", "memory_bound", "recompute", "tp_comm", "cp_comm", "ep_comm",
                                "pp_comm", "bubble", "dp_comm", "optimizer")
-
-#: PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``): the last bucket's reduction cannot hide
-DDP_BUCKET_BYTES = 25 * 2**20
 
 
 @dataclass(frozen=True)
@@ -134,156 +133,238 @@ def _attention(ta: TimeArch, nseq: np.ndarray, s: np.ndarray, c: np.ndarray, t: 
     keys = np.minimum(s, window) if window else s
     if rc.kernel in ("flash", "mem-efficient"):
         if ta.causal:  # causal masking: the kernel skips the blocks above the diagonal
-            avg = np.where(keys < s, keys - keys * keys / (2.0 * s), s / 2.0)
+            avg = np.where(keys < s, keys - keys * keys / (2.0 * s), s / 2.0)  # mean keys per query: the triangle
         else:
             avg = keys
-        flops = 4.0 * nseq * heads * sq * avg * d
+        flops = C.ATTENTION_FLOPS_PER_KEY * nseq * heads * sq * avg * d
         fwd = fused_attention_time(flops, dev)
         return fwd, C.FLASH_BACKWARD_FLOPS * fwd
     batch = nseq * heads  # eager / math: the full score matrix is materialised
     fwd = gemm_time(sq, s, d, dev, batch) + gemm_time(sq, d, s, dev, batch)
     bwd = (gemm_time(sq, s, d, dev, batch) + gemm_time(s, d, sq, dev, batch) + gemm_time(sq, d, s, dev, batch)
            + gemm_time(s, d, sq, dev, batch))
-    per_score = C.SOFTMAX_BYTES_PER_SCORE * rc.compute_bytes / 2.0
+    per_score = C.SOFTMAX_BYTES_PER_SCORE * rc.compute_bytes / C.REFERENCE_ELEMENT_BYTES
     if rc.dropout and ta.attention_dropout > 0:
-        per_score += C.DROPOUT_BYTES_PER_ELEMENT_16 * rc.compute_bytes / 2.0
+        per_score += C.DROPOUT_BYTES_PER_ELEMENT_16 * rc.compute_bytes / C.REFERENCE_ELEMENT_BYTES
     scores = memory_time(batch * sq * s * per_score, dev)
     return fwd + scores, bwd + C.BACKWARD_TRAFFIC * scores
 
 
 def _flops_per_token(ta: TimeArch, s: Any) -> np.ndarray:
     """Forward model FLOPs per token of the whole model: every projection, the experts a token visits,
-    attention over the whole sequence (4·S·heads·head_dim per block, as Megatron-LM and PaLM count it)
-    and the LM head."""
+    attention over the whole sequence (:data:`~constants.ATTENTION_FLOPS_PER_KEY` per key, head
+    dimension and head in each block, as Megatron-LM and PaLM count it) and the LM head."""
     s = _f(s)
-    dense = 2.0 * ta.projection_params(ta.dense)
-    moe = 2.0 * (ta.projection_params(ta.attention) + ta.top_k * 3.0 * ta.hidden * ta.expert_intermediate
-                 + 3.0 * ta.hidden * ta.shared_intermediate + ta.hidden * ta.experts)
-    attn_full = 4.0 * s * ta.heads * ta.head_dim
-    attn_win = 4.0 * np.minimum(s, ta.window) * ta.heads * ta.head_dim if ta.window else attn_full
+    dense = C.FLOPS_PER_MAC * ta.projection_params(ta.dense)
+    moe = C.FLOPS_PER_MAC * (ta.projection_params(ta.attention)
+                             + ta.top_k * C.GATED_MLP_MATRICES * ta.hidden * ta.expert_intermediate
+                             + C.GATED_MLP_MATRICES * ta.hidden * ta.shared_intermediate + ta.hidden * ta.experts)
+    attn_full = C.ATTENTION_FLOPS_PER_KEY * s * ta.heads * ta.head_dim
+    attn_win = (C.ATTENTION_FLOPS_PER_KEY * np.minimum(s, ta.window) * ta.heads * ta.head_dim if ta.window
+                else attn_full)
     attn = (ta.layers - ta.sliding_layers) * attn_full + ta.sliding_layers * attn_win
-    return ta.dense_layers * dense + ta.moe_layers * moe + attn + 2.0 * ta.hidden * ta.vocab
+    return ta.dense_layers * dense + ta.moe_layers * moe + attn + C.FLOPS_PER_MAC * ta.hidden * ta.vocab
 
 
-def evaluate(ta: TimeArch, dev: Device, net: Network, rc: TimeRecipe, lay: dict[str, Any],
-             overlap: Overlap = DEFAULT_OVERLAP) -> dict[str, np.ndarray]:
-    """Seconds per optimizer step by component (:data:`COMPONENTS`, plus ``step``) and the throughput
-    figures, for the layouts in ``lay`` (arrays or scalars: ``tp, pp, dp, ep, cp, zero`` (stage, FSDP =
-    3), ``ckpt`` (:data:`CKPT_CODES`), ``ckpt_every``, ``micro_batch``, ``accumulation``, ``batch``
-    (global, sequences), ``seq_len``, ``sp`` (sequence parallelism), ``schedule``
-    (:data:`SCHEDULE_CODES`), ``virtual``)."""
+@dataclass(frozen=True)
+class _Layout:
+    """The layout arrays as one rank sees them (every field broadcasts; see :func:`evaluate`)."""
+
+    t: np.ndarray  #: tensor-parallel degree
+    p: np.ndarray  #: pipeline stages
+    dp: np.ndarray  #: data-parallel degree
+    e: np.ndarray  #: expert-parallel degree
+    c: np.ndarray  #: context-parallel degree
+    zero: np.ndarray  #: sharding stage (FSDP: 3, or 2 without resharding after the forward)
+    ckpt: np.ndarray  #: :data:`CKPT_CODES`
+    every: np.ndarray  #: every-k checkpointing's k
+    b: np.ndarray  #: micro-batch, sequences
+    m: np.ndarray  #: micro-batches per step (accumulation)
+    s: np.ndarray  #: sequence length
+    B: np.ndarray  #: global batch, sequences
+    sp: np.ndarray  #: sequence parallelism in effect (tp > 1)
+    v: np.ndarray  #: virtual stages per rank (interleaved schedule; else 1)
+    layers: np.ndarray  #: blocks per pipeline stage
+    nseq: np.ndarray  #: sequences of the micro-batch on this rank
+    M: np.ndarray  #: tokens of the micro-batch on this rank
+    Mres: np.ndarray  #: tokens of the residual stream (the sequence-parallel shard)
+    act_bytes: np.ndarray  #: bytes of the micro-batch's activations: the TP collectives' buffer
+    world: np.ndarray  #: accelerators
+
+
+def _read_layout(ta: TimeArch, rc: TimeRecipe, lay: dict[str, Any]) -> _Layout:
     t, p, dpd, e, c = (_f(lay[k]) for k in ("tp", "pp", "dp", "ep", "cp"))
-    zero = np.asarray(lay["zero"])
-    ckpt = np.asarray(lay["ckpt"])
-    every = np.maximum(_f(lay.get("ckpt_every", 1)), 1.0)
     b, m, s, B = (_f(lay[k]) for k in ("micro_batch", "accumulation", "seq_len", "batch"))
     sp = np.asarray(lay.get("sp", True), dtype=bool) & (t > 1)
     sched = np.asarray(lay.get("schedule", 0))
     v = np.where(sched == SCHEDULE_CODES["interleaved"], _f(lay.get("virtual", 1)), 1.0)
-    eb, h = rc.compute_bytes, float(ta.hidden)
-    nseq = b / e  # sequences of the micro-batch on this rank
-    M = nseq * s / c  # tokens of the micro-batch on this rank
-    Mres = np.where(sp, M / t, M)  # tokens of the residual stream (sequence-parallel shard)
-    S_act = M * h * eb  # bytes of the micro-batch's activations: the TP collectives' buffer
-    world = t * p * dpd * e * c
+    nseq = b / e  # the expert-parallel ranks of a group hold different sequences for the dense layers
+    M = nseq * s / c
+    return _Layout(t=t, p=p, dp=dpd, e=e, c=c, zero=np.asarray(lay["zero"]), ckpt=np.asarray(lay["ckpt"]),
+                   every=np.maximum(_f(lay.get("ckpt_every", 1)), 1.0), b=b, m=m, s=s, B=B, sp=sp, v=v,
+                   layers=ta.layers / p, nseq=nseq, M=M, Mres=np.where(sp, M / t, M),
+                   act_bytes=M * float(ta.hidden) * rc.compute_bytes, world=t * p * dpd * e * c)
 
-    # ---------------------------------------------------------------- one block, per micro-batch
-    dense_f, dense_bx, dense_bw = _projections(ta.dense, M, t, dev, rc)
-    attn_f, attn_bx, attn_bw = _projections(ta.attention, M, t, dev, rc)
-    core_f, core_b = _attention(ta, nseq, s, c, t, dev, rc, 0)
-    if ta.sliding_layers:
-        wf, wb = _attention(ta, nseq, s, c, t, dev, rc, ta.window)
-        share = ta.sliding_layers / ta.layers
-        core_f, core_b = (1 - share) * core_f + share * wf, (1 - share) * core_b + share * wb
+
+@dataclass(frozen=True)
+class _Block:
+    """Seconds of one block per micro-batch on one rank, the dense and MoE blocks mixed by their share."""
+
+    gemm_f: Any  #: forward GEMMs
+    gemm_bx: Any  #: input-gradient GEMMs
+    gemm_bw: Any  #: weight-gradient GEMMs
+    core_f: Any  #: attention core, forward
+    core_b: Any  #: attention core, backward
+    elem_f: Any  #: memory-bound ops, forward (the backward moves BACKWARD_TRAFFIC times as much)
+    tp_f: Any
+    tp_b: Any
+    ep_f: Any
+    ep_b: Any
+    cp_f: Any
+    cp_b: Any
+    rec: Any  #: recomputation
+    ar: Any  #: one all-reduce of the TP buffer (the embedding and head use them too)
+    ag: Any  #: one all-gather of it
+    rs: Any  #: one reduce-scatter of it
+
+    @property
+    def forward(self) -> Any:
+        return self.gemm_f + self.core_f + self.elem_f + self.tp_f + self.ep_f + self.cp_f
+
+    @property
+    def backward(self) -> Any:
+        return (self.gemm_bx + self.gemm_bw + self.core_b + C.BACKWARD_TRAFFIC * self.elem_f + self.tp_b + self.ep_b
+                + self.cp_b + self.rec)
+
+
+def _block_memory_bytes(ta: TimeArch, L: _Layout, rc: TimeRecipe) -> tuple[Any, Any, Any]:
+    """(residual-stream, per-head, MLP-activation) bytes the memory-bound ops of a dense block move forward."""
+    eb, h, t, M, Mres = rc.compute_bytes, float(ta.hidden), L.t, L.M, L.Mres
     heads_w = ta.heads * ta.head_dim / t
     kv_w = np.maximum(ta.kv_heads / t, 1.0) * ta.head_dim
     drop = rc.dropout and ta.hidden_dropout > 0
-    tok_bytes = Mres * h * eb * (2.0 * ta.norms_per_layer + 6.0) + (Mres * h * 2 * (2 * eb + 1) if drop else 0.0)
-    head_bytes = M * eb * (2.0 * ta.rotary_fraction * (heads_w + kv_w) + (2.0 * (heads_w + kv_w) if ta.qk_norm else 0.0)
-                           + (2.0 * heads_w if rc.kernel in ("eager", "math") else 0.0))
-    mlp_act = M * eb * (3.0 if ta.gated_mlp else 2.0) * ta.intermediate / t
-    elem_dense_f = memory_time(tok_bytes + head_bytes + mlp_act, dev)
+    tok_bytes = (Mres * h * eb * (C.READ_WRITE * ta.norms_per_layer + C.RESIDUAL_TRAFFIC)
+                 + (Mres * h * C.HIDDEN_DROPOUTS_PER_BLOCK * (C.READ_WRITE * eb + C.DROPOUT_MASK_BYTES)
+                    if drop else 0.0))
+    head_bytes = M * eb * (C.READ_WRITE * ta.rotary_fraction * (heads_w + kv_w)
+                           + (C.READ_WRITE * (heads_w + kv_w) if ta.qk_norm else 0.0)
+                           + (C.READ_WRITE * heads_w if rc.kernel in ("eager", "math") else 0.0))
+    mlp_act = M * eb * (C.GATED_ACTIVATION_TRAFFIC if ta.gated_mlp else C.READ_WRITE) * ta.intermediate / t
+    return tok_bytes, head_bytes, mlp_act
 
-    # MoE blocks: attention projections, router, experts (grouped GEMMs), shared expert, permutations
+
+def _moe_block(ta: TimeArch, L: _Layout, dev: Device, net: Network, rc: TimeRecipe, attn: tuple[Any, Any, Any],
+               elem_bytes: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """(forward, input-gradient, weight-gradient GEMMs, memory-bound forward, EP forward, EP backward)
+    seconds of one MoE block: attention projections, router, experts as grouped GEMMs of ``e·M·k/E``
+    tokens each, the shared expert, the permutations and the dispatch/combine all-to-alls."""
+    if not ta.moe_layers:
+        return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    eb, h, t, e, M = rc.compute_bytes, float(ta.hidden), L.t, L.e, L.M
+    E, k, mi = float(ta.experts), float(ta.top_k), float(ta.expert_intermediate)
+    local = E / e
+    per_expert = e * M * k / E
+    fused = C.GATED_MLP_FUSED_INPUT * mi / t  # gate and up in one GEMM
+    ex_f = (gemm_time(per_expert, fused, h, dev, local) + gemm_time(per_expert, h, mi / t, dev, local)
+            + gemm_time(M, E, h, dev))
+    ex_bx = gemm_time(per_expert, h, fused, dev, local) + gemm_time(per_expert, mi / t, h, dev, local)
+    ex_bw = (gemm_time(fused, h, per_expert, dev, local) + gemm_time(h, mi / t, per_expert, dev, local)
+             if rc.lora_rank == 0 else 0.0)
+    if ta.shared_intermediate:
+        shared = (Projection("gate", ta.hidden, ta.shared_intermediate, "col"),
+                  Projection("up", ta.hidden, ta.shared_intermediate, "col"),
+                  Projection("down", ta.shared_intermediate, ta.hidden, "row"))
+        sf, sbx, sbw = _projections(shared, M, t, dev, rc)
+        ex_f, ex_bx, ex_bw = ex_f + sf, ex_bx + sbx, ex_bw + sbw
+    elem = memory_time(elem_bytes + M * eb * k * (C.GATED_ACTIVATION_TRAFFIC * mi / t + C.MOE_PERMUTE_TRAFFIC * h)
+                       + M * E * C.ROUTER_BYTES_PER_LOGIT, dev)
+    a2a = all_to_all_time(M * k * h * eb, e, t * L.c, net)
+    return attn[0] + ex_f, attn[1] + ex_bx, attn[2] + ex_bw, elem, C.EP_ALL_TO_ALLS * a2a, C.EP_ALL_TO_ALLS * a2a
+
+
+def _block(ta: TimeArch, L: _Layout, dev: Device, net: Network, rc: TimeRecipe, overlap: Overlap) -> _Block:
+    """One block per micro-batch: GEMMs, attention, memory-bound ops, the TP, CP and EP collectives and
+    the recomputation, averaged over the dense and MoE blocks by their share of the layers."""
+    M, t, c = L.M, L.t, L.c
+    dense_f, dense_bx, dense_bw = _projections(ta.dense, M, t, dev, rc)
+    attn = _projections(ta.attention, M, t, dev, rc)
+    core_f, core_b = _attention(ta, L.nseq, L.s, c, t, dev, rc, 0)
+    if ta.sliding_layers:
+        wf, wb = _attention(ta, L.nseq, L.s, c, t, dev, rc, ta.window)
+        share = ta.sliding_layers / ta.layers
+        core_f, core_b = (1 - share) * core_f + share * wf, (1 - share) * core_b + share * wb
+    tok_bytes, head_bytes, mlp_act = _block_memory_bytes(ta, L, rc)
+    elem_dense_f = memory_time(tok_bytes + head_bytes + mlp_act, dev)
+    moe_f, moe_bx, moe_bw, elem_moe_f, ep_f, ep_b = _moe_block(ta, L, dev, net, rc, attn, tok_bytes + head_bytes)
     moe_share = ta.moe_layers / ta.layers
-    if ta.moe_layers:
-        E, k, mi = float(ta.experts), float(ta.top_k), float(ta.expert_intermediate)
-        local = E / e
-        per_expert = e * M * k / E
-        trainable = rc.lora_rank == 0
-        ex_f = (gemm_time(per_expert, 2 * mi / t, h, dev, local) + gemm_time(per_expert, h, mi / t, dev, local)
-                + gemm_time(M, E, h, dev))
-        ex_bx = gemm_time(per_expert, h, 2 * mi / t, dev, local) + gemm_time(per_expert, mi / t, h, dev, local)
-        ex_bw = (gemm_time(2 * mi / t, h, per_expert, dev, local) + gemm_time(h, mi / t, per_expert, dev, local)
-                 if trainable else 0.0)
-        if ta.shared_intermediate:
-            shared = (Projection("gate", ta.hidden, ta.shared_intermediate, "col"),
-                      Projection("up", ta.hidden, ta.shared_intermediate, "col"),
-                      Projection("down", ta.shared_intermediate, ta.hidden, "row"))
-            sf, sbx, sbw = _projections(shared, M, t, dev, rc)
-            ex_f, ex_bx, ex_bw = ex_f + sf, ex_bx + sbx, ex_bw + sbw
-        moe_f, moe_bx, moe_bw = attn_f + ex_f, attn_bx + ex_bx, attn_bw + ex_bw
-        elem_moe_f = memory_time(tok_bytes + head_bytes + M * eb * k * (3.0 * mi / t + 4.0 * h) + M * E * 8.0, dev)
-        a2a = all_to_all_time(M * k * h * eb, e, t * c, net)
-        ep_f, ep_b = 2.0 * a2a, 2.0 * a2a
-    else:
-        moe_f = moe_bx = moe_bw = elem_moe_f = ep_f = ep_b = 0.0
     mix = lambda dense, moe: (1.0 - moe_share) * dense + moe_share * moe  # noqa: E731
     gemm_f, gemm_bx, gemm_bw = mix(dense_f, moe_f), mix(dense_bx, moe_bx), mix(dense_bw, moe_bw)
     elem_f = mix(elem_dense_f, elem_moe_f)
     ep_f, ep_b = moe_share * ep_f, moe_share * ep_b
 
-    # tensor-parallel collectives of one block
-    ar = collective_time("all_reduce", S_act, t, 1.0, net)
-    ag = collective_time("all_gather", S_act, t, 1.0, net)
-    rs = collective_time("reduce_scatter", S_act, t, 1.0, net)
-    tp_f = np.where(sp, 2 * ag + 2 * rs, 2 * ar)
-    tp_b_hideable = np.where(sp, 2 * rs + 2 * ag, 2 * ar)  # input-gradient collectives and the re-gather
-    tp_b_fixed = np.where(sp, 2 * ag, 0.0)  # gradients of the row-parallel outputs, needed before any GEMM
+    # tensor-parallel collectives: per sublayer one all-reduce each way, or with sequence parallelism an
+    # all-gather in front and a reduce-scatter behind forward; backward the reduce-scatters' all-gathers
+    # (hideable under the weight-gradient GEMMs) and the inputs gathered again for the weight gradient
+    n = C.TP_SUBLAYERS_PER_BLOCK
+    ar = collective_time("all_reduce", L.act_bytes, t, 1.0, net)
+    ag = collective_time("all_gather", L.act_bytes, t, 1.0, net)
+    rs = collective_time("reduce_scatter", L.act_bytes, t, 1.0, net)
+    tp_f = np.where(L.sp, n * ag + n * rs, n * ar)
+    tp_b_hideable = np.where(L.sp, n * rs + n * ag, n * ar)  # input-gradient collectives and the re-gather
+    tp_b_fixed = np.where(L.sp, n * ag, 0.0)  # gradients of the row-parallel outputs, needed before any GEMM
     tp_b = tp_b_fixed + (np.maximum(0.0, tp_b_hideable - gemm_bw) if overlap.tp_backward else tp_b_hideable)
 
     # context parallelism: ring attention passes K and V (c-1) times; backward also their gradients
-    kv_chunk = M * 2.0 * kv_w * eb
+    kv_w = np.maximum(ta.kv_heads / t, 1.0) * ta.head_dim
+    kv_chunk = M * C.CP_KV_TENSORS * kv_w * rc.compute_bytes
     cp_raw_f = (c - 1.0) * p2p_time(kv_chunk, t, net, c > 1)
     cp_f = np.maximum(0.0, cp_raw_f - core_f) if overlap.cp else cp_raw_f
-    cp_b = np.maximum(0.0, 2 * cp_raw_f - core_b) if overlap.cp else 2 * cp_raw_f
+    cp_b = (np.maximum(0.0, C.CP_BACKWARD_PASSES * cp_raw_f - core_b) if overlap.cp
+            else C.CP_BACKWARD_PASSES * cp_raw_f)
 
-    # recomputation of one block
+    # recomputation: full re-runs the block's forward, selective the attention core, every-k one block in k
     full_rec = gemm_f + core_f + elem_f + tp_f + ep_f + cp_f
-    rec = np.where(ckpt == CKPT_CODES["full"], full_rec,
-                   np.where(ckpt == CKPT_CODES["selective"], core_f,
-                            np.where(ckpt == CKPT_CODES["every-k"], full_rec / every, 0.0)))
+    rec = np.where(L.ckpt == CKPT_CODES["full"], full_rec,
+                   np.where(L.ckpt == CKPT_CODES["selective"], core_f,
+                            np.where(L.ckpt == CKPT_CODES["every-k"], full_rec / L.every, 0.0)))
+    return _Block(gemm_f=gemm_f, gemm_bx=gemm_bx, gemm_bw=gemm_bw, core_f=core_f, core_b=core_b, elem_f=elem_f,
+                  tp_f=tp_f, tp_b=tp_b, ep_f=ep_f, ep_b=ep_b, cp_f=cp_f, cp_b=cp_b, rec=rec, ar=ar, ag=ag, rs=rs)
 
-    # ---------------------------------------------------------------- stages
-    Ls = ta.layers / p
-    V = float(ta.vocab)
+
+def _stages(ta: TimeArch, L: _Layout, blk: _Block, dev: Device, net: Network, rc: TimeRecipe,
+            overlap: Overlap) -> dict[str, Any]:
+    """Per micro-batch: each component on the slowest pipeline stage (``crit``), the first, last and a
+    middle stage's seconds, the slowest's, the bubble per step and one boundary send."""
+    M, Mres, t, p, h, eb = L.M, L.Mres, L.t, L.p, float(ta.hidden), rc.compute_bytes
+    Ls, V = L.layers, float(ta.vocab)
     # first stage: the embedding (gather forward; dense gradient zero-filled and scattered backward)
-    emb_f = memory_time(M * 2 * h * eb, dev)
-    emb_b = memory_time(V / t * h * rc.grad_bytes + M * 2 * h * eb, dev)
-    emb_tp = np.where(sp, rs, ar)
+    emb_f = memory_time(M * C.READ_WRITE * h * eb, dev)
+    emb_b = memory_time(V / t * h * rc.grad_bytes + M * C.READ_WRITE * h * eb, dev)
+    emb_tp = np.where(L.sp, blk.rs, blk.ar)
     # last stage: final norm, LM head, loss
     head_gf = gemm_time(M, V / t, h, dev)
     head_gb = gemm_time(M, h, V / t, dev) + (gemm_time(V / t, h, M, dev) if rc.lora_rank == 0 else 0.0)
-    loss_f = memory_time(M * V / t * C.LOSS_BYTES_PER_LOGIT + Mres * 2 * h * eb, dev)
-    head_tp_f = np.where(sp, ag, 0.0)
-    head_tp_b = np.where(sp, rs, ar)
+    loss_f = memory_time(M * V / t * C.LOSS_BYTES_PER_LOGIT + Mres * C.READ_WRITE * h * eb, dev)
+    head_tp_f = np.where(L.sp, blk.ag, 0.0)
+    head_tp_b = np.where(L.sp, blk.rs, blk.ar)
 
-    blk = dict(gemm=Ls * (gemm_f + gemm_bx + gemm_bw), attention=Ls * (core_f + core_b),
-               memory_bound=Ls * (1.0 + C.BACKWARD_TRAFFIC) * elem_f, recompute=Ls * rec,
-               tp_comm=Ls * (tp_f + tp_b), cp_comm=Ls * (cp_f + cp_b), ep_comm=Ls * (ep_f + ep_b))
+    per_blk = dict(gemm=Ls * (blk.gemm_f + blk.gemm_bx + blk.gemm_bw), attention=Ls * (blk.core_f + blk.core_b),
+                   memory_bound=Ls * (1.0 + C.BACKWARD_TRAFFIC) * blk.elem_f, recompute=Ls * blk.rec,
+                   tp_comm=Ls * (blk.tp_f + blk.tp_b), cp_comm=Ls * (blk.cp_f + blk.cp_b),
+                   ep_comm=Ls * (blk.ep_f + blk.ep_b))
     pp_bytes = M * h * eb / t
-    ranks_per_stage = t * c * e * dpd
+    ranks_per_stage = t * L.c * L.e * L.dp
     pp_send = p2p_time(pp_bytes, ranks_per_stage, net, p > 1)
-    pp_mb = 2.0 * v * pp_send * (0.0 if overlap.pp else 1.0)
+    pp_mb = C.PP_SENDS_PER_MICROBATCH * L.v * pp_send * (0.0 if overlap.pp else 1.0)
 
     def stage(first: Any, last: Any) -> dict[str, np.ndarray]:
-        out = dict(blk)
+        out = dict(per_blk)
         out["gemm"] = out["gemm"] + np.where(last, head_gf + head_gb, 0.0)
         out["memory_bound"] = (out["memory_bound"] + np.where(first, emb_f + emb_b, 0.0)
                                + np.where(last, (1.0 + C.BACKWARD_TRAFFIC) * loss_f, 0.0))
         out["tp_comm"] = out["tp_comm"] + np.where(first, emb_tp, 0.0) + np.where(last, head_tp_f + head_tp_b, 0.0)
         out["pp_comm"] = pp_mb
-        return {k: np.broadcast_to(_f(x), np.broadcast(t, p, b, m).shape) for k, x in out.items()}
+        return {k: np.broadcast_to(_f(x), np.broadcast(t, p, L.b, L.m).shape) for k, x in out.items()}
 
     single = p <= 1
     first_s = stage(True, single)
@@ -298,26 +379,41 @@ def evaluate(ta: TimeArch, dev: Device, net: Network, rc: TimeRecipe, lay: dict[
     crit = {k: np.where(use_mid, mid_s[k], crit[k]) for k in crit}
     t_max = np.maximum(t_max, t_mid)
     sum_stages = np.where(single, t_first, t_first + t_last + np.maximum(p - 2.0, 0.0) * t_mid)
-    bubble = (sum_stages - t_max) / v
+    return dict(crit=crit, bubble=(sum_stages - t_max) / L.v, first=t_first, last=t_last, mid=t_mid, max=t_max,
+                pp_send=pp_send)
 
-    # ---------------------------------------------------------------- data parallel and the optimizer
+
+def _rank_params(ta: TimeArch, L: _Layout, rc: TimeRecipe) -> dict[str, Any]:
+    """Parameter elements on one rank: per block (``layer``, ``expert``), the embedding and head
+    (``ends``), and the trainable ones of the busier stage (``dense``, ``experts``)."""
+    t, e, Ls = L.t, L.e, L.layers
+    moe_share = ta.moe_layers / ta.layers
     attn_params = ta.projection_params(ta.attention)
     dense_params = ta.projection_params(ta.dense)
-    shared_params = 3.0 * ta.hidden * ta.shared_intermediate
+    shared_params = C.GATED_MLP_MATRICES * ta.hidden * ta.shared_intermediate
     layer_rank = (1 - moe_share) * dense_params / t + moe_share * (attn_params + shared_params) / t \
         + ta.layer_other_params
     expert_rank = moe_share * ta.expert_params / (t * e)
+    single = L.p <= 1
     ends = np.where(single, ta.embed_params + ta.head_params, max(ta.embed_params, ta.head_params or ta.embed_params))
-    dense_rank = Ls * layer_rank + ends / t  # parameter elements of the busier stage on one rank
-    experts_rank = Ls * expert_rank
     if rc.lora_rank:
         adapted = [pr for pr in ta.dense if pr.module and pr.module in rc.lora_targets]
         lora_layer = sum(rc.lora_rank * ((pr.in_features / t if pr.split == "row" else pr.in_features)
                                          + (pr.out_features / t if pr.split == "col" else pr.out_features))
                          for pr in adapted)
-        train_dense, train_exp = Ls * _f(lora_layer), 0.0 * Ls
-    else:
-        train_dense, train_exp = dense_rank, experts_rank
+        dense, experts = Ls * _f(lora_layer), 0.0 * Ls
+    else:  # every parameter of the busier stage
+        dense, experts = Ls * layer_rank + ends / t, Ls * expert_rank
+    return dict(layer=layer_rank, expert=expert_rank, ends=ends, dense=dense, experts=experts)
+
+
+def _data_parallel(ta: TimeArch, L: _Layout, blk: _Block, dev: Device, net: Network, rc: TimeRecipe,
+                   overlap: Overlap) -> dict[str, Any]:
+    """Exposed data-parallel communication per step by sharding stage (``dp_comm``) and the optimizer
+    step (``optimizer``), with the collectives' seconds the explanation quotes."""
+    t, c, e, dpd, m, Ls = L.t, L.c, L.e, L.dp, L.m, L.layers
+    P = _rank_params(ta, L, rc)
+    train_dense, train_exp = P["dense"], P["experts"]
     gb, pb = rc.grad_bytes, rc.param_bytes
     dp_dense, dp_exp = dpd * e, dpd  # the dense weights are replicated over the EP ranks too
     stride_dense, stride_exp = t * c, t * c * e
@@ -330,9 +426,9 @@ def evaluate(ta: TimeArch, dev: Device, net: Network, rc: TimeRecipe, lay: dict[
     reduce_ar = over("all_reduce", gb, train_dense, train_exp)
     reduce_rs = over("reduce_scatter", gb, train_dense, train_exp)
     gather_p = over("all_gather", pb, train_dense, train_exp)
-    fwd_mb = Ls * (gemm_f + core_f + elem_f + tp_f + ep_f + cp_f)
-    bwd_mb = Ls * (gemm_bx + gemm_bw + core_b + C.BACKWARD_TRAFFIC * elem_f + tp_b + ep_b + cp_b + rec)
-    tail = lambda red: red * np.minimum(1.0, DDP_BUCKET_BYTES / np.maximum(grads_bytes, 1.0))  # noqa: E731
+    lf, lb = blk.forward, blk.backward
+    fwd_mb, bwd_mb = Ls * lf, Ls * lb
+    tail = lambda red: red * np.minimum(1.0, C.DDP_BUCKET_BYTES / np.maximum(grads_bytes, 1.0))  # noqa: E731
     if overlap.dp:
         z0 = np.maximum(0.0, reduce_ar - bwd_mb) + tail(reduce_ar)
         z1 = np.maximum(0.0, reduce_rs - bwd_mb) + tail(reduce_rs) + np.maximum(0.0, gather_p - fwd_mb)
@@ -341,50 +437,69 @@ def evaluate(ta: TimeArch, dev: Device, net: Network, rc: TimeRecipe, lay: dict[
         z0, z1, z2 = reduce_ar, reduce_rs + gather_p, m * reduce_rs + gather_p
     # ZeRO-3 / FSDP: per block and micro-batch, gather the weights forward and again backward, and
     # reduce-scatter their gradients; the embedding and head are units of their own
+    layer_rank, expert_rank, ends = P["layer"], P["expert"], P["ends"]
     blk_ag = over("all_gather", pb, layer_rank, expert_rank)
     blk_rs = over("reduce_scatter", gb, layer_rank if not rc.lora_rank else 0.0 * layer_rank,
                   expert_rank if not rc.lora_rank else 0.0 * expert_rank)
     end_ag = over("all_gather", pb, ends / t, 0.0)
     end_rs = over("reduce_scatter", gb, ends / t if not rc.lora_rank else 0.0, 0.0)
-    lf = gemm_f + core_f + elem_f + tp_f + ep_f + cp_f
-    lb = gemm_bx + gemm_bw + core_b + C.BACKWARD_TRAFFIC * elem_f + tp_b + ep_b + cp_b + rec
     if overlap.zero3_prefetch:
         z3_mb = (Ls * (np.maximum(0.0, blk_ag - lf) + np.maximum(0.0, blk_ag + blk_rs - lb))
                  + blk_ag + blk_rs + end_ag + end_rs)
     else:
-        z3_mb = Ls * (2 * blk_ag + blk_rs) + 2 * end_ag + end_rs
+        g = C.ZERO3_GATHERS_PER_MICROBATCH
+        z3_mb = Ls * (g * blk_ag + blk_rs) + g * end_ag + end_rs
     z3 = m * z3_mb
     has_dp = (dp_dense > 1) | (dp_exp > 1)
+    zero = L.zero
     dp_comm = np.where(has_dp, np.select([zero >= 3, zero == 2, zero == 1], [z3, z2, z1], z0), 0.0)
 
     shard = np.where((zero >= 1) & has_dp, dp_dense, 1.0)
     moved = C.optimizer_bytes_per_param(rc.optimizer, pb, gb, rc.state_bytes, rc.master) + gb  # + the grad norm
-    optimizer = memory_time((train_dense + train_exp) / shard * moved, dev)
+    optimizer_bytes = (train_dense + train_exp) / shard * moved
+    return dict(dp_comm=dp_comm, optimizer=memory_time(optimizer_bytes, dev), reduce_ar=reduce_ar,
+                reduce_rs=reduce_rs, gather_p=gather_p, z3_mb=z3_mb, grads_bytes=grads_bytes,
+                optimizer_bytes=optimizer_bytes)
 
-    out = {k: m * crit[k] for k in crit}
-    out["bubble"] = bubble
-    out["dp_comm"] = dp_comm
-    out["optimizer"] = optimizer
-    shape = np.broadcast(t, p, dpd, e, c, b, m, s, B, zero, ckpt).shape
+
+def evaluate(ta: TimeArch, dev: Device, net: Network, rc: TimeRecipe, lay: dict[str, Any],
+             overlap: Overlap = DEFAULT_OVERLAP) -> dict[str, np.ndarray]:
+    """Seconds per optimizer step by component (:data:`COMPONENTS`, plus ``step``) and the throughput
+    figures, for the layouts in ``lay`` (arrays or scalars: ``tp, pp, dp, ep, cp, zero`` (sharding
+    stage, :func:`trainfit.fields.sharding_stage`), ``ckpt`` (:data:`CKPT_CODES`), ``ckpt_every``,
+    ``micro_batch``, ``accumulation``, ``batch`` (global, sequences), ``seq_len``, ``sp`` (sequence
+    parallelism), ``schedule`` (:data:`SCHEDULE_CODES`), ``virtual``)."""
+    L = _read_layout(ta, rc, lay)
+    blk = _block(ta, L, dev, net, rc, overlap)
+    st = _stages(ta, L, blk, dev, net, rc, overlap)
+    dp = _data_parallel(ta, L, blk, dev, net, rc, overlap)
+
+    out = {k: L.m * st["crit"][k] for k in st["crit"]}
+    out["bubble"] = st["bubble"]
+    out["dp_comm"] = dp["dp_comm"]
+    out["optimizer"] = dp["optimizer"]
+    shape = np.broadcast(L.t, L.p, L.dp, L.e, L.c, L.b, L.m, L.s, L.B, L.zero, L.ckpt).shape
     out = {k: np.broadcast_to(_f(out[k]), shape) for k in COMPONENTS}
     step = sum(out.values())
-    tokens = B * s
-    model_flops = 3.0 * tokens * _flops_per_token(ta, s)
+    tokens = L.B * L.s
+    model_flops = C.TRAINING_FLOPS_PER_FORWARD * tokens * _flops_per_token(ta, L.s)
+    world = L.world
     out["step"] = step
     out["tokens_per_second"] = np.broadcast_to(tokens / step, shape)
     out["tokens_per_second_per_device"] = np.broadcast_to(tokens / step / world, shape)
-    out["tflops_per_device"] = np.broadcast_to(model_flops / step / world / 1e12, shape)
+    out["tflops_per_device"] = np.broadcast_to(model_flops / step / world / 1e12, shape)  # 10^12 FLOP/s
     out["mfu"] = np.broadcast_to(model_flops / (step * world * dev.peak_flops), shape)
     out["devices"] = np.broadcast_to(world, shape)
     out["model_flops"] = np.broadcast_to(model_flops, shape)
     # what the explanation quotes (per block and micro-batch unless said otherwise)
-    detail = dict(microbatches=m, layers_per_stage=Ls, virtual=v, tokens=M, gemm_fwd=gemm_f, gemm_input_grad=gemm_bx,
-                  gemm_weight_grad=gemm_bw, attention_fwd=core_f, attention_bwd=core_b, memory_bound_fwd=elem_f,
-                  tp_fwd=tp_f, tp_bwd=tp_b, tp_buffer_bytes=S_act, recompute=rec, stage_first=t_first,
-                  stage_last=t_last, stage_mid=t_mid, stage_max=t_max, dp_allreduce=reduce_ar,
-                  dp_reduce_scatter=reduce_rs, dp_allgather=gather_p, zero3_per_microbatch=z3_mb,
-                  grad_bytes_rank=grads_bytes, optimizer_bytes=(train_dense + train_exp) / shard * moved,
-                  pp_send=pp_send, ep_fwd=ep_f, cp_fwd=cp_f)
+    detail = dict(microbatches=L.m, layers_per_stage=L.layers, virtual=L.v, tokens=L.M, gemm_fwd=blk.gemm_f,
+                  gemm_input_grad=blk.gemm_bx, gemm_weight_grad=blk.gemm_bw, attention_fwd=blk.core_f,
+                  attention_bwd=blk.core_b, memory_bound_fwd=blk.elem_f, tp_fwd=blk.tp_f, tp_bwd=blk.tp_b,
+                  tp_buffer_bytes=L.act_bytes, recompute=blk.rec, stage_first=st["first"], stage_last=st["last"],
+                  stage_mid=st["mid"], stage_max=st["max"], dp_allreduce=dp["reduce_ar"],
+                  dp_reduce_scatter=dp["reduce_rs"], dp_allgather=dp["gather_p"], zero3_per_microbatch=dp["z3_mb"],
+                  grad_bytes_rank=dp["grads_bytes"], optimizer_bytes=dp["optimizer_bytes"], pp_send=st["pp_send"],
+                  ep_fwd=blk.ep_f, cp_fwd=blk.cp_f)
     for k, val in detail.items():
         out[f"detail_{k}"] = np.broadcast_to(_f(val), shape)
     return out

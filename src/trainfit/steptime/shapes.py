@@ -11,6 +11,7 @@ from .. import formulas as F
 from ..arch import ArchSpec
 from ..detailed.inventory import block_linears
 from ..errors import TrainfitError
+from . import constants as C
 
 #: vocabulary assumed for a catalog model without an architecture or an embedding count (Llama-2's)
 FALLBACK_VOCAB = 32000
@@ -72,7 +73,7 @@ class TimeArch:
     @property
     def expert_params(self) -> float:
         """Elements of one MoE block's routed experts (gated: gate, up and down)."""
-        return 3.0 * self.hidden * self.expert_intermediate * self.experts
+        return C.GATED_MLP_MATRICES * self.hidden * self.expert_intermediate * self.experts
 
 
 @lru_cache(maxsize=256)
@@ -94,8 +95,8 @@ def from_arch(arch: ArchSpec) -> TimeArch:
     proj = sum(p.in_features * p.out_features for p in dense) * (arch.num_layers - n_moe) \
         + sum(p.in_features * p.out_features for p in attention) * n_moe
     blocks = float(sum(v for k, v in counts.items() if k not in ("embeddings", "position", "head", "total")))
-    experts = 3.0 * arch.hidden_size * arch.moe_intermediate_size * arch.num_experts * n_moe
-    shared = 3.0 * arch.hidden_size * arch.shared_expert_intermediate_size * n_moe
+    experts = C.GATED_MLP_MATRICES * arch.hidden_size * arch.moe_intermediate_size * arch.num_experts * n_moe
+    shared = C.GATED_MLP_MATRICES * arch.hidden_size * arch.shared_expert_intermediate_size * n_moe
     other = max(0.0, (blocks - proj - experts - shared) / max(arch.num_layers, 1))
     sliding = sum(1 for t in arch.layer_types if t == "sliding_attention") if arch.sliding_window else 0
     return TimeArch(
@@ -126,17 +127,17 @@ def from_shape(name: str, parameters: float, layers: int, hidden: Optional[int],
     attn = (Projection("q", h, a * d, "col"), Projection("k", h, kv * d, "col"), Projection("v", h, kv * d, "col"),
             Projection("o", a * d, h, "row"))
     attn_params = sum(p.in_features * p.out_features for p in attn)
-    rest = (float(parameters) - 2.0 * V * h) / max(L, 1) - attn_params
+    rest = (float(parameters) - C.EMBEDDING_MATRICES * V * h) / max(L, 1) - attn_params
     if rest <= 0:
         raise TrainfitError(f"model {name!r}: {parameters:.3g} parameters leave nothing for the MLP after the "
                             "attention and embeddings; the step-time model needs the architecture (a config)")
     if experts and experts > 1:
-        mi = max(1, int(rest / (3.0 * h * experts)))
+        mi = max(1, int(rest / (C.GATED_MLP_MATRICES * h * experts)))
         return TimeArch(name=name, exact=False, hidden=h, layers=L, heads=a, kv_heads=kv, head_dim=d, vocab=V,
                         causal=True, tied=False, dense=attn, attention=attn, gated_mlp=True, intermediate=mi,
                         moe_layers=L, experts=int(experts), top_k=int(top_k or 2), expert_intermediate=mi,
                         embed_params=float(V * h), head_params=float(V * h))
-    i = max(1, int(rest / (2.0 * h)))
+    i = max(1, int(rest / (C.PLAIN_MLP_MATRICES * h)))
     dense = attn + (Projection("fc1", h, i, "col"), Projection("fc2", i, h, "row"))
     return TimeArch(name=name, exact=False, hidden=h, layers=L, heads=a, kv_heads=kv, head_dim=d, vocab=V,
                     causal=True, tied=False, dense=dense, attention=attn, gated_mlp=False, intermediate=i,

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import TrainfitError
 from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
-from ..result import Estimate, verdict_of
+from ..result import Estimate
 from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, TrainingSetup
 
@@ -249,8 +249,6 @@ class Traced(MemoryMethod):
         out = tl.evaluate(setup.micro_batch, setup.seq_len, detail=True)
         total = float(out["total"][0])
         comps = {c: float(out[c][0]) for c in COMPONENTS}
-        available = setup.hardware.capacity_bytes if setup.hardware else None
-        feasible, util = verdict_of(total, available)
         info = tl.info
         inputs = setup.as_dict()
         inputs.update(parameters=info.get("n_params"), trainable_parameters=info.get("n_trainable"),
@@ -270,10 +268,7 @@ class Traced(MemoryMethod):
             f"{info.get('depths')}{blocks}; every allocation's size fitted exactly in (batch, seq)",
             "peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, as the measured "
             "method emulates it; excludes CUDA context, library workspaces, kernel scratch, fragmentation"]
-        return Estimate(method=NAME, model=setup.model.name, hardware=setup.hardware.name if setup.hardware else "none",
-                        feasible=feasible, total_bytes=total, available_bytes=available, utilization=util,
-                        components=comps, dominant=max(comps, key=comps.__getitem__), inputs=inputs, notes=notes,
-                        extra=extra, setup=setup)
+        return Estimate.of(NAME, setup, total_bytes=total, components=comps, inputs=inputs, notes=notes, extra=extra)
 
     def vectorised(self, x: SetupArrays, *, cache: bool = True) -> SweepOutput:
         """Arrays of setups: one fitted timeline per distinct model and recipe, batch and sequence as arrays."""

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import TrainfitError
 from ..measure import _train_step, make_optimizer
 from ..measure._deps import require
-from ..measure.emulation import cuda_block_bytes
+from ..units import cuda_block_bytes
 from ..measure.tracker import CATEGORIES, TimelineListener
 
 #: event kinds

@@ -26,13 +26,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..measure.emulation import cuda_block_bytes
+from ..units import CUDA_BLOCK_BYTES, cuda_block_bytes
 from ..measure.tracker import CATEGORIES
 from .fit import MONOMIALS, Poly
 from .window import Insertion, Window
 
 N_CAT = len(CATEGORIES)
-BLOCK = 512
+BLOCK = CUDA_BLOCK_BYTES  #: the allocator's rounding unit
 #: sequence lengths are classed by their largest power-of-two divisor 2**k, k capped here (4096)
 V2_CAP = 12
 
