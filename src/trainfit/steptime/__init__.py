@@ -29,6 +29,9 @@ from .links import Network, network_for
 from .model import CKPT_CODES, COMPONENTS, DEFAULT_OVERLAP, SCHEDULE_CODES, Overlap, TimeRecipe, evaluate
 from .shapes import TimeArch, time_arch
 
+#: the throughput figures every step-time answer carries (JSON ``step_time``; the planner's layouts too)
+FIGURES: tuple[str, ...] = ("seconds", "tokens_per_second", "tokens_per_second_per_device", "tflops_per_device",
+                            "mfu")
 TIME_COMPONENTS = COMPONENTS
 
 
@@ -198,6 +201,6 @@ def assumptions(*, net: Network, overlap: Overlap, hardware: str, precision: str
     return lines
 
 
-__all__ = ["COMPONENTS", "DEFAULT_NODE_SIZE", "DEFAULT_OVERLAP", "Network", "Overlap", "StepTime",
+__all__ = ["COMPONENTS", "DEFAULT_NODE_SIZE", "DEFAULT_OVERLAP", "FIGURES", "Network", "Overlap", "StepTime",
            "TIME_COMPONENTS", "assumptions", "device_for", "evaluate", "network_for", "setup_step_time",
            "step_time_arrays", "time_arch", "time_recipe"]
