@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Suggestion(BaseModel):
@@ -40,6 +40,15 @@ class Estimate(BaseModel):
     suggestions: list[Suggestion] = Field(default_factory=list)
     extra: dict[str, Any] = Field(default_factory=dict)
     setup: Any = Field(default=None, exclude=True, repr=False)  #: the TrainingSetup estimated
+
+    @model_validator(mode="before")
+    @classmethod
+    def _setup_warnings_first(cls, data: Any) -> Any:
+        """Every estimate's notes open with its setup's warnings (``TrainingSetup.warnings``), once."""
+        said = tuple(getattr(data.get("setup"), "warnings", ())) if isinstance(data, dict) else ()
+        if said:
+            data = {**data, "notes": [*said, *(n for n in data.get("notes") or () if n not in said)]}
+        return data
 
     def with_suggestions(self, suggestions: list[Suggestion]) -> "Estimate":
         return self.model_copy(update={"suggestions": list(suggestions)})
