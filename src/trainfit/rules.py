@@ -12,7 +12,9 @@ once each on stderr.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -29,6 +31,14 @@ class Rule(NamedTuple):
 
 class SetupWarning(UserWarning):
     """An input trainfit answers but a user should know about (one line, as :data:`WARNINGS` word it)."""
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Silence :class:`SetupWarning` s inside a search that visits setups the user did not ask for."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SetupWarning)
+        yield
 
 
 #: Values a rule may read about the model (0 where the model does not say): attention and key/value heads,
@@ -123,9 +133,10 @@ RULES: tuple[Rule, ...] = (
 WARNINGS: tuple[Rule, ...] = (
     Rule(("seq_len", "rope_positions", "model"),
          lambda v: (v["rope_positions"] > 0) & (v["seq_len"] > v["rope_positions"]),
-         lambda d: f"seq_len {d['seq_len']:,} is beyond the {d['rope_positions']:,} positions {d['model']} was "
-                   "trained for (max_position_embeddings); rotary positions run past them, so memory and time are "
-                   "answered, but quality there needs RoPE scaling or long-context training"),
+         # worded without the sequence's own length: a search over lengths says it once
+         lambda d: f"seq_len beyond the {d['rope_positions']:,} positions {d['model']} was trained for "
+                   "(max_position_embeddings): answered, as rotary positions run on, but quality there needs RoPE "
+                   "scaling or long-context training"),
 )
 
 #: 16-bit recipe with tensor cores before sm_80, for each recipe that has none there
@@ -195,4 +206,4 @@ def check_arrays(view: Any, scalar_at: Callable[[str, Any], Any], shape: tuple[i
 
 
 __all__ = ["MODEL_VALUES", "RULES", "Rule", "SetupWarning", "WARNINGS", "check_arrays", "check_setup", "model_values",
-           "precision_warning"]
+           "precision_warning", "quiet"]
