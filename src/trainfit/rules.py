@@ -196,13 +196,20 @@ def check_setup(setup: Any) -> tuple[str, ...]:
 
 def check_arrays(view: Any, scalar_at: Callable[[str, Any], Any], shape: tuple[int, ...]) -> None:
     """Run every rule over a sweep's arrays. ``view`` answers ``view[name]`` (arrays), ``view.present(name)``
-    and ``view.is_default(name)``; ``scalar_at(name, index)`` gives one element's value for the message."""
+    and ``view.is_default(name)``; ``scalar_at(name, index)`` gives one element's value for the message.
+    Each of :data:`WARNINGS` that holds for some element is issued once, as a :class:`SetupWarning` worded as
+    for one setup (the setups of a sweep share the model's positions)."""
     for rule in RULES:
         bad = np.broadcast_to(np.asarray(rule.bad(view), dtype=bool), shape)
         if bad.any():
             idx = position(bad) if bad.ndim else ()
             msg = rule.message({f: scalar_at(f, idx) for f in rule.fields})
             raise TrainfitError(f"{msg} (sweep element {idx})" if bad.ndim else msg)
+    for rule in WARNINGS:
+        hit = np.asarray(rule.bad(view), dtype=bool)
+        if hit.any():
+            idx = position(np.broadcast_to(hit, shape)) if shape else ()
+            warnings.warn(SetupWarning(rule.message({f: scalar_at(f, idx) for f in rule.fields})), stacklevel=3)
 
 
 __all__ = ["MODEL_VALUES", "RULES", "Rule", "SetupWarning", "WARNINGS", "check_arrays", "check_setup", "model_values",
