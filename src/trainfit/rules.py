@@ -105,10 +105,10 @@ RULES: tuple[Rule, ...] = (
                    "(or -1, the busier of the first and the last)"),
     Rule(("seq_len", "cp"), lambda v: v["seq_len"] % v["cp"] != 0,
          lambda d: f"seq_len {d['seq_len']} must divide evenly over cp {d['cp']}"),
-    # --- the global batch: every rank gets a whole, non-empty micro-batch (no silent rounding, no idle rank)
-    Rule(("batch", "dp", "accumulation"), lambda v: v["batch"] < v["dp"] * v["accumulation"], _idle_message),
+    # --- the global batch: every rank gets a whole, non-empty micro-batch (no silent rounding, no idle rank).
+    # One remainder decides both (a batch below dp x accumulation leaves one too): a sweep pays one division.
     Rule(("batch", "dp", "accumulation"), lambda v: v["batch"] % (v["dp"] * v["accumulation"]) != 0,
-         _split_message),
+         lambda d: _idle_message(d) if d["batch"] < _slots(d) else _split_message(d)),
     # --- physical validity: layouts the model can be split into, sequences it can take
     Rule(("tp", "heads", "model"), lambda v: (v["heads"] > 0) & (v["heads"] % v["tp"] != 0),
          lambda d: f"tp {d['tp']} must divide the {d['heads']} attention heads of {d['model']}"),
