@@ -12,6 +12,13 @@ def test_registered_as_vectorised():
     assert is_vectorised("detailed")
 
 
+def _whole_micro_batches(inputs: dict) -> np.ndarray:
+    """The global batch rounded up to whole micro-batches over dp x accumulation: the micro-batch the setup
+    rounded to silently before the batch rules (ceil(batch / (dp x accumulation)))."""
+    slots = inputs["dp"] * inputs["accumulation"]
+    return -(-inputs["batch"] // slots) * slots
+
+
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "gpt2-small", "mixtral-8x7b"])
 def test_sweep_matches_scalar(model):
     rng = np.random.default_rng(0)
@@ -21,6 +28,7 @@ def test_sweep_matches_scalar(model):
                   precision=rng.choice(["fp32", "bf16"], n), optimizer=rng.choice(["adamw", "sgd"], n),
                   checkpointing=rng.choice(["none", "selective", "full"], n), tp=rng.choice([1, 2], n),
                   dp=rng.choice([1, 4], n), zero=rng.choice([0, 3], n), accumulation=rng.choice([1, 2], n))
+    inputs["batch"] = _whole_micro_batches(inputs)
     res = trainfit.sweep(model, "h100", method="detailed", **inputs)
     for i in range(n):
         one = {k: (v[i].item() if hasattr(v[i], "item") else v[i]) for k, v in inputs.items()}
@@ -57,6 +65,7 @@ def test_a_layout_sweep_equals_the_scalar_method_exactly(model):
                   tp_plan=rng.choice(["dtensor", "megatron"], n), loss_parallel=rng.choice([False, True], n),
                   precision=rng.choice(["bf16", "amp-bf16"], n))
     inputs["zero"] = np.where(inputs["fsdp"], 0, inputs["zero"])  # FSDP2 and DeepSpeed ZeRO are exclusive
+    inputs["batch"] = _whole_micro_batches(inputs)
     if model == "mixtral-8x7b":
         inputs["ep"] = rng.choice([1, 2], n)
     res = trainfit.sweep(model, "h100", method="detailed", **inputs)

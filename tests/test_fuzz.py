@@ -51,14 +51,15 @@ MODELS = ["llama-3.2-1b", "gpt2-small", "qwen2.5-0.5b", "bert-base", "gemma-2-2b
 
 @st.composite
 def valid_setup(draw):
-    return TrainingSetup.build(
-        draw(st.sampled_from(MODELS)), "h100", batch=draw(st.integers(1, 8)), seq_len=draw(st.sampled_from([32, 128, 256])),
+    dp, accumulation = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2]))
+    return TrainingSetup.build(  # the global batch: a micro-batch of 1 to 8 on each of dp x accumulation slots
+        draw(st.sampled_from(MODELS)), "h100", batch=draw(st.integers(1, 8)) * dp * accumulation,
+        seq_len=draw(st.sampled_from([32, 128, 256])),
         precision=draw(st.sampled_from(["fp32", "amp-bf16", "bf16", "bf16-master"])),
         optimizer=draw(st.sampled_from(["adamw", "sgd", "sgd-momentum", "adafactor"])),
         opt_impl=draw(st.sampled_from(["foreach", "fused", "forloop"])),
         attention=draw(st.sampled_from(["auto", "eager"])), dropout=draw(st.booleans()),
-        lora_rank=draw(st.sampled_from([0, 0, 8])), dp=draw(st.sampled_from([1, 2])), zero=draw(st.integers(0, 3)),
-        accumulation=draw(st.sampled_from([1, 2])))
+        lora_rank=draw(st.sampled_from([0, 0, 8])), dp=dp, zero=draw(st.integers(0, 3)), accumulation=accumulation)
 
 
 def _peak(setup, method):

@@ -68,13 +68,13 @@ def test_phases_chain_and_the_step_is_steady():
     (dict(task="speech"), "unknown task"),
     (dict(tp=2), "tensor-parallel .* need a decoder with embed_tokens"),
     (dict(cp=2), "measured method cannot express cp=2 \\(context parallelism is not measured"),
-    (dict(dp=2, zero=2), "measured method cannot express zero=2 \\(it runs PyTorch's data parallelism"),
-    (dict(accumulation=2), "one micro-batch per step"),
+    (dict(dp=2, zero=2, batch=2), "measured method cannot express zero=2 \\(it runs PyTorch's data parallelism"),
+    (dict(accumulation=2, batch=2), "one micro-batch per step"),
     (dict(attention="flash"), "unknown attention for the measured method 'flash'"),
 ])
 def test_bad_options_raise_one_line(kwargs, needle):
     with pytest.raises(TrainfitError, match=needle):
-        measure(_cfg("gpt2-tiny"), batch=1, seq_len=8, **kwargs)
+        measure(_cfg("gpt2-tiny"), **{"batch": 1, "seq_len": 8, **kwargs})  # a whole micro-batch per rank
 
 
 MIXTRAL_TINY = {"model_type": "mixtral", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -144,10 +144,11 @@ def _divisors(n: int) -> list[int]:
 @st.composite
 def _config(draw, model):
     """A setup the model can take (tp splits its heads and key/value heads, pp at most its layers, ep only for a
-    mixture of experts, no sequence beyond a learned position table): the physical rules, tested elsewhere."""
+    mixture of experts, no sequence beyond a learned position table, a global batch of whole micro-batches over
+    dp x accumulation): the rules, tested elsewhere."""
     mv = model_values(resolve_model(model))
     c = dict(
-        batch=draw(st.integers(1, 100_000)), seq_len=draw(st.integers(1, mv["max_positions"] or 1 << 18)),
+        batch=draw(st.integers(1, 64)), seq_len=draw(st.integers(1, mv["max_positions"] or 1 << 18)),
         precision=draw(st.sampled_from([*PRECISIONS, "BF16", "AMP"])),
         optimizer=draw(st.sampled_from(["adam", "adamw", "sgd", "none", "Adam"])),
         checkpointing=draw(st.sampled_from(["none", "selective", "full"])),
@@ -156,6 +157,7 @@ def _config(draw, model):
         ep=draw(st.sampled_from(_divisors(mv["experts"]) if mv["experts"] else [1])),
         zero=draw(st.integers(0, 3)), fsdp=draw(st.booleans()), accumulation=draw(st.integers(1, 128)),
         trainable_fraction=draw(st.floats(0, 1)), sequence_parallel=draw(st.booleans()))
+    c["batch"] *= c["dp"] * c["accumulation"]  # drawn as the micro-batch
     # FSDP2 and DeepSpeed ZeRO are exclusive (rules.py)
     return {**c, "zero": 0} if c["fsdp"] else c
 

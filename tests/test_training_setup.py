@@ -10,12 +10,14 @@ from trainfit.engine import METHODS, default_method
 from trainfit.training_setup import DEFAULTS, FIELD_NAMES
 
 
-def test_micro_batch_is_the_global_batch_over_dp_and_accumulation_rounded_up():
-    # the seed's rule (MLSys·im TrainingMemoryModel): max(1, ceil(batch / (dp x accumulation)))
+def test_micro_batch_is_the_global_batch_over_dp_and_accumulation():
     assert TrainingSetup.build("llama-3.2-1b", batch=64, dp=8).micro_batch == 8
-    assert TrainingSetup.build("llama-3.2-1b", batch=65, dp=8).micro_batch == 9
     assert TrainingSetup.build("llama-3.2-1b", batch=64, dp=8, accumulation=4).micro_batch == 2
-    assert TrainingSetup.build("llama-3.2-1b", batch=2, dp=8).micro_batch == 1
+    # the seed rounded up (65 -> micro-batch 9, 2 over dp 8 -> 1): such batches are refused now (test_rules.py)
+    with pytest.raises(TrainfitError, match="use 64 .micro-batch 8. or 72 .micro-batch 9."):
+        TrainingSetup.build("llama-3.2-1b", batch=65, dp=8)
+    with pytest.raises(TrainfitError, match="idle ranks"):
+        TrainingSetup.build("llama-3.2-1b", batch=2, dp=8)
 
 
 def test_parallel_dims_world_size_and_spans():

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from functools import cached_property
 from typing import Annotated, Any, Generic, Literal, Optional, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from .datafile import DATA_DIR, load_entries
 from .errors import TrainfitError, unknown_choice
@@ -25,6 +25,11 @@ Flops = Annotated[float, BeforeValidator(lambda v: parse_flops(v))]
 Watts = Annotated[float, BeforeValidator(lambda v: parse_power(v))]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+def _capability(v: Any) -> Any:
+    """A compute capability written as a YAML number (``7.5``) is read as its text (``"7.5"``)."""
+    return f"{v:.1f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else v
 
 
 class Source(BaseModel):
@@ -67,6 +72,15 @@ class Compute(BaseModel):
     precision_flops: dict[str, Flops] = Field(default_factory=dict)
 
 
+#: Matmul formats NVIDIA tensor cores gained with compute capability 8.0 (Ampere): bf16 and tf32 (CUDA C++
+#: Programming Guide, "Warp Matrix Functions / Alternate Floating Point": ``__nv_bfloat16`` and
+#: ``precision::tf32`` fragments need compute capability 8.0; NVIDIA A100 Tensor Core GPU Architecture
+#: whitepaper, 2020). On an older GPU a bf16 matmul is emulated on the fp32 CUDA cores (cuBLAS converts and
+#: accumulates in fp32) and a tf32 one simply runs in fp32 (PyTorch's ``allow_tf32`` has no effect), so both
+#: run at best at the device's fp32 (non-tensor-core) peak. Flops-table key -> first compute capability (x10).
+TENSOR_CORE_SINCE: dict[str, int] = {"bf16": 80, "tf32": 80}
+
+
 #: The software stack a training step runs on; decides runtime overheads and attention kernels.
 Platform = Literal["cuda", "rocm", "tpu", "gaudi", "neuron", "apple", "mobile", "cpu", "mcu", "other"]
 #: What to call one device of a platform in reports ("8 GPUs", "8 TPU chips", "8 devices").
@@ -92,8 +106,20 @@ class HardwareSpec(BaseModel):
     nvlink: Optional[Link] = None
     nic: Optional[Link] = None  #: the network interface each accelerator of a typical node has (scale-out)
     sm_count: Optional[int] = Field(default=None, ge=1)  #: streaming multiprocessors / compute units
+    #: NVIDIA CUDA compute capability (``"7.5"`` = sm_75), for CUDA devices; None: not judged (every matmul
+    #: format taken as native). Decides which formats have tensor cores (:data:`TENSOR_CORE_SINCE`).
+    compute_capability: Annotated[Optional[str], BeforeValidator(_capability), Field(pattern=r"^[1-9][0-9]?\.[0-9]$")] = None
     unit_cost_usd: Optional[float] = None
     source: Source
+
+    @model_validator(mode="after")
+    def _emulated_formats_have_a_rate(self) -> "HardwareSpec":
+        if self.compute_capability is not None and self.platform != "cuda":
+            raise ValueError(f"compute_capability is NVIDIA's (platform cuda), not {self.platform}'s")
+        if any(self.lacks_tensor_cores(k) for k in TENSOR_CORE_SINCE) and "fp32" not in self.compute.precision_flops:
+            raise ValueError(f"compute capability {self.compute_capability} has no bf16/tf32 tensor cores: "
+                             "precision_flops needs the fp32 peak they run at")
+        return self
 
     @property
     def group(self) -> str:
@@ -105,6 +131,21 @@ class HardwareSpec(BaseModel):
         return f"Hardware.{self.group}.{self.key}"
 
     @property
+    def sm(self) -> Optional[int]:
+        """The compute capability as NVIDIA writes the architecture (``75`` for ``"7.5"``, sm_75), or None."""
+        if self.compute_capability is None:
+            return None
+        major, minor = self.compute_capability.split(".")
+        return int(major) * 10 + int(minor)
+
+    def lacks_tensor_cores(self, precision: Optional[str]) -> bool:
+        """Whether matmuls in ``precision`` (a flops-table key: ``bf16``, ``tf32``) have no tensor cores on this
+        device, so they run at its fp32 peak (:data:`TENSOR_CORE_SINCE`). False when the compute capability
+        is not listed."""
+        since = TENSOR_CORE_SINCE.get(precision or "")
+        return since is not None and self.sm is not None and self.sm < since
+
+    @property
     def memory_bytes(self) -> float:
         return self.memory.capacity
 
@@ -114,7 +155,10 @@ class HardwareSpec(BaseModel):
         return DEVICE_NOUN.get(self.platform, "device")
 
     def flops(self, precision: str | None = None) -> float:
-        """Peak FLOP/s at ``precision`` (``bf16``/``fp16`` and unknown keys fall back to the default peak)."""
+        """Peak FLOP/s at ``precision`` (``bf16``/``fp16`` and unknown keys fall back to the default peak). A
+        format without tensor cores on this device (bf16 or tf32 before sm_80) gets the fp32 peak it runs at."""
+        if self.lacks_tensor_cores(precision):
+            return self.compute.precision_flops["fp32"]
         if precision:
             table = self.compute.precision_flops
             for key in (precision, f"{precision}_dense"):

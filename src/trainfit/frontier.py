@@ -24,7 +24,7 @@ import numpy as np
 
 from .engine import default_method, domain, is_vectorised, split_options, sweep
 from .errors import TrainfitError, unknown_choice
-from .rules import model_values
+from .rules import model_values, quiet
 from .sweep import SweepResult
 from .training_setup import TrainingSetup, setup_of
 
@@ -158,8 +158,11 @@ def frontier(model: Any, hardware: Any, *, method: Optional[str] = None, over: t
         raise TrainfitError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
     fields, options = split_options(kwargs)
     batch_given = fields.get("batch") is not None
-    if not batch_given:
+    if not batch_given:  # micro-batch 1: the global batch dp x accumulation (a bad dp is the sweep's to report)
         fields.pop("batch", None)
+        dp, acc = fields.get("dp", 1), fields.get("accumulation", 1)
+        if all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1 for n in (dp, acc)):
+            fields["batch"] = int(dp) * int(acc)
     # Validate everything once, on a single configuration (the method's own rules and messages).
     if method is None:
         method = default_method(setup_of(model, hardware, **{k: v for k, v in fields.items() if v is not None}))
@@ -179,10 +182,12 @@ def frontier(model: Any, hardware: Any, *, method: Optional[str] = None, over: t
     rest = {k: v for k, v in fields.items() if k not in ("batch", "seq_len")}
 
     def run_batch(mbs: np.ndarray) -> SweepResult:
-        return sweep(model, hardware, method=method, seq_len=seq, batch=mbs * dp_acc, **rest, **options)
+        with quiet():  # the searches visit sizes the user did not ask for: no warning about them
+            return sweep(model, hardware, method=method, seq_len=seq, batch=mbs * dp_acc, **rest, **options)
 
     def run_seq(seqs: np.ndarray) -> SweepResult:
-        return sweep(model, hardware, method=method, seq_len=seqs, batch=setup.batch, **rest, **options)
+        with quiet():
+            return sweep(model, hardware, method=method, seq_len=seqs, batch=setup.batch, **rest, **options)
 
     # a learned position table bounds the sequence whatever the memory (the setup's own rule)
     positions = model_values(setup.model)["max_positions"]
@@ -211,6 +216,10 @@ def frontier(model: Any, hardware: Any, *, method: Optional[str] = None, over: t
         notes.append(f"feasible = total <= {100 * (1 - headroom):.0f} % of capacity ({headroom:.0%} headroom kept free)")
     if seq_limit < max_seq_len:
         notes.append(f"the sequence search stops at the {positions:,} positions of the model's learned position table")
+    rope = model_values(setup.model)["rope_positions"]
+    if rope and max_s > rope:
+        notes.append(f"the longest sequence is beyond the {rope:,} positions the model was trained for: it fits in "
+                     "memory, but quality there needs RoPE scaling or long-context training")
     if bounds is not None:
         notes.append(f"the {method} method answers micro-batches up to {bounds[0]:,} and sequences of "
                      f"{bounds[2]:,}-{bounds[1]:,} tokens: the searches stay there")

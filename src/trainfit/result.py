@@ -51,10 +51,12 @@ class Estimate(BaseModel):
         available = hardware.capacity_bytes if hardware else None
         total = float(total_bytes)
         feasible, util = verdict_of(total, available)
+        said = tuple(getattr(setup, "warnings", ()))  # the setup's warnings open the notes, once
+        notes = [*said, *(n for n in notes or () if n not in said)]
         return cls(method=method, model=setup.model.name, hardware=hardware.name if hardware else "none",
                    feasible=feasible, total_bytes=total, available_bytes=available, utilization=util,
                    components=components, dominant=max(components, key=components.__getitem__), inputs=inputs,
-                   notes=list(notes or []), extra=dict(extra or {}), setup=setup)
+                   notes=notes, extra=dict(extra or {}), setup=setup)
 
     def with_suggestions(self, suggestions: list[Suggestion]) -> "Estimate":
         return self.model_copy(update={"suggestions": list(suggestions)})

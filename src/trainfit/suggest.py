@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from .errors import TrainfitError
 from .result import Estimate, Suggestion
+from .rules import quiet
 from .training_setup import TrainingSetup
 
 
@@ -58,7 +59,8 @@ def suggest(setup: TrainingSetup, total: float, estimate: Callable[[TrainingSetu
     tried: list[Suggestion] = []
     for label, change in candidates(setup):
         try:
-            changed = setup.replace(**change)
+            with quiet():  # a candidate's own warnings are not the user's setup's
+                changed = setup.replace(**change)
             check(changed)
         except TrainfitError:
             continue  # not a valid setup, or not one this method can express

@@ -8,13 +8,19 @@ method takes a setup; each says which fields it can express and rejects the rest
 (:mod:`trainfit.methods`).
 
 The batch is the **global** batch: samples per optimizer step over all data-parallel replicas. One
-rank processes ``micro_batch = max(1, ceil(batch / (dp · accumulation)))`` samples at a time, the
-seed's rule (MLSys·im ``TrainingMemoryModel``), derived here and nowhere else.
+rank processes ``micro_batch = batch / (dp · accumulation)`` samples at a time, derived here and nowhere
+else; the rules (:mod:`trainfit.rules`) refuse a batch that does not split into whole micro-batches or
+leaves a rank idle, so the seed's ``max(1, ceil(...))`` (MLSys·im ``TrainingMemoryModel``) never rounds.
+
+A setup that is valid but deserves a word (a rotary model beyond its trained positions, bf16 on a GPU
+without bf16 tensor cores) carries the lines in :attr:`TrainingSetup.warnings`, derived once when it is
+built and issued as :class:`~trainfit.rules.SetupWarning` s.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import warnings as _warnings
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
@@ -22,7 +28,7 @@ from typing import Any, NamedTuple, Optional
 from . import fields as V
 from .errors import TrainfitError, unknown_choice
 from .refs import DeviceRef, ModelRef, resolve_device, resolve_model
-from .rules import check_setup
+from .rules import SetupWarning, check_setup
 
 
 class Precision(NamedTuple):
@@ -282,12 +288,15 @@ class TrainingSetup:
     model: ModelRef
     hardware: Optional[DeviceRef] = None
     batch: int = _whole(8, "--batch", "Global batch: samples per optimizer step over all data-parallel replicas "
-                        "(micro-batch per accelerator = batch / (dp x accum), at least 1).", short="-b")
+                        "(micro-batch per accelerator = batch / (dp x accum), a whole number of at least 1).",
+                        short="-b")
     seq_len: int = _whole(2048, "--seq", "Sequence length in tokens.", short="-s")
     accumulation: int = _whole(1, "--accum", "Gradient-accumulation steps (micro-batches per optimizer step; the "
                                "pipeline's micro-batches with --pp).", maximum=MAX_DATA_PARALLEL)
     recipe: Recipe = Recipe()
     parallel: Parallelism = Parallelism()
+    #: what the setup is answered with but a user should know (one line each; derived when it is built)
+    warnings: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", resolve_model(self.model))
@@ -298,7 +307,9 @@ class TrainingSetup:
         if not isinstance(self.parallel, Parallelism):
             raise TrainfitError(f"parallel must be a Parallelism, got {type(self.parallel).__name__}")
         _validate_fields(self)
-        check_setup(self)
+        object.__setattr__(self, "warnings", check_setup(self))
+        for line in self.warnings:
+            _warnings.warn(SetupWarning(line), stacklevel=3)
 
     # ------------------------------------------------------------------------------ construction
     @staticmethod
@@ -327,9 +338,9 @@ class TrainingSetup:
     # ------------------------------------------------------------------------------ derived
     @property
     def micro_batch(self) -> int:
-        """Samples one rank processes in one forward and backward pass."""
-        q = self.parallel.dp * self.accumulation
-        return max(1, -(-self.batch // q))
+        """Samples one rank processes in one forward and backward pass: ``batch / (dp · accumulation)``,
+        whole and at least 1 (the batch rules of :mod:`trainfit.rules`)."""
+        return self.batch // (self.parallel.dp * self.accumulation)
 
     @property
     def tokens_per_step(self) -> int:

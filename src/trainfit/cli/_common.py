@@ -4,6 +4,9 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 from typing import Any, Callable
 
@@ -11,6 +14,7 @@ import typer
 from rich.console import Console
 
 from ..errors import TrainfitError
+from ..rules import SetupWarning
 
 app = typer.Typer(
     name="trainfit",
@@ -46,13 +50,34 @@ def guarded(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with _setup_warnings_on_stderr():
+                return fn(*args, **kwargs)
         except TrainfitError as exc:
             fail(str(exc))
         except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
             fail(f"{exc.filename}: {exc.strerror}")
 
     return wrapper
+
+
+@contextmanager
+def _setup_warnings_on_stderr() -> Iterator[None]:
+    """Print each distinct :class:`~trainfit.rules.SetupWarning` once, as ``trainfit: warning: ...`` on stderr
+    (a search builds many setups that share one)."""
+    seen: set[str] = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", SetupWarning)
+        shown = warnings.showwarning
+
+        def show(message: Any, category: type, *rest: Any, **kw: Any) -> None:
+            if not issubclass(category, SetupWarning):
+                shown(message, category, *rest, **kw)
+            elif str(message) not in seen:
+                seen.add(str(message))
+                err_console.print(f"trainfit: warning: {message}", markup=False)
+
+        warnings.showwarning = show
+        yield
 
 
 def emit(doc: Any, output: "Output", *, json: Any = None) -> None:
