@@ -102,8 +102,7 @@ def test_every_plan_layout_splits_the_global_batch_exactly():
     rows = [*p.top, *p.rejected]
     assert rows
     for x in rows:
-        micro = getattr(x, "micro_batch", None) or x.microbatch
-        assert x.dp * micro * x.accumulation == 2 and micro >= 1  # dp 1 or 2 only: no idle rank
+        assert x.parallel.dp * x.micro_batch * x.accumulation == 2 and x.micro_batch >= 1  # dp 1 or 2 only: no idle rank
 
 
 # ------------------------------------------------------------------------------------------- positions
@@ -221,4 +220,4 @@ def test_plans_count_bf16_on_a_v100_at_the_fp32_peak_and_say_so():
         warnings.simplefilter("error", SetupWarning)
         fp16 = plan("llama-3.2-1b", "v100", 4, global_batch=8, seq_len=1024, method="first-order",
                     precision="amp-fp16")
-    assert p.top and fp16.top and p.top[0].step_s > 2 * fp16.top[0].step_s
+    assert p.top and fp16.top and p.top[0].step_time["seconds"] > 2 * fp16.top[0].step_time["seconds"]
