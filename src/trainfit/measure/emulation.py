@@ -47,8 +47,6 @@ def cuda_block_bytes(nbytes: int) -> int:
 # Scaled dot-product attention
 # --------------------------------------------------------------------------------------------
 
-SDPA_KERNELS = ("flash", "efficient", "math")
-
 
 def select_sdpa_kernel(*, dtype: Any, q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tuple[int, ...],
                        has_mask: bool, is_causal: bool, enable_gqa: bool) -> str:

@@ -18,7 +18,6 @@ _DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropo
                  "activation_dropout", "classifier_dropout", "resid_dropout", "embed_dropout", "mlp_dropout",
                  "ffn_dropout", "emb_pdrop")
 
-PRECISIONS = ("fp32", "amp-bf16", "bf16")
 TASKS = ("clm", "mlm", "seq2seq")
 
 
