@@ -27,16 +27,24 @@ ATTN_IMPLEMENTATION = {"auto": "sdpa", "eager": "eager"}
 
 
 class StepRecipe(Protocol):
-    """The recipe fields a fake step reads (a setup's recipe or the traced method's ``Recipe``)."""
+    """The recipe fields a fake step reads (a setup's recipe or the traced method's ``Recipe``; read-only)."""
 
-    precision: str
-    optimizer: str
-    opt_impl: str
-    checkpointing: str
-    attention: str
-    dropout: bool
-    lora_rank: int
-    lora_targets: tuple[str, ...]
+    @property
+    def precision(self) -> str: ...
+    @property
+    def optimizer(self) -> str: ...
+    @property
+    def opt_impl(self) -> str: ...
+    @property
+    def checkpointing(self) -> str: ...
+    @property
+    def attention(self) -> str: ...
+    @property
+    def dropout(self) -> bool: ...
+    @property
+    def lora_rank(self) -> int: ...
+    @property
+    def lora_targets(self) -> tuple[str, ...]: ...
 
 
 def autocast_dtype(precision: str) -> Any:
