@@ -38,11 +38,14 @@ import gc
 import importlib
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from ..errors import TrainfitError
 from ..training_setup import TrainingSetup
 from ._deps import require
+
+if TYPE_CHECKING:
+    from .session import FakeStepSession
 
 #: DTensor modules that skip their caches (sharding propagation, redistribution plans) when
 #: ``_functional_collectives._are_we_tracing()`` says so, which it does under any fake mode. The
@@ -641,7 +644,7 @@ def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str],
                            n_params=n_params, n_trainable=n_trainable, param_dtype=param_dtype, stage_layers=keep)
 
 
-def parallelise(session: Any, setup: TrainingSetup, layout: Layout) -> tuple[Any, Optional[list[int]]]:
+def parallelise(session: FakeStepSession, setup: TrainingSetup, layout: Layout) -> tuple[Any, Optional[list[int]]]:
     """Cut the session's meta-device model to its pipeline stage and apply tensor parallelism and FSDP as
     ``layout`` says (inside the process group); returns the device mesh (None without one) and the blocks
     a pipeline stage keeps (None without a pipeline)."""
