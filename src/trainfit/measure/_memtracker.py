@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .emulation import cuda_block_bytes
-from .tracker import CATEGORIES, COMM_CATEGORIES, PhaseRecord, Snapshot, StepRecord
+from .records import CATEGORIES, COMM_CATEGORIES, PhaseRecord, Snapshot, StepRecord
 
 
 class CommRefType(mt._RefType):

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 from ..errors import TrainfitError
 from ..training_setup import TrainingSetup
 from ._deps import require
+from .fake import materialize
 
 if TYPE_CHECKING:
     from .session import FakeStepSession
@@ -354,18 +355,6 @@ def stage_model(model: Any, arch: Any, layout: Layout) -> tuple[Any, list[int]]:
         base.norm = torch.nn.Identity()
         model.lm_head = None
     return model, keep
-
-
-def materialize(model: Any, fake_mode: Any) -> None:
-    """Give a meta-device (possibly DTensor) model fake CPU tensors with ``to_empty``: DTensor's local tensors
-    are plain meta tensors, which the fake mode has to take in for this call only."""
-    before = fake_mode.allow_non_fake_inputs
-    fake_mode.allow_non_fake_inputs = True
-    try:
-        with fake_mode:
-            model.to_empty(device="cpu")
-    finally:
-        fake_mode.allow_non_fake_inputs = before
 
 
 @contextlib.contextmanager

@@ -171,6 +171,18 @@ def to_fake(model: Any, fake_mode: Any) -> None:
                 module._buffers[name] = memo[id(b)]
 
 
+def materialize(model: Any, fake_mode: Any) -> None:
+    """Give a meta-device (possibly DTensor) model fake CPU tensors with ``to_empty``: DTensor's local tensors
+    are plain meta tensors, which the fake mode has to take in for this call only."""
+    before = fake_mode.allow_non_fake_inputs
+    fake_mode.allow_non_fake_inputs = True
+    try:
+        with fake_mode:
+            model.to_empty(device="cpu")
+    finally:
+        fake_mode.allow_non_fake_inputs = before
+
+
 def count_params(model: Any) -> tuple[int, int]:
     """(all, trainable) parameter counts, each shared tensor once."""
     seen: dict[int, Any] = {}

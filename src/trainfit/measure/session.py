@@ -196,15 +196,14 @@ class FakeStepSession:
 
     def make_fake(self, *, materialize: bool = False) -> Any:
         """Give the model fake CPU tensors; returns the ``FakeTensorMode`` they belong to. ``materialize``: a
-        parallelised (DTensor) model, given its tensors by ``to_empty`` (:func:`.distributed.materialize`)."""
+        parallelised (DTensor) model, given its tensors by ``to_empty`` (:func:`.fake.materialize`)."""
         from torch._subclasses.fake_tensor import FakeTensorMode
 
+        from .fake import materialize as to_empty
         from .fake import to_fake
 
         self.fake_mode = FakeTensorMode()
         if materialize:
-            from .distributed import materialize as to_empty
-
             to_empty(self.model, self.fake_mode)
         else:
             to_fake(self.model, self.fake_mode)
