@@ -649,6 +649,6 @@ def parallelise(session: FakeStepSession, setup: TrainingSetup, layout: Layout) 
     return mesh, keep
 
 
-__all__ = ["Layout", "RankMeasurement", "StepRun", "measure_layout", "parallelise", "apply_fsdp", "apply_tp", "block_list", "build_mesh", "eager_dtensor",
-           "fake_process_group", "is_distributed", "layouts_of", "materialize", "run_parallel_steps",
-           "run_pipeline_steps", "schedule_order", "stage_model", "wrap_ddp"]
+__all__ = ["Layout", "RankMeasurement", "StepRun", "apply_fsdp", "apply_tp", "block_list", "build_mesh", "eager_dtensor",
+           "fake_process_group", "is_distributed", "layouts_of", "materialize", "measure_layout", "parallelise",
+           "run_parallel_steps", "run_pipeline_steps", "schedule_order", "stage_model", "wrap_ddp"]

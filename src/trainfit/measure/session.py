@@ -137,12 +137,19 @@ def run_steps(model: Any, inputs: dict[str, Any], opt: Any, *, task: str, precis
     """Run ``warmup`` + 1 steps under a fresh fixed MemTracker (and CUDA semantics when ``cuda``);
     returns (tracker, emulation). Tensors must already exist (fake or real)."""
     tracker, emulation = new_tracker(model, *inputs.values(), cuda=cuda)
-    autocast = autocast_dtype(precision)
+    warm_and_measure(model, inputs, opt, tracker, emulation, task=task, autocast=autocast_dtype(precision),
+                     warmup=warmup)
+    return tracker, emulation
+
+
+def warm_and_measure(model: Any, inputs: dict[str, Any], opt: Any, tracker: Any, emulation: Any, *, task: str,
+                     autocast: Any, warmup: int) -> None:
+    """``warmup`` warm-up steps and the measured one (:func:`train_step`) in :func:`stepping`, each after a
+    full garbage collection (what a step leaves to the cyclic collector is freed before the next)."""
     with stepping(tracker, emulation):
         for _ in range(warmup + 1):
             gc.collect()
             train_step(model, inputs, opt, tracker, task, autocast)
-    return tracker, emulation
 
 
 def step_error(model_type: str, exc: BaseException) -> TrainfitError:
@@ -190,10 +197,6 @@ class FakeStepSession:
         self.tracker: Any = None
         self.emulation: Any = None
 
-    @property
-    def task(self) -> str:
-        return self.built.task
-
     def make_fake(self, *, materialize: bool = False) -> Any:
         """Give the model fake CPU tensors; returns the ``FakeTensorMode`` they belong to. ``materialize``: a
         parallelised (DTensor) model, given its tensors by ``to_empty`` (:func:`.fake.materialize`)."""
@@ -217,9 +220,8 @@ class FakeStepSession:
 
     def optimizer(self, module: Any = None) -> Any:
         """The recipe's optimizer over the parameters of ``module`` (default: the model) that require grad."""
-        r = self.recipe
-        return make_optimizer([p for p in (self.model if module is None else module).parameters() if p.requires_grad], r.optimizer,
-                              r.opt_impl)
+        params = (self.model if module is None else module).parameters()
+        return make_optimizer([p for p in params if p.requires_grad], self.recipe.optimizer, self.recipe.opt_impl)
 
     def track(self, *external: Any, listener: Any = None) -> Any:
         """Make the tracker (counting ``external``: the model, the inputs) and the emulation; returns the tracker."""
@@ -240,10 +242,8 @@ class FakeStepSession:
         the model and ``inputs``), each after a full garbage collection; returns the tracker."""
         if self.tracker is None:
             self.track(self.model, *inputs.values())
-        with self.stepping():
-            for _ in range(warmup + 1):
-                gc.collect()
-                self.step(inputs, opt)
+        warm_and_measure(self.model, inputs, opt, self.tracker, self.emulation, task=self.built.task,
+                         autocast=self.autocast, warmup=warmup)
         return self.tracker
 
     def error(self, exc: BaseException) -> TrainfitError:
@@ -252,4 +252,4 @@ class FakeStepSession:
 
 
 __all__ = ["ATTN_IMPLEMENTATION", "FakeStepSession", "STEP_ERRORS", "StepRecipe", "autocast_dtype", "make_optimizer",
-           "new_tracker", "quiet_fake_kernels", "run_steps", "step_error", "stepping", "train_step"]
+           "new_tracker", "quiet_fake_kernels", "run_steps", "step_error", "stepping", "train_step", "warm_and_measure"]

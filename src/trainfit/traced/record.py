@@ -2,10 +2,11 @@
 
 A :class:`TraceSession` builds the model once and runs its steps in the measurement's own fake-step
 session (:class:`trainfit.measure.session.FakeStepSession`): a warm-up step, then one steady-state step
-per requested (batch, seq), under the same CUDA emulations and fixed ``MemTracker`` as ``trainfit measure``. A :class:`StepTrace` is the step's
-event list: every storage added, freed, re-categorised or resized (its exact byte size before the
-allocator's 512-byte rounding, its MemTracker category) and every point at which the tracker checks
-its peak. Replaying a trace reproduces the measurement's peak exactly (:meth:`StepTrace.peak`).
+per requested (batch, seq), under the same CUDA emulations and fixed ``MemTracker`` as ``trainfit
+measure``. A :class:`StepTrace` is the step's event list: every storage added, freed, re-categorised or
+resized (its exact byte size before the allocator's 512-byte rounding, its MemTracker category) and every
+point at which the tracker checks its peak. Replaying a trace reproduces the measurement's peak exactly
+(:meth:`StepTrace.peak`).
 
 The model's repeated blocks can be cut to a subset of layers (``keep``): the full model is built on the
 meta device, then its layer list is replaced by the chosen layers, which keep their own settings.
