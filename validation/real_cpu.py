@@ -53,15 +53,15 @@ def real_cpu_peaks(cfg: Mapping[str, Any], batch: int, seq: int, *, precision: s
                    optimizer: str = "adamw", opt_impl: Optional[str] = None, checkpointing: str = "none",
                    lora_rank: int = 0, warmup: int = 1, seed: int = 0) -> RealPeaks:
     """Peak bytes of the step after ``warmup`` steps, run for real on the CPU (see the module docstring)."""
-    torch = require("torch")
+    require("torch")  # the clear error when torch is missing
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
-    from trainfit.measure import _train_step, run_steps
     from trainfit.measure.emulation import CudaSemantics
+    from trainfit.measure.session import autocast_dtype, run_steps, train_step
 
     opt_impl = opt_impl or "forloop"  # PyTorch's default on the CPU
-    autocast = torch.bfloat16 if precision == "amp-bf16" else None
+    autocast = autocast_dtype(precision)
 
     # 1. the fixed MemTracker on real tensors
     built, model, inputs, opt = _setup(cfg, batch, seq, precision, optimizer, opt_impl, checkpointing, lora_rank, seed)
@@ -85,11 +85,11 @@ def real_cpu_peaks(cfg: Mapping[str, Any], batch: int, seq: int, *, precision: s
 
     with CudaSemantics(enabled=False):
         for _ in range(warmup):
-            _train_step(model, inputs, opt, _NoTracker(), built.task, autocast)
+            train_step(model, inputs, opt, _NoTracker(), built.task, autocast)
         gc.collect()
         baseline = _live_bytes(model, inputs, opt)
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            _train_step(model, inputs, opt, _NoTracker(), built.task, autocast)
+            train_step(model, inputs, opt, _NoTracker(), built.task, autocast)
     events: list[tuple[int, int]] = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:

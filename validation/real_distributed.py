@@ -83,32 +83,22 @@ def run_rank(cfg: Mapping[str, Any], fields: Mapping[str, Any], warmup: int, sta
     for a pipeline stage run on its own); returns its peaks."""
     import torch
 
-    from trainfit.measure import ATTN_IMPLEMENTATION
-    from trainfit.measure.distributed import (apply_fsdp, apply_tp, block_list, build_mesh, layouts_of, run_rank_steps,
-                                              stage_model)
-    from trainfit.measure.emulation import CudaSemantics
-    from trainfit.measure.fake import build_model, make_inputs
-    from trainfit.measure.tracker import make_tracker
+    from trainfit.measure.distributed import layouts_of, parallelise, run_rank_steps
+    from trainfit.measure.session import FakeStepSession
     from trainfit.training_setup import TrainingSetup
 
     setup = TrainingSetup.build(dict(cfg), **fields)
     layouts = layouts_of(setup)
     layout = next(x for x in layouts if stage is None or x.stage == stage)
-    r = setup.recipe
     torch.manual_seed(0)
     on_meta = layout.tp > 1 or layout.fsdp
-    built = build_model(dict(cfg), seq=setup.seq_len, precision=r.precision,
-                        attn=ATTN_IMPLEMENTATION[r.attention], dropout=r.dropout, checkpointing=r.checkpointing,
-                        lora_r=r.lora_rank, lora_targets=list(r.lora_targets) if r.lora else None,
-                        device="meta" if on_meta else "cpu")
-    model = built.model
-    if layout.pp > 1:
-        model, _ = stage_model(model, setup.model.arch, layout)
-    mesh = build_mesh(layout) if on_meta else None
-    if layout.tp > 1:
-        apply_tp(model, built.config, mesh["tp"] if mesh.ndim > 1 else mesh, layout, setup.seq_len)
+    # the measurement's own session, on real CPU tensors (random weights) and CPU semantics
+    session = FakeStepSession(cfg, setup.recipe, seq=setup.seq_len, cuda=False, distributed=True,
+                              device="meta" if on_meta else "cpu")
+    built = session.built
+    parallelise(session, setup, layout)
+    model = session.model
     if layout.fsdp:
-        apply_fsdp(model, block_list(model, built.config.num_hidden_layers), mesh, layout)
         from torch.distributed.fsdp import FSDPModule
 
         for mod in model.modules():
@@ -117,13 +107,12 @@ def run_rank(cfg: Mapping[str, Any], fields: Mapping[str, Any], warmup: int, sta
     if on_meta:
         model.to_empty(device="cpu")
         _init_real(model)
-    inputs = make_inputs(built.vocab_size, setup.micro_batch, setup.seq_len, built.task, built.model_type)
+    inputs = session.inputs(setup.micro_batch, setup.seq_len)
     if layout.tp > 1:
         inputs["position_ids"] = torch.arange(setup.seq_len).unsqueeze(0)
-    tracker = make_tracker(round_to_cuda_blocks=False, distributed=True)
-    tracker.track_external(model, *inputs.values())
+    tracker = session.track(model, *inputs.values())
     # DDP's reducer rebuilds its buckets after the first real step: one warm-up more (never a pipeline's)
-    run_rank_steps(model, layout, setup, built, inputs, tracker, CudaSemantics(enabled=False), warmup +
+    run_rank_steps(model, layout, setup, built, inputs, tracker, session.emulation, warmup +
                    (1 if layout.ddp else 0), fake=False)
     step = tracker.steps[-1]
     return RankPeaks(peak_bytes=int(step.peak.total), phase_peaks={n: int(p.peak.total) for n, p in step.phases.items()},

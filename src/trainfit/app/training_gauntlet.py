@@ -128,6 +128,8 @@ def _(METHODS, mo, views):
 def _(frontier_summary, io, json, lab_report_markdown, mo, plot_frontier, plot_memory_stack, prediction, physics,
       profile, reflection, report, selected, views):
     # View builders: the layout cell calls only the visible one (charts cost a few hundred ms each).
+    # Longer than 100 lines on purpose: a marimo cell shares only what it returns, and the three builders share
+    # this cell's inputs and _png.
     def _png(draw, *args):
         return mo.image(io.BytesIO(views.plot_png(draw, *args)), style={"max-width": "1100px", "width": "100%"})
 

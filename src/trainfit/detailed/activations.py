@@ -626,8 +626,25 @@ class _Walker:
                 wc = vadd(wc, t.bytes)
                 if t.saved:
                     wcs = vadd(wcs, t.bytes)
+        lay, per_layer_wc = self._layer_profiles(layers, marks)
+        embed_saved = g.saved_bytes("embed")
+        head_saved = vadd(g.saved_bytes("head"), g.saved_bytes("stage output"))
+        loss_saved = g.saved_bytes("loss")
+        layer_total = ZERO
+        for lp in lay:
+            layer_total = vadd(layer_total, lp.saved)
+        pieces = (("embeddings", embed_saved), ("blocks", layer_total), ("head", head_saved), ("loss", loss_saved))
+        return ActivationProfile(kernel=self.kernel, saved_total=saved_total, embed_saved=embed_saved, layers=tuple(lay),
+                                 head_saved=head_saved, loss_saved=loss_saved, forward_candidates=tuple(cands),
+                                 loss_backward=loss_bwd, weight_copies=wc, weight_copies_saved=wcs,
+                                 per_layer_weight_copies=per_layer_wc, pieces=pieces)
+
+    def _layer_profiles(self, layers: list[int], marks: list[tuple[int, bool, Optional[_BlockStats]]]
+                        ) -> tuple[list[LayerProfile], Vec]:
+        """Each walked block's saved bytes, recomputation and backward working set (a replayed block's from the
+        block it replays), and the weight copies the last block holds."""
         by_region: dict[str, list[Tensor]] = {}
-        for t in g.tensors:
+        for t in self.g.tensors:
             by_region.setdefault(t.region, []).append(t)
         lay = []
         per_layer_wc = ZERO
@@ -652,17 +669,7 @@ class _Walker:
                 for t in ts:
                     if t.held and t.size[0] == 0 and t.size[3]:
                         per_layer_wc = vadd(per_layer_wc, t.bytes)
-        embed_saved = g.saved_bytes("embed")
-        head_saved = vadd(g.saved_bytes("head"), g.saved_bytes("stage output"))
-        loss_saved = g.saved_bytes("loss")
-        layer_total = ZERO
-        for lp in lay:
-            layer_total = vadd(layer_total, lp.saved)
-        pieces = (("embeddings", embed_saved), ("blocks", layer_total), ("head", head_saved), ("loss", loss_saved))
-        return ActivationProfile(kernel=self.kernel, saved_total=saved_total, embed_saved=embed_saved, layers=tuple(lay),
-                                 head_saved=head_saved, loss_saved=loss_saved, forward_candidates=tuple(cands),
-                                 loss_backward=loss_bwd, weight_copies=wc, weight_copies_saved=wcs,
-                                 per_layer_weight_copies=per_layer_wc, pieces=pieces)
+        return lay, per_layer_wc
 
 
 #: the only :class:`Parallelism` fields the forward walk reads (a field the walk starts reading must be

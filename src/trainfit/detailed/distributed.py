@@ -12,7 +12,7 @@ against ``trainfit measure`` on a fake process group (``validation/multigpu-meas
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -236,77 +236,133 @@ def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegion
       the rank's sharded gradient. One reduce-scatter input stays alive until the next group's; the root
       (embeddings, final norm, head) reduces last, its unsharded gradients held until then.
     """
-    import numpy as np
-
-    raf = par.reshard_after_forward
-    pre = max(int(par.fsdp_prefetch), 0)
-    L = len(blocks)
-    big = max(blocks, key=lambda g: g.gathered) if blocks else FsdpGroup(0, 0, 0, 0, 0)
-    first = blocks[0] if blocks else big
-    last = blocks[-1] if blocks else big
-    sharded_after = [sum(g.sharded_grads for g in blocks[i + 1:]) for i in range(L)]
+    rank = _FsdpRank(root, tuple(blocks), bool(par.reshard_after_forward), max(int(par.fsdp_prefetch), 0))
     all_sharded = sum(g.sharded_grads for g in blocks)
     acc = float(all_sharded + root.sharded_grads) if accumulating else 0.0
-    R = {ROOT_GATHERED: float(root.gathered)}
+    out = _Candidates()
+    _forward_candidates(out, rank, regions, nbytes, saved_total, acc)
+    _backward_candidates(out, rank, arch, pr, nbytes, saved_total, residual_grad, head_ug, embed_ug, acc)
+    return out.fwd, out.bwd, out.fwd_terms, out.bwd_terms
 
-    def gathered_upto(i: int) -> dict[str, float]:
+
+@dataclass(frozen=True)
+class _FsdpRank:
+    """The FSDP2 groups of one rank (root and blocks in order), its resharding and prefetching, and the
+    communication-buffer terms they name (name -> bytes)."""
+
+    root: FsdpGroup
+    blocks: tuple[FsdpGroup, ...]
+    raf: bool  #: reshard_after_forward
+    pre: int  #: blocks prefetched ahead in backward
+
+    @property
+    def big(self) -> FsdpGroup:
+        return max(self.blocks, key=lambda g: g.gathered) if self.blocks else FsdpGroup(0, 0, 0, 0, 0)
+
+    @property
+    def first(self) -> FsdpGroup:
+        return self.blocks[0] if self.blocks else self.big
+
+    @property
+    def last(self) -> FsdpGroup:
+        return self.blocks[-1] if self.blocks else self.big
+
+    def root_gathered(self) -> dict[str, float]:
+        return {ROOT_GATHERED: float(self.root.gathered)}
+
+    def gathered_upto(self, i: int) -> dict[str, float]:
         """Gathered block parameters while block ``i`` computes (all earlier ones too without resharding)."""
-        if not blocks:
+        if not self.blocks:
             return {}
-        if raf:
-            return {BLOCK_GATHERED + f" (block {i})": float(blocks[i].gathered)}
-        return {BLOCK_GATHERED + f" (blocks 0-{i}, kept until their backward)": float(sum(g.gathered for g in blocks[:i + 1]))}
+        if self.raf:
+            return {BLOCK_GATHERED + f" (block {i})": float(self.blocks[i].gathered)}
+        return {BLOCK_GATHERED + f" (blocks 0-{i}, kept until their backward)":
+                float(sum(g.gathered for g in self.blocks[:i + 1]))}
 
+    @staticmethod
     def ag(what: str, nbytes_: float) -> dict[str, float]:
         return {f"{ALL_GATHER} ({what})": float(nbytes_)} if nbytes_ else {}
 
+    @staticmethod
     def rs(what: str, g: FsdpGroup) -> dict[str, float]:
         return {f"{REDUCE_SCATTER} ({what})": float(g.reduce_scatter)} if g.reduce_scatter else {}
 
-    def split(live: Any) -> dict[str, Any]:
-        act = np.minimum(live, saved_total) if isinstance(live, np.ndarray) or isinstance(saved_total, np.ndarray) \
-            else min(live, saved_total)
-        return {"activations": act, "temporaries": live - act}
-
-    fwd: list[dict[str, Any]] = []
-    fwd_terms: list[dict[str, float]] = []
-    bwd: list[dict[str, Any]] = []
-    bwd_terms: list[dict[str, float]] = []
-
-    def put(into: list, names: list, values: dict[str, Any], terms: dict[str, float]) -> None:
-        into.append({**values, "communication_buffers": float(sum(terms.values()))})
-        names.append(terms)
-
-    for v in regions.embed:
-        put(fwd, fwd_terms, {**split(nbytes(v)), "gradients": acc}, {**R, **ag("root, until block 0 is gathered",
-                                                                             root.all_gather)})
-    for v in regions.blocks:
-        put(fwd, fwd_terms, {**split(nbytes(v)), "gradients": acc},
-            {**R, **gathered_upto(L - 1 if not raf else blocks.index(big)), **ag("the block computing", big.all_gather)})
-    for v in regions.head:
-        put(fwd, fwd_terms, {**split(nbytes(v)), "gradients": acc},
-            {**R, **(gathered_upto(L - 1) if not raf else {}), **ag(f"block {L - 1}, freed when the forward ends",
-                                                                     last.all_gather)})
-    if blocks:
-        put(fwd, fwd_terms, {**split(nbytes(regions.before_first_block)), "gradients": acc},
-            {**R, **ag("root", root.all_gather), **ag("block 0", first.all_gather), **gathered_upto(0)})
-        prev = blocks[-2].all_gather if L > 1 else root.all_gather
-        put(fwd, fwd_terms, {**split(nbytes(regions.before_last_block)), "gradients": acc},
-            {**R, **gathered_upto(L - 1), **ag(f"block {L - 2}", prev), **ag(f"block {L - 1}", last.all_gather)})
-
-    held_head = float(head_ug + (embed_ug if arch.tie_word_embeddings else 0))
-
-    def prefetch(i: int) -> dict[str, float]:
+    def prefetch(self, i: int) -> dict[str, float]:
         """All-gather buffers of the blocks prefetched while block i computes its backward."""
-        if not raf:
+        if not self.raf:
             return {}
-        return ag(f"block {i - 1}, prefetched" if pre == 1 else f"{min(pre, i)} blocks prefetched",
-                  sum(blocks[j].all_gather for j in range(max(i - pre, 0), i)))
+        pre = self.pre
+        return self.ag(f"block {i - 1}, prefetched" if pre == 1 else f"{min(pre, i)} blocks prefetched",
+                       sum(self.blocks[j].all_gather for j in range(max(i - pre, 0), i)))
 
+
+@dataclass
+class _Candidates:
+    """Forward and backward candidates, each with its communication buffers by name."""
+
+    fwd: list[dict[str, Any]] = field(default_factory=list)
+    bwd: list[dict[str, Any]] = field(default_factory=list)
+    fwd_terms: list[dict[str, float]] = field(default_factory=list)
+    bwd_terms: list[dict[str, float]] = field(default_factory=list)
+
+    def forward(self, values: dict[str, Any], terms: dict[str, float]) -> None:
+        self.fwd.append({**values, "communication_buffers": float(sum(terms.values()))})
+        self.fwd_terms.append(terms)
+
+    def backward(self, values: dict[str, Any], terms: dict[str, float]) -> None:
+        self.bwd.append({**values, "communication_buffers": float(sum(terms.values()))})
+        self.bwd_terms.append(terms)
+
+
+def _split(live: Any, saved_total: Any) -> dict[str, Any]:
+    """Live bytes as activations (at most what the forward saves) and temporaries (the rest)."""
+    import numpy as np
+
+    act = np.minimum(live, saved_total) if isinstance(live, np.ndarray) or isinstance(saved_total, np.ndarray) \
+        else min(live, saved_total)
+    return {"activations": act, "temporaries": live - act}
+
+
+def _forward_candidates(out: _Candidates, rank: _FsdpRank, regions: ForwardRegions, nbytes: Any, saved_total: Any,
+                        acc: float) -> None:
+    """The forward's candidates: each region's peaks with the buffers alive there, and the two copy-outs
+    (before the first and before the last block) that briefly hold two all-gather buffers."""
+    blocks, big, first, last = rank.blocks, rank.big, rank.first, rank.last
+    L, raf, ag, R = len(blocks), rank.raf, rank.ag, rank.root_gathered()
+    for v in regions.embed:
+        out.forward({**_split(nbytes(v), saved_total), "gradients": acc},
+                    {**R, **ag("root, until block 0 is gathered", rank.root.all_gather)})
+    for v in regions.blocks:
+        out.forward({**_split(nbytes(v), saved_total), "gradients": acc},
+                    {**R, **rank.gathered_upto(L - 1 if not raf else blocks.index(big)),
+                     **ag("the block computing", big.all_gather)})
+    for v in regions.head:
+        out.forward({**_split(nbytes(v), saved_total), "gradients": acc},
+                    {**R, **(rank.gathered_upto(L - 1) if not raf else {}),
+                     **ag(f"block {L - 1}, freed when the forward ends", last.all_gather)})
+    if blocks:
+        out.forward({**_split(nbytes(regions.before_first_block), saved_total), "gradients": acc},
+                    {**R, **ag("root", rank.root.all_gather), **ag("block 0", first.all_gather),
+                     **rank.gathered_upto(0)})
+        prev = blocks[-2].all_gather if L > 1 else rank.root.all_gather
+        out.forward({**_split(nbytes(regions.before_last_block), saved_total), "gradients": acc},
+                    {**R, **rank.gathered_upto(L - 1), **ag(f"block {L - 2}", prev),
+                     **ag(f"block {L - 1}", last.all_gather)})
+
+
+def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, nbytes: Any, saved_total: Any,
+                         residual_grad: Any, head_ug: float, embed_ug: float, acc: float) -> None:
+    """The backward's candidates: the loss backward, inside and after the backward of the last two blocks
+    and the first one, the embeddings' backward and the root's post-backward."""
+    blocks, raf, rs, R = rank.blocks, rank.raf, rank.rs, rank.root_gathered()
+    L = len(blocks)
+    sharded_after = [sum(g.sharded_grads for g in blocks[i + 1:]) for i in range(L)]
+    all_sharded = sum(g.sharded_grads for g in blocks)
+    held_head = float(head_ug + (embed_ug if arch.tie_word_embeddings else 0))
     head_loss = _vadd(pr.head_saved, pr.loss_saved)
     # the loss backward: every activation saved, the last block already being gathered again
-    put(bwd, bwd_terms, {"activations": saved_total, "temporaries": nbytes(pr.loss_backward), "gradients": acc},
-        {**R, **(prefetch(L) if blocks else {})} if raf else {**R, **gathered_upto(L - 1)})
+    out.backward({"activations": saved_total, "temporaries": nbytes(pr.loss_backward), "gradients": acc},
+                 {**R, **(rank.prefetch(L) if blocks else {})} if raf else {**R, **rank.gathered_upto(L - 1)})
     later = (0.0, 0.0, 0.0, 0.0)
     for k, i in enumerate(range(L - 1, -1, -1)):
         lp = pr.layers[i] if i < len(pr.layers) else None
@@ -316,25 +372,24 @@ def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegion
         if k in (0, 1, L - 1):
             rs_prev = rs(f"block {i + 1}, until this block's", blocks[i + 1]) if i + 1 < L else {}
             # inside the block's backward: its first projection's gradient made, the block's working set
-            put(bwd, bwd_terms, {"activations": nbytes(_vadd(remaining, lp.recompute)),
-                                 "temporaries": nbytes(lp.transient_bwd),
-                                 "gradients": held_head + sharded_after[i] + blocks[i].first_op_grad + acc},
-                {**R, **gathered_upto(i), **prefetch(i), **rs_prev})
+            out.backward({"activations": nbytes(_vadd(remaining, lp.recompute)),
+                          "temporaries": nbytes(lp.transient_bwd),
+                          "gradients": held_head + sharded_after[i] + blocks[i].first_op_grad + acc},
+                         {**R, **rank.gathered_upto(i), **rank.prefetch(i), **rs_prev})
             # its post-backward: parameters freed, every unsharded gradient copied into the reduce-scatter input
-            kept = gathered_upto(i - 1) if (not raf and i > 0) else {}
-            put(bwd, bwd_terms, {"activations": nbytes(_vsub(remaining, lp.saved)), "temporaries": residual_grad,
-                                 "gradients": held_head + sharded_after[i] + blocks[i].unsharded_grads + acc},
-                {**R, **kept, **prefetch(i), **rs(f"block {i}", blocks[i])})
+            kept = rank.gathered_upto(i - 1) if (not raf and i > 0) else {}
+            out.backward({"activations": nbytes(_vsub(remaining, lp.saved)), "temporaries": residual_grad,
+                          "gradients": held_head + sharded_after[i] + blocks[i].unsharded_grads + acc},
+                         {**R, **kept, **rank.prefetch(i), **rs(f"block {i}", blocks[i])})
         later = _vadd(later, lp.saved)
     # the embeddings' backward: the embedding gradient built (and, tied, summed with the held head part)
-    put(bwd, bwd_terms, {"activations": nbytes(pr.embed_saved),
-                         "temporaries": residual_grad + (2 * embed_ug if arch.tie_word_embeddings else embed_ug),
-                         "gradients": held_head + all_sharded + acc},
-        {**R, **(rs("block 0", first) if blocks else {})})
+    out.backward({"activations": nbytes(pr.embed_saved),
+                  "temporaries": residual_grad + (2 * embed_ug if arch.tie_word_embeddings else embed_ug),
+                  "gradients": held_head + all_sharded + acc},
+                 {**R, **(rs("block 0", rank.first) if blocks else {})})
     # the root's post-backward: its parameters freed, its unsharded gradients copied for the reduce-scatter
-    put(bwd, bwd_terms, {"activations": 0.0 * saved_total, "temporaries": 0.0 * saved_total,
-                         "gradients": float(all_sharded + head_ug + embed_ug) + acc}, rs("root", root))
-    return fwd, bwd, fwd_terms, bwd_terms
+    out.backward({"activations": 0.0 * saved_total, "temporaries": 0.0 * saved_total,
+                  "gradients": float(all_sharded + head_ug + embed_ug) + acc}, rs("root", rank.root))
 
 
 def _vadd(a: Any, b: Any) -> Any:

@@ -13,10 +13,7 @@ Needs the ``measure`` extra (torch, transformers, peft): ``pip install 'trainfit
 """
 from __future__ import annotations
 
-import gc
-import logging
 import time
-import warnings
 from typing import Any, Mapping, Optional
 
 from ..errors import TrainfitError, unknown_choice
@@ -25,6 +22,8 @@ from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
 from ..result import Estimate
 from ..training_setup import TrainingSetup, setup_of
 from ._deps import quiet, require
+from .session import (ATTN_IMPLEMENTATION, STEP_ERRORS, FakeStepSession, make_optimizer, quiet_fake_kernels,
+                      run_steps, step_error, train_step)
 
 NAME = "measured"
 TASKS = ("clm", "mlm", "seq2seq")
@@ -44,8 +43,6 @@ MAX_TOKENS = 2**31
 HINTS = {"zero": "it runs PyTorch's data parallelism: DDP (--dp N) or FSDP2 (--dp N --fsdp; "
                  "--no-reshard-after-forward for the ZeRO-2-like variant), not DeepSpeed's ZeRO stages",
          "cp": "context parallelism is not measured", "ep": "expert parallelism is not measured"}
-#: transformers' attn_implementation for each attention setting (auto: SDPA, whose kernel the CUDA emulation picks)
-ATTN_IMPLEMENTATION = {"auto": "sdpa", "eager": "eager"}
 
 #: MemTracker category -> Estimate component. Buffers (model state that is not a parameter, e.g.
 #: rotary tables) and "other" (tensors made outside the step: the input batch) go to ``other``; on a
@@ -66,77 +63,6 @@ def components_of(breakdown: Mapping[str, int], distributed: bool = False) -> di
         if cat in COMPONENT_OF:
             out[COMPONENT_OF[cat]] += float(b)
     return out
-
-
-def make_optimizer(params: list[Any], optimizer: str, opt_impl: str) -> Any:
-    """The optimizer of the recipe. ``foreach`` is what PyTorch picks by default for CUDA tensors
-    (on the CPU it would pick the for-loop), so it is passed explicitly. AdamW: weight decay 0.01;
-    Adam: none; SGD: no momentum; sgd-momentum: 0.9. Learning rates do not affect memory."""
-    torch = require("torch")
-    impl = {"foreach": {"foreach": True}, "fused": {"fused": True}, "forloop": {"foreach": False}}[opt_impl]
-    if not params:
-        raise TrainfitError("nothing to train: the model has no parameter that requires grad")
-    if optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, **impl)
-    if optimizer == "adam":
-        return torch.optim.Adam(params, lr=1e-4, weight_decay=0.0, **impl)
-    if optimizer == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.0, **impl)
-    return torch.optim.SGD(params, lr=1e-3, momentum=0.9, **impl)
-
-
-def _train_step(model: Any, inputs: dict[str, Any], opt: Any, tracker: Any, task: str, autocast: Optional[Any]) -> None:
-    """One step, each phase recorded by the tracker. Outputs other than the loss are dropped at once."""
-    torch = require("torch")
-    tracker.new_step()
-    holder: dict[str, Any] = {}
-    kwargs = dict(inputs)
-    if task in ("clm", "seq2seq"):
-        kwargs["use_cache"] = False
-    with tracker.phase("forward"):
-        if autocast is not None:
-            with torch.autocast("cpu", dtype=autocast):
-                holder["loss"] = model(**kwargs).loss
-        else:
-            holder["loss"] = model(**kwargs).loss
-    with tracker.phase("backward"):
-        holder["loss"].backward()
-        holder.clear()
-    with tracker.phase("optimizer"):
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-
-def run_steps(model: Any, inputs: dict[str, Any], opt: Any, *, task: str, precision: str, warmup: int,
-              cuda: bool) -> tuple[Any, Any]:
-    """Run ``warmup`` + 1 steps under a fixed MemTracker (and CUDA semantics when ``cuda``);
-    returns (tracker, emulation). Tensors must already exist (fake or real)."""
-    torch = require("torch")
-    from .emulation import CudaSemantics
-    from .tracker import make_tracker
-
-    tracker = make_tracker(round_to_cuda_blocks=cuda)
-    tracker.track_external(model, *inputs.values())
-    autocast = torch.bfloat16 if precision == "amp-bf16" else None
-    emulation = CudaSemantics(enabled=cuda)
-    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
-    level = fake_log.level
-    fake_log.setLevel(logging.CRITICAL)  # a refused meta kernel is reported once, as a TrainfitError, by measure()
-    try:
-        _steps(model, inputs, opt, task, autocast, warmup, tracker, emulation)
-    finally:
-        fake_log.setLevel(level)
-    return tracker, emulation
-
-
-def _steps(model: Any, inputs: dict[str, Any], opt: Any, task: str, autocast: Any, warmup: int, tracker: Any,
-           emulation: Any) -> None:
-    with emulation, tracker, warnings.catch_warnings():
-        # MemTracker warns when a module's backward hook outlives the module object; harmless here.
-        warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
-        for _ in range(warmup + 1):
-            gc.collect()
-            _train_step(model, inputs, opt, tracker, task, autocast)
 
 
 class Measured(MemoryMethod):
@@ -197,33 +123,24 @@ class Measured(MemoryMethod):
         r = setup.recipe
         batch, seq = setup.micro_batch, setup.seq_len
         attn = ATTN_IMPLEMENTATION[r.attention]
-        cfg = dict(setup.model.config)
         torch = require("torch")
         require("transformers")
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        from .fake import build_model, count_params, make_inputs, to_fake
+        from .fake import count_params
 
         with quiet():  # third-party warnings and log lines a user cannot act on
-            built = build_model(cfg, seq=seq, task=task, precision=r.precision, attn=attn, dropout=r.dropout,
-                                checkpointing=r.checkpointing, lora_r=r.lora_rank,
-                                lora_targets=list(r.lora_targets) if r.lora else None)
-            model = built.model
+            session = FakeStepSession(setup.model.config, r, seq=seq, task=task, cuda=semantics == "cuda")
+            built, model = session.built, session.model
             n_params, n_trainable = count_params(model)
-            fake_mode = FakeTensorMode()
-            to_fake(model, fake_mode)
+            fake_mode = session.make_fake()
             t_build = time.perf_counter() - t0
             with fake_mode:
-                inputs = make_inputs(built.vocab_size, batch, seq, built.task, built.model_type)
-                opt = make_optimizer([p for p in model.parameters() if p.requires_grad], r.optimizer, r.opt_impl)
+                inputs = session.inputs(batch, seq)
+                opt = session.optimizer()
                 try:
-                    tracker, emulation = run_steps(model, inputs, opt, task=built.task, precision=r.precision,
-                                                   warmup=warmup, cuda=semantics == "cuda")
-                except (RuntimeError, NotImplementedError, TypeError) as exc:
-                    # e.g. an op whose fake (meta) kernel refuses this dtype: MoE experts' grouped_mm wants bf16
-                    first = (str(exc).strip().splitlines() or [""])[0][:300]
-                    raise TrainfitError(f"the {built.model_type} training step could not run on fake tensors with this "
-                                        f"recipe ({type(exc).__name__}: {first})") from None
+                    tracker = session.run(inputs, opt, warmup)
+                except STEP_ERRORS as exc:
+                    raise session.error(exc) from None
+            emulation = session.emulation
         elapsed = time.perf_counter() - t0
         step = tracker.steps[-1]
         first = tracker.steps[0]
@@ -253,13 +170,6 @@ class Measured(MemoryMethod):
                            extra=extra)
 
 
-def _run_error(model_type: str, exc: BaseException) -> TrainfitError:
-    # e.g. an op whose fake (meta) kernel refuses this dtype: MoE experts' grouped_mm wants bf16
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
-    return TrainfitError(f"the {model_type} training step could not run on fake tensors with this recipe "
-                         f"({type(exc).__name__}: {first})")
-
-
 def _estimate_rank(setup: TrainingSetup, *, task: Optional[str], warmup: int, semantics: str, t0: float) -> Estimate:
     """The multi-GPU measurement: rank 0 (or the pipeline stage asked for, or the busier of the first and
     last stage) of the setup's layout, on a fake process group (:mod:`.distributed`)."""
@@ -270,21 +180,15 @@ def _estimate_rank(setup: TrainingSetup, *, task: Optional[str], warmup: int, se
     layouts = layouts_of(setup)
     attn = ATTN_IMPLEMENTATION[setup.recipe.attention]
     runs = []
-    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
-    level = fake_log.level
-    fake_log.setLevel(logging.CRITICAL)
-    try:
+    with quiet_fake_kernels():
         for layout in layouts:
             try:
-                runs.append(measure_layout(setup, layout, task=task, warmup=warmup, cuda=semantics == "cuda",
-                                           attn=attn))
+                runs.append(measure_layout(setup, layout, task=task, warmup=warmup, cuda=semantics == "cuda"))
             except TrainfitError:
                 raise
             except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError, KeyError,
                     AttributeError, IndexError) as exc:
-                raise _run_error(str(setup.model.config.get("model_type")), exc) from None
-    finally:
-        fake_log.setLevel(level)
+                raise step_error(str(setup.model.config.get("model_type")), exc) from None
     run = max(runs, key=lambda x: x.tracker.steps[-1].peak.total)
     step, first = run.tracker.steps[-1], run.tracker.steps[0]
     peak = step.peak
@@ -340,5 +244,5 @@ def measure(model: Any, hardware: Any = None, *, task: Optional[str] = None, war
     return Measured().estimate(setup_of(model, hardware, **fields), task=task, warmup=warmup, semantics=semantics)
 
 
-__all__ = ["ACCEPTS", "COMPONENTS", "DISTRIBUTED_COMPONENTS", "COMPONENT_OF", "Measured", "NAME", "components_of", "make_optimizer", "measure",
-           "run_steps"]
+__all__ = ["ACCEPTS", "ATTN_IMPLEMENTATION", "COMPONENTS", "DISTRIBUTED_COMPONENTS", "COMPONENT_OF", "FakeStepSession",
+           "Measured", "NAME", "components_of", "make_optimizer", "measure", "run_steps", "train_step"]

@@ -38,11 +38,15 @@ import gc
 import importlib
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from ..errors import TrainfitError
 from ..training_setup import TrainingSetup
 from ._deps import require
+from .fake import materialize
+
+if TYPE_CHECKING:
+    from .session import FakeStepSession
 
 #: DTensor modules that skip their caches (sharding propagation, redistribution plans) when
 #: ``_functional_collectives._are_we_tracing()`` says so, which it does under any fake mode. The
@@ -353,18 +357,6 @@ def stage_model(model: Any, arch: Any, layout: Layout) -> tuple[Any, list[int]]:
     return model, keep
 
 
-def materialize(model: Any, fake_mode: Any) -> None:
-    """Give a meta-device (possibly DTensor) model fake CPU tensors with ``to_empty``: DTensor's local tensors
-    are plain meta tensors, which the fake mode has to take in for this call only."""
-    before = fake_mode.allow_non_fake_inputs
-    fake_mode.allow_non_fake_inputs = True
-    try:
-        with fake_mode:
-            model.to_empty(device="cpu")
-    finally:
-        fake_mode.allow_non_fake_inputs = before
-
-
 @contextlib.contextmanager
 def fake_ddp() -> Iterator[None]:
     """DDP's start-up checks read values (parameter shapes exchanged, rank 0's weights broadcast); with
@@ -467,10 +459,9 @@ def relabel_states(tracker: Any, model: Any, opt: Any) -> None:
 def run_parallel_steps(model: Any, run: StepRun, make_opt: Callable[[Any], Any], tracker: Any, emulation: Any,
                        layout: Layout, warmup: int, *, fake: bool) -> Any:
     """``warmup`` + 1 steps of a data/tensor-parallel rank under ``tracker``; returns the module stepped."""
-    from . import _train_step
+    from .session import stepping, train_step
 
-    with emulation, tracker, run.loss_context(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
+    with stepping(tracker, emulation), run.loss_context():
         # the root returns the model output (a view of nothing in place is ever done to): FSDP2 warns anyway
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module", category=UserWarning)
         stepped = model
@@ -484,7 +475,7 @@ def run_parallel_steps(model: Any, run: StepRun, make_opt: Callable[[Any], Any],
                 if layout.fsdp:
                     pin_fsdp_buffers(tracker, model)
                 relabel_states(tracker, model, opt)
-            _train_step(stepped, run.inputs, opt, tracker, run.task, run.autocast)
+            train_step(stepped, run.inputs, opt, tracker, run.task, run.autocast)
     return stepped
 
 
@@ -548,8 +539,9 @@ def run_pipeline_steps(model: Any, layout: Layout, run: StepRun, hidden: Callabl
             x.grad = None  # sent to the previous stage, then freed
         del x
 
-    with emulation, tracker, warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
+    from .session import stepping
+
+    with stepping(tracker, emulation):
         for step in range(warmup + 1):
             gc.collect()
             if step == warmup:
@@ -571,11 +563,12 @@ def run_rank_steps(model: Any, layout: Layout, setup: TrainingSetup, built: Any,
                    emulation: Any, warmup: int, *, fake: bool) -> None:
     """Run this rank's warm-up and measured steps of ``setup`` (its pipeline stage, or its data/tensor-parallel
     step) under ``tracker``: on fake tensors (``fake``), or for real on a process group."""
-    from . import make_optimizer
+    from .session import autocast_dtype, make_optimizer
 
     torch = require("torch")
     r = setup.recipe
-    autocast = torch.bfloat16 if r.precision == "amp-bf16" and not layout.fsdp_mixed_precision else None
+    # FSDP's mixed precision casts the parameters itself: no autocast on top
+    autocast = None if layout.fsdp_mixed_precision else autocast_dtype(r.precision)
 
     def make_opt(m: Any) -> Any:
         return make_optimizer([p for p in m.parameters() if p.requires_grad], r.optimizer, r.opt_impl)
@@ -611,53 +604,51 @@ class RankMeasurement:
     stage_layers: Optional[list[int]] = None
 
 
-def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str], warmup: int, cuda: bool,
-                   attn: str) -> RankMeasurement:
+def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str], warmup: int,
+                   cuda: bool) -> RankMeasurement:
     """Build, parallelise and run rank ``layout.rank`` of ``setup`` on fake tensors (module docstring)."""
     torch = require("torch")
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from .fake import count_params
+    from .session import FakeStepSession
 
-    from .emulation import CudaSemantics
-    from .fake import build_model, count_params, make_inputs, to_fake
-    from .tracker import make_tracker
-
-    r = setup.recipe
-    built = build_model(dict(setup.model.config), seq=setup.seq_len, task=task, precision=r.precision, attn=attn,
-                        dropout=r.dropout, checkpointing=r.checkpointing, lora_r=r.lora_rank,
-                        lora_targets=list(r.lora_targets) if r.lora else None)
-    model = built.model
-    n_params, n_trainable = count_params(model)
-    keep = None
+    session = FakeStepSession(setup.model.config, setup.recipe, seq=setup.seq_len, task=task, cuda=cuda,
+                              distributed=True)
+    built = session.built
+    n_params, n_trainable = count_params(session.model)
     group = fake_process_group(layout.dp * layout.tp) if layout.dp * layout.tp > 1 or layout.fsdp \
         else contextlib.nullcontext()
     with group:
-        if layout.pp > 1:
-            model, keep = stage_model(model, setup.model.arch, layout)
-        mesh = build_mesh(layout) if layout.tp > 1 or layout.fsdp else None
-        if layout.tp > 1:
-            apply_tp(model, built.config, mesh["tp"] if mesh.ndim > 1 else mesh, layout, setup.seq_len)
-        if layout.fsdp:
-            apply_fsdp(model, block_list(model, built.config.num_hidden_layers), mesh, layout)
-        fake_mode = FakeTensorMode()
-        if mesh is not None:
-            materialize(model, fake_mode)
-        else:
-            to_fake(model, fake_mode)
+        mesh, keep = parallelise(session, setup, layout)
+        fake_mode = session.make_fake(materialize=mesh is not None)
+        model = session.model
         param_dtype = str(next(iter(model.parameters())).dtype).replace("torch.", "")
         with fake_mode, eager_dtensor():
-            inputs = make_inputs(built.vocab_size, setup.micro_batch, setup.seq_len, built.task,
-                                 built.model_type)
+            inputs = session.inputs(setup.micro_batch, setup.seq_len)
             if layout.tp > 1:
                 # the embeddings' output is sequence-sharded: give the rotary tables the whole sequence
                 inputs["position_ids"] = torch.arange(setup.seq_len).unsqueeze(0)
-            tracker = make_tracker(round_to_cuda_blocks=cuda, distributed=True)
-            tracker.track_external(model, *inputs.values())
-            emulation = CudaSemantics(enabled=cuda)
-            run_rank_steps(model, layout, setup, built, inputs, tracker, emulation, warmup, fake=True)
-    return RankMeasurement(layout=layout, tracker=tracker, emulation=emulation, built=built, n_params=n_params,
-                           n_trainable=n_trainable, param_dtype=param_dtype, stage_layers=keep)
+            tracker = session.track(model, *inputs.values())
+            run_rank_steps(model, layout, setup, built, inputs, tracker, session.emulation, warmup, fake=True)
+    return RankMeasurement(layout=layout, tracker=tracker, emulation=session.emulation, built=built,
+                           n_params=n_params, n_trainable=n_trainable, param_dtype=param_dtype, stage_layers=keep)
 
 
-__all__ = ["Layout", "RankMeasurement", "StepRun", "measure_layout", "apply_fsdp", "apply_tp", "block_list", "build_mesh", "eager_dtensor",
-           "fake_process_group", "is_distributed", "layouts_of", "materialize", "run_parallel_steps",
-           "run_pipeline_steps", "schedule_order", "stage_model", "wrap_ddp"]
+def parallelise(session: FakeStepSession, setup: TrainingSetup, layout: Layout) -> tuple[Any, Optional[list[int]]]:
+    """Cut the session's meta-device model to its pipeline stage and apply tensor parallelism and FSDP as
+    ``layout`` says (inside the process group); returns the device mesh (None without one) and the blocks
+    a pipeline stage keeps (None without a pipeline)."""
+    built = session.built
+    keep = None
+    if layout.pp > 1:
+        session.model, keep = stage_model(session.model, setup.model.arch, layout)
+    mesh = build_mesh(layout) if layout.tp > 1 or layout.fsdp else None
+    if layout.tp > 1:
+        apply_tp(session.model, built.config, mesh["tp"] if mesh.ndim > 1 else mesh, layout, setup.seq_len)
+    if layout.fsdp:
+        apply_fsdp(session.model, block_list(session.model, built.config.num_hidden_layers), mesh, layout)
+    return mesh, keep
+
+
+__all__ = ["Layout", "RankMeasurement", "StepRun", "apply_fsdp", "apply_tp", "block_list", "build_mesh", "eager_dtensor",
+           "fake_process_group", "is_distributed", "layouts_of", "materialize", "measure_layout", "parallelise",
+           "run_parallel_steps", "run_pipeline_steps", "schedule_order", "stage_model", "wrap_ddp"]

@@ -40,8 +40,6 @@ from ._deps import require
 # Scaled dot-product attention
 # --------------------------------------------------------------------------------------------
 
-SDPA_KERNELS = ("flash", "efficient", "math")
-
 
 def select_sdpa_kernel(*, dtype: Any, q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tuple[int, ...],
                        has_mask: bool, is_causal: bool, enable_gqa: bool) -> str:

@@ -18,7 +18,6 @@ _DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropo
                  "activation_dropout", "classifier_dropout", "resid_dropout", "embed_dropout", "mlp_dropout",
                  "ffn_dropout", "emb_pdrop")
 
-PRECISIONS = ("fp32", "amp-bf16", "bf16")
 TASKS = ("clm", "mlm", "seq2seq")
 
 
@@ -170,6 +169,18 @@ def to_fake(model: Any, fake_mode: Any) -> None:
                 if id(b) not in memo:
                     memo[id(b)] = torch.empty(b.shape, dtype=b.dtype, device="cpu")
                 module._buffers[name] = memo[id(b)]
+
+
+def materialize(model: Any, fake_mode: Any) -> None:
+    """Give a meta-device (possibly DTensor) model fake CPU tensors with ``to_empty``: DTensor's local tensors
+    are plain meta tensors, which the fake mode has to take in for this call only."""
+    before = fake_mode.allow_non_fake_inputs
+    fake_mode.allow_non_fake_inputs = True
+    try:
+        with fake_mode:
+            model.to_empty(device="cpu")
+    finally:
+        fake_mode.allow_non_fake_inputs = before
 
 
 def count_params(model: Any) -> tuple[int, int]:

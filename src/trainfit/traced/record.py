@@ -1,11 +1,12 @@
 """Recording the allocation timeline of training steps on fake tensors.
 
-A :class:`TraceSession` builds the model once (the measurement's own builder, :mod:`trainfit.measure.fake`),
-runs a warm-up step, then records one steady-state step per requested (batch, seq) under the same
-CUDA emulations and fixed ``MemTracker`` as ``trainfit measure``. A :class:`StepTrace` is the step's
-event list: every storage added, freed, re-categorised or resized (its exact byte size before the
-allocator's 512-byte rounding, its MemTracker category) and every point at which the tracker checks
-its peak. Replaying a trace reproduces the measurement's peak exactly (:meth:`StepTrace.peak`).
+A :class:`TraceSession` builds the model once and runs its steps in the measurement's own fake-step
+session (:class:`trainfit.measure.session.FakeStepSession`): a warm-up step, then one steady-state step
+per requested (batch, seq), under the same CUDA emulations and fixed ``MemTracker`` as ``trainfit
+measure``. A :class:`StepTrace` is the step's event list: every storage added, freed, re-categorised or
+resized (its exact byte size before the allocator's 512-byte rounding, its MemTracker category) and every
+point at which the tracker checks its peak. Replaying a trace reproduces the measurement's peak exactly
+(:meth:`StepTrace.peak`).
 
 The model's repeated blocks can be cut to a subset of layers (``keep``): the full model is built on the
 meta device, then its layer list is replaced by the chosen layers, which keep their own settings.
@@ -14,15 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import logging
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from ..errors import TrainfitError
-from ..measure import _train_step, make_optimizer
 from ..measure._deps import require
 from ..units import cuda_block_bytes
 from ..measure.tracker import CATEGORIES, TimelineListener
@@ -276,46 +274,27 @@ class TraceSession:
         self._warm = False
 
     def __enter__(self) -> "TraceSession":
-        torch = require("torch")
+        require("torch")
         require("transformers")
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        from ..measure import ATTN_IMPLEMENTATION
-        from ..measure.emulation import CudaSemantics
-        from ..measure.fake import build_model, count_params, to_fake
-        from ..measure.tracker import make_tracker
+        from ..measure.fake import count_params
+        from ..measure.session import FakeStepSession
 
         r = self.recipe
-        built = build_model(self.config, seq=self.build_seq, task=r.task, precision=r.precision,
-                            attn=ATTN_IMPLEMENTATION[r.attention], dropout=r.dropout, checkpointing=r.checkpointing,
-                            lora_r=r.lora_rank, lora_targets=list(r.lora_targets) if r.lora_rank else None)
+        session = FakeStepSession(self.config, r, seq=self.build_seq, task=r.task)
+        built = session.built
         self.full_layers = block_count(built.config)
         if self.keep is not None:
             _keep_layers(built, self.keep)
-        self.built = built
+        self.session, self.built = session, built
         self.n_params, self.n_trainable = count_params(built.model)
         stack = contextlib.ExitStack()
         try:
-            fake_mode = FakeTensorMode()
-            to_fake(built.model, fake_mode)
-            stack.enter_context(fake_mode)
-            self.optimizer = make_optimizer([p for p in built.model.parameters() if p.requires_grad], r.optimizer,
-                                            r.opt_impl)
+            stack.enter_context(session.make_fake())
+            self.optimizer = session.optimizer()
             self.recorder = _Recorder()
-            self.tracker = make_tracker(round_to_cuda_blocks=True)
-            self.tracker.listener = self.recorder
-            self.tracker.track_external(built.model)
-            self.autocast = torch.bfloat16 if r.precision == "amp-bf16" else None
-            self.emulation = CudaSemantics(enabled=True)
-            fake_log = logging.getLogger("torch._subclasses.fake_tensor")
-            level = fake_log.level
-            fake_log.setLevel(logging.CRITICAL)
-            stack.callback(fake_log.setLevel, level)
-            stack.enter_context(self.emulation)
-            stack.enter_context(self.tracker)
-            stack.enter_context(warnings.catch_warnings())
-            # MemTracker warns when a module's backward hook outlives the module object; harmless here.
-            warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
+            self.tracker = session.track(built.model, listener=self.recorder)
+            self.emulation = session.emulation
+            stack.enter_context(session.stepping())
         except BaseException:
             stack.close()
             raise
@@ -328,22 +307,17 @@ class TraceSession:
             self._stack = None
 
     def _step(self, batch: int, seq: int, record: bool) -> Optional[StepTrace]:
-        from ..measure.fake import make_inputs
+        from ..measure.session import STEP_ERRORS
 
-        b = self.built
         gc.collect()
         static = self.recorder.start() if record else []
-        inputs = make_inputs(b.vocab_size, batch, seq, b.task, b.model_type)
+        inputs = self.session.inputs(batch, seq)
         self.tracker.track_external(*inputs.values())
         before = dict(self.emulation.sdpa.counts)
         try:
-            _train_step(b.model, inputs, self.optimizer, self.tracker, b.task, self.autocast)
-        except (RuntimeError, NotImplementedError, TypeError) as exc:
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            hint = ("; mixture-of-experts layers run grouped matrix products that take bf16 only: use --precision bf16"
-                    if "Expected inputs of BF16" in first else "")
-            raise TrainfitError(f"the {b.model_type} training step could not run on fake tensors with this recipe "
-                                f"({type(exc).__name__}: {first}){hint}") from None
+            self.session.step(inputs, self.optimizer)
+        except STEP_ERRORS as exc:
+            raise self.session.error(exc) from None
         finally:
             events = self.recorder.stop()
         del inputs

@@ -210,18 +210,58 @@ def compile_regime(polys: Sequence[Poly], base: Window, pieces: Sequence[Inserti
                    *, batch_one: bool, s_lo: int, s_hi: int, v2: Sequence[int], b_max: int) -> Regime:
     """The kept peak checks of a regime whose step is ``base`` with each piece repeated ``copies`` times and
     ``static`` alive before the step (see the module docstring)."""
-    const_bytes = {}  # poly id -> rounded bytes, for constant sizes
+    states = _replay(polys, base, pieces, copies, static)
+    cols = states.cols
+    var_polys = sorted({p for p, _ in cols})
+    features, coef_row = _features(polys, var_polys)
+    rounding = [p for p in var_polys if _needs_rounding(polys[p])]
+    ridx = {p: n for n, p in enumerate(rounding)}
+    n_m = states.const.shape[0]
+    const = states.const.copy()
+    lin = np.zeros((n_m, N_CAT, len(features)))
+    slack = np.zeros((n_m, N_CAT, len(rounding)))
+    for (p, c), j in cols.items():
+        c0, row = coef_row(p)
+        cnt = states.var[:, j].astype(np.float64)
+        const[:, c] += cnt * c0
+        lin[:, c, :] += cnt[:, None] * row[None, :]
+        if p in ridx:
+            slack[:, c, ridx[p]] += cnt
+    rpoly = np.zeros((len(rounding), 1 + len(features)))
+    for p, n in ridx.items():
+        c0, row = coef_row(p)
+        rpoly[n, 0], rpoly[n, 1:] = c0, row
+    full = Regime(batch_one=batch_one, s_lo=s_lo, s_hi=s_hi, v2=tuple(v2), features=features, const=const, lin=lin,
+                  slack=slack, phase=states.phase, rpoly=rpoly, markers_total=n_m, events=states.events)
+    # per-size storage counts (categories summed) for the dominance test
+    by_poly = np.zeros((n_m, len(var_polys)), dtype=np.int64)
+    pcol = {p: n for n, p in enumerate(var_polys)}
+    for (p, c), j in cols.items():
+        by_poly[:, pcol[p]] += states.var[:, j]
+    keep = _prune(full, by_poly, b_max)
+    return Regime(batch_one=batch_one, s_lo=s_lo, s_hi=s_hi, v2=tuple(v2), features=features, const=const[keep],
+                  lin=lin[keep], slack=slack[keep], phase=states.phase[keep], rpoly=rpoly, markers_total=n_m,
+                  events=states.events)
+
+
+@dataclass(frozen=True)
+class _States:
+    """The step replayed at its peak checks (M of them): ``const`` (M, C) bytes of the storages of constant
+    size; ``var`` (M, V) how many storages of each (variable size, category) column are alive (``cols``:
+    (poly id, category) -> column); ``phase`` (M,); ``events`` the storage events replayed."""
+
+    const: np.ndarray
+    var: np.ndarray
+    phase: np.ndarray
+    cols: dict[tuple[int, int], int]
+    events: int
+
+
+def _replay(polys: Sequence[Poly], base: Window, pieces: Sequence[Insertion], copies: int,
+            static: Counter) -> _States:
+    """Replay the token stream (:func:`_stream`) from ``static``: the live storages at every peak check."""
+    const_bytes = {pid: cuda_block_bytes(int(poly.coef[0])) for pid, poly in enumerate(polys) if poly.constant}
     cols: dict[tuple[int, int], int] = {}
-
-    def col(p: int, c: int) -> int:
-        if (p, c) not in cols:
-            cols[(p, c)] = len(cols)
-        return cols[(p, c)]
-
-    for pid, poly in enumerate(polys):
-        if poly.constant:
-            const_bytes[pid] = cuda_block_bytes(int(poly.coef[0]))
-
     rows_const: list[np.ndarray] = []
     rows_var: list[dict[int, int]] = []
     marks: list[int] = []  # row index of each marker
@@ -231,7 +271,7 @@ def compile_regime(polys: Sequence[Poly], base: Window, pieces: Sequence[Inserti
         if p in const_bytes:
             cvec[c] += sign * const_bytes[p]
         else:
-            j = col(p, c)
+            j = cols.setdefault((p, c), len(cols))
             var[j] = var.get(j, 0) + sign
 
     init_c = np.zeros(N_CAT)
@@ -261,20 +301,17 @@ def compile_regime(polys: Sequence[Poly], base: Window, pieces: Sequence[Inserti
                 n_events += 1
             rows_const.append(cvec)
             rows_var.append(var)
-    n_rows = len(rows_const)
-    dense = np.zeros((n_rows, max(len(cols), 1)), dtype=np.int64)
+    dense = np.zeros((len(rows_const), max(len(cols), 1)), dtype=np.int64)
     for r, var in enumerate(rows_var):
         for j, v in var.items():
             dense[r, j] += v
-    state_v = np.cumsum(dense, axis=0)[marks]
-    state_c = np.cumsum(np.asarray(rows_const), axis=0)[marks]
-    phases = np.asarray(mark_phase, dtype=np.int8)
+    return _States(const=np.cumsum(np.asarray(rows_const), axis=0)[marks], var=np.cumsum(dense, axis=0)[marks],
+                   phase=np.asarray(mark_phase, dtype=np.int8), cols=cols, events=n_events)
 
-    col_poly = np.full(max(len(cols), 1), -1, dtype=np.int64)
-    col_cat = np.zeros(max(len(cols), 1), dtype=np.int64)
-    for (p, c), j in cols.items():
-        col_poly[j], col_cat[j] = p, c
-    var_polys = sorted({p for p, _ in cols})
+
+def _features(polys: Sequence[Poly], var_polys: Sequence[int]) -> tuple[list[tuple[int, int, int, int]], Any]:
+    """The monomial features of the variable sizes ``var_polys`` (sorted), and a function giving a size's
+    (constant, coefficients over those features)."""
 
     def fkey(poly: Poly, m: tuple[int, int, int]) -> tuple[int, int, int, int]:
         i, j, l = m
@@ -297,33 +334,7 @@ def compile_regime(polys: Sequence[Poly], base: Window, pieces: Sequence[Inserti
                 row[fidx[fkey(poly, m)]] += float(c)
         return c0, row
 
-    rounding = [p for p in var_polys if _needs_rounding(polys[p])]
-    ridx = {p: n for n, p in enumerate(rounding)}
-    n_m = len(marks)
-    const = state_c.copy()
-    lin = np.zeros((n_m, N_CAT, len(features)))
-    slack = np.zeros((n_m, N_CAT, len(rounding)))
-    for (p, c), j in cols.items():
-        c0, row = coef_row(p)
-        cnt = state_v[:, j].astype(np.float64)
-        const[:, c] += cnt * c0
-        lin[:, c, :] += cnt[:, None] * row[None, :]
-        if p in ridx:
-            slack[:, c, ridx[p]] += cnt
-    rpoly = np.zeros((len(rounding), 1 + len(features)))
-    for p, n in ridx.items():
-        c0, row = coef_row(p)
-        rpoly[n, 0], rpoly[n, 1:] = c0, row
-    full = Regime(batch_one=batch_one, s_lo=s_lo, s_hi=s_hi, v2=tuple(v2), features=features, const=const, lin=lin, slack=slack,
-                  phase=phases, rpoly=rpoly, markers_total=n_m, events=n_events)
-    # per-size storage counts (categories summed) for the dominance test
-    by_poly = np.zeros((n_m, len(var_polys)), dtype=np.int64)
-    pcol = {p: n for n, p in enumerate(var_polys)}
-    for (p, c), j in cols.items():
-        by_poly[:, pcol[p]] += state_v[:, j]
-    keep = _prune(full, by_poly, b_max)
-    return Regime(batch_one=batch_one, s_lo=s_lo, s_hi=s_hi, v2=tuple(v2), features=features, const=const[keep], lin=lin[keep],
-                  slack=slack[keep], phase=phases[keep], rpoly=rpoly, markers_total=n_m, events=n_events)
+    return features, coef_row
 
 
 def _test_shapes(r: Regime, b_max: int) -> tuple[np.ndarray, np.ndarray]:
