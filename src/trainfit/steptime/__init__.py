@@ -24,6 +24,7 @@ from ..sweep import SetupArrays
 from ..training_setup import PRECISIONS, Recipe, TrainingSetup
 from . import constants
 from .constants import DEFAULT_NODE_SIZE
+from .efficiency import efficiency_for
 from .kernels import Device
 from .links import Network, network_for
 from .model import CKPT_CODES, COMPONENTS, DEFAULT_OVERLAP, SCHEDULE_CODES, Overlap, TimeRecipe, evaluate
@@ -83,17 +84,25 @@ def time_recipe(ta: TimeArch, model: Any, recipe: Recipe) -> TimeRecipe:
                       grad_bytes=grads, state_bytes=constants.FP32_BYTES if recipe.master_weights else float(recipe.param_bytes),
                       master=recipe.master_weights, optimizer=recipe.optimizer, kernel=kernel_for(ta, model, recipe),
                       dropout=recipe.dropout, lora_rank=recipe.lora_rank,
-                      lora_targets=tuple(recipe.lora_targets) if recipe.lora else ())
+                      lora_targets=tuple(recipe.lora_targets) if recipe.lora else (),
+                      qlora=recipe.qlora if recipe.lora else None, compiled=bool(getattr(recipe, "compile", False)),
+                      trainable_fraction=float(recipe.trainable_fraction))
 
 
-def device_for(hw: Any, recipe: Recipe) -> Device:
-    """The accelerator as the kernels see it; a catalog entry is needed (its FLOP/s and bandwidths)."""
+def device_for(hw: Any, recipe: Recipe, kernel: str = "flash") -> Device:
+    """The accelerator as the kernels see it, with its generation's efficiencies
+    (``data/efficiency.yaml``) and those of the attention ``kernel``; a catalog entry is needed (its
+    FLOP/s and bandwidths)."""
     spec = getattr(hw, "spec", hw)
     if spec is None or not hasattr(spec, "flops"):
         name = getattr(hw, "name", hw)
         raise TrainfitError(f"the step-time model needs a catalog accelerator (its FLOP/s and links), got {name!r}")
+    eff = efficiency_for(spec)
+    fwd, bwd = eff.attention_for(kernel)
     return Device(spec.name, float(spec.flops(PRECISIONS[recipe.precision].flops)), float(spec.memory.bandwidth),
-                  int(spec.sm_count or constants.DEFAULT_SM_COUNT), float(recipe.compute_bytes))
+                  int(spec.sm_count or constants.DEFAULT_SM_COUNT), float(recipe.compute_bytes),
+                  gemm_efficiency=eff.gemm, attention_forward=fwd, attention_backward=bwd, hbm_efficiency=eff.hbm,
+                  generation=eff.generation)
 
 
 def _layout_arrays(x: SetupArrays, idx: Any) -> dict[str, np.ndarray]:
@@ -113,7 +122,7 @@ def _layout_arrays(x: SetupArrays, idx: Any) -> dict[str, np.ndarray]:
 
 #: recipe fields that are scalars inside one evaluation (arrays of them are grouped)
 _GROUPED = ("precision", "optimizer", "opt_impl", "attention", "dropout", "lora_rank", "lora_targets", "lora_dtype",
-            "qlora", "fp32_grads")
+            "qlora", "fp32_grads", "compile", "trainable_fraction")
 
 
 def step_time_arrays(x: SetupArrays, *, node_size: int = DEFAULT_NODE_SIZE, inter_node_bandwidth: Any = None,
@@ -130,10 +139,11 @@ def step_time_arrays(x: SetupArrays, *, node_size: int = DEFAULT_NODE_SIZE, inte
         device = x.devices[row["device_index"]]
         first = x.setup_at(x.first_index(idx))
         ta = time_arch(model)
-        dev = device_for(device, first.recipe)
+        rc = time_recipe(ta, model, first.recipe)
+        dev = device_for(device, first.recipe, rc.kernel)
         net = network_for(dev_spec(device), node_size=node_size, inter_node_bandwidth=inter_node_bandwidth)
         sel = np.arange(x.size)[idx] if isinstance(idx, slice) else idx
-        res = evaluate(ta, dev, net, time_recipe(ta, model, first.recipe), _layout_arrays(x, sel), overlap)
+        res = evaluate(ta, dev, net, rc, _layout_arrays(x, sel), overlap)
         for k in keys:
             out[k][sel] = np.broadcast_to(res[k], sel.shape)
     return {k: v.reshape(x.shape) for k, v in out.items()}
@@ -153,14 +163,14 @@ def setup_step_time(setup: TrainingSetup, *, node_size: int = DEFAULT_NODE_SIZE,
     if setup.hardware is None:
         raise TrainfitError("the step-time model needs an accelerator (hardware)")
     ta = time_arch(setup.model)
-    dev = device_for(setup.hardware, setup.recipe)
+    rc = time_recipe(ta, setup.model, setup.recipe)
+    dev = device_for(setup.hardware, setup.recipe, rc.kernel)
     net = network_for(dev_spec(setup.hardware), node_size=node_size, inter_node_bandwidth=inter_node_bandwidth)
     r, p = setup.recipe, setup.parallel
     lay = dict(tp=p.tp, pp=p.pp, dp=p.dp, ep=p.ep, cp=p.cp, zero=p.zero_stage, ckpt=CKPT_CODES[r.checkpointing],
                ckpt_every=r.checkpoint_every, micro_batch=setup.micro_batch, accumulation=setup.accumulation,
                batch=setup.batch, seq_len=setup.seq_len, sp=p.sequence_parallel,
                schedule=SCHEDULE_CODES[p.pp_schedule], virtual=p.pp_virtual)
-    rc = time_recipe(ta, setup.model, r)
     res = evaluate(ta, dev, net, rc, lay, overlap)
     comps = {k: float(res[k]) for k in COMPONENTS}
     return StepTime(seconds=float(res["step"]), components=comps, tokens_per_second=float(res["tokens_per_second"]),

@@ -76,6 +76,37 @@ DROPOUT_MASK_BYTES = 1
 #: writes one (:data:`READ_WRITE`).
 GATED_ACTIVATION_TRAFFIC = 3.0
 
+#: Eager PyTorch runs a composite RMSNorm as one kernel per operation (transformers ``LlamaRMSNorm``,
+#: torchtitan's ``RMSNorm``: ``x.float()``, ``pow(2)``, ``mean``, ``* rsqrt``, ``.to(bf16)``, ``* weight``);
+#: per element of a 16-bit input that is 6 + 8 + 4 + 8 + 6 + 4 = 36 bytes read and written = 18 elements
+#: of the 2-byte width, against :data:`READ_WRITE` (2) for a fused kernel (apex/TE/Liger, or
+#: ``torch.compile``, which fuses the chain into one pass). LayerNorm is one native kernel even in eager
+#: (``aten::native_layer_norm``), so it keeps :data:`READ_WRITE`. Multiplies ``compute_bytes``.
+EAGER_RMSNORM_TRAFFIC = 18.0
+
+#: Eager rotary embedding per rotated element: transformers' ``apply_rotary_pos_emb`` computes
+#: ``q * cos + rotate_half(q) * sin`` as five kernels (``neg`` on half, ``cat``, two ``mul``, one ``add``):
+#: 2 + 4 + 6 + 6 + 6 = 24 bytes at 16 bits = 12 elements (torchtitan's complex multiply with fp32 upcasts
+#: moves about as much); fused (compiled, Megatron/TE fused RoPE): read and write once, :data:`READ_WRITE`.
+EAGER_ROTARY_TRAFFIC = 12.0
+
+#: Eager gated activation per intermediate element: ``act(gate)`` (read, write) then ``* up`` (read two,
+#: write one) = 5 elements, against :data:`GATED_ACTIVATION_TRAFFIC` (3) when fused.
+EAGER_GATED_ACTIVATION_TRAFFIC = 5.0
+
+#: Bytes a QLoRA forward or input-gradient GEMM moves per frozen weight element to dequantise it, on top
+#: of writing it at the compute width: bitsandbytes ``dequantize_4bit`` reads the packed NF4 weight (0.5
+#: byte) and its absmax (one fp32 per 64-element block, double-quantised to 8 bits: ~0.016 byte, not
+#: counted) and writes the 16-bit weight; int8 reads one byte (Dettmers et al. 2023, "QLoRA", §3).
+DEQUANT_BYTES = {"nf4": 0.5, "int8": 1.0}
+
+#: FSDP2 / ZeRO-3 copies per block and micro-batch, on the compute stream: each all-gathered block is
+#: copied out of the flat gather buffer into its parameters (``split_with_sizes_copy``: read and write
+#: the block at the parameter width), once for the forward and once for the backward, and the
+#: block's gradients are copied into the reduce-scatter buffer (``torch._chunk_cat``: read and write)
+#: (PyTorch ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``).
+FSDP_COPY_PASSES = 2.0
+
 #: Elements an MoE layer's token permutation moves per routed copy of a hidden vector: gathered into
 #: expert order (read + write) and scattered back for the weighted combine (read + write): Megatron-Core
 #: ``moe_utils.permute``/``unpermute``. This model's count; multiplies ``compute_bytes``.
