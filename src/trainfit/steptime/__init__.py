@@ -185,13 +185,24 @@ def assumptions(*, net: Network, overlap: Overlap, hardware: str, precision: str
                 exact_arch: bool = True) -> list[str]:
     """Every assumption of the step-time model, with the numbers used (one line each)."""
     C = constants
+    from ..catalog import Hardware
+
+    try:
+        eff = efficiency_for(Hardware.get(hardware))
+    except TrainfitError:  # a device outside the catalog: the generation-independent figures
+        eff = None
+    gemm = eff.gemm if eff else C.GEMM_EFFICIENCY
+    hbm = eff.hbm if eff else C.HBM_EFFICIENCY
+    attn = eff.attention_for("flash") if eff else (C.FLASH_EFFICIENCY, C.FLASH_EFFICIENCY)
+    gen = f" (generation {eff.generation}, data/efficiency.yaml)" if eff else ""
     lines = [
-        f"matmuls at their sharded shapes: {C.GEMM_EFFICIENCY:g} of the {peak_flops / 1e12:g} TFLOP/s {precision} "
+        f"matmuls at their sharded shapes: {gemm:g}{gen} of the {peak_flops / 1e12:g} TFLOP/s {precision} "
         f"peak ({hardware}) times the expected wave utilisation of {C.GEMM_TILE[0]}x{C.GEMM_TILE[1]} tiles over the "
         "SMs, or HBM-bound when thin",
-        f"memory-bound ops (norms, activations, dropout, residuals, loss, optimizer) at {C.HBM_EFFICIENCY:g} of HBM "
-        f"bandwidth; backward moves {C.BACKWARD_TRAFFIC:g}x the forward's bytes",
-        f"flash / memory-efficient attention at {C.FLASH_EFFICIENCY:g} of peak (causal halves the work; backward "
+        f"memory-bound ops (norms, activations, dropout, residuals, loss, optimizer) at {hbm:g} of HBM "
+        f"bandwidth; backward moves {C.BACKWARD_TRAFFIC:g}x the forward's bytes; eager PyTorch runs RMSNorm, rotary "
+        "and gated activations unfused (--compile fuses them)",
+        f"FlashAttention-2 at {attn[0]:g} / {attn[1]:g} of peak forward / backward (causal halves the work; backward "
         f"{C.FLASH_BACKWARD_FLOPS:g}x the forward); eager attention as batched GEMMs plus a memory-bound softmax",
         "recomputation: full re-runs each block's forward (collectives included), selective the attention core",
         "pipeline bubble (sum of stage times - slowest)/v per step: 1F1B and GPipe v = 1, interleaved v = virtual "
