@@ -111,3 +111,18 @@ def test_torchtitan_llama3_8b_on_8_h100():
     assert ratio == pytest.approx(6667 / 5762, rel=0.05)
     # the published MFU is 33 % (eager) to 39 % (compiled); the model's MFU counts causal attention
     assert 0.33 < eager.mfu < 0.45
+
+
+def test_kernel_launches_show_only_for_small_models():
+    """GPT-2 small, one 256-token sequence: eager PyTorch launches 12 kernels per block forward (4 GEMMs, the
+    fused attention, 2 LayerNorms, GeLU, 2 residual adds, 2 dropouts) and twice as many backward, 10 us each
+    on the host: 12 x 12 x 3 x 10 us = 4.32 ms, longer than the GPU's work, so the difference shows."""
+    eager = _st("gpt2-small", "h100", batch=1, seq_len=256)
+    compiled = _st("gpt2-small", "h100", batch=1, seq_len=256, compile=True)
+    assert eager.detail["kernels_per_block"] == 12
+    gpu = sum(v for k, v in eager.components.items() if k != "launch")
+    assert eager.components["launch"] == pytest.approx(12 * 12 * 3 * 10e-6 - gpu, rel=1e-9)
+    assert eager.seconds == pytest.approx(12 * 12 * 3 * 10e-6, rel=1e-9)
+    assert compiled.components["launch"] < eager.components["launch"] and compiled.seconds < eager.seconds
+    # a large model keeps the GPU busier than the host: no launch time
+    assert _st(batch=8, seq_len=2048).components["launch"] == 0.0

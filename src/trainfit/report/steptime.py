@@ -75,11 +75,16 @@ def explain_lines(st: StepTime) -> list[dict[str, Any]]:
                     f"NCCL ring over NVLink or k NICs ({net.inter_source}); " + st.overlap.describe()),
         "optimizer": (f"{d['optimizer_bytes'] / GB:,.2f} GB read and written at {d.get('hbm_efficiency', C.HBM_EFFICIENCY):g} of HBM bandwidth",
                       "optimizer update as memory-bound passes over parameters, gradients and states"),
+        "launch": (f"host launch time beyond the GPU's: {d.get('kernels_per_block', 0):g} kernels per block forward, "
+                   f"{C.BACKWARD_KERNELS:g}x backward, at {C.EAGER_OP_OVERHEAD * 1e6:g} us each eager or "
+                   f"{C.COMPILED_KERNEL_OVERHEAD * 1e6:g} us compiled",
+                   "launches run ahead of the GPU; only a longer host time shows (H. He 2022, \"Overhead\")"),
     }
     out = []
     for k in COMPONENTS:
         secs = st.components.get(k, 0.0)
-        if secs == 0.0 and k in ("cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "tp_comm", "recompute"):
+        if secs == 0.0 and k in ("cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "tp_comm", "recompute",
+                                   "launch"):
             continue
         formula, source = lines[k]
         out.append({"component": k, "seconds": secs, "formula": formula, "source": source})

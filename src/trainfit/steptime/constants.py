@@ -107,6 +107,27 @@ DEQUANT_BYTES = {"nf4": 0.5, "int8": 1.0}
 #: (PyTorch ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``).
 FSDP_COPY_PASSES = 2.0
 
+#: Host time per kernel launch: eager PyTorch pays Python, the dispatcher, autograd bookkeeping and the CUDA
+#: launch for every operator, of the order of 10 us (PyTorch's overhead regime: H. He, "Making Deep Learning
+#: Go Brrrr From First Principles", 2022, "Overhead"; the dev-discuss "Overhead in nn.Module" benchmark);
+#: a compiled graph launches its kernels from generated wrapper code, a few us each (the CUDA launch itself,
+#: NVIDIA's "CUDA C++ Best Practices Guide": launch overhead of a few microseconds). The launches run ahead
+#: of the GPU asynchronously, so only a host time longer than the GPU's shows (small models). Seconds.
+EAGER_OP_OVERHEAD = 10e-6
+COMPILED_KERNEL_OVERHEAD = 4e-6
+
+#: Kernels of a transformer block's forward besides its GEMMs, by op: eager PyTorch runs a composite
+#: RMSNorm as 6 kernels (see :data:`EAGER_RMSNORM_TRAFFIC`; LayerNorm 1), rotary as 5 for q and 5 for k,
+#: a gated activation as 2 (plain 1), a residual add each and the attention core as 1 fused kernel (eager /
+#: math attention: 2 batched GEMMs, softmax and a scale: 4); compiled, each norm fuses with its residual
+#: add, rotary and the activation are one kernel each. The backward launches about twice the forward's
+#: kernels (the input and weight gradient of each GEMM, one or two kernels per element-wise op's
+#: derivative, PyTorch ``derivatives.yaml``): :data:`BACKWARD_KERNELS`.
+EAGER_RMSNORM_KERNELS = 6
+EAGER_ROTARY_KERNELS = 10
+EAGER_ATTENTION_KERNELS = 4
+BACKWARD_KERNELS = 2.0
+
 #: Elements an MoE layer's token permutation moves per routed copy of a hidden vector: gathered into
 #: expert order (read + write) and scattered back for the weighted combine (read + write): Megatron-Core
 #: ``moe_utils.permute``/``unpermute``. This model's count; multiplies ``compute_bytes``.

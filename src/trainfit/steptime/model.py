@@ -56,7 +56,7 @@ SCHEDULE_CODES = {schedule: code for code, schedule in enumerate(PP_SCHEDULES)}
 
 #: the components of a step, in the order they are reported; they add up to the step time
 COMPONENTS: tuple[str, ...] = ("gemm", "attention", "memory_bound", "recompute", "tp_comm", "cp_comm", "ep_comm",
-                               "pp_comm", "bubble", "dp_comm", "optimizer")
+                               "pp_comm", "bubble", "dp_comm", "optimizer", "launch")
 
 
 @dataclass(frozen=True)
@@ -262,6 +262,21 @@ class _Block:
     def backward(self) -> Any:
         return (self.gemm_bx + self.gemm_bw + self.core_b + C.BACKWARD_TRAFFIC * self.elem_f + self.tp_b + self.ep_b
                 + self.cp_b + self.rec)
+
+
+def _kernels_per_block(ta: TimeArch, rc: TimeRecipe) -> float:
+    """Kernels one block's forward launches (GEMMs, attention, element-wise ops), eager or compiled
+    (:data:`~constants.EAGER_RMSNORM_KERNELS` and the constants after it)."""
+    gemms = float(len(ta.dense))
+    attention = C.EAGER_ATTENTION_KERNELS if rc.kernel in ("eager", "math") else 1.0
+    residual = 2.0
+    if rc.compiled:  # each norm fused with its residual add; rotary and the activation one kernel each
+        return gemms + attention + ta.norms_per_layer + (1.0 if ta.rotary_fraction else 0.0) + 1.0
+    norms = ta.norms_per_layer * (C.EAGER_RMSNORM_KERNELS if ta.rms_norm else 1.0)
+    rotary = C.EAGER_ROTARY_KERNELS if ta.rotary_fraction else 0.0
+    act = 2.0 if ta.gated_mlp else 1.0
+    drop = C.HIDDEN_DROPOUTS_PER_BLOCK if rc.dropout and ta.hidden_dropout > 0 else 0.0
+    return gemms + attention + norms + rotary + act + residual + drop
 
 
 def _block_memory_bytes(ta: TimeArch, L: _Layout, rc: TimeRecipe) -> tuple[Any, Any, Any]:
@@ -517,6 +532,13 @@ def evaluate(ta: TimeArch, dev: Device, net: Network, rc: TimeRecipe, lay: dict[
     out["optimizer"] = dp["optimizer"]
     out["memory_bound"] = out["memory_bound"] + dp["fsdp_copy"]
     shape = np.broadcast(L.t, L.p, L.dp, L.e, L.c, L.b, L.m, L.s, L.B, L.zero, L.ckpt).shape
+    # host-side launches run ahead of the GPU: only a host time longer than the GPU's shows (small models)
+    per_kernel = C.COMPILED_KERNEL_OVERHEAD if rc.compiled else C.EAGER_OP_OVERHEAD
+    rec_blocks = np.where(L.ckpt == CKPT_CODES["full"], 1.0, np.where(L.ckpt == CKPT_CODES["every-k"], 1.0 / L.every,
+                                                                        0.0))
+    host = L.m * L.layers * _kernels_per_block(ta, rc) * (1.0 + C.BACKWARD_KERNELS + rec_blocks) * per_kernel
+    gpu = sum(_f(out[k]) for k in COMPONENTS if k != "launch")
+    out["launch"] = np.maximum(0.0, host - gpu)
     out = {k: np.broadcast_to(_f(out[k]), shape) for k in COMPONENTS}
     step = sum(out.values())
     tokens = L.B * L.s
@@ -537,7 +559,8 @@ def evaluate(ta: TimeArch, dev: Device, net: Network, rc: TimeRecipe, lay: dict[
                   stage_mid=st["mid"], stage_max=st["max"], dp_allreduce=dp["reduce_ar"],
                   dp_reduce_scatter=dp["reduce_rs"], dp_allgather=dp["gather_p"], zero3_per_microbatch=dp["z3_mb"],
                   grad_bytes_rank=dp["grads_bytes"], optimizer_bytes=dp["optimizer_bytes"], pp_send=st["pp_send"],
-                  ep_fwd=blk.ep_f, cp_fwd=blk.cp_f, fsdp_copy=dp["fsdp_copy"],
+                  ep_fwd=blk.ep_f, cp_fwd=blk.cp_f, fsdp_copy=dp["fsdp_copy"], kernels_per_block=_kernels_per_block(ta, rc),
+                  host_launch=host,
                   gemm_efficiency=dev.gemm_efficiency, attention_efficiency_fwd=dev.attention_forward,
                   attention_efficiency_bwd=dev.attention_backward, hbm_efficiency=dev.hbm_efficiency)
     for k, val in detail.items():
