@@ -14,7 +14,7 @@ no recomputation) per accelerator in 10^12 FLOP/s, and ``mfu`` divides it by the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -80,9 +80,13 @@ def kernel_for(ta: TimeArch, model: Any, recipe: Recipe) -> str:
 def time_recipe(ta: TimeArch, model: Any, recipe: Recipe) -> TimeRecipe:
     """The recipe as the time model reads it."""
     grads = constants.FP32_BYTES if recipe.fp32_grads else float(recipe.param_bytes)
-    return TimeRecipe(compute_bytes=float(recipe.compute_bytes), param_bytes=float(recipe.param_bytes),
+    fp8 = fp8_gemms(recipe)
+    return TimeRecipe(compute_bytes=constants.REFERENCE_ELEMENT_BYTES if fp8 else float(recipe.compute_bytes),
+                      fp8=fp8, param_bytes=float(recipe.param_bytes),
                       grad_bytes=grads, state_bytes=constants.FP32_BYTES if recipe.master_weights else float(recipe.param_bytes),
-                      master=recipe.master_weights, optimizer=recipe.optimizer, kernel=kernel_for(ta, model, recipe),
+                      master=recipe.master_weights, optimizer=recipe.optimizer,
+                      # fp8 recipes keep attention in 16 bits: the kernel a bf16 recipe gets
+                      kernel=kernel_for(ta, model, replace(recipe, precision="bf16") if fp8 else recipe),
                       dropout=recipe.dropout, lora_rank=recipe.lora_rank,
                       lora_targets=tuple(recipe.lora_targets) if recipe.lora else (),
                       qlora=recipe.qlora if recipe.lora else None, compiled=bool(getattr(recipe, "compile", False)),
@@ -99,10 +103,25 @@ def device_for(hw: Any, recipe: Recipe, kernel: str = "flash") -> Device:
         raise TrainfitError(f"the step-time model needs a catalog accelerator (its FLOP/s and links), got {name!r}")
     eff = efficiency_for(spec)
     fwd, bwd = eff.attention_for(kernel)
+    sms = int(spec.sm_count or constants.DEFAULT_SM_COUNT)
+    if fp8_gemms(recipe):  # fp8 GEMMs, 16-bit activations: the fp8 peak where the device lists one
+        b16 = Device(spec.name, float(spec.flops("bf16")), float(spec.memory.bandwidth), sms, 2.0,
+                     gemm_efficiency=eff.gemm, attention_forward=fwd, attention_backward=bwd, hbm_efficiency=eff.hbm,
+                     generation=eff.generation)
+        if "fp8" not in spec.compute.precision_flops:
+            return b16
+        return Device(spec.name, float(spec.flops("fp8")), float(spec.memory.bandwidth), sms, 1.0,
+                      gemm_efficiency=eff.gemm_fp8, attention_forward=fwd, attention_backward=bwd,
+                      hbm_efficiency=eff.hbm, generation=eff.generation, sixteen_bit=b16)
     return Device(spec.name, float(spec.flops(PRECISIONS[recipe.precision].flops)), float(spec.memory.bandwidth),
-                  int(spec.sm_count or constants.DEFAULT_SM_COUNT), float(recipe.compute_bytes),
-                  gemm_efficiency=eff.gemm, attention_forward=fwd, attention_backward=bwd, hbm_efficiency=eff.hbm,
-                  generation=eff.generation)
+                  sms, float(recipe.compute_bytes), gemm_efficiency=eff.gemm, attention_forward=fwd,
+                  attention_backward=bwd, hbm_efficiency=eff.hbm, generation=eff.generation)
+
+
+def fp8_gemms(recipe: Recipe) -> bool:
+    """Whether the recipe's GEMMs run in fp8 (precision ``fp8`` read as fp8 training: torchao float8 /
+    Transformer Engine, 16-bit activations and dynamic per-tensor scaling)."""
+    return recipe.precision == "fp8"
 
 
 def _layout_arrays(x: SetupArrays, idx: Any) -> dict[str, np.ndarray]:

@@ -107,6 +107,16 @@ DEQUANT_BYTES = {"nf4": 0.5, "int8": 1.0}
 #: (PyTorch ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``).
 FSDP_COPY_PASSES = 2.0
 
+#: fp8 training with dynamic per-tensor scaling (torchao ``Float8Linear``, Transformer Engine): every GEMM
+#: operand is scaled and cast from 16 bits to fp8 — an amax pass (read 2 bytes per element) and the cast
+#: (read 2, write 1) = 5 bytes per element eager; compiled, the amax fuses into the producer (3 bytes). The
+#: weight-gradient and input-gradient GEMMs also need transposed fp8 copies on Hopper (fp8 tensor cores
+#: take K-major operands only: read 1, write 1 = 2 bytes). Per element of the input, the weight, the
+#: output gradient (casts) and of the input, weight and output gradient (transposes).
+FP8_CAST_BYTES = 5.0
+FP8_CAST_BYTES_COMPILED = 3.0
+FP8_TRANSPOSE_BYTES = 2.0
+
 #: Host time per kernel launch: eager PyTorch pays Python, the dispatcher, autograd bookkeeping and the CUDA
 #: launch for every operator, of the order of 10 us (PyTorch's overhead regime: H. He, "Making Deep Learning
 #: Go Brrrr From First Principles", 2022, "Overhead"; the dev-discuss "Overhead in nn.Module" benchmark);

@@ -27,6 +27,7 @@ _Fraction = Field(gt=0.0, le=1.0)
 class _Figures(BaseModel):
     model_config = ConfigDict(extra="forbid")
     gemm: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    gemm_fp8: Optional[float] = Field(default=None, gt=0.0, le=1.0)
     attention: dict[str, tuple[float, float]] = {}
     hbm: Optional[float] = Field(default=None, gt=0.0, le=1.0)
     nvlink: Optional[float] = Field(default=None, gt=0.0, le=1.0)
@@ -76,6 +77,7 @@ class Efficiency:
 
     generation: str
     gemm: float
+    gemm_fp8: float  #: fp8 GEMMs over the fp8 peak (the bf16 figure where none is measured)
     attention: dict[str, tuple[float, float]]  #: kernel -> (forward, backward)
     hbm: float
     nvlink: float
@@ -105,7 +107,9 @@ def _load() -> _File:
 def _merge(gen: Optional[_Generation], d: _Figures) -> Efficiency:
     g = gen or d
     pick = lambda name: getattr(g, name) if getattr(g, name) is not None else getattr(d, name)  # noqa: E731
-    return Efficiency(generation=gen.name if gen else "default", gemm=pick("gemm"),
+    gemm = pick("gemm")
+    fp8 = g.gemm_fp8 if g.gemm_fp8 is not None else gemm
+    return Efficiency(generation=gen.name if gen else "default", gemm=gemm, gemm_fp8=fp8,
                       attention=dict(g.attention or d.attention), hbm=pick("hbm"), nvlink=pick("nvlink"),
                       nic=pick("nic"), source=g.source)
 

@@ -3,7 +3,7 @@ attention kernel, and memory-bound kernels. Arrays broadcast; seconds."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -27,6 +27,13 @@ class Device:
     attention_backward: float = C.FLASH_EFFICIENCY
     hbm_efficiency: float = C.HBM_EFFICIENCY
     generation: str = "default"
+    #: with fp8 GEMMs: the same device as 16-bit kernels see it (attention, the LM head stay in bf16)
+    sixteen_bit: Optional["Device"] = None
+
+    @property
+    def bf16(self) -> "Device":
+        """The device for kernels that run in 16 bits even in an fp8 recipe."""
+        return self.sixteen_bit or self
 
 
 def gemm_time(M: Any, N: Any, K: Any, dev: Device, batch: Any = 1.0) -> np.ndarray:
@@ -56,7 +63,7 @@ def memory_time(nbytes: Any, dev: Device) -> np.ndarray:
 def fused_attention_time(flops: Any, dev: Device, backward: bool = False) -> np.ndarray:
     """Seconds of a fused (flash / memory-efficient) attention kernel doing ``flops``, forward or backward."""
     eff = dev.attention_backward if backward else dev.attention_forward
-    return np.asarray(flops, dtype=float) / (dev.peak_flops * eff)
+    return np.asarray(flops, dtype=float) / (dev.bf16.peak_flops * eff)
 
 
 __all__ = ["Device", "fused_attention_time", "gemm_flops", "gemm_time", "memory_time"]

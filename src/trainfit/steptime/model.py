@@ -101,6 +101,7 @@ class TimeRecipe:
     qlora: Optional[str] = None  #: nf4 | int8: the frozen base is dequantised before every GEMM
     compiled: bool = False  #: torch.compile / fused kernels: memory-bound ops fused
     trainable_fraction: float = 1.0  #: share of the weights whose gradients are computed (full training: 1)
+    fp8: bool = False  #: GEMMs in fp8 with dynamic scaling (torchao float8 / Transformer Engine)
 
     @property
     def weight_grads(self) -> float:
@@ -126,6 +127,12 @@ def _projections(projs: tuple[Projection, ...], M: np.ndarray, t: np.ndarray, de
         bx = bx + gemm_time(M, K, N, dev)
         if wg:
             bw = bw + wg * gemm_time(N, K, M, dev)
+        if rc.fp8:  # scale and cast each operand to fp8, and the transposed copies Hopper's fp8 GEMMs need
+            cast = C.FP8_CAST_BYTES_COMPILED if rc.compiled else C.FP8_CAST_BYTES
+            fwd = fwd + memory_time((M * K + K * N) * cast, dev)
+            bx = bx + memory_time(M * N * cast + K * N * C.FP8_TRANSPOSE_BYTES, dev)
+            if wg:
+                bw = bw + wg * memory_time((M * K + M * N) * C.FP8_TRANSPOSE_BYTES, dev)
         if dq:  # QLoRA: the frozen weight is dequantised to the compute width before the forward and the
             # input-gradient GEMM (bitsandbytes dequantize_4bit: read the packed weight, write it in 16 bits)
             deq = memory_time(N * K * dq, dev)
@@ -389,8 +396,9 @@ def _stages(ta: TimeArch, L: _Layout, blk: _Block, dev: Device, net: Network, rc
     emb_b = memory_time(V / t * h * rc.grad_bytes + M * C.READ_WRITE * h * eb, dev)
     emb_tp = np.where(L.sp, blk.rs, blk.ar)
     # last stage: final norm, LM head, loss
-    head_gf = gemm_time(M, V / t, h, dev)
-    head_gb = gemm_time(M, h, V / t, dev) + rc.weight_grads * gemm_time(V / t, h, M, dev)
+    hd = dev.bf16  # the LM head stays in 16 bits in fp8 recipes (torchao float8 and TE skip the output layer)
+    head_gf = gemm_time(M, V / t, h, hd)
+    head_gb = gemm_time(M, h, V / t, hd) + rc.weight_grads * gemm_time(V / t, h, M, hd)
     loss_f = memory_time(M * V / t * C.LOSS_BYTES_PER_LOGIT + Mres * C.READ_WRITE * h * eb, dev)
     head_tp_f = np.where(L.sp, blk.ag, 0.0)
     head_tp_b = np.where(L.sp, blk.rs, blk.ar)
