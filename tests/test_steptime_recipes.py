@@ -142,3 +142,21 @@ def test_fp8_gemms_with_their_casts():
     # no fp8 tensor cores on an A100: the GEMMs stay at the 16-bit peak
     a100 = _st(batch=8, seq_len=2048, precision="fp8")
     assert a100.peak_flops == 312e12
+
+
+@pytest.mark.parametrize("hw", ["a100", "h100", "b200", "gaudi2", "t4"])
+def test_no_recipe_reports_an_mfu_above_its_kernels_ceiling(hw):
+    """Model FLOPs count the work the kernels do (frozen weights without weight gradients, causal attention over
+    the triangle), so MFU stays below the best share of peak any kernel of the device sustains."""
+    eff = efficiency_for(Hardware.get(hw))
+    ceiling = max(eff.gemm, eff.gemm_fp8, *(x for pair in eff.attention.values() for x in pair))
+    recipes = [dict(), dict(lora_rank=16), dict(lora_rank=64, qlora="nf4"), dict(compile=True),
+               dict(checkpointing="full"), dict(seq_len=131072, batch=1), dict(precision="fp8"),
+               dict(trainable_fraction=0.1)]
+    for r in recipes:
+        kw = {"batch": 8, "seq_len": 4096, **r}
+        for model in ("llama-3.1-8b", "gpt2-small"):
+            if model == "gpt2-small" and kw["seq_len"] > 1024:
+                kw = {**kw, "seq_len": 1024}
+            st = _st(model, hw, **kw)
+            assert 0 < st.mfu < ceiling, (hw, model, r, st.mfu)
