@@ -9,12 +9,19 @@ sequences for the dense layers, as Megatron-Core carves EP out of data paralleli
   ``M x K x N`` and — for trainable weights — the weight gradient ``N x K x M``; LoRA adapters as their
   own thin GEMMs; MoE experts as grouped GEMMs of ``e·M·k/E`` tokens each; the LM head on the last
   stage. Each at :func:`~trainfit.steptime.kernels.gemm_time` (roofline + wave quantisation).
-* **attention**: fused kernels (flash, memory-efficient) at :data:`~constants.FLASH_EFFICIENCY`
-  with causal masking halving the work and the backward doing 2.5x the forward's FLOPs; eager/math
+* **attention**: fused kernels (flash, memory-efficient) at the device generation's forward and
+  backward shares of peak (``data/efficiency.yaml``; :data:`~constants.FLASH_EFFICIENCY` where none is
+  listed) with causal masking halving the work and the backward doing 2.5x the forward's FLOPs; eager/math
   attention as batched GEMMs over the full ``S/c x S`` score matrix plus the softmax (and dropout)
   over every score, memory-bound.
 * **memory-bound ops**: norms, residual adds, dropout, rotary, activations, MoE permutations, the loss
   and the embedding, as bytes through HBM; on ``S/t`` tokens where sequence parallelism shards them.
+  Eager PyTorch runs RMSNorm, rotary and gated activations as chains of kernels (more bytes); compiled
+  (:attr:`TimeRecipe.compiled`) each is one pass. ZeRO-3/FSDP adds the copies out of and into its flat
+  buffers. QLoRA dequantises each frozen weight before its forward and input-gradient GEMMs; fp8 recipes
+  cast and transpose every GEMM operand (both timed with the GEMMs).
+* **launches**: kernels are launched from the host ahead of the GPU; a host time longer than the GPU's
+  shows as ``launch`` (small models, eager PyTorch).
 * **recomputation**: full checkpointing re-runs each block's forward (its collectives included);
   selective re-runs the attention core (Korthikanti et al. 2022); every-k does it for one block in k.
 * **TP**: Megatron's collectives per block, each over the micro-batch's activations ``M·h`` (bytes):
