@@ -21,8 +21,6 @@ from . import constants as C
 #: the fused attention kernels the file may name (forward, backward fractions of the dense peak)
 ATTENTION_KERNELS = ("flash", "flash3", "cudnn", "mem-efficient")
 
-_Fraction = Field(gt=0.0, le=1.0)
-
 
 class _Figures(BaseModel):
     model_config = ConfigDict(extra="forbid")
