@@ -46,7 +46,7 @@ HINTS = {"lora_rank": "it trains all parameters or a trainable_fraction of them"
          "dropout": "its activation formula includes the dropout masks",
          "cp": "it has no context parallelism", "qlora": "it stores every weight at one width",
          "opt_impl": "it counts no optimizer temporaries",
-         "loss_parallel": "it has no logits term", "pp_stage": "it reports the first stage"}
+         "loss_parallel": "it has no logits term", "compile": "its activation formula is eager PyTorch's", "pp_stage": "it reports the first stage"}
 DEFAULT_COMM_FRACTION = 0.05
 
 

@@ -149,6 +149,9 @@ class Recipe:
                                                           "flash-attention": "flash", "flash2": "flash"},
                              what="attention kernel")
     dropout: bool = _flag(True, "--no-dropout", "Turn off the config's dropout probabilities (no masks saved).")
+    compile: bool = _flag(False, "--compile", "torch.compile the model (or a stack's fused kernels: Megatron-LM / "
+                          "Transformer Engine): norms, activations and rotary fused, fewer kernel launches; "
+                          "eager PyTorch otherwise (step time; the detailed memory method models eager only).")
     lora_rank: int = _whole(0, "--lora", "Train LoRA adapters of rank R instead of all parameters (0: full "
                             "fine-tuning).", minimum=0)
     lora_targets: tuple[str, ...] = field(default=LORA_DEFAULT_TARGETS, metadata=_meta(

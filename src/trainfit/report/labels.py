@@ -23,7 +23,7 @@ SHORT = {
 TIME_LABELS = {
     "gemm": "matmuls", "attention": "attention", "memory_bound": "memory-bound ops", "recompute": "recompute",
     "tp_comm": "TP comm", "cp_comm": "CP comm", "ep_comm": "EP comm", "pp_comm": "PP comm", "bubble": "bubble",
-    "dp_comm": "DP comm", "optimizer": "optimizer step",
+    "dp_comm": "DP comm", "optimizer": "optimizer step", "launch": "kernel launches",
 }
 
 

@@ -36,16 +36,17 @@ def explain_lines(st: StepTime) -> list[dict[str, Any]]:
         "gemm": (f"{m:g} micro-batches x {L:g} blocks x ({_ms(d['gemm_fwd'])} forward + {_ms(d['gemm_input_grad'])} "
                  f"input gradient + {_ms(d['gemm_weight_grad'])} weight gradient) + the LM head on the last stage "
                  f"({per_block})",
-                 f"every projection at its TP-sharded shape; {C.GEMM_EFFICIENCY:g} of peak x expected wave utilisation "
+                 f"every projection at its TP-sharded shape; {d.get('gemm_efficiency', C.GEMM_EFFICIENCY):g} of peak x expected wave utilisation "
                  f"of {C.GEMM_TILE[0]}x{C.GEMM_TILE[1]} tiles, or HBM-bound (NVIDIA Matrix Multiplication Background "
                  "guide)"),
         "attention": (f"{m:g} x {L:g} x ({_ms(d['attention_fwd'])} forward + {_ms(d['attention_bwd'])} backward), "
                       f"{st.kernel} kernel",
-                      f"flash/memory-efficient at {C.FLASH_EFFICIENCY:g} of peak, backward {C.FLASH_BACKWARD_FLOPS:g}x "
-                      "(Dao 2023); eager: batched score GEMMs + memory-bound softmax"),
+                      f"fused at {d.get('attention_efficiency_fwd', C.FLASH_EFFICIENCY):g} / "
+                      f"{d.get('attention_efficiency_bwd', C.FLASH_EFFICIENCY):g} of peak forward / backward "
+                      f"(data/efficiency.yaml), backward {C.FLASH_BACKWARD_FLOPS:g}x the FLOPs (Dao 2023); eager: batched score GEMMs + memory-bound softmax"),
         "memory_bound": (f"{m:g} x {L:g} x {_ms(d['memory_bound_fwd'])} forward x (1 + {C.BACKWARD_TRAFFIC:g} backward) "
                          "+ embedding and loss",
-                         f"norms, residuals, dropout, activations, rotary as bytes through HBM at {C.HBM_EFFICIENCY:g} "
+                         f"norms, residuals, dropout, activations, rotary as bytes through HBM at {d.get('hbm_efficiency', C.HBM_EFFICIENCY):g} "
                          "of its bandwidth"),
         "recompute": (f"{m:g} x {L:g} x {_ms(d['recompute'])} per block (checkpointing "
                       f"{r.checkpointing if r else '?'})",
@@ -72,13 +73,18 @@ def explain_lines(st: StepTime) -> list[dict[str, Any]]:
                     f"{_ms(d['dp_allgather'])} of {d['grad_bytes_rank'] / GB:,.2f} GB of gradients per rank; "
                     "exposed part shown",
                     f"NCCL ring over NVLink or k NICs ({net.inter_source}); " + st.overlap.describe()),
-        "optimizer": (f"{d['optimizer_bytes'] / GB:,.2f} GB read and written at {C.HBM_EFFICIENCY:g} of HBM bandwidth",
+        "optimizer": (f"{d['optimizer_bytes'] / GB:,.2f} GB read and written at {d.get('hbm_efficiency', C.HBM_EFFICIENCY):g} of HBM bandwidth",
                       "optimizer update as memory-bound passes over parameters, gradients and states"),
+        "launch": (f"host launch time beyond the GPU's: {d.get('kernels_per_block', 0):g} kernels per block forward, "
+                   f"{C.BACKWARD_KERNELS:g}x backward, at {C.EAGER_OP_OVERHEAD * 1e6:g} us each eager or "
+                   f"{C.COMPILED_KERNEL_OVERHEAD * 1e6:g} us compiled",
+                   "launches run ahead of the GPU; only a longer host time shows (H. He 2022, \"Overhead\")"),
     }
     out = []
     for k in COMPONENTS:
         secs = st.components.get(k, 0.0)
-        if secs == 0.0 and k in ("cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "tp_comm", "recompute"):
+        if secs == 0.0 and k in ("cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "tp_comm", "recompute",
+                                   "launch"):
             continue
         formula, source = lines[k]
         out.append({"component": k, "seconds": secs, "formula": formula, "source": source})

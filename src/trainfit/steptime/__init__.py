@@ -14,7 +14,7 @@ no recomputation) per accelerator in 10^12 FLOP/s, and ``mfu`` divides it by the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from ..sweep import SetupArrays
 from ..training_setup import PRECISIONS, Recipe, TrainingSetup
 from . import constants
 from .constants import DEFAULT_NODE_SIZE
+from .efficiency import efficiency_for
 from .kernels import Device
 from .links import Network, network_for
 from .model import CKPT_CODES, COMPONENTS, DEFAULT_OVERLAP, SCHEDULE_CODES, Overlap, TimeRecipe, evaluate
@@ -79,21 +80,48 @@ def kernel_for(ta: TimeArch, model: Any, recipe: Recipe) -> str:
 def time_recipe(ta: TimeArch, model: Any, recipe: Recipe) -> TimeRecipe:
     """The recipe as the time model reads it."""
     grads = constants.FP32_BYTES if recipe.fp32_grads else float(recipe.param_bytes)
-    return TimeRecipe(compute_bytes=float(recipe.compute_bytes), param_bytes=float(recipe.param_bytes),
+    fp8 = fp8_gemms(recipe)
+    return TimeRecipe(compute_bytes=constants.REFERENCE_ELEMENT_BYTES if fp8 else float(recipe.compute_bytes),
+                      fp8=fp8, param_bytes=float(recipe.param_bytes),
                       grad_bytes=grads, state_bytes=constants.FP32_BYTES if recipe.master_weights else float(recipe.param_bytes),
-                      master=recipe.master_weights, optimizer=recipe.optimizer, kernel=kernel_for(ta, model, recipe),
+                      master=recipe.master_weights, optimizer=recipe.optimizer,
+                      # fp8 recipes keep attention in 16 bits: the kernel a bf16 recipe gets
+                      kernel=kernel_for(ta, model, replace(recipe, precision="bf16") if fp8 else recipe),
                       dropout=recipe.dropout, lora_rank=recipe.lora_rank,
-                      lora_targets=tuple(recipe.lora_targets) if recipe.lora else ())
+                      lora_targets=tuple(recipe.lora_targets) if recipe.lora else (),
+                      qlora=recipe.qlora if recipe.lora else None, compiled=bool(getattr(recipe, "compile", False)),
+                      trainable_fraction=float(recipe.trainable_fraction))
 
 
-def device_for(hw: Any, recipe: Recipe) -> Device:
-    """The accelerator as the kernels see it; a catalog entry is needed (its FLOP/s and bandwidths)."""
+def device_for(hw: Any, recipe: Recipe, kernel: str = "flash") -> Device:
+    """The accelerator as the kernels see it, with its generation's efficiencies
+    (``data/efficiency.yaml``) and those of the attention ``kernel``; a catalog entry is needed (its
+    FLOP/s and bandwidths)."""
     spec = getattr(hw, "spec", hw)
     if spec is None or not hasattr(spec, "flops"):
         name = getattr(hw, "name", hw)
         raise TrainfitError(f"the step-time model needs a catalog accelerator (its FLOP/s and links), got {name!r}")
+    eff = efficiency_for(spec)
+    fwd, bwd = eff.attention_for(kernel)
+    sms = int(spec.sm_count or constants.DEFAULT_SM_COUNT)
+    if fp8_gemms(recipe):  # fp8 GEMMs, 16-bit activations: the fp8 peak where the device lists one
+        b16 = Device(spec.name, float(spec.flops("bf16")), float(spec.memory.bandwidth), sms, 2.0,
+                     gemm_efficiency=eff.gemm, attention_forward=fwd, attention_backward=bwd, hbm_efficiency=eff.hbm,
+                     generation=eff.generation)
+        if "fp8" not in spec.compute.precision_flops:
+            return b16
+        return Device(spec.name, float(spec.flops("fp8")), float(spec.memory.bandwidth), sms, 1.0,
+                      gemm_efficiency=eff.gemm_fp8, attention_forward=fwd, attention_backward=bwd,
+                      hbm_efficiency=eff.hbm, generation=eff.generation, sixteen_bit=b16)
     return Device(spec.name, float(spec.flops(PRECISIONS[recipe.precision].flops)), float(spec.memory.bandwidth),
-                  int(spec.sm_count or constants.DEFAULT_SM_COUNT), float(recipe.compute_bytes))
+                  sms, float(recipe.compute_bytes), gemm_efficiency=eff.gemm, attention_forward=fwd,
+                  attention_backward=bwd, hbm_efficiency=eff.hbm, generation=eff.generation)
+
+
+def fp8_gemms(recipe: Recipe) -> bool:
+    """Whether the recipe's GEMMs run in fp8 (precision ``fp8`` read as fp8 training: torchao float8 /
+    Transformer Engine, 16-bit activations and dynamic per-tensor scaling)."""
+    return recipe.precision == "fp8"
 
 
 def _layout_arrays(x: SetupArrays, idx: Any) -> dict[str, np.ndarray]:
@@ -113,7 +141,7 @@ def _layout_arrays(x: SetupArrays, idx: Any) -> dict[str, np.ndarray]:
 
 #: recipe fields that are scalars inside one evaluation (arrays of them are grouped)
 _GROUPED = ("precision", "optimizer", "opt_impl", "attention", "dropout", "lora_rank", "lora_targets", "lora_dtype",
-            "qlora", "fp32_grads")
+            "qlora", "fp32_grads", "compile", "trainable_fraction")
 
 
 def step_time_arrays(x: SetupArrays, *, node_size: int = DEFAULT_NODE_SIZE, inter_node_bandwidth: Any = None,
@@ -130,10 +158,11 @@ def step_time_arrays(x: SetupArrays, *, node_size: int = DEFAULT_NODE_SIZE, inte
         device = x.devices[row["device_index"]]
         first = x.setup_at(x.first_index(idx))
         ta = time_arch(model)
-        dev = device_for(device, first.recipe)
+        rc = time_recipe(ta, model, first.recipe)
+        dev = device_for(device, first.recipe, rc.kernel)
         net = network_for(dev_spec(device), node_size=node_size, inter_node_bandwidth=inter_node_bandwidth)
         sel = np.arange(x.size)[idx] if isinstance(idx, slice) else idx
-        res = evaluate(ta, dev, net, time_recipe(ta, model, first.recipe), _layout_arrays(x, sel), overlap)
+        res = evaluate(ta, dev, net, rc, _layout_arrays(x, sel), overlap)
         for k in keys:
             out[k][sel] = np.broadcast_to(res[k], sel.shape)
     return {k: v.reshape(x.shape) for k, v in out.items()}
@@ -153,14 +182,14 @@ def setup_step_time(setup: TrainingSetup, *, node_size: int = DEFAULT_NODE_SIZE,
     if setup.hardware is None:
         raise TrainfitError("the step-time model needs an accelerator (hardware)")
     ta = time_arch(setup.model)
-    dev = device_for(setup.hardware, setup.recipe)
+    rc = time_recipe(ta, setup.model, setup.recipe)
+    dev = device_for(setup.hardware, setup.recipe, rc.kernel)
     net = network_for(dev_spec(setup.hardware), node_size=node_size, inter_node_bandwidth=inter_node_bandwidth)
     r, p = setup.recipe, setup.parallel
     lay = dict(tp=p.tp, pp=p.pp, dp=p.dp, ep=p.ep, cp=p.cp, zero=p.zero_stage, ckpt=CKPT_CODES[r.checkpointing],
                ckpt_every=r.checkpoint_every, micro_batch=setup.micro_batch, accumulation=setup.accumulation,
                batch=setup.batch, seq_len=setup.seq_len, sp=p.sequence_parallel,
                schedule=SCHEDULE_CODES[p.pp_schedule], virtual=p.pp_virtual)
-    rc = time_recipe(ta, setup.model, r)
     res = evaluate(ta, dev, net, rc, lay, overlap)
     comps = {k: float(res[k]) for k in COMPONENTS}
     return StepTime(seconds=float(res["step"]), components=comps, tokens_per_second=float(res["tokens_per_second"]),
@@ -175,13 +204,24 @@ def assumptions(*, net: Network, overlap: Overlap, hardware: str, precision: str
                 exact_arch: bool = True) -> list[str]:
     """Every assumption of the step-time model, with the numbers used (one line each)."""
     C = constants
+    from ..catalog import Hardware
+
+    try:
+        eff = efficiency_for(Hardware.get(hardware))
+    except TrainfitError:  # a device outside the catalog: the generation-independent figures
+        eff = None
+    gemm = eff.gemm if eff else C.GEMM_EFFICIENCY
+    hbm = eff.hbm if eff else C.HBM_EFFICIENCY
+    attn = eff.attention_for("flash") if eff else (C.FLASH_EFFICIENCY, C.FLASH_EFFICIENCY)
+    gen = f" (generation {eff.generation}, data/efficiency.yaml)" if eff else ""
     lines = [
-        f"matmuls at their sharded shapes: {C.GEMM_EFFICIENCY:g} of the {peak_flops / 1e12:g} TFLOP/s {precision} "
+        f"matmuls at their sharded shapes: {gemm:g}{gen} of the {peak_flops / 1e12:g} TFLOP/s {precision} "
         f"peak ({hardware}) times the expected wave utilisation of {C.GEMM_TILE[0]}x{C.GEMM_TILE[1]} tiles over the "
         "SMs, or HBM-bound when thin",
-        f"memory-bound ops (norms, activations, dropout, residuals, loss, optimizer) at {C.HBM_EFFICIENCY:g} of HBM "
-        f"bandwidth; backward moves {C.BACKWARD_TRAFFIC:g}x the forward's bytes",
-        f"flash / memory-efficient attention at {C.FLASH_EFFICIENCY:g} of peak (causal halves the work; backward "
+        f"memory-bound ops (norms, activations, dropout, residuals, loss, optimizer) at {hbm:g} of HBM "
+        f"bandwidth; backward moves {C.BACKWARD_TRAFFIC:g}x the forward's bytes; eager PyTorch runs RMSNorm, rotary "
+        "and gated activations unfused (--compile fuses them)",
+        f"FlashAttention-2 at {attn[0]:g} / {attn[1]:g} of peak forward / backward (causal halves the work; backward "
         f"{C.FLASH_BACKWARD_FLOPS:g}x the forward); eager attention as batched GEMMs plus a memory-bound softmax",
         "recomputation: full re-runs each block's forward (collectives included), selective the attention core",
         "pipeline bubble (sum of stage times - slowest)/v per step: 1F1B and GPipe v = 1, interleaved v = virtual "

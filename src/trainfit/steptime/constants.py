@@ -76,6 +76,68 @@ DROPOUT_MASK_BYTES = 1
 #: writes one (:data:`READ_WRITE`).
 GATED_ACTIVATION_TRAFFIC = 3.0
 
+#: Eager PyTorch runs a composite RMSNorm as one kernel per operation (transformers ``LlamaRMSNorm``,
+#: torchtitan's ``RMSNorm``: ``x.float()``, ``pow(2)``, ``mean``, ``* rsqrt``, ``.to(bf16)``, ``* weight``);
+#: per element of a 16-bit input that is 6 + 8 + 4 + 8 + 6 + 4 = 36 bytes read and written = 18 elements
+#: of the 2-byte width, against :data:`READ_WRITE` (2) for a fused kernel (apex/TE/Liger, or
+#: ``torch.compile``, which fuses the chain into one pass). LayerNorm is one native kernel even in eager
+#: (``aten::native_layer_norm``), so it keeps :data:`READ_WRITE`. Multiplies ``compute_bytes``.
+EAGER_RMSNORM_TRAFFIC = 18.0
+
+#: Eager rotary embedding per rotated element: transformers' ``apply_rotary_pos_emb`` computes
+#: ``q * cos + rotate_half(q) * sin`` as five kernels (``neg`` on half, ``cat``, two ``mul``, one ``add``):
+#: 2 + 4 + 6 + 6 + 6 = 24 bytes at 16 bits = 12 elements (torchtitan's complex multiply with fp32 upcasts
+#: moves about as much); fused (compiled, Megatron/TE fused RoPE): read and write once, :data:`READ_WRITE`.
+EAGER_ROTARY_TRAFFIC = 12.0
+
+#: Eager gated activation per intermediate element: ``act(gate)`` (read, write) then ``* up`` (read two,
+#: write one) = 5 elements, against :data:`GATED_ACTIVATION_TRAFFIC` (3) when fused.
+EAGER_GATED_ACTIVATION_TRAFFIC = 5.0
+
+#: Bytes a QLoRA forward or input-gradient GEMM moves per frozen weight element to dequantise it, on top
+#: of writing it at the compute width: bitsandbytes ``dequantize_4bit`` reads the packed NF4 weight (0.5
+#: byte) and its absmax (one fp32 per 64-element block, double-quantised to 8 bits: ~0.016 byte, not
+#: counted) and writes the 16-bit weight; int8 reads one byte (Dettmers et al. 2023, "QLoRA", §3).
+DEQUANT_BYTES = {"nf4": 0.5, "int8": 1.0}
+
+#: FSDP2 / ZeRO-3 copies per block and micro-batch, on the compute stream: each all-gathered block is
+#: copied out of the flat gather buffer into its parameters (``split_with_sizes_copy``: read and write
+#: the block at the parameter width), once for the forward and once for the backward, and the
+#: block's gradients are copied into the reduce-scatter buffer (``torch._chunk_cat``: read and write)
+#: (PyTorch ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``).
+FSDP_COPY_PASSES = 2.0
+
+#: fp8 training with dynamic per-tensor scaling (torchao ``Float8Linear``, Transformer Engine): every GEMM
+#: operand is scaled and cast from 16 bits to fp8 — an amax pass (read 2 bytes per element) and the cast
+#: (read 2, write 1) = 5 bytes per element eager; compiled, the amax fuses into the producer (3 bytes). The
+#: weight-gradient and input-gradient GEMMs also need transposed fp8 copies on Hopper (fp8 tensor cores
+#: take K-major operands only: read 1, write 1 = 2 bytes). Per element of the input, the weight, the
+#: output gradient (casts) and of the input, weight and output gradient (transposes).
+FP8_CAST_BYTES = 5.0
+FP8_CAST_BYTES_COMPILED = 3.0
+FP8_TRANSPOSE_BYTES = 2.0
+
+#: Host time per kernel launch: eager PyTorch pays Python, the dispatcher, autograd bookkeeping and the CUDA
+#: launch for every operator, of the order of 10 us (PyTorch's overhead regime: H. He, "Making Deep Learning
+#: Go Brrrr From First Principles", 2022, "Overhead"; the dev-discuss "Overhead in nn.Module" benchmark);
+#: a compiled graph launches its kernels from generated wrapper code, a few us each (the CUDA launch itself,
+#: NVIDIA's "CUDA C++ Best Practices Guide": launch overhead of a few microseconds). The launches run ahead
+#: of the GPU asynchronously, so only a host time longer than the GPU's shows (small models). Seconds.
+EAGER_OP_OVERHEAD = 10e-6
+COMPILED_KERNEL_OVERHEAD = 4e-6
+
+#: Kernels of a transformer block's forward besides its GEMMs, by op: eager PyTorch runs a composite
+#: RMSNorm as 6 kernels (see :data:`EAGER_RMSNORM_TRAFFIC`; LayerNorm 1), rotary as 5 for q and 5 for k,
+#: a gated activation as 2 (plain 1), a residual add each and the attention core as 1 fused kernel (eager /
+#: math attention: 2 batched GEMMs, softmax and a scale: 4); compiled, each norm fuses with its residual
+#: add, rotary and the activation are one kernel each. The backward launches about twice the forward's
+#: kernels (the input and weight gradient of each GEMM, one or two kernels per element-wise op's
+#: derivative, PyTorch ``derivatives.yaml``): :data:`BACKWARD_KERNELS`.
+EAGER_RMSNORM_KERNELS = 6
+EAGER_ROTARY_KERNELS = 10
+EAGER_ATTENTION_KERNELS = 4
+BACKWARD_KERNELS = 2.0
+
 #: Elements an MoE layer's token permutation moves per routed copy of a hidden vector: gathered into
 #: expert order (read + write) and scattered back for the weighted combine (read + write): Megatron-Core
 #: ``moe_utils.permute``/``unpermute``. This model's count; multiplies ``compute_bytes``.

@@ -23,6 +23,7 @@ from ..errors import TrainfitError
 from ..fields import whole
 from ..units import GB, parse_rate
 from . import constants as C
+from .efficiency import efficiency_for
 
 
 @dataclass(frozen=True)
@@ -35,16 +36,18 @@ class Network:
     node_size: int
     intra_source: str
     inter_source: str
+    nvlink_efficiency: float = C.NVLINK_EFFICIENCY  #: the generation's (``data/efficiency.yaml``)
+    nic_efficiency: float = C.NIC_EFFICIENCY
 
     @property
     def nvlink_bus(self) -> float:
         """Bus bandwidth NCCL reaches inside a node (bytes/s)."""
-        return self.intra_node * C.NVLINK_EFFICIENCY
+        return self.intra_node * self.nvlink_efficiency
 
     @property
     def nic_bus(self) -> float:
         """Bus bandwidth NCCL reaches through one GPU's NIC (bytes/s)."""
-        return self.inter_node * C.NIC_EFFICIENCY
+        return self.inter_node * self.nic_efficiency
 
 
 #: a link slower than a modem or faster than any fabric makes no step-time question (and overflows the times)
@@ -80,7 +83,8 @@ def network_for(hw: HardwareSpec, *, node_size: int = C.DEFAULT_NODE_SIZE,
         inter_src = f"assumed 400 Gb/s ({inter / GB:g} GB/s) NIC per accelerator per direction"
     if host and inter > host:
         inter, inter_src = host, inter_src + f", capped by the host link {hw.interconnect.name} at {host / GB:g} GB/s"
-    return Network(intra, inter, node_size, intra_src, inter_src)
+    eff = efficiency_for(hw)
+    return Network(intra, inter, node_size, intra_src, inter_src, eff.nvlink, eff.nic)
 
 
 def _placement(n: Any, stride: Any, net: Network) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -9,12 +9,19 @@ sequences for the dense layers, as Megatron-Core carves EP out of data paralleli
   ``M x K x N`` and — for trainable weights — the weight gradient ``N x K x M``; LoRA adapters as their
   own thin GEMMs; MoE experts as grouped GEMMs of ``e·M·k/E`` tokens each; the LM head on the last
   stage. Each at :func:`~trainfit.steptime.kernels.gemm_time` (roofline + wave quantisation).
-* **attention**: fused kernels (flash, memory-efficient) at :data:`~constants.FLASH_EFFICIENCY`
-  with causal masking halving the work and the backward doing 2.5x the forward's FLOPs; eager/math
+* **attention**: fused kernels (flash, memory-efficient) at the device generation's forward and
+  backward shares of peak (``data/efficiency.yaml``; :data:`~constants.FLASH_EFFICIENCY` where none is
+  listed) with causal masking halving the work and the backward doing 2.5x the forward's FLOPs; eager/math
   attention as batched GEMMs over the full ``S/c x S`` score matrix plus the softmax (and dropout)
   over every score, memory-bound.
 * **memory-bound ops**: norms, residual adds, dropout, rotary, activations, MoE permutations, the loss
   and the embedding, as bytes through HBM; on ``S/t`` tokens where sequence parallelism shards them.
+  Eager PyTorch runs RMSNorm, rotary and gated activations as chains of kernels (more bytes); compiled
+  (:attr:`TimeRecipe.compiled`) each is one pass. ZeRO-3/FSDP adds the copies out of and into its flat
+  buffers. QLoRA dequantises each frozen weight before its forward and input-gradient GEMMs; fp8 recipes
+  cast and transpose every GEMM operand (both timed with the GEMMs).
+* **launches**: kernels are launched from the host ahead of the GPU; a host time longer than the GPU's
+  shows as ``launch`` (small models, eager PyTorch).
 * **recomputation**: full checkpointing re-runs each block's forward (its collectives included);
   selective re-runs the attention core (Korthikanti et al. 2022); every-k does it for one block in k.
 * **TP**: Megatron's collectives per block, each over the micro-batch's activations ``M·h`` (bytes):
@@ -38,7 +45,7 @@ step** (bytes it reads and writes per parameter, memory-bound). Seconds; every a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -56,7 +63,7 @@ SCHEDULE_CODES = {schedule: code for code, schedule in enumerate(PP_SCHEDULES)}
 
 #: the components of a step, in the order they are reported; they add up to the step time
 COMPONENTS: tuple[str, ...] = ("gemm", "attention", "memory_bound", "recompute", "tp_comm", "cp_comm", "ep_comm",
-                               "pp_comm", "bubble", "dp_comm", "optimizer")
+                               "pp_comm", "bubble", "dp_comm", "optimizer", "launch")
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,16 @@ class TimeRecipe:
     dropout: bool
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
+    qlora: Optional[str] = None  #: nf4 | int8: the frozen base is dequantised before every GEMM
+    compiled: bool = False  #: torch.compile / fused kernels: memory-bound ops fused
+    trainable_fraction: float = 1.0  #: share of the weights whose gradients are computed (full training: 1)
+    fp8: bool = False  #: GEMMs in fp8 with dynamic scaling (torchao float8 / Transformer Engine)
+
+    @property
+    def weight_grads(self) -> float:
+        """Fraction of the frozen-or-not projections' weight-gradient GEMMs the backward runs: none under
+        LoRA (the base is frozen; the adapters are timed on their own), else the trainable fraction."""
+        return 0.0 if self.lora_rank else self.trainable_fraction
 
 
 def _f(x: Any) -> np.ndarray:
@@ -108,15 +125,26 @@ def _projections(projs: tuple[Projection, ...], M: np.ndarray, t: np.ndarray, de
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(forward, input-gradient, weight-gradient) seconds of a block's projections on ``M`` tokens."""
     fwd = bx = bw = 0.0
-    trainable = rc.lora_rank == 0
+    wg = rc.weight_grads
+    dq = C.DEQUANT_BYTES.get(rc.qlora or "", 0.0) + rc.compute_bytes if rc.qlora else 0.0
     for p in projs:
         N = p.out_features / t if p.split == "col" else _f(p.out_features)
         K = p.in_features / t if p.split == "row" else _f(p.in_features)
         fwd = fwd + gemm_time(M, N, K, dev)
         bx = bx + gemm_time(M, K, N, dev)
-        if trainable:
-            bw = bw + gemm_time(N, K, M, dev)
-        elif p.module and p.module in rc.lora_targets:
+        if wg:
+            bw = bw + wg * gemm_time(N, K, M, dev)
+        if rc.fp8:  # scale and cast each operand to fp8, and the transposed copies Hopper's fp8 GEMMs need
+            cast = C.FP8_CAST_BYTES_COMPILED if rc.compiled else C.FP8_CAST_BYTES
+            fwd = fwd + memory_time((M * K + K * N) * cast, dev)
+            bx = bx + memory_time(M * N * cast + K * N * C.FP8_TRANSPOSE_BYTES, dev)
+            if wg:
+                bw = bw + wg * memory_time((M * K + M * N) * C.FP8_TRANSPOSE_BYTES, dev)
+        if dq:  # QLoRA: the frozen weight is dequantised to the compute width before the forward and the
+            # input-gradient GEMM (bitsandbytes dequantize_4bit: read the packed weight, write it in 16 bits)
+            deq = memory_time(N * K * dq, dev)
+            fwd, bx = fwd + deq, bx + deq
+        if not wg and p.module and p.module in rc.lora_targets:
             r = float(rc.lora_rank)
             fwd = fwd + gemm_time(M, r, K, dev) + gemm_time(M, N, r, dev)
             bx = bx + gemm_time(M, K, r, dev) + gemm_time(M, r, N, dev)
@@ -130,15 +158,10 @@ def _attention(ta: TimeArch, nseq: np.ndarray, s: np.ndarray, c: np.ndarray, t: 
     heads = ta.heads / t
     d = float(ta.head_dim)
     sq = s / c  # queries on this rank (context parallel splits the sequence)
-    keys = np.minimum(s, window) if window else s
     if rc.kernel in ("flash", "mem-efficient"):
-        if ta.causal:  # causal masking: the kernel skips the blocks above the diagonal
-            avg = np.where(keys < s, keys - keys * keys / (2.0 * s), s / 2.0)  # mean keys per query: the triangle
-        else:
-            avg = keys
+        avg = _keys_per_query(ta, s, window)  # causal masking: the kernel skips the blocks above the diagonal
         flops = C.ATTENTION_FLOPS_PER_KEY * nseq * heads * sq * avg * d
-        fwd = fused_attention_time(flops, dev)
-        return fwd, C.FLASH_BACKWARD_FLOPS * fwd
+        return fused_attention_time(flops, dev), fused_attention_time(C.FLASH_BACKWARD_FLOPS * flops, dev, True)
     batch = nseq * heads  # eager / math: the full score matrix is materialised
     fwd = gemm_time(sq, s, d, dev, batch) + gemm_time(sq, d, s, dev, batch)
     bwd = (gemm_time(sq, s, d, dev, batch) + gemm_time(s, d, sq, dev, batch) + gemm_time(sq, d, s, dev, batch)
@@ -150,20 +173,38 @@ def _attention(ta: TimeArch, nseq: np.ndarray, s: np.ndarray, c: np.ndarray, t: 
     return fwd + scores, bwd + C.BACKWARD_TRAFFIC * scores
 
 
-def _flops_per_token(ta: TimeArch, s: Any) -> np.ndarray:
-    """Forward model FLOPs per token of the whole model: every projection, the experts a token visits,
-    attention over the whole sequence (:data:`~constants.ATTENTION_FLOPS_PER_KEY` per key, head
-    dimension and head in each block, as Megatron-LM and PaLM count it) and the LM head."""
+def _keys_per_query(ta: TimeArch, s: Any, window: float) -> np.ndarray:
+    """Mean keys a query attends to: all ``s`` without a causal mask, the triangle's ``s/2`` with one
+    (``keys - keys²/2s`` for a sliding window of ``keys``) — what a fused kernel computes, skipping the
+    blocks above the diagonal."""
+    keys = np.minimum(s, window) if window else s
+    if not ta.causal:
+        return keys
+    return np.where(keys < s, keys - keys * keys / (2.0 * s), s / 2.0)
+
+
+def _flops_per_token(ta: TimeArch, s: Any, rc: Optional[TimeRecipe] = None) -> np.ndarray:
+    """Model FLOPs of a training step per token (forward and backward, no recomputation): every
+    projection, the experts a token visits and the LM head forward, backward for their inputs and —
+    for trained weights only (:attr:`TimeRecipe.weight_grads`) — for their weights (Kaplan et al. 2020;
+    frozen LoRA/QLoRA bases skip that GEMM); LoRA adapters as thin GEMMs, all three passes; attention
+    (:data:`~constants.ATTENTION_FLOPS_PER_KEY` per key, head dimension and head, as Megatron-LM and PaLM
+    count it) over the keys a causal kernel computes (:func:`_keys_per_query`), forward and backward."""
     s = _f(s)
     dense = C.FLOPS_PER_MAC * ta.projection_params(ta.dense)
     moe = C.FLOPS_PER_MAC * (ta.projection_params(ta.attention)
                              + ta.top_k * C.GATED_MLP_MATRICES * ta.hidden * ta.expert_intermediate
                              + C.GATED_MLP_MATRICES * ta.hidden * ta.shared_intermediate + ta.hidden * ta.experts)
-    attn_full = C.ATTENTION_FLOPS_PER_KEY * s * ta.heads * ta.head_dim
-    attn_win = (C.ATTENTION_FLOPS_PER_KEY * np.minimum(s, ta.window) * ta.heads * ta.head_dim if ta.window
-                else attn_full)
-    attn = (ta.layers - ta.sliding_layers) * attn_full + ta.sliding_layers * attn_win
-    return ta.dense_layers * dense + ta.moe_layers * moe + attn + C.FLOPS_PER_MAC * ta.hidden * ta.vocab
+    per_key = C.ATTENTION_FLOPS_PER_KEY * ta.heads * ta.head_dim
+    attn = ((ta.layers - ta.sliding_layers) * per_key * _keys_per_query(ta, s, 0)
+            + ta.sliding_layers * per_key * (_keys_per_query(ta, s, ta.window) if ta.window else 0.0))
+    matmul = ta.dense_layers * dense + ta.moe_layers * moe + C.FLOPS_PER_MAC * ta.hidden * ta.vocab
+    wg = 1.0 if rc is None else rc.weight_grads
+    adapters = 0.0
+    if rc is not None and rc.lora_rank:
+        adapters = ta.dense_layers * C.FLOPS_PER_MAC * sum(rc.lora_rank * (p.in_features + p.out_features)
+                                                            for p in ta.dense if p.module in rc.lora_targets)
+    return ((C.TRAINING_FLOPS_PER_FORWARD - 1.0 + wg) * matmul + C.TRAINING_FLOPS_PER_FORWARD * (attn + adapters))
 
 
 @dataclass(frozen=True)
@@ -237,19 +278,38 @@ class _Block:
                 + self.cp_b + self.rec)
 
 
+def _kernels_per_block(ta: TimeArch, rc: TimeRecipe) -> float:
+    """Kernels one block's forward launches (GEMMs, attention, element-wise ops), eager or compiled
+    (:data:`~constants.EAGER_RMSNORM_KERNELS` and the constants after it)."""
+    gemms = float(len(ta.dense))
+    attention = C.EAGER_ATTENTION_KERNELS if rc.kernel in ("eager", "math") else 1.0
+    residual = 2.0
+    if rc.compiled:  # each norm fused with its residual add; rotary and the activation one kernel each
+        return gemms + attention + ta.norms_per_layer + (1.0 if ta.rotary_fraction else 0.0) + 1.0
+    norms = ta.norms_per_layer * (C.EAGER_RMSNORM_KERNELS if ta.rms_norm else 1.0)
+    rotary = C.EAGER_ROTARY_KERNELS if ta.rotary_fraction else 0.0
+    act = 2.0 if ta.gated_mlp else 1.0
+    drop = C.HIDDEN_DROPOUTS_PER_BLOCK if rc.dropout and ta.hidden_dropout > 0 else 0.0
+    return gemms + attention + norms + rotary + act + residual + drop
+
+
 def _block_memory_bytes(ta: TimeArch, L: _Layout, rc: TimeRecipe) -> tuple[Any, Any, Any]:
     """(residual-stream, per-head, MLP-activation) bytes the memory-bound ops of a dense block move forward."""
     eb, h, t, M, Mres = rc.compute_bytes, float(ta.hidden), L.t, L.M, L.Mres
     heads_w = ta.heads * ta.head_dim / t
     kv_w = np.maximum(ta.kv_heads / t, 1.0) * ta.head_dim
     drop = rc.dropout and ta.hidden_dropout > 0
-    tok_bytes = (Mres * h * eb * (C.READ_WRITE * ta.norms_per_layer + C.RESIDUAL_TRAFFIC)
+    fused = rc.compiled
+    norm = C.READ_WRITE if fused or not ta.rms_norm else C.EAGER_RMSNORM_TRAFFIC
+    rope = C.READ_WRITE if fused else C.EAGER_ROTARY_TRAFFIC
+    gated = C.GATED_ACTIVATION_TRAFFIC if fused else C.EAGER_GATED_ACTIVATION_TRAFFIC
+    tok_bytes = (Mres * h * eb * (norm * ta.norms_per_layer + C.RESIDUAL_TRAFFIC)
                  + (Mres * h * C.HIDDEN_DROPOUTS_PER_BLOCK * (C.READ_WRITE * eb + C.DROPOUT_MASK_BYTES)
                     if drop else 0.0))
-    head_bytes = M * eb * (C.READ_WRITE * ta.rotary_fraction * (heads_w + kv_w)
-                           + (C.READ_WRITE * (heads_w + kv_w) if ta.qk_norm else 0.0)
+    head_bytes = M * eb * (rope * ta.rotary_fraction * (heads_w + kv_w)
+                           + (norm * (heads_w + kv_w) if ta.qk_norm else 0.0)
                            + (C.READ_WRITE * heads_w if rc.kernel in ("eager", "math") else 0.0))
-    mlp_act = M * eb * (C.GATED_ACTIVATION_TRAFFIC if ta.gated_mlp else C.READ_WRITE) * ta.intermediate / t
+    mlp_act = M * eb * (gated if ta.gated_mlp else C.READ_WRITE) * ta.intermediate / t
     return tok_bytes, head_bytes, mlp_act
 
 
@@ -268,15 +328,16 @@ def _moe_block(ta: TimeArch, L: _Layout, dev: Device, net: Network, rc: TimeReci
     ex_f = (gemm_time(per_expert, fused, h, dev, local) + gemm_time(per_expert, h, mi / t, dev, local)
             + gemm_time(M, E, h, dev))
     ex_bx = gemm_time(per_expert, h, fused, dev, local) + gemm_time(per_expert, mi / t, h, dev, local)
-    ex_bw = (gemm_time(fused, h, per_expert, dev, local) + gemm_time(h, mi / t, per_expert, dev, local)
-             if rc.lora_rank == 0 else 0.0)
+    ex_bw = rc.weight_grads * (gemm_time(fused, h, per_expert, dev, local)
+                               + gemm_time(h, mi / t, per_expert, dev, local))
     if ta.shared_intermediate:
         shared = (Projection("gate", ta.hidden, ta.shared_intermediate, "col"),
                   Projection("up", ta.hidden, ta.shared_intermediate, "col"),
                   Projection("down", ta.shared_intermediate, ta.hidden, "row"))
         sf, sbx, sbw = _projections(shared, M, t, dev, rc)
         ex_f, ex_bx, ex_bw = ex_f + sf, ex_bx + sbx, ex_bw + sbw
-    elem = memory_time(elem_bytes + M * eb * k * (C.GATED_ACTIVATION_TRAFFIC * mi / t + C.MOE_PERMUTE_TRAFFIC * h)
+    gated = C.GATED_ACTIVATION_TRAFFIC if rc.compiled else C.EAGER_GATED_ACTIVATION_TRAFFIC
+    elem = memory_time(elem_bytes + M * eb * k * (gated * mi / t + C.MOE_PERMUTE_TRAFFIC * h)
                        + M * E * C.ROUTER_BYTES_PER_LOGIT, dev)
     a2a = all_to_all_time(M * k * h * eb, e, t * L.c, net)
     return attn[0] + ex_f, attn[1] + ex_bx, attn[2] + ex_bw, elem, C.EP_ALL_TO_ALLS * a2a, C.EP_ALL_TO_ALLS * a2a
@@ -342,8 +403,9 @@ def _stages(ta: TimeArch, L: _Layout, blk: _Block, dev: Device, net: Network, rc
     emb_b = memory_time(V / t * h * rc.grad_bytes + M * C.READ_WRITE * h * eb, dev)
     emb_tp = np.where(L.sp, blk.rs, blk.ar)
     # last stage: final norm, LM head, loss
-    head_gf = gemm_time(M, V / t, h, dev)
-    head_gb = gemm_time(M, h, V / t, dev) + (gemm_time(V / t, h, M, dev) if rc.lora_rank == 0 else 0.0)
+    hd = dev.bf16  # the LM head stays in 16 bits in fp8 recipes (torchao float8 and TE skip the output layer)
+    head_gf = gemm_time(M, V / t, h, hd)
+    head_gb = gemm_time(M, h, V / t, hd) + rc.weight_grads * gemm_time(V / t, h, M, hd)
     loss_f = memory_time(M * V / t * C.LOSS_BYTES_PER_LOGIT + Mres * C.READ_WRITE * h * eb, dev)
     head_tp_f = np.where(L.sp, blk.ag, 0.0)
     head_tp_b = np.where(L.sp, blk.rs, blk.ar)
@@ -454,10 +516,15 @@ def _data_parallel(ta: TimeArch, L: _Layout, blk: _Block, dev: Device, net: Netw
     zero = L.zero
     dp_comm = np.where(has_dp, np.select([zero >= 3, zero == 2, zero == 1], [z3, z2, z1], z0), 0.0)
 
+    # FSDP2/ZeRO-3 copies the gathered blocks out of the flat buffers and the gradients into them
+    blk_params = layer_rank + expert_rank
+    copy_bytes = C.READ_WRITE * (C.FSDP_COPY_PASSES * blk_params * pb + blk_params * gb * rc.weight_grads)
+    fsdp_copy = np.where(has_dp & (zero >= 3), m * Ls * memory_time(copy_bytes, dev), 0.0)
+
     shard = np.where((zero >= 1) & has_dp, dp_dense, 1.0)
     moved = C.optimizer_bytes_per_param(rc.optimizer, pb, gb, rc.state_bytes, rc.master) + gb  # + the grad norm
     optimizer_bytes = (train_dense + train_exp) / shard * moved
-    return dict(dp_comm=dp_comm, optimizer=memory_time(optimizer_bytes, dev), reduce_ar=reduce_ar,
+    return dict(dp_comm=dp_comm, optimizer=memory_time(optimizer_bytes, dev), fsdp_copy=fsdp_copy, reduce_ar=reduce_ar,
                 reduce_rs=reduce_rs, gather_p=gather_p, z3_mb=z3_mb, grads_bytes=grads_bytes,
                 optimizer_bytes=optimizer_bytes)
 
@@ -478,11 +545,19 @@ def evaluate(ta: TimeArch, dev: Device, net: Network, rc: TimeRecipe, lay: dict[
     out["bubble"] = st["bubble"]
     out["dp_comm"] = dp["dp_comm"]
     out["optimizer"] = dp["optimizer"]
+    out["memory_bound"] = out["memory_bound"] + dp["fsdp_copy"]
     shape = np.broadcast(L.t, L.p, L.dp, L.e, L.c, L.b, L.m, L.s, L.B, L.zero, L.ckpt).shape
+    # host-side launches run ahead of the GPU: only a host time longer than the GPU's shows (small models)
+    per_kernel = C.COMPILED_KERNEL_OVERHEAD if rc.compiled else C.EAGER_OP_OVERHEAD
+    rec_blocks = np.where(L.ckpt == CKPT_CODES["full"], 1.0, np.where(L.ckpt == CKPT_CODES["every-k"], 1.0 / L.every,
+                                                                        0.0))
+    host = L.m * L.layers * _kernels_per_block(ta, rc) * (1.0 + C.BACKWARD_KERNELS + rec_blocks) * per_kernel
+    gpu = sum(_f(out[k]) for k in COMPONENTS if k != "launch")
+    out["launch"] = np.maximum(0.0, host - gpu)
     out = {k: np.broadcast_to(_f(out[k]), shape) for k in COMPONENTS}
     step = sum(out.values())
     tokens = L.B * L.s
-    model_flops = C.TRAINING_FLOPS_PER_FORWARD * tokens * _flops_per_token(ta, L.s)
+    model_flops = tokens * _flops_per_token(ta, L.s, rc)
     world = L.world
     out["step"] = step
     out["tokens_per_second"] = np.broadcast_to(tokens / step, shape)
@@ -499,7 +574,10 @@ def evaluate(ta: TimeArch, dev: Device, net: Network, rc: TimeRecipe, lay: dict[
                   stage_mid=st["mid"], stage_max=st["max"], dp_allreduce=dp["reduce_ar"],
                   dp_reduce_scatter=dp["reduce_rs"], dp_allgather=dp["gather_p"], zero3_per_microbatch=dp["z3_mb"],
                   grad_bytes_rank=dp["grads_bytes"], optimizer_bytes=dp["optimizer_bytes"], pp_send=st["pp_send"],
-                  ep_fwd=blk.ep_f, cp_fwd=blk.cp_f)
+                  ep_fwd=blk.ep_f, cp_fwd=blk.cp_f, fsdp_copy=dp["fsdp_copy"], kernels_per_block=_kernels_per_block(ta, rc),
+                  host_launch=host,
+                  gemm_efficiency=dev.gemm_efficiency, attention_efficiency_fwd=dev.attention_forward,
+                  attention_efficiency_bwd=dev.attention_backward, hbm_efficiency=dev.hbm_efficiency)
     for k, val in detail.items():
         out[f"detail_{k}"] = np.broadcast_to(_f(val), shape)
     return out

@@ -53,6 +53,7 @@ class TimeArch:
     expert_intermediate: int = 0
     shared_intermediate: int = 0
     norms_per_layer: int = 2
+    rms_norm: bool = False  #: RMSNorm (composite in eager PyTorch) rather than LayerNorm (one native kernel)
     qk_norm: bool = False
     rotary_fraction: float = 0.0
     sliding_layers: int = 0
@@ -106,7 +107,7 @@ def from_arch(arch: ArchSpec) -> TimeArch:
         intermediate=arch.intermediate_size, moe_layers=n_moe, experts=arch.num_experts,
         top_k=arch.experts_per_token, expert_intermediate=arch.moe_intermediate_size,
         shared_intermediate=arch.shared_expert_intermediate_size, norms_per_layer=arch.norms_per_layer,
-        qk_norm=arch.qk_norm, rotary_fraction=arch.rotary_fraction if arch.position_embedding == "rotary" else 0.0,
+        rms_norm=arch.norm_kind == "rmsnorm", qk_norm=arch.qk_norm, rotary_fraction=arch.rotary_fraction if arch.position_embedding == "rotary" else 0.0,
         sliding_layers=sliding, window=int(arch.sliding_window or 0), attention_dropout=arch.attention_dropout,
         hidden_dropout=arch.hidden_dropout, embed_params=embed, head_params=head, layer_other_params=other)
 
