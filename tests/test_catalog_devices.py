@@ -95,3 +95,11 @@ def test_a_typo_gets_the_close_match():
         Hardware.get("rtx4900")
     msg = str(e.value)
     assert "did you mean" in msg and "rtx-4090" in msg and "\n" not in msg
+
+
+def test_docs_list_every_cloud_and_workstation_entry():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "hardware.md").read_text()
+    missing = [h.key for h in Hardware if h.tier in ("cloud", "workstation") and f"| {h.key} |" not in text]
+    assert not missing, f"docs/hardware.md lacks {missing}"
