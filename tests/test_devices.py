@@ -142,3 +142,15 @@ def test_cli_needs_a_device_or_memory_and_frontier_takes_memory():
                             "--method", "first-order"])
     assert r.exit_code == 0, r.output
     assert "generic device" in r.stdout
+
+
+def test_the_datasheet_peak_survives_a_power_limit():
+    d = device("h100", power_limit="500W")
+    assert d.spec.compute_scale == pytest.approx((500 / 700) ** (1 / 3))
+    assert d.spec.datasheet_flops("bf16") == pytest.approx(989e12)  # MFU's denominator as the sources define it
+    assert H100.datasheet_flops("bf16") == 989e12 and H100.compute_scale == 1.0
+    # a second limit replaces the first (from the datasheet peaks), it does not compound
+    twice = device(d, power_limit="350W", memory="96GiB")
+    assert twice.spec.compute_scale == pytest.approx((350 / 700) ** (1 / 3))
+    assert twice.spec.flops("bf16") == pytest.approx(989e12 * (350 / 700) ** (1 / 3))
+    assert twice.name.count("power limit") == 1 and "350 W" in twice.name and "memory 96 GiB" in twice.name

@@ -114,6 +114,8 @@ class HardwareSpec(BaseModel):
     #: the enforced power limit, W, when the device runs below its TDP (set by :meth:`with_overrides`; the
     #: compute peaks are then already scaled by :func:`power_cap_factor`)
     power_limit: Optional[Watts] = None
+    #: the factor the compute peaks carry from a power limit (1: none); :meth:`datasheet_flops` undoes it
+    compute_scale: float = Field(default=1.0, gt=0, le=1)
     #: what was changed from the catalog entry, one phrase each (``"memory 96 GiB"``); empty for an entry
     overrides: tuple[str, ...] = ()
 
@@ -171,6 +173,10 @@ class HardwareSpec(BaseModel):
                     return table[key]
         return self.compute.peak_flops
 
+    def datasheet_flops(self, precision: str | None = None) -> float:
+        """The vendor's peak at ``precision`` before any power limit (MFU is defined against it), FLOP/s."""
+        return self.flops(precision) / self.compute_scale
+
     def with_overrides(self, *, memory: Any = None, hbm_bandwidth: Any = None,
                        power_limit: Any = None) -> "HardwareSpec":
         """This device with its memory capacity (bytes or ``"96GiB"``), memory bandwidth (bytes/s or
@@ -198,16 +204,20 @@ class HardwareSpec(BaseModel):
             watts = parse_power_limit(power_limit, what="--power-limit")
             if self.tdp is None:
                 raise TrainfitError(f"--power-limit needs the device's TDP and {self.name} states none in the catalog")
-            factor = power_cap_factor(self.tdp, watts)
+            # from the datasheet peaks: a new limit replaces an earlier one rather than compounding it
+            factor, undo = power_cap_factor(self.tdp, watts), 1.0 / self.compute_scale
             update["power_limit"] = watts
-            update["compute"] = Compute(peak_flops=self.compute.peak_flops * factor,
-                                        precision_flops={k: v * factor for k, v in self.compute.precision_flops.items()})
+            update["compute_scale"] = factor
+            update["compute"] = Compute(peak_flops=self.compute.peak_flops * undo * factor,
+                                        precision_flops={k: v * undo * factor
+                                                         for k, v in self.compute.precision_flops.items()})
             said.append(f"power limit {watts:g} W" + (f" (compute x{factor:.3f} of {self.tdp:g} W)" if factor < 1
                                                         else f" (at or above the {self.tdp:g} W TDP: no effect)"))
         if not said:
             return self
         base = self.name.split(" [", 1)[0]
-        overrides = self.overrides + tuple(said)
+        kinds = tuple(s.split(" ", 1)[0] for s in said)  # "memory", "HBM", "power": a repeat replaces its kind
+        overrides = tuple(o for o in self.overrides if not o.startswith(kinds)) + tuple(said)
         update.update(name=f"{base} [{', '.join(overrides)}]", overrides=overrides)
         return self.model_copy(update=update)
 
