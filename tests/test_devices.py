@@ -154,3 +154,29 @@ def test_the_datasheet_peak_survives_a_power_limit():
     assert twice.spec.compute_scale == pytest.approx((350 / 700) ** (1 / 3))
     assert twice.spec.flops("bf16") == pytest.approx(989e12 * (350 / 700) ** (1 / 3))
     assert twice.name.count("power limit") == 1 and "350 W" in twice.name and "memory 96 GiB" in twice.name
+
+
+def test_measure_judges_the_fit_on_a_memory_alone():
+    """`trainfit measure --memory` (optional there): the measured peak against the stated capacity."""
+    import json
+    from pathlib import Path
+
+    pytest.importorskip("torch")
+    tiny = str(Path(__file__).resolve().parent / "data" / "groundtruth" / "configs" / "gpt2-tiny.json")
+    r = runner.invoke(app, ["measure", tiny, "--batch", "2", "--seq", "64", "--memory", "1MiB", "--output", "json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["available_bytes"] == 2**20 and d["feasible"] is False  # GPT-2 tiny's fp32 weights alone exceed 1 MiB
+
+
+def test_plan_ranks_layouts_on_the_capped_device():
+    import json
+
+    args = ["plan", "llama-3.1-8b", "--hardware", "h100", "--gpus", "8", "--top", "1", "--output", "json"]
+    base = runner.invoke(app, args)
+    capped = runner.invoke(app, args + ["--power-limit", "500W", "--memory", "96GiB"])
+    assert base.exit_code == 0 and capped.exit_code == 0, capped.output
+    b, c = json.loads(base.stdout), json.loads(capped.stdout)
+    assert c["capacity_bytes"] == 96 * GiB and b["capacity_bytes"] == 80 * GiB
+    assert c["hardware"].startswith("NVIDIA H100 [memory 96 GiB, power limit 500 W")
+    assert c["top"][0]["step_time"]["seconds"] > b["top"][0]["step_time"]["seconds"]  # compute capped, same model
