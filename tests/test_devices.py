@@ -180,3 +180,10 @@ def test_plan_ranks_layouts_on_the_capped_device():
     assert c["capacity_bytes"] == 96 * GiB and b["capacity_bytes"] == 80 * GiB
     assert c["hardware"].startswith("NVIDIA H100 [memory 96 GiB, power limit 500 W")
     assert c["top"][0]["step_time"]["seconds"] > b["top"][0]["step_time"]["seconds"]  # compute capped, same model
+
+
+def test_a_sweep_takes_overridden_and_memory_only_devices():
+    r = trainfit.sweep("llama-3.1-8b", ["h100", device("h100", memory="96GiB"), "24GiB"], method="first-order",
+                       **FIT)
+    assert list(r.arrays["available_bytes"] / GiB) == [80, 96, 24]
+    assert list(r.arrays["feasible"]) == [False, True, False]  # 89.17 GB fits 96 GiB only
