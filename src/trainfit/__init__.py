@@ -7,13 +7,16 @@ Library entry points:
 * :func:`estimate` — one setup's memory by any method (detailed, traced, first-order, measured);
 * :func:`sweep`, :func:`grid` — arrays of setups at once;
 * :class:`TrainingMemoryModel` — the seed-compatible first-order model (MLSys·im 0.3.0 parity);
-* :data:`Hardware`, :data:`Models` — the catalogs (``Hardware.Cloud.H100``, ``Models.get("llama-3.1-8b")``).
+* :data:`Hardware`, :data:`Models` — the catalogs (``Hardware.Cloud.H100``, ``Models.get("llama-3.1-8b")``);
+* :func:`device` — a catalog device with overrides (``device("h100", memory="96GiB", power_limit="500W")``) or
+  one given by its memory alone (``device(memory="24GiB")``).
 
 Units: sizes are bytes inside the library; reports say GB (1e9 bytes) or GiB (2^30 bytes).
 """
 from .catalog import Hardware, HardwareSpec, Models, ModelSpec, get_hardware, get_model
 from .engine import estimate, sweep
 from .errors import TrainfitError
+from .refs import device
 from .memory import TrainingMemoryModel, TrainingMemoryResult
 from .result import Estimate, Suggestion
 from .sweep import grid
@@ -24,6 +27,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Estimate", "Hardware", "HardwareSpec", "Models", "ModelSpec", "PRECISION_BYTES", "Parallelism", "Recipe",
-    "Suggestion", "TrainfitError", "TrainingMemoryModel", "TrainingMemoryResult", "TrainingSetup", "estimate",
+    "Suggestion", "TrainfitError", "TrainingMemoryModel", "TrainingMemoryResult", "TrainingSetup", "device", "estimate",
     "get_hardware", "get_model", "grid", "parse_bytes", "resolve_precision", "sweep", "__version__",
 ]

@@ -111,6 +111,13 @@ class HardwareSpec(BaseModel):
     compute_capability: Annotated[Optional[str], BeforeValidator(_capability), Field(pattern=r"^[1-9][0-9]?\.[0-9]$")] = None
     unit_cost_usd: Optional[float] = None
     source: Source
+    #: the enforced power limit, W, when the device runs below its TDP (set by :meth:`with_overrides`; the
+    #: compute peaks are then already scaled by :func:`power_cap_factor`)
+    power_limit: Optional[Watts] = None
+    #: the factor the compute peaks carry from a power limit (1: none); :meth:`datasheet_flops` undoes it
+    compute_scale: float = Field(default=1.0, gt=0, le=1)
+    #: what was changed from the catalog entry, one phrase each (``"memory 96 GiB"``); empty for an entry
+    overrides: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _emulated_formats_have_a_rate(self) -> "HardwareSpec":
@@ -166,8 +173,109 @@ class HardwareSpec(BaseModel):
                     return table[key]
         return self.compute.peak_flops
 
+    def datasheet_flops(self, precision: str | None = None) -> float:
+        """The vendor's peak at ``precision`` before any power limit (MFU is defined against it), FLOP/s."""
+        return self.flops(precision) / self.compute_scale
+
+    def with_overrides(self, *, memory: Any = None, hbm_bandwidth: Any = None,
+                       power_limit: Any = None) -> "HardwareSpec":
+        """This device with its memory capacity (bytes or ``"96GiB"``), memory bandwidth (bytes/s or
+        ``"2.4TB/s"``) or power limit (W or ``"500W"``) replaced; unchanged arguments are None.
+
+        A power limit below the TDP scales every compute peak by :func:`power_cap_factor` (memory capacity and
+        bandwidth stay: the cap throttles the SM clock, not the HBM's), so a step-time model reading
+        :meth:`flops` sees the capped throughput. The name lists the overrides, e.g.
+        ``NVIDIA H100 [memory 96 GiB, HBM 2.4 TB/s, power limit 500 W]``."""
+        from .units import format_rate, parse_memory_size, parse_power_limit, parse_rate_strict
+
+        update: dict[str, Any] = {}
+        said: list[str] = []
+        mem = dict(capacity=self.memory.capacity, bandwidth=self.memory.bandwidth,
+                   sram_capacity=self.memory.sram_capacity)
+        if memory is not None:
+            mem["capacity"] = parse_memory_size(memory, what="--memory")
+            said.append(f"memory {_size_phrase(mem['capacity'])}")
+        if hbm_bandwidth is not None:
+            mem["bandwidth"] = parse_rate_strict(hbm_bandwidth, what="--hbm-bandwidth")
+            said.append(f"HBM {format_rate(mem['bandwidth'])}")
+        if memory is not None or hbm_bandwidth is not None:
+            update["memory"] = Memory(**mem)
+        if power_limit is not None:
+            watts = parse_power_limit(power_limit, what="--power-limit")
+            if self.tdp is None:
+                raise TrainfitError(f"--power-limit needs the device's TDP and {self.name} states none in the catalog")
+            # from the datasheet peaks: a new limit replaces an earlier one rather than compounding it
+            factor, undo = power_cap_factor(self.tdp, watts), 1.0 / self.compute_scale
+            update["power_limit"] = watts
+            update["compute_scale"] = factor
+            update["compute"] = Compute(peak_flops=self.compute.peak_flops * undo * factor,
+                                        precision_flops={k: v * undo * factor
+                                                         for k, v in self.compute.precision_flops.items()})
+            said.append(f"power limit {watts:g} W" + (f" (compute x{factor:.3f} of {self.tdp:g} W)" if factor < 1
+                                                        else f" (at or above the {self.tdp:g} W TDP: no effect)"))
+        if not said:
+            return self
+        base = self.name.split(" [", 1)[0]
+        kinds = tuple(s.split(" ", 1)[0] for s in said)  # "memory", "HBM", "power": a repeat replaces its kind
+        overrides = tuple(o for o in self.overrides if not o.startswith(kinds)) + tuple(said)
+        update.update(name=f"{base} [{', '.join(overrides)}]", overrides=overrides)
+        return self.model_copy(update=update)
+
     def __repr__(self) -> str:
         return f"HardwareSpec({self.name!r}, {self.memory.capacity / 2**30:g} GiB)"
+
+
+def _size_phrase(nbytes: float) -> str:
+    """A capacity as the user most likely wrote it: GiB when whole, else GB."""
+    gib = nbytes / 2**30
+    return f"{gib:g} GiB" if abs(gib - round(gib, 2)) < 1e-9 else f"{nbytes / 1e9:g} GB"
+
+
+#: How sustained compute scales with an enforced power limit below the TDP: throughput ∝ (limit / TDP)^(1/3).
+#: Why: a power-limited GPU lowers its SM clock f (nvidia-smi -pl enforces the limit by clock throttling), and
+#: dynamic power P ∝ C·V²·f with the voltage following the clock along the DVFS curve (V ∝ f) gives P ∝ f³,
+#: i.e. f ∝ P^(1/3); tensor-core FLOP/s are proportional to f. Measured: McDonald et al., "Great Power, Great
+#: Responsibility: Recommendations for Reducing Energy for Training Language Models" (NAACL Findings 2022,
+#: arXiv:2205.09646): V100s capped at 150 W of 250 W (0.6) trained language models 6.8 % slower on average; the
+#: cube root of 0.6 is 0.84 for the compute peak alone, an upper bound on the slowdown of a whole step whose
+#: memory-bound part is unaffected and whose GPUs did not all draw the full TDP. Ujeniya et al. (arXiv:2604.11391,
+#: 2026) measure DGEMM on H100/H200 from 200 to 700 W caps: SM frequency, not memory frequency, follows the cap,
+#: which is why only compute is scaled. The exponent is a physical model, not a fit: treat capped step times as
+#: indicative.
+POWER_CAP_EXPONENT = 1.0 / 3.0
+
+
+def power_cap_factor(tdp: float, limit: float) -> float:
+    """Fraction of the datasheet compute peak a device sustains under a power limit (W): ``(limit/tdp)^(1/3)``
+    below the TDP, 1 at or above it (a limit above the TDP does not raise the clock). See
+    :data:`POWER_CAP_EXPONENT` for the model and its sources."""
+    if not (limit > 0 and tdp > 0):
+        raise TrainfitError(f"a power limit must be a positive number of watts, got {limit:g} W")
+    return 1.0 if limit >= tdp else (limit / tdp) ** POWER_CAP_EXPONENT
+
+
+#: The catalog entry whose compute and bandwidth a device given by its memory alone gets (``--memory 24GiB``):
+#: the RTX 4090, the most common 24 GiB GPU people fine-tune on (165 TFLOP/s dense bf16, 1008 GB/s); stated in
+#: the device's name so step times on it read as indicative.
+GENERIC_PROFILE = "RTX4090"
+
+
+def generic_device(memory: Any) -> HardwareSpec:
+    """A device known only by its memory (bytes or ``"24GiB"``): the compute, bandwidth and links of
+    :data:`GENERIC_PROFILE`, CUDA semantics, a data-centre tier (more of them is a valid suggestion)."""
+    from .units import parse_memory_size
+
+    capacity = parse_memory_size(memory, what="--memory")
+    profile = get_hardware(GENERIC_PROFILE)
+    phrase = _size_phrase(capacity)
+    return profile.model_copy(update=dict(
+        key="Generic", tier="cloud", slug="generic", aliases=(), year=None, unit_cost_usd=None,
+        name=f"generic device [memory {phrase}; compute and bandwidth of an {profile.name}]",
+        memory=Memory(capacity=capacity, bandwidth=profile.memory.bandwidth),
+        overrides=(f"memory {phrase}", f"generic compute profile ({profile.name})"),
+        source=Source(kind="convention", ref=f"a device given by its memory alone; compute, bandwidth and links of "
+                                             f"the catalog's {profile.name} ({profile.source.ref})",
+                      url=profile.source.url)))
 
 
 class ModelSpec(BaseModel):

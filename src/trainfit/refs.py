@@ -10,12 +10,17 @@ The :class:`ModelRef` it returns carries both views the memory methods read:
 * ``arch`` — the full architecture (every tensor, norm, head and expert) when one is known: a bundled
   config, a config path, or a catalog entry naming a bundled config; ``arch_error`` says why not.
 
-:func:`resolve_device` accepts a catalog name or entry, or any object with ``memory.capacity``.
+:func:`resolve_device` accepts a catalog name or entry, a memory size alone (``"24GiB"``: a generic device), or
+any object with ``memory.capacity``. :func:`device` builds a device with overrides (``device("h100",
+memory="96GiB", hbm_bandwidth="2.4TB/s", power_limit="500W")``, or ``device(memory="24GiB")``); the
+:class:`DeviceRef` it returns carries the overridden :class:`~trainfit.catalog.HardwareSpec`, so the setup, the
+memory methods and the step-time model all read the same capacity, bandwidth and (power-capped) peaks.
 """
 from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -28,7 +33,8 @@ from pydantic import BaseModel, ConfigDict
 from . import hub
 from .arch import (ArchSpec, UnknownConfigError, arch_from_config, arch_reference, bundled_configs, bundled_slug,
                    load_bundled, locate_config, resolve_arch)
-from .catalog import DEVICE_NOUN, HardwareSpec, Models, ModelSpec, get_hardware, get_model
+from .catalog import (DEVICE_NOUN, Hardware, HardwareSpec, Models, ModelSpec, generic_device, get_hardware,
+                      get_model)
 from .errors import TrainfitError, clip, unknown_choice
 from .families import FAMILIES, SIZE_LIMITS
 from .fields import magnitude, whole
@@ -86,6 +92,11 @@ class DeviceRef:
     spec: Optional[HardwareSpec] = field(default=None, compare=False)
     platform: str = "cuda"
     tier: str = "cloud"
+    #: what differs from the catalog entry (``"memory 96 GiB"``, ``"power limit 500 W (compute x0.894 of 700 W)"``)
+    overrides: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return self.name
 
     @property
     def noun(self) -> str:
@@ -326,17 +337,45 @@ def _looks_like_file(text: str) -> bool:
 # ------------------------------------------------------------------------------------------- devices
 
 def _spec_device(hw: HardwareSpec) -> DeviceRef:
-    return DeviceRef(hw.name, hw.memory.capacity, hw, hw.platform, hw.tier)
+    return DeviceRef(hw.name, hw.memory.capacity, hw, hw.platform, hw.tier, hw.overrides)
+
+
+_SIZE = re.compile(r"\s*[0-9.]+\s*[kmgtp]i?b\s*", re.I)
 
 
 @lru_cache(maxsize=512)
 def _catalog_device(name: str) -> DeviceRef:
+    if name not in Hardware and _SIZE.fullmatch(name):
+        return _spec_device(generic_device(name))  # "24GiB": a device known by its memory alone
     return _spec_device(get_hardware(name))
 
 
+def device(hardware: Any = None, *, memory: Any = None, hbm_bandwidth: Any = None,
+           power_limit: Any = None) -> DeviceRef:
+    """A device: ``hardware`` (a catalog name or entry, a DeviceRef with a spec) with its memory capacity
+    (``"96GiB"``, bytes), memory bandwidth (``"2.4TB/s"``, bytes/s) or power limit (``"500W"``, watts)
+    overridden; with no ``hardware``, a generic device of ``memory`` (:func:`~trainfit.catalog.generic_device`).
+    A power limit below the TDP scales the compute peaks (:func:`~trainfit.catalog.power_cap_factor`); memory is
+    unchanged by it. The result's name and ``overrides`` say what was changed."""
+    if hardware is None:
+        if memory is None:
+            raise TrainfitError("a device needs a catalog name (see `trainfit hardware`) or a memory size such as "
+                                "--memory 24GiB")
+        return _spec_device(generic_device(memory).with_overrides(hbm_bandwidth=hbm_bandwidth,
+                                                                  power_limit=power_limit))
+    if memory is None and hbm_bandwidth is None and power_limit is None:
+        return resolve_device(hardware)
+    spec = hardware.spec if isinstance(hardware, DeviceRef) else (
+        hardware if isinstance(hardware, HardwareSpec) else resolve_device(hardware).spec)
+    if spec is None:
+        raise TrainfitError(f"cannot override {clip(hardware)}: overrides apply to a catalog device or a memory size "
+                            "(see `trainfit hardware`)")
+    return _spec_device(spec.with_overrides(memory=memory, hbm_bandwidth=hbm_bandwidth, power_limit=power_limit))
+
+
 def resolve_device(hardware: Any) -> DeviceRef:
-    """A catalog name or entry, or any object with ``memory.capacity`` (bytes, a string such as
-    ``"80 GiB"``, or a pint quantity)."""
+    """A catalog name or entry, a memory size alone (``"24GiB"``: a generic device, see :func:`device`), or any
+    object with ``memory.capacity`` (bytes, a string such as ``"80 GiB"``, or a pint quantity)."""
     if isinstance(hardware, DeviceRef):
         return hardware
     if isinstance(hardware, str):
@@ -359,5 +398,5 @@ def capacity_bytes(hardware: Any) -> tuple[str, float]:
     return d.name, d.capacity_bytes
 
 
-__all__ = ["DeviceRef", "ModelRef", "ModelShape", "capacity_bytes", "model_arch", "model_shape", "resolve_device",
+__all__ = ["DeviceRef", "ModelRef", "ModelShape", "capacity_bytes", "device", "model_arch", "model_shape", "resolve_device",
            "resolve_model"]

@@ -172,3 +172,46 @@ def format_bytes(nbytes: float, unit: str = "auto", digits: int = 2) -> str:
             unit = "B"
     scale = BYTE_UNITS[unit.lower()]
     return f"{nbytes / scale:,.{digits}f} {unit}"
+
+
+def _positive(value: float, text: Any, what: str, example: str) -> float:
+    if not (math.isfinite(value) and value > 0):
+        raise TrainfitError(f"{what} must be positive, got {text!r}; write e.g. {example!r}")
+    return value
+
+
+def parse_memory_size(value: Any, *, what: str = "memory") -> float:
+    """A device memory size in bytes, strictly: a string needs a byte unit (``"24GiB"``, ``"24 GB"``: GB =
+    1e9, GiB = 2^30), a number is bytes; positive and finite. One-line errors name ``what``."""
+    if isinstance(value, str) and re.fullmatch(r"\s*" + _NUMBER + r"\s*", value):
+        raise TrainfitError(f"{what} needs a unit: write e.g. '24GiB' or '24 GB' (GB = 1e9 bytes, GiB = 2^30), "
+                            f"got {value!r}")
+    return _positive(parse_bytes(value, what=what), value, what, "24GiB")
+
+
+def parse_rate_strict(value: Any, *, what: str = "bandwidth") -> float:
+    """A bandwidth in bytes/s, strictly: ``"2.4TB/s"``, ``"900 GB/s"``, ``"400 Gbps"`` or a number of bytes/s;
+    positive and finite."""
+    try:
+        rate = parse_rate(value, what=what)
+    except TrainfitError:
+        raise TrainfitError(f"cannot read {value!r} as {what}; write a rate such as '2.4TB/s', '900 GB/s' or "
+                            "'400 Gbps'") from None
+    return _positive(rate, value, what, "2.4TB/s")
+
+
+def parse_power_limit(value: Any, *, what: str = "power limit") -> float:
+    """A power limit in watts, strictly: ``"500W"``, ``"0.5 kW"`` or a number of watts; positive and finite."""
+    try:
+        watts = parse_power(value, what=what)
+    except TrainfitError:
+        raise TrainfitError(f"cannot read {value!r} as {what}; write watts such as '500W' or '0.5 kW'") from None
+    return _positive(watts, value, what, "500W")
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """A bandwidth with its unit, e.g. ``'2.4 TB/s'`` (decimal units, as vendors quote them)."""
+    for name, scale in (("TB/s", TB), ("GB/s", GB), ("MB/s", MB)):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:g} {name}"
+    return f"{bytes_per_s:g} B/s"

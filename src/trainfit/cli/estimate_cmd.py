@@ -10,6 +10,7 @@ from ..report.estimate import estimate_document
 from ..training_setup import TrainingSetup
 from ._common import Output, app, emit, guarded
 from .method_options import method_options, options_for
+from .device_options import device_options
 from .options import flags_for, setup_options
 
 #: the methods and the default order, from the registry (each method says why it is the default)
@@ -20,10 +21,13 @@ _METHOD_HELP = ("Memory model: " + ", ".join(METHODS) + ". Default: the first th
 @app.command("estimate")
 @guarded
 @setup_options()
+@device_options()
 @method_options()
 def estimate_command(
     model: str = typer.Argument(..., help="Model: catalog name, key or slug (see `trainfit models`), a bundled config name, a Hugging Face id (allenai/OLMo-2-1124-7B: its config.json from the local cache or the Hub) or a path to a config.json or model directory."),
-    hardware: str = typer.Argument(..., help="Accelerator: catalog name, key or slug (see `trainfit hardware`)."),
+    hardware: Optional[str] = typer.Argument(None, help="Accelerator: catalog name, key or slug (see `trainfit "
+                                             "hardware`), or a memory size alone (24GiB: a generic device); "
+                                             "may be left out with --memory."),
     method: Optional[str] = typer.Option(None, "--method", help=_METHOD_HELP),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text | json | markdown."),
     require_fit: bool = typer.Option(False, "--require-fit", help="Exit with code 2 when the run does not fit."),

@@ -10,6 +10,7 @@ from ..engine import get_method
 from ..report.estimate import measurement_document
 from ..training_setup import TrainingSetup
 from ._common import Output, app, emit, guarded
+from .device_options import device_options
 from .options import setup_options
 
 
@@ -22,11 +23,12 @@ class MeasureOutput(str, Enum):
 @app.command("measure")
 @guarded
 @setup_options()
+@device_options(required=False)
 def measure_command(
     model: str = typer.Argument(..., help="Bundled config name, catalog model naming one, or path to a config.json."),
     task: Optional[str] = typer.Option(None, "--task", help="clm | mlm | seq2seq (default: mlm for BERT/RoBERTa, seq2seq for encoder-decoders such as T5, else clm)."),
     warmup: int = typer.Option(1, "--warmup", help="Warm-up steps before the measured one."),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="Accelerator to judge the fit on (catalog name)."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="Accelerator to judge the fit on (catalog name, or a memory size such as 24GiB)."),
     output: MeasureOutput = typer.Option(MeasureOutput.text, "--output", "-o", help="text | json | markdown."),
     setup_fields: Optional[dict[str, Any]] = None,
 ) -> None:

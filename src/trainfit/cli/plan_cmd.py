@@ -13,6 +13,7 @@ from ..planner import (DEFAULT_GLOBAL_BATCH, DEFAULT_HEADROOM, DEFAULT_MAX_GPUS,
 from ..steptime import DEFAULT_NODE_SIZE
 from ._common import Output, app, console, emit, guarded
 from .method_options import flagged
+from .device_options import device_options
 from .options import setup_options
 
 
@@ -36,9 +37,12 @@ _ONE_MICRO_BATCH = ", ".join(n for n, m in METHODS.items() if not m.counts_infli
     "batch": "Global batch (samples) fixing the micro-batch of the sequence frontier; default dp x accum, i.e. "
              "micro-batch 1.",
     "seq_len": "Sequence length in tokens for the batch frontier and curve."})
+@device_options()
 def frontier_command(
     model: str = typer.Argument(..., help="Model: catalog name, key or slug (see `trainfit models`), bundled config or config.json path."),
-    hardware: str = typer.Argument(..., help="Accelerator: catalog name, key or slug (see `trainfit hardware`)."),
+    hardware: Optional[str] = typer.Argument(None, help="Accelerator: catalog name, key or slug (see `trainfit "
+                                             "hardware`), or a memory size alone (24GiB); may be left out with "
+                                             "--memory."),
     over: Optional[Over] = typer.Option(None, "--over", help="Curve to show: batch (memory vs micro-batch) or seq "
                                         "(memory vs sequence length); both when omitted."),
     headroom: float = typer.Option(0.0, "--headroom", help="Fraction of memory kept free, in [0, 1) (default 0)."),
@@ -84,6 +88,7 @@ def _numbers(items: Optional[list[str]]) -> Optional[list[Any]]:
 @setup_options(exclude=SEARCHED + NOT_SEARCHED, defaults={"batch": DEFAULT_GLOBAL_BATCH},
                helps={"batch": "Global batch in sequences per optimizer step, split over the data-parallel ranks "
                                "and micro-batches of every layout."})
+@device_options()
 def plan_command(
     model: str = typer.Argument(..., help="Model: catalog name, key or slug (see `trainfit models`)."),
     hardware: str = typer.Option("H100", "--hardware", help="Accelerator (see `trainfit hardware`)."),
