@@ -42,6 +42,12 @@ MPT = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24), "1
 MPT_VOCAB = 50368
 #: a share of rows within this relative error counts as "within"
 WITHIN = 0.20
+#: the training-setup fields a row's stack settings map to once trainfit has them (a row whose setting has no
+#: field yet is listed as not yet expressible): corpus key -> setup field
+STACK_FIELDS = {"compile": "compile", "fp8": "fp8_gemm"}
+#: device overrides a row's ``device_variant`` maps to once the setup has them (else the catalog device is used
+#: and the report says so): corpus key -> setup field
+DEVICE_FIELDS = {"memory": "memory", "hbm_bandwidth": "hbm_bandwidth", "power_limit": "power_limit"}
 
 
 def load_corpus(path: Path = CORPUS) -> list[dict[str, Any]]:
@@ -83,10 +89,10 @@ def model_of(r: dict[str, Any]) -> Any:
 
 def not_expressible(r: dict[str, Any]) -> Optional[str]:
     """Why trainfit cannot express this run yet (None: it can)."""
-    if r.get("fp8") and "fp8_gemm" not in FIELD_NAMES:
+    if r.get("fp8") and STACK_FIELDS["fp8"] not in FIELD_NAMES:
         return ("fp8 GEMMs with 16-bit weights (Transformer Engine / torchao float8"
                 + (f", {r['fp8_format']}" if r.get("fp8_format") else "") + ") have no recipe field yet")
-    if r.get("compile") and "compile" not in FIELD_NAMES:
+    if r.get("compile") and STACK_FIELDS["compile"] not in FIELD_NAMES:
         return "torch.compile has no recipe field yet"
     if r.get("async_tp"):
         return "async TP (forward TP collectives overlapped with the GEMMs) has no overlap setting yet"
@@ -96,11 +102,9 @@ def not_expressible(r: dict[str, Any]) -> Optional[str]:
 
 
 def setup_of(r: dict[str, Any]) -> TrainingSetup:
-    extra: dict[str, Any] = {}
-    if r.get("compile"):
-        extra["compile"] = True
-    if r.get("fp8"):
-        extra["fp8_gemm"] = True
+    extra: dict[str, Any] = {STACK_FIELDS[k]: True for k in STACK_FIELDS if r.get(k)}
+    variant = r.get("device_variant") or {}
+    extra.update({f: variant[k] for k, f in DEVICE_FIELDS.items() if k in variant and f in FIELD_NAMES})
     sharding = dict(fsdp=True, reshard_after_forward=r["zero"] == 3) if r.get("fsdp") else dict(zero=r["zero"])
     return TrainingSetup.build(
         model_of(r), r["device"], batch=r["global_batch"], seq_len=r["seq"], accumulation=r["accumulation"],
