@@ -199,7 +199,7 @@ def test_cli_plan_text_json_markdown_and_errors():
     assert d["method"] == "detailed" and d["evaluated"] == d["searched"]
     assert set(d["top"][0]["time_s"]) == set(COMPONENTS)
     assert set(d["top"][0]["step_time"]) == {"seconds", "tokens_per_second", "tokens_per_second_per_device",
-                                             "tflops_per_device", "mfu"}
+                                             "tflops_per_device", "mfu", "band_seconds", "band"}
     assert d["top"][0]["memory_bytes"] and d["top"][0]["total_bytes"] > 0
     # the setup's vocabulary, each figure once (step_time as estimate --output json has it)
     assert set(d["top"][0]) == {"tp", "pp", "dp", "ep", "zero", "checkpointing", "micro_batch", "accumulation",

@@ -1,7 +1,10 @@
 """The step-time model against published training runs: predicted vs published throughput.
 
-Writes ``validation/steptime.jsonl`` (one JSON object per run) and ``validation/steptime.md`` (the
-table, the orderings, the settings and their sources). Pure numpy, a second or two:
+Writes ``validation/steptime.jsonl`` (one JSON object per Megatron-LM run below),
+``validation/steptime-corpus.jsonl`` (one per row of the corpus of published runs,
+``validation/steptime-corpus.yaml``, see ``validation/steptime_corpus.py``), ``validation/steptime.md`` (the
+tables, the orderings, the settings and their sources) and the residual bands
+``src/trainfit/data/steptime_bands.yaml``. Pure numpy, a few seconds:
 
     python validation/steptime.py            # rewrite both files
     python validation/steptime.py --print    # print the table only
@@ -44,7 +47,12 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE))
+BANDS = HERE.parent / "src" / "trainfit" / "data" / "steptime_bands.yaml"
 
+import yaml  # noqa: E402
+
+import steptime_corpus  # noqa: E402
 from trainfit.files import write_text  # noqa: E402
 from trainfit.catalog import Hardware  # noqa: E402
 from trainfit.steptime import Overlap, constants, setup_step_time  # noqa: E402
@@ -245,14 +253,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--print", action="store_true", help="print the table; write nothing")
     args = ap.parse_args(argv)
     rows = [predict(r) for r in runs()]
-    md = markdown(rows)
+    results = steptime_corpus.evaluate_corpus(rows)
+    band_rows = steptime_corpus.bands(results)
+    md = markdown(rows) + "\n" + steptime_corpus.markdown(results, band_rows)
     if args.print:
         print(md)
         return 0
     write_text(HERE / "steptime.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    write_text(HERE / "steptime-corpus.jsonl", "".join(json.dumps(corpus_record(x), sort_keys=True) + "\n"
+                                                       for x in results if "run" not in x.row))
     write_text(HERE / "steptime.md", md)
+    write_text(BANDS, bands_yaml(band_rows, steptime_corpus.summary(results)))
     print(md)
     return 0
+
+
+def corpus_record(x: Any) -> dict[str, Any]:
+    """One corpus row's outcome as a JSON object."""
+    return {"id": x.id, "device": x.row["device"], "generation": x.generation, "stack": x.stack,
+            "metric": x.row["metric"], "published": x.row["value"], "predicted": x.predicted, "error": x.error,
+            "time_ratio": x.ratio, "step_s": x.step_s, "mfu": x.mfu, "split": None if x.ratio is None else (
+                "calibration" if x.calibration else "held out"), "not_expressible": x.reason}
+
+
+def bands_yaml(band_rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+    """The bands data file, with its provenance."""
+    head = ("# Step-time bands: ratio of predicted to published step time over the calibration rows of the corpus\n"
+            "# of published runs (validation/steptime-corpus.yaml + the Megatron-LM rows of validation/steptime.py),\n"
+            "# 10th percentile (low), median and 90th percentile (high), per device generation and stack, per\n"
+            "# generation (stack null) and for all rows (both null). Written by `python validation/steptime.py`;\n"
+            "# do not edit by hand. Read by trainfit.steptime.bands.\n")
+    data = {"source": (f"validation/steptime.py: {summary['calibration']} calibration rows of {summary['rows']} "
+                       "published runs (validation/steptime.md, 'Corpus of published runs')"),
+            "bands": band_rows}
+    return head + yaml.safe_dump(data, sort_keys=False)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..steptime import FIGURES as STEP_FIGURES  # the throughput figures of every layout (JSON ``step_time``)
+from ..steptime import FIGURES as STEP_FIGURES
+from ..steptime.bands import band_fields  # the throughput figures of every layout (JSON ``step_time``)
 from ..training_setup import Parallelism
 
 #: the parallel fields a layout's JSON always carries (the ones the search varies); others only when set
@@ -74,13 +75,19 @@ class Plan:
     def usable_bytes(self) -> float:
         return self.capacity_bytes * (1.0 - self.headroom)
 
+    def _banded(self, x: Layout) -> dict[str, Any]:
+        """A layout's JSON with its step time's band (``step_time.band_seconds``) of this plan's device."""
+        d = x.to_json()
+        d["step_time"].update(band_fields(self.hardware, x.step_time["seconds"]))
+        return d
+
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "hardware": self.hardware, "method": self.method, "world_size": self.world_size,
                 "global_batch": self.global_batch, "seq_len": self.seq_len, "precision": self.precision,
                 "optimizer": self.optimizer, "headroom": self.headroom, "capacity_bytes": self.capacity_bytes,
                 "usable_bytes": self.usable_bytes, "searched": self.searched, "evaluated": self.evaluated,
                 "fitting": self.fitting,
-                "top": [x.to_json() for x in self.top], "rejected": [x.to_json() for x in self.rejected],
+                "top": [self._banded(x) for x in self.top], "rejected": [self._banded(x) for x in self.rejected],
                 "candidates": self.candidates, "excluded": list(self.excluded),
                 "assumptions": list(self.assumptions), "elapsed_s": self.elapsed_s, "notes": list(self.notes),
                 "units": "bytes per accelerator (GB = 1e9 bytes, GiB = 2^30 bytes where shown); seconds per step; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..planner import Layout, Plan
 from ..steptime import TIME_COMPONENTS
+from ..steptime.bands import band_fields
 from ..units import GB, GiB
 from .document import Column, Document
 from .labels import short, time_label
@@ -44,7 +45,7 @@ def header_lines(p: Plan) -> list[str]:
     return lines
 
 
-def _tables(doc: Document, rows: list[Layout], title: str) -> None:
+def _tables(doc: Document, rows: list[Layout], title: str, hardware: str = "") -> None:
     comps = _mem_columns(rows)
     named = [c for c in comps if c != "other"]
     head = ["#", "layout", "ZeRO", "ckpt", "micro-batch x accum"] + [f"{short(c)} GB" for c in comps] + ["total GB"]
@@ -59,9 +60,11 @@ def _tables(doc: Document, rows: list[Layout], title: str) -> None:
     doc.table(f"{title} — memory per accelerator", [Column(h, right=h not in ("layout", "ckpt")) for h in head], mem)
     # components that are zero in every row shown (EP without experts, CP, ...) get no column
     parts = [t for t in TIME_COMPONENTS if any(x.time.get(t, 0.0) for x in rows)]
-    head = ["#"] + [f"{time_label(t)} s" for t in parts] + ["step s", "tokens/s", "TFLOP/s each", "MFU %"]
+    head = ["#"] + [f"{time_label(t)} s" for t in parts] + ["step s (range)", "tokens/s", "TFLOP/s each", "MFU %"]
+    band = band_fields(hardware, 1.0)["band_seconds"]  # the band scales with the step time
     times = [[str(i)] + [f"{x.time[k]:.3g}" for k in parts]
-             + [f"{x.step_time['seconds']:.3g}", f"{x.step_time['tokens_per_second']:,.0f}",
+             + [f"{x.step_time['seconds']:.3g} ({band[0] * x.step_time['seconds']:.3g}-"
+                f"{band[1] * x.step_time['seconds']:.3g})", f"{x.step_time['tokens_per_second']:,.0f}",
                 f"{x.step_time['tflops_per_device']:.0f}", f"{100 * x.step_time['mfu']:.1f}"]
              for i, x in enumerate(rows, 1)]
     doc.table(f"{title} — time per step (seconds)", [Column(h, right=True) for h in head], times)
@@ -74,7 +77,7 @@ def plan_document(p: Plan) -> Document:
     for s in head:
         doc.line(s)
     if p.top:
-        _tables(doc, p.top, "Best layouts, fastest first")
+        _tables(doc, p.top, "Best layouts, fastest first", p.hardware)
     else:
         doc.line("no layout fits" + (" — see the best rejected ones below" if p.rejected else ""), "bad")
     if p.rejected:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..steptime import COMPONENTS, StepTime, constants as C
+from ..steptime.bands import QUANTILES, format_band
 from ..units import GB
 from .document import Column, Document
 from .labels import time_label
@@ -18,9 +19,16 @@ def _ms(x: float) -> str:
 def summary_line(st: StepTime) -> str:
     """The step in one line."""
     where = f"{st.devices:,} accelerators" if st.devices != 1 else "1 accelerator"
-    return (f"step time {st.seconds:.3g} s on {where}: {st.tokens_per_second:,.0f} tokens/s "
+    return (f"step time {format_band(st.seconds, st.band)} on {where}: {st.tokens_per_second:,.0f} tokens/s "
             f"({st.tokens_per_second_per_device:,.0f} per device), {st.tflops_per_device:.0f} TFLOP/s per device, "
             f"MFU {100 * st.mfu:.1f} %")
+
+
+def band_note(st: StepTime) -> str:
+    """What the band in brackets means and where it comes from."""
+    b = st.band
+    return (f"range: {100 * QUANTILES[0]:.0f}th-{100 * QUANTILES[1]:.0f}th percentile of the model's error on "
+            f"{b.rows} published runs ({b.group}; validation/steptime.md)")
 
 
 def explain_lines(st: StepTime) -> list[dict[str, Any]]:
@@ -94,6 +102,7 @@ def explain_lines(st: StepTime) -> list[dict[str, Any]]:
 def add_step_time(doc: Document, st: StepTime, *, explain: bool = False) -> None:
     """The step-time summary, and with ``explain`` the breakdown table and each component's formula."""
     doc.line(summary_line(st), "bold")
+    doc.line(band_note(st), "dim")
     if not explain:
         return
     rows = [[time_label(k), f"{v:,.4g}", f"{100 * v / st.seconds:.1f} %"] for k, v in st.components.items() if v]
@@ -107,4 +116,4 @@ def add_step_time(doc: Document, st: StepTime, *, explain: bool = False) -> None
         doc.line("architecture approximated from the catalog's parameter count (no bundled config)", "dim")
 
 
-__all__ = ["add_step_time", "explain_lines", "summary_line"]
+__all__ = ["add_step_time", "band_note", "explain_lines", "summary_line"]

@@ -23,6 +23,7 @@ from ..errors import TrainfitError
 from ..sweep import SetupArrays
 from ..training_setup import PRECISIONS, Recipe, TrainingSetup
 from . import constants
+from .bands import Band, band_for, band_of
 from .constants import DEFAULT_NODE_SIZE
 from .efficiency import efficiency_for
 from .kernels import Device
@@ -55,8 +56,14 @@ class StepTime:
     detail: dict[str, float] = field(repr=False, default_factory=dict)  #: intermediate quantities (seconds, bytes)
     setup: Any = field(repr=False, default=None)
 
+    @property
+    def band(self) -> Band:
+        """The band of published runs on this device generation (:mod:`.bands`)."""
+        hw = getattr(self.setup, "hardware", None)
+        return band_of(hw) if hw is not None else band_for(None)
+
     def to_json(self) -> dict[str, Any]:
-        return {"seconds": self.seconds, "tokens_per_second": self.tokens_per_second,
+        return {"seconds": self.seconds, **self.band.to_json(self.seconds), "tokens_per_second": self.tokens_per_second,
                 "tokens_per_second_per_device": self.tokens_per_second_per_device,
                 "tflops_per_device": self.tflops_per_device, "mfu": self.mfu, "devices": self.devices,
                 "components_s": dict(self.components), "peak_flops": self.peak_flops, "attention_kernel": self.kernel,
