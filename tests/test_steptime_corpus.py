@@ -70,7 +70,9 @@ def test_torchtitan_8b_row_is_the_issue_example(results):
 def test_not_expressible_rows_are_kept_with_a_reason(results):
     skipped = [x for x in results if x.ratio is None]
     assert skipped and all(x.reason for x in skipped)
-    assert any("fp8" in x.reason for x in skipped)
+    assert any("async TP" in x.reason for x in skipped)  # no overlap setting for it yet
+    # fp8 rows are predicted now (the fp8 precision: fp8 GEMMs, 16-bit attention)
+    assert any(x.row.get("fp8") and x.ratio is not None for x in results)
     # nothing dropped: every corpus row has a result
     assert len(results) == len(steptime_corpus.load_corpus()) + len(steptime_validation.runs())
 

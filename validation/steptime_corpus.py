@@ -27,6 +27,7 @@ import yaml
 from trainfit.catalog import get_hardware
 from trainfit.errors import TrainfitError
 from trainfit.steptime import setup_step_time
+from trainfit.refs import device
 from trainfit.steptime.bands import QUANTILES, generation_of
 from trainfit.training_setup import FIELD_NAMES, TrainingSetup
 
@@ -42,12 +43,11 @@ MPT = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24), "1
 MPT_VOCAB = 50368
 #: a share of rows within this relative error counts as "within"
 WITHIN = 0.20
-#: the training-setup fields a row's stack settings map to once trainfit has them (a row whose setting has no
-#: field yet is listed as not yet expressible): corpus key -> setup field
-STACK_FIELDS = {"compile": "compile", "fp8": "fp8_gemm"}
-#: device overrides a row's ``device_variant`` maps to once the setup has them (else the catalog device is used
-#: and the report says so): corpus key -> setup field
-DEVICE_FIELDS = {"memory": "memory", "hbm_bandwidth": "hbm_bandwidth", "power_limit": "power_limit"}
+#: the training-setup fields a row's stack settings map to (a row whose setting has no field is listed as not
+#: yet expressible): corpus key -> setup field
+STACK_FIELDS = {"compile": "compile"}
+#: the device overrides a row's ``device_variant`` maps to (trainfit.refs.device keywords)
+DEVICE_FIELDS = ("memory", "hbm_bandwidth", "power_limit")
 
 
 def load_corpus(path: Path = CORPUS) -> list[dict[str, Any]]:
@@ -89,9 +89,6 @@ def model_of(r: dict[str, Any]) -> Any:
 
 def not_expressible(r: dict[str, Any]) -> Optional[str]:
     """Why trainfit cannot express this run yet (None: it can)."""
-    if r.get("fp8") and STACK_FIELDS["fp8"] not in FIELD_NAMES:
-        return ("fp8 GEMMs with 16-bit weights (Transformer Engine / torchao float8"
-                + (f", {r['fp8_format']}" if r.get("fp8_format") else "") + ") have no recipe field yet")
     if r.get("compile") and STACK_FIELDS["compile"] not in FIELD_NAMES:
         return "torch.compile has no recipe field yet"
     if r.get("async_tp"):
@@ -104,11 +101,11 @@ def not_expressible(r: dict[str, Any]) -> Optional[str]:
 def setup_of(r: dict[str, Any]) -> TrainingSetup:
     extra: dict[str, Any] = {STACK_FIELDS[k]: True for k in STACK_FIELDS if r.get(k)}
     variant = r.get("device_variant") or {}
-    extra.update({f: variant[k] for k, f in DEVICE_FIELDS.items() if k in variant and f in FIELD_NAMES})
+    hardware = device(r["device"], **{k: variant[k] for k in DEVICE_FIELDS if k in variant})
     sharding = dict(fsdp=True, reshard_after_forward=r["zero"] == 3) if r.get("fsdp") else dict(zero=r["zero"])
     return TrainingSetup.build(
-        model_of(r), r["device"], batch=r["global_batch"], seq_len=r["seq"], accumulation=r["accumulation"],
-        precision=r["precision"], optimizer="adamw", attention=r.get("attention", "auto"),
+        model_of(r), hardware, batch=r["global_batch"], seq_len=r["seq"], accumulation=r["accumulation"],
+        precision="fp8" if r.get("fp8") else r["precision"], optimizer="adamw", attention=r.get("attention", "auto"),
         checkpointing=r["checkpointing"], tp=r["tp"], pp=r["pp"], dp=r["dp"], cp=r["cp"], ep=r["ep"],
         sequence_parallel=r["stack"] == "megatron" and r["tp"] > 1, pp_schedule=r.get("pp_schedule", "1f1b"),
         pp_virtual=r.get("vp", 1), **sharding, **extra)
@@ -150,8 +147,9 @@ def predict_row(r: dict[str, Any]) -> Result:
     except TrainfitError as e:
         return Result(r, r["stack"], gen, reason=str(e))
     if s.micro_batch != r["micro_batch"] or st.devices != r["gpus"]:
-        raise AssertionError(f"{r['id']}: micro-batch {s.micro_batch} on {st.devices} devices, the source ran "
-                             f"{r['micro_batch']} on {r['gpus']}")
+        # e.g. Megatron carves expert parallelism out of data parallelism; trainfit's world is tp·pp·dp·cp·ep
+        return Result(r, r["stack"], gen, reason=f"trainfit's layout gives micro-batch {s.micro_batch} on "
+                      f"{st.devices} devices; the source ran {r['micro_batch']} on {r['gpus']}")
     pred = st.tokens_per_second_per_device if r["metric"] == "tokens_per_s_per_gpu" else st.tflops_per_device
     return Result(r, r["stack"], gen, predicted=pred, error=pred / r["value"] - 1.0,
                   ratio=time_ratio(r["metric"], pred, r["value"]), step_s=st.seconds, mfu=st.mfu)
@@ -350,15 +348,15 @@ def markdown(results: list[Result], band_rows: list[dict[str, Any]]) -> str:
             lines.append(f"| {x.id} | {_settings(x.row)} | {_fmt(x.row['metric'], x.row['value'])} | {x.reason} |")
     lines += ["", "### Notes on the sources", "",
               "* torchtitan (Llama 3.1 on H100, Dec 2024): the hosts ran H100 with 96 GB HBM2e at 2.4 TB/s capped "
-              "at 500 W (the rows' `device_variant`); they are predicted on the catalog's H100 SXM (3.35 TB/s, "
-              "700 W) until a device override exists, so part of their error is the device.",
+              "at 500 W (the rows' `device_variant`); they are predicted on the catalog's H100 SXM with those overrides "
+              "(`trainfit.device(\"h100\", memory=\"96GB\", hbm_bandwidth=\"2.4TB/s\", power_limit=\"500W\")`).",
               "* llm-foundry (MosaicML Composer on PyTorch FSDP): MPT models read as GPT-NeoX configs (GeLU MLP "
               "with expansion 4, no learned positions; MPT's ALiBi and bias-free layers differ in memory-bound "
               "work only). FULL_SHARD is FSDP with resharding (ZeRO-3), SHARD_GRAD_OP without (ZeRO-2); "
               "\"Activation Checkpointing True\" is full checkpointing. The source's micro-batching may accumulate "
               "uneven micro-batches; every row here has GBS = GPUs x MBS x GA.",
               "* Megatron-Bridge (NeMo) 26.04.01: DGX-H100 and DGX-B200 rows only (GB200/GB300 are NVL72 racks); "
-              "almost all are fp8 and wait for an fp8 recipe field.", ""]
+              "almost all are fp8, predicted with the `fp8` precision (fp8 GEMMs, 16-bit attention).", ""]
     return "\n".join(lines)
 
 
