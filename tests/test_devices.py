@@ -82,6 +82,10 @@ def test_power_cap_and_bandwidth_change_step_time_as_stated():
     # memory-bound kernels read the bandwidth: 3.35 / 2.4 TB/s slower, the GEMMs untouched
     assert slow.components["memory_bound"] / base.components["memory_bound"] == pytest.approx(3.35 / 2.4, rel=1e-9)
     assert slow.components["gemm"] == pytest.approx(base.components["gemm"], rel=1e-12)
+    # MFU divides by the datasheet peak (torchtitan's and Megatron's definition), not the capped one
+    spec = device("h100", power_limit="500W").spec
+    assert capped.mfu == pytest.approx(capped.tflops_per_device * 1e12 / spec.datasheet_flops("bf16"), rel=1e-9)
+    assert capped.mfu < base.mfu
 
 
 @pytest.mark.parametrize("kwargs,needle", [

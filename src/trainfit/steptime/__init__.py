@@ -114,15 +114,17 @@ def device_for(hw: Any, recipe: Recipe, kernel: str = "flash") -> Device:
     if fp8_gemms(recipe):  # fp8 GEMMs, 16-bit activations: the fp8 peak where the device lists one
         b16 = Device(spec.name, float(spec.flops("bf16")), float(spec.memory.bandwidth), sms, 2.0,
                      gemm_efficiency=eff.gemm, attention_forward=fwd, attention_backward=bwd, hbm_efficiency=eff.hbm,
-                     generation=eff.generation)
+                     generation=eff.generation, compute_scale=float(spec.compute_scale))
         if "fp8" not in spec.compute.precision_flops:
             return b16
         return Device(spec.name, float(spec.flops("fp8")), float(spec.memory.bandwidth), sms, 1.0,
                       gemm_efficiency=eff.gemm_fp8, attention_forward=fwd, attention_backward=bwd,
-                      hbm_efficiency=eff.hbm, generation=eff.generation, sixteen_bit=b16)
+                      hbm_efficiency=eff.hbm, generation=eff.generation, sixteen_bit=b16,
+                      compute_scale=float(spec.compute_scale))
     return Device(spec.name, float(spec.flops(PRECISIONS[recipe.precision].flops)), float(spec.memory.bandwidth),
                   sms, float(recipe.compute_bytes), gemm_efficiency=eff.gemm, attention_forward=fwd,
-                  attention_backward=bwd, hbm_efficiency=eff.hbm, generation=eff.generation)
+                  attention_backward=bwd, hbm_efficiency=eff.hbm, generation=eff.generation,
+                  compute_scale=float(spec.compute_scale))
 
 
 def fp8_gemms(recipe: Recipe) -> bool:

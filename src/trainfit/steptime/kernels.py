@@ -27,6 +27,9 @@ class Device:
     attention_backward: float = C.FLASH_EFFICIENCY
     hbm_efficiency: float = C.HBM_EFFICIENCY
     generation: str = "default"
+    #: the share of the datasheet peak a power limit leaves (``HardwareSpec.compute_scale``); MFU is defined
+    #: against the datasheet peak, as torchtitan and Megatron report it
+    compute_scale: float = 1.0
     #: with fp8 GEMMs: the same device as 16-bit kernels see it (attention, the LM head stay in bf16)
     sixteen_bit: Optional["Device"] = None
 

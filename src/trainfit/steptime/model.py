@@ -563,7 +563,7 @@ def evaluate(ta: TimeArch, dev: Device, net: Network, rc: TimeRecipe, lay: dict[
     out["tokens_per_second"] = np.broadcast_to(tokens / step, shape)
     out["tokens_per_second_per_device"] = np.broadcast_to(tokens / step / world, shape)
     out["tflops_per_device"] = np.broadcast_to(model_flops / step / world / 1e12, shape)  # 10^12 FLOP/s
-    out["mfu"] = np.broadcast_to(model_flops / (step * world * dev.peak_flops), shape)
+    out["mfu"] = np.broadcast_to(model_flops * dev.compute_scale / (step * world * dev.peak_flops), shape)
     out["devices"] = np.broadcast_to(world, shape)
     out["model_flops"] = np.broadcast_to(model_flops, shape)
     # what the explanation quotes (per block and micro-batch unless said otherwise)
