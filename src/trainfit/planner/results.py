@@ -12,6 +12,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import numpy as np
+
+from ..pricing import Cost, Price, cost
 from ..steptime import FIGURES as STEP_FIGURES  # the throughput figures of every layout (JSON ``step_time``)
 from ..training_setup import Parallelism
 
@@ -46,6 +49,23 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class Cloud:
+    """Every searched layout as a point: memory per accelerator (bytes; NaN where not evaluated), step time
+    (seconds), whether it fits, whether it is on the Pareto front, and the chosen (fastest fitting) one's
+    index (None when none fits). What ``plan --plot`` draws."""
+
+    total_bytes: np.ndarray = field(repr=False)
+    seconds: np.ndarray = field(repr=False)
+    fits: np.ndarray = field(repr=False)
+    pareto: np.ndarray = field(repr=False)
+    chosen: Optional[int] = None
+
+    @property
+    def size(self) -> int:
+        return int(self.seconds.size)
+
+
+@dataclass(frozen=True)
 class Plan:
     """Result of :func:`~trainfit.planner.plan`."""
 
@@ -69,6 +89,16 @@ class Plan:
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
     evaluated: int = 0  #: layouts whose memory was evaluated (all of them unless the search stopped early)
+    near_misses: list[Any] = field(default_factory=list)  #: :class:`~trainfit.planner.near.NearMiss`, closest first
+    front: list[Layout] = field(default_factory=list)  #: the Pareto front (fastest for its memory), least memory first
+    cloud: Optional[Cloud] = field(default=None, repr=False)
+    price: Optional[Price] = None  #: US dollars per device-hour (the price list's, or ``price=``)
+    tokens: Optional[float] = None  #: the whole run's tokens, for its days and dollars
+
+    def cost(self, layout: Layout) -> Cost:
+        """What ``layout`` costs on this plan's accelerators (:mod:`trainfit.pricing`)."""
+        return cost(self.world_size, layout.step_time["seconds"], self.global_batch * self.seq_len,
+                    price=self.price, tokens=self.tokens)
 
     @property
     def usable_bytes(self) -> float:
@@ -80,11 +110,22 @@ class Plan:
                 "optimizer": self.optimizer, "headroom": self.headroom, "capacity_bytes": self.capacity_bytes,
                 "usable_bytes": self.usable_bytes, "searched": self.searched, "evaluated": self.evaluated,
                 "fitting": self.fitting,
-                "top": [x.to_json() for x in self.top], "rejected": [x.to_json() for x in self.rejected],
+                "top": [{**x.to_json(), "cost": _figures(self.cost(x))} for x in self.top],
+                "rejected": [x.to_json() for x in self.rejected],
+                "near_misses": [m.to_json() for m in self.near_misses],
+                "pareto_front": [x.to_json() for x in self.front],
+                "price": self.price.to_json() if self.price else None, "run_tokens": self.tokens,
                 "candidates": self.candidates, "excluded": list(self.excluded),
                 "assumptions": list(self.assumptions), "elapsed_s": self.elapsed_s, "notes": list(self.notes),
                 "units": "bytes per accelerator (GB = 1e9 bytes, GiB = 2^30 bytes where shown); seconds per step; "
                          "tokens/s; 10^12 model FLOP/s per device"}
 
 
-__all__ = ["Layout", "Plan", "STEP_FIGURES"]
+def _figures(c: Cost) -> dict[str, Any]:
+    """A layout's cost figures (the price is the plan's)."""
+    d = c.to_json()
+    return {k: d[k] for k in ("gpu_hours_per_step", "usd_per_step", "gpu_hours_per_billion_tokens",
+                              "usd_per_billion_tokens", "run_steps", "run_days", "run_gpu_hours", "run_usd")}
+
+
+__all__ = ["Cloud", "Layout", "Plan", "STEP_FIGURES"]
