@@ -11,10 +11,12 @@ Keyword arguments are the flat fields of :class:`~trainfit.training_setup.Traini
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Collection
 from typing import Any, Optional
 
+from .compare import table as comparison_table
 from .detailed.method import Detailed
 from .errors import unknown_choice
 from .first_order import FirstOrder
@@ -113,7 +115,8 @@ def sweep(model: Any, hardware: Any, *, method: Optional[str] = None, **kwargs: 
         get_method(method)
     fields, options = split_options(kwargs)
     x = encode(model, hardware, **fields)
-    return sweep_encoded(x, method if method is not None else default_method_for(x), **options)
+    res = sweep_encoded(x, method if method is not None else default_method_for(x), **options)
+    return dataclasses.replace(res, tabulate=comparison_table)  # .table(): columns with step time and cost
 
 
 def default_method_for(x: SetupArrays) -> str:

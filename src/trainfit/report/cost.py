@@ -8,9 +8,11 @@ from ..pricing import Cost
 
 
 def usd(x: Optional[float]) -> str:
-    """US dollars, cents below $100, whole dollars above."""
+    """US dollars: three significant digits below $1, cents below $100, whole dollars above."""
     if x is None:
         return "-"
+    if abs(x) < 1:
+        return f"${x:.3g}"
     return f"${x:,.2f}" if abs(x) < 100 else f"${x:,.0f}"
 
 
