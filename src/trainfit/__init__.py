@@ -5,12 +5,14 @@ Library entry points:
 * :class:`TrainingSetup` — one validated description of a training run (model, device, batch, a
   :class:`Recipe` and a :class:`Parallelism`), the input of every method;
 * :func:`estimate` — one setup's memory by any method (detailed, traced, first-order, measured);
-* :func:`sweep`, :func:`grid` — arrays of setups at once;
+* :func:`sweep`, :func:`grid` — arrays of setups at once (``sweep(...).table()``: side by side);
+* :func:`compare` — a few setups side by side (any value a list): memory, fit, step time, cost;
 * :class:`TrainingMemoryModel` — the seed-compatible first-order model (MLSys·im 0.3.0 parity);
 * :data:`Hardware`, :data:`Models` — the catalogs (``Hardware.Cloud.H100``, ``Models.get("llama-3.1-8b")``).
 
 Units: sizes are bytes inside the library; reports say GB (1e9 bytes) or GiB (2^30 bytes).
 """
+from .compare import compare
 from .catalog import Hardware, HardwareSpec, Models, ModelSpec, get_hardware, get_model
 from .engine import estimate, sweep
 from .errors import TrainfitError
@@ -24,6 +26,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Estimate", "Hardware", "HardwareSpec", "Models", "ModelSpec", "PRECISION_BYTES", "Parallelism", "Recipe",
-    "Suggestion", "TrainfitError", "TrainingMemoryModel", "TrainingMemoryResult", "TrainingSetup", "estimate",
+    "Suggestion", "TrainfitError", "TrainingMemoryModel", "TrainingMemoryResult", "TrainingSetup", "compare", "estimate",
     "get_hardware", "get_model", "grid", "parse_bytes", "resolve_precision", "sweep", "__version__",
 ]

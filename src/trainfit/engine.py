@@ -16,7 +16,7 @@ import inspect
 from collections.abc import Collection
 from typing import Any, Optional
 
-from .compare import table as comparison_table
+from .tabulate import table as comparison_table
 from .detailed.method import Detailed
 from .errors import unknown_choice
 from .first_order import FirstOrder

@@ -217,7 +217,7 @@ class SweepResult(Mapping):
     component_names: tuple[str, ...]
     arrays: dict[str, np.ndarray]
     inputs: SetupArrays = field(repr=False)
-    #: builds :meth:`table` (:func:`trainfit.compare.table`, handed in by :func:`trainfit.engine.sweep`: the
+    #: builds :meth:`table` (:func:`trainfit.tabulate.table`, handed in by :func:`trainfit.engine.sweep`: the
     #: step-time model it reads stands on this module)
     tabulate: Optional[Callable[..., Any]] = field(default=None, repr=False, compare=False)
 
@@ -262,7 +262,7 @@ class SweepResult(Mapping):
         return self.inputs.setup_at(index)
 
     def table(self, *, price: Optional[float] = None, tokens: Optional[float] = None, **options: Any) -> Any:
-        """The configurations side by side (a :class:`trainfit.compare.Comparison`, one column each, at most
+        """The configurations side by side (a :class:`trainfit.tabulate.Comparison`, one column each, at most
         64): memory by component, total, fit, step time, tokens/s and cost in GPU-hours and US dollars
         (``price`` per device-hour overrides the price list; ``tokens`` prices a whole run). ``options``:
         ``node_size``, ``inter_node_bandwidth`` of the step-time model."""

@@ -2,7 +2,7 @@
 accelerator), total, fit, step time (seconds), tokens/s, and cost in GPU-hours and US dollars."""
 from __future__ import annotations
 
-from ..compare import Comparison
+from ..tabulate import Comparison
 from ..units import GB
 from .cost import hours, usd
 from .document import Column, Document
