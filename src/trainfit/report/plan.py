@@ -13,7 +13,7 @@ from ..planner import Layout, NearMiss, Plan
 from ..pricing import BILLION
 from ..steptime import TIME_COMPONENTS
 from ..units import GB, GiB
-from .cost import cost_lines, usd
+from .cost import cost_lines
 from .document import Column, Document
 from .labels import short, time_label
 
@@ -56,7 +56,7 @@ def header_lines(p: Plan) -> list[str]:
     return lines
 
 
-def _tables(doc: Document, p: Plan, rows: list[Layout], title: str) -> None:
+def _tables(doc: Document, rows: list[Layout], title: str) -> None:
     comps = _mem_columns(rows)
     named = [c for c in comps if c != "other"]
     head = ["#", "layout", "ZeRO", "ckpt", "micro-batch x accum"] + [f"{short(c)} GB" for c in comps] + ["total GB"]
@@ -72,14 +72,11 @@ def _tables(doc: Document, p: Plan, rows: list[Layout], title: str) -> None:
     # components that are zero in every row shown (EP without experts, CP, ...) get no column
     parts = [t for t in TIME_COMPONENTS if any(x.time.get(t, 0.0) for x in rows)]
     head = ["#"] + [f"{time_label(t)} s" for t in parts] + ["step s", "tokens/s", "TFLOP/s each", "MFU %"]
-    priced = p.price is not None
-    head += ["$ / B tokens" if priced else "GPU-h / B tokens"]
     times = [[str(i)] + [f"{x.time[k]:.3g}" for k in parts]
              + [f"{x.step_time['seconds']:.3g}", f"{x.step_time['tokens_per_second']:,.0f}",
-                f"{x.step_time['tflops_per_device']:.0f}", f"{100 * x.step_time['mfu']:.1f}",
-                usd(p.cost(x).usd_per_billion_tokens) if priced else f"{p.cost(x).gpu_hours_per_billion_tokens:,.0f}"]
+                f"{x.step_time['tflops_per_device']:.0f}", f"{100 * x.step_time['mfu']:.1f}"]
              for i, x in enumerate(rows, 1)]
-    doc.table(f"{title} — time per step (seconds) and cost", [Column(h, right=True) for h in head], times)
+    doc.table(f"{title} — time per step (seconds)", [Column(h, right=True) for h in head], times)
 
 
 def plan_document(p: Plan) -> Document:
@@ -89,7 +86,7 @@ def plan_document(p: Plan) -> Document:
     for s in head:
         doc.line(s)
     if p.top:
-        _tables(doc, p, p.top, "Best layouts, fastest first")
+        _tables(doc, p.top, "Best layouts, fastest first")
         for line in cost_lines(p.cost(p.top[0]), hardware=p.hardware):
             doc.line(("#1 " if line.startswith("cost") else "") + line)
     else:
