@@ -16,7 +16,7 @@ import trainfit
 from trainfit import TrainfitError, estimate
 from trainfit.cli import app
 from trainfit.datafile import load_entries
-from trainfit.pricing import PriceEntry, cost, price_for, price_list
+from trainfit.pricing import cost, price_for, price_list, price_schema
 from trainfit.steptime import setup_step_time
 from trainfit.tabulate import MAX_COLUMNS
 from trainfit.training_setup import TrainingSetup
@@ -119,7 +119,7 @@ def test_the_price_list_is_validated_and_sourced(tmp_path):
                             "source": {"kind": "rumour", "ref": "x", "url": "https://x"}}, "source.kind")]:
         bad.write_text(yaml.safe_dump([entry]))
         with pytest.raises(TrainfitError, match=needle):
-            load_entries(bad, PriceEntry, what="price")
+            load_entries(bad, price_schema(), what="price")
 
 
 def test_cost_arithmetic():

@@ -12,7 +12,6 @@ Library entry points:
 
 Units: sizes are bytes inside the library; reports say GB (1e9 bytes) or GiB (2^30 bytes).
 """
-from .compare import compare
 from .catalog import Hardware, HardwareSpec, Models, ModelSpec, get_hardware, get_model
 from .engine import estimate, sweep
 from .errors import TrainfitError
@@ -23,6 +22,16 @@ from .training_setup import Parallelism, Recipe, TrainingSetup
 from .units import PRECISION_BYTES, parse_bytes, resolve_precision
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):  # noqa: ANN202
+    """``trainfit.compare``: loaded on first use (the tables and prices it reads are not every run's)."""
+    if name == "compare":
+        from .comparison import compare
+
+        globals()["compare"] = compare
+        return compare
+    raise AttributeError(f"module 'trainfit' has no attribute {name!r}")
 
 __all__ = [
     "Estimate", "Hardware", "HardwareSpec", "Models", "ModelSpec", "PRECISION_BYTES", "Parallelism", "Recipe",

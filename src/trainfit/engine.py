@@ -16,7 +16,6 @@ import inspect
 from collections.abc import Collection
 from typing import Any, Optional
 
-from .tabulate import table as comparison_table
 from .detailed.method import Detailed
 from .errors import unknown_choice
 from .first_order import FirstOrder
@@ -116,7 +115,15 @@ def sweep(model: Any, hardware: Any, *, method: Optional[str] = None, **kwargs: 
     fields, options = split_options(kwargs)
     x = encode(model, hardware, **fields)
     res = sweep_encoded(x, method if method is not None else default_method_for(x), **options)
-    return dataclasses.replace(res, tabulate=comparison_table)  # .table(): columns with step time and cost
+    return dataclasses.replace(res, tabulate=_table)  # .table(): columns with step time and cost
+
+
+def _table(res: SweepResult, **options: Any) -> Any:
+    """:meth:`SweepResult.table <trainfit.sweep.SweepResult.table>`: :func:`trainfit.tabulate.table`, loaded on
+    first use."""
+    from .tabulate import table
+
+    return table(res, **options)
 
 
 def default_method_for(x: SetupArrays) -> str:

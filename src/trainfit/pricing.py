@@ -16,40 +16,46 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from .datafile import DATA_DIR, load_entries
 from .errors import TrainfitError
 
-PRICES_FILE = DATA_DIR / "prices.yaml"
+#: the price list (``data/prices.yaml``)
+PRICES_FILE = Path(__file__).parent / "data" / "prices.yaml"
 #: tokens in the "per billion tokens" figures
 BILLION = 1e9
 
 
-class _Source(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: Literal["cloud list price", "aggregator"]
-    ref: str
-    url: str
+@lru_cache(maxsize=1)
+def price_schema() -> type:
+    """The pydantic schema of one price-list entry (built on first use: a pydantic class costs milliseconds to
+    build, and most runs never read a price)."""
+    from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+    class Source(BaseModel):
+        model_config = ConfigDict(frozen=True, extra="forbid")
+        kind: Literal["cloud list price", "aggregator"]
+        ref: str
+        url: str
 
-class PriceEntry(BaseModel):
-    """One line of the price list: US dollars per device-hour, on demand."""
+    class PriceEntry(BaseModel):
+        """One line of the price list: US dollars per device-hour, on demand."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    device: str
-    usd_per_device_hour: float = Field(gt=0)
-    date: datetime.date
-    source: _Source
+        model_config = ConfigDict(frozen=True, extra="forbid")
+        device: str
+        usd_per_device_hour: float = Field(gt=0)
+        date: datetime.date
+        source: Source
 
-    @field_validator("device")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        from .catalog import get_hardware
+        @field_validator("device")
+        @classmethod
+        def _known(cls, v: str) -> str:
+            from .catalog import get_hardware
 
-        return get_hardware(v).key  # an unknown device fails with the catalog's own close matches
+            return get_hardware(v).key  # an unknown device fails with the catalog's own close matches
+
+    return PriceEntry
 
 
 @dataclass(frozen=True)
@@ -70,8 +76,10 @@ class Price:
 def price_list() -> dict[str, Price]:
     """Catalog device key -> :class:`Price`, from ``data/prices.yaml`` (validated; a device listed twice is
     refused)."""
+    from .datafile import load_entries
+
     out: dict[str, Price] = {}
-    for e in load_entries(PRICES_FILE, PriceEntry, what="price"):
+    for e in load_entries(PRICES_FILE, price_schema(), what="price"):
         if e.device in out:
             raise TrainfitError(f"{PRICES_FILE}: device {e.device!r} is priced twice")
         out[e.device] = Price(e.usd_per_device_hour, f"{e.source.kind}: {e.source.ref}", e.source.url,
@@ -173,4 +181,5 @@ def cost(devices: int, step_seconds: float, tokens_per_step: float, *, price: Op
     return Cost(int(devices), float(step_seconds), float(tokens_per_step), price, check_tokens(tokens))
 
 
-__all__ = ["BILLION", "Cost", "Price", "PriceEntry", "check_tokens", "cost", "price_for", "price_list"]
+__all__ = ["BILLION", "Cost", "PRICES_FILE", "Price", "check_tokens", "cost", "price_for", "price_list",
+           "price_schema"]

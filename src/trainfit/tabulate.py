@@ -1,6 +1,6 @@
 """Comparison tables: a few training setups as columns, with memory, fit, step time and cost.
 
-:func:`trainfit.compare.compare` takes the flat setup fields (and the model and hardware) where any of them may be a list: each
+:func:`trainfit.comparison.compare` takes the flat setup fields (and the model and hardware) where any of them may be a list: each
 list is one axis, and the columns are their cross product (at most :data:`MAX_COLUMNS`). The setups are
 evaluated by one memory method in one sweep (:func:`trainfit.engine.sweep`, so every column equals
 :func:`trainfit.estimate` of its setup by that method) and timed by the step-time model

@@ -111,7 +111,7 @@ def compare_command(
     (seconds), tokens/s, and cost in GPU-hours and US dollars per step, per billion tokens and for --tokens. One
     memory method for every column, so each equals `trainfit estimate` of its setup with that method.
     """
-    from ..compare import compare
+    from ..comparison import compare
     from ..errors import TrainfitError
     from ..report.compare import compare_document
 
