@@ -157,3 +157,11 @@ def test_plan_figure_marks_every_layout_the_front_and_the_chosen_one(p8):
     assert ax.get_yscale() == "log"
     with pytest.raises(TrainfitError, match="plot x axis"):
         plan_figure(p8, "money")
+
+
+def test_the_app_shows_the_same_plan_figure(p8):
+    pytest.importorskip("matplotlib")
+    from trainfit.app import views
+
+    png = views.plot_plan_png(p8)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

@@ -168,13 +168,17 @@ def plan_figure(p: Plan, x: str = "time") -> Any:
         ax.plot([xs[c]], [mem[c]], "*", color="#E69F00", ms=17, mec="black", mew=0.8, zorder=6,
                 label="chosen: the fastest that fits")
         t = p.top[0]
+        # the label goes in the lower left corner: nothing is both faster and smaller than the front, and the
+        # y axis reaches below the least memory, so no layout is drawn there
         ax.annotate(f"{layout_name(t)}, ZeRO {t.parallel.zero_stage}, {t.checkpointing}, mb {t.micro_batch}\n"
-                    f"{mem[c]:,.1f} GB, {t.step_time['seconds']:.3g} s/step", (xs[c], mem[c]), xytext=(14, -30),
-                    textcoords="offset points", fontsize=8.5,
+                    f"{mem[c]:,.1f} GB, {t.step_time['seconds']:.3g} s/step", (xs[c], mem[c]), xytext=(0.02, 0.03),
+                    textcoords="axes fraction", ha="left", va="bottom", fontsize=8.5,
                     bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "#E69F00", "alpha": 0.95},
-                    arrowprops={"arrowstyle": "-", "color": "#E69F00"})
+                    arrowprops={"arrowstyle": "->", "color": "#E69F00", "lw": 1.2})
     ax.set_yscale("log")
     ax.set_xscale("log")
+    if seen.any():  # room below the least memory for the label
+        ax.set_ylim(bottom=float(np.nanmin(mem)) / 5, top=float(max(np.nanmax(mem), usable)) * 2)
     from matplotlib.ticker import FuncFormatter
 
     plain = FuncFormatter(lambda v, _pos: f"{v:,g}")
