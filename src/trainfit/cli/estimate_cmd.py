@@ -56,7 +56,7 @@ def estimate_command(
 
         c = cost(st.devices, st.seconds, setup.batch * setup.seq_len, price=price_for(setup.hardware, price),
                  tokens=tokens)
-        for line in cost_lines(c, hardware=est.hardware):
+        for line in cost_lines(c, hardware=est.hardware, noun=setup.hardware.noun):
             doc.line(line, "dim" if line.startswith(("price", "no price")) else None)
         d["cost"] = c.to_json()
     emit(doc, output, json=d)

@@ -32,9 +32,13 @@ def compare_document(c: Comparison) -> Document:
     rows.append(["tokens/s"] + st(",.0f", "tokens_per_second"))
     rows.append(["devices"] + st(",.0f", "devices"))
     rows.append(["MFU %"] + st(".1f", "mfu", 100.0))
-    rows.append(["GPU-hours / step"] + [hours(x.cost.gpu_hours_per_step) if x.cost else "-" for x in cols])
+    from ..catalog import Hardware
+
+    nouns = {Hardware.get(x.hardware).noun if x.hardware in Hardware else "device" for x in cols}
+    h = f"{nouns.pop()}-hours" if len(nouns) == 1 else "device-hours"
+    rows.append([f"{h} / step"] + [hours(x.cost.gpu_hours_per_step) if x.cost else "-" for x in cols])
     rows.append(["$ / step"] + [usd(x.cost.usd_per_step) if x.cost else "-" for x in cols])
-    rows.append(["GPU-hours / B tokens"] + [hours(x.cost.gpu_hours_per_billion_tokens) if x.cost else "-"
+    rows.append([f"{h} / B tokens"] + [hours(x.cost.gpu_hours_per_billion_tokens) if x.cost else "-"
                                              for x in cols])
     rows.append(["$ / B tokens"] + [usd(x.cost.usd_per_billion_tokens) if x.cost else "-" for x in cols])
     if c.tokens is not None:
@@ -56,8 +60,8 @@ def compare_document(c: Comparison) -> Document:
         if x.step_time_note:
             doc.line(f"{x.label}: no step time — {x.step_time_note}", "dim")
     doc.line("memory per accelerator in GB (1e9 bytes), a run fits when its total <= capacity; step time from the "
-             "step-time model on the setup's tp x pp x dp x cp x ep devices; GPU-hours = devices x step seconds / "
-             "3600", "dim")
+             "step-time model on the setup's tp x pp x dp x cp x ep devices; device-hours = devices x step seconds "
+             "/ 3600", "dim")
     for n in c.notes:
         doc.line(n, "dim")
     return doc

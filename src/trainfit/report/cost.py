@@ -20,16 +20,17 @@ def hours(x: float) -> str:
     return f"{x:,.3g}" if x < 1000 else f"{x:,.0f}"
 
 
-def cost_lines(c: Cost, *, hardware: str = "") -> list[str]:
+def cost_lines(c: Cost, *, hardware: str = "", noun: str = "GPU") -> list[str]:
     """The cost of a step, of a billion tokens and of the run (``--tokens``), one line each, and the price's
-    source."""
-    lines = [f"cost: {hours(c.gpu_hours_per_step)} GPU-hours per step ({c.devices:,} x {c.step_seconds:.3g} s)"
+    source. ``noun`` names one device (``GPU``, ``TPU chip``): its hours are GPU-hours, TPU chip-hours."""
+    h = f"{noun}-hours"
+    lines = [f"cost: {hours(c.gpu_hours_per_step)} {h} per step ({c.devices:,} x {c.step_seconds:.3g} s)"
              + (f" = {usd(c.usd_per_step)}" if c.price else "")
-             + f"; {hours(c.gpu_hours_per_billion_tokens)} GPU-hours per billion tokens"
+             + f"; {hours(c.gpu_hours_per_billion_tokens)} {h} per billion tokens"
              + (f" = {usd(c.usd_per_billion_tokens)}" if c.price else "")]
     if c.tokens is not None:
         lines.append(f"run of {c.tokens:,.4g} tokens: {c.run_steps:,.0f} steps, {c.run_days:,.3g} days, "
-                     f"{hours(c.run_gpu_hours or 0.0)} GPU-hours" + (f", {usd(c.run_usd)}" if c.price else ""))
+                     f"{hours(c.run_gpu_hours or 0.0)} {h}" + (f", {usd(c.run_usd)}" if c.price else ""))
     if c.price is None:
         lines.append(f"no price for {hardware or 'this accelerator'} in the price list: --price USD per device-hour "
                      "gives the dollars")

@@ -87,7 +87,7 @@ def plan_document(p: Plan) -> Document:
         doc.line(s)
     if p.top:
         _tables(doc, p.top, "Best layouts, fastest first")
-        for line in cost_lines(p.cost(p.top[0]), hardware=p.hardware):
+        for line in cost_lines(p.cost(p.top[0]), hardware=p.hardware, noun=_noun(p.hardware)):
             doc.line(("#1 " if line.startswith("cost") else "") + line)
     else:
         doc.line("no layout fits" + (" — see the near misses below" if p.near_misses else ""), "bad")
@@ -103,6 +103,13 @@ def plan_document(p: Plan) -> Document:
     for a in p.assumptions:
         doc.line(a, "dim", item=True)
     return doc
+
+
+def _noun(hardware: str) -> str:
+    """What one accelerator of the plan is called (``GPU``, ``TPU chip``)."""
+    from ..catalog import Hardware
+
+    return Hardware.get(hardware).noun if hardware in Hardware else "device"
 
 
 def layout_words(x: Layout) -> str:
