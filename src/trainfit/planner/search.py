@@ -252,7 +252,10 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
         front = [at(int(i)) for i in np.flatnonzero(on_front)[np.argsort(mem["total_bytes"][on_front], kind="stable")]]
 
         def outside(rows: list[tuple[int, ...]]) -> list[Optional[Layout]]:
-            """The layouts of rows the search did not evaluate, by the same memory method and time model."""
+            """The layouts of rows the search did not evaluate, by the same memory method and time model (a
+            method without a vectorised form would measure each: only the evaluated layouts serve as fixes)."""
+            if m.vectorised is None:
+                return [None] * len(rows)
             try:
                 sub = _space_of(rows, space)
                 xs = _encode(ctx, sub, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
