@@ -108,6 +108,8 @@ def neighbours(row: Row, *, n: int, global_batch: int, candidates: dict[str, lis
             continue
         new = {**degrees, name: v}
         dd = n // (new["tp"] * new["pp"] * new["ep"])
+        if global_batch % (dd * b):
+            continue  # the micro-batch no longer splits the batch over the new data-parallel ranks
         zz = z if dd > 1 else 0
         word = {"tp": "tensor", "pp": "pipeline", "ep": "expert"}[name]
         out.append((f"{word} parallelism {v} (data parallelism {dd})",

@@ -262,8 +262,8 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                 st2 = {f"time_{k}": v for k, v in step_time_arrays(
                     xs, node_size=ctx.net.node_size, inter_node_bandwidth=inter_node_bandwidth, overlap=overlap).items()}
                 mem2 = _memory(xs, method=method, inflight=inflight, options=method_options)
-            except TrainfitError:
-                return [None] * len(rows)
+            except TrainfitError:  # some row the setup's rules refuse: the others one by one
+                return [lay for row in rows for lay in outside([row])] if len(rows) > 1 else [None]
             arr2 = {**st2, **mem2, "accumulation": global_batch // (sub.dp * sub.mb)}
             return [_layout(sub, arr2, i, usable, capacity, headroom, parallel) for i in range(len(rows))]
 
