@@ -15,8 +15,7 @@ from typer.testing import CliRunner
 import trainfit
 from trainfit import TrainfitError, estimate
 from trainfit.cli import app
-from trainfit.datafile import load_entries
-from trainfit.pricing import cost, price_for, price_list, price_schema
+from trainfit.pricing import cost, load_prices, price_for, price_list
 from trainfit.steptime import setup_step_time
 from trainfit.tabulate import MAX_COLUMNS
 from trainfit.training_setup import TrainingSetup
@@ -114,12 +113,16 @@ def test_the_price_list_is_validated_and_sourced(tmp_path):
     for entry, needle in [({"device": "H1000", "usd_per_device_hour": 2, "date": "2026-01-01",
                             "source": {"kind": "aggregator", "ref": "x", "url": "https://x"}}, "H1000"),
                           ({"device": "H100", "usd_per_device_hour": 0, "date": "2026-01-01",
-                            "source": {"kind": "aggregator", "ref": "x", "url": "https://x"}}, "greater than 0"),
+                            "source": {"kind": "aggregator", "ref": "x", "url": "https://x"}}, "must be US dollars > 0"),
                           ({"device": "H100", "usd_per_device_hour": 2, "date": "2026-01-01",
-                            "source": {"kind": "rumour", "ref": "x", "url": "https://x"}}, "source.kind")]:
+                            "source": {"kind": "rumour", "ref": "x", "url": "https://x"}}, "source.kind: must be one of"),
+                          ({"device": "H100", "usd_per_device_hour": 2, "date": "May 2026",
+                            "source": {"kind": "aggregator", "ref": "x", "url": "https://x"}}, "date: must be a date"),
+                          ({"device": "H100", "usd_per_device_hour": 2, "date": "2026-01-01", "cost": 1,
+                            "source": {"kind": "aggregator", "ref": "x", "url": "https://x"}}, "cost: unknown field")]:
         bad.write_text(yaml.safe_dump([entry]))
         with pytest.raises(TrainfitError, match=needle):
-            load_entries(bad, price_schema(), what="price")
+            load_prices(bad)
 
 
 def test_cost_arithmetic():

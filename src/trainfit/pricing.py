@@ -1,7 +1,7 @@
 """What a run costs: a price per device-hour from the price list, and the arithmetic of GPU-hours and dollars.
 
 The prices live in ``data/prices.yaml`` (catalog device key -> US dollars per device-hour on demand, with its
-source and the date it was read), validated on load; ``--price`` (``price=``) overrides them. The cost of a
+source and the date it was read), validated on load (:func:`load_prices`); ``--price`` (``price=``) overrides them. The cost of a
 layout follows from its step time alone::
 
     GPU-hours per step  = devices x step seconds / 3600
@@ -17,7 +17,7 @@ import datetime
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 from .errors import TrainfitError
 
@@ -25,37 +25,6 @@ from .errors import TrainfitError
 PRICES_FILE = Path(__file__).parent / "data" / "prices.yaml"
 #: tokens in the "per billion tokens" figures
 BILLION = 1e9
-
-
-@lru_cache(maxsize=1)
-def price_schema() -> type:
-    """The pydantic schema of one price-list entry (built on first use: a pydantic class costs milliseconds to
-    build, and most runs never read a price)."""
-    from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-    class Source(BaseModel):
-        model_config = ConfigDict(frozen=True, extra="forbid")
-        kind: Literal["cloud list price", "aggregator"]
-        ref: str
-        url: str
-
-    class PriceEntry(BaseModel):
-        """One line of the price list: US dollars per device-hour, on demand."""
-
-        model_config = ConfigDict(frozen=True, extra="forbid")
-        device: str
-        usd_per_device_hour: float = Field(gt=0)
-        date: datetime.date
-        source: Source
-
-        @field_validator("device")
-        @classmethod
-        def _known(cls, v: str) -> str:
-            from .catalog import get_hardware
-
-            return get_hardware(v).key  # an unknown device fails with the catalog's own close matches
-
-    return PriceEntry
 
 
 @dataclass(frozen=True)
@@ -72,19 +41,69 @@ class Price:
                 "date": self.date}
 
 
+#: the fields of a price-list entry, and of its source
+_FIELDS = ("device", "usd_per_device_hour", "date", "source")
+_SOURCE_FIELDS = ("kind", "ref", "url")
+_SOURCE_KINDS = ("cloud list price", "aggregator")
+
+
+def load_prices(path: Any = PRICES_FILE) -> dict[str, Price]:
+    """Read and validate a price list: a YAML list of entries ``device`` (a catalog accelerator's key),
+    ``usd_per_device_hour`` (> 0), ``date`` (YYYY-MM-DD) and ``source`` (``kind``: cloud list price or
+    aggregator, ``ref``, ``url``). A bad entry fails in one line naming the file, the line and the field."""
+    from .catalog import get_hardware
+    from .datafile import node_at, read_yaml
+
+    path = Path(path)
+    data, root = read_yaml(path)
+
+    def fail(i: int, key: tuple[Any, ...], what: str) -> TrainfitError:
+        node = node_at(root, (i, *key))
+        return TrainfitError(f"{path}: line {node.line() if node else '?'}: price entry {i}, "
+                             f"{'.'.join(map(str, key)) or 'entry'}: {what}")
+
+    if not isinstance(data, list):
+        raise TrainfitError(f"{path}: expected a list of price entries")
+    out: dict[str, Price] = {}
+    for i, e in enumerate(data):
+        if not isinstance(e, dict):
+            raise fail(i, (), "must be a mapping")
+        for k in e:
+            if k not in _FIELDS:
+                raise fail(i, (k,), f"unknown field (expected {', '.join(_FIELDS)})")
+        for k in _FIELDS:
+            if k not in e:
+                raise fail(i, (k,), "required field is missing")
+        try:
+            key = get_hardware(str(e["device"])).key
+        except TrainfitError as exc:
+            raise fail(i, ("device",), str(exc)) from None
+        usd = e["usd_per_device_hour"]
+        if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not 0 < usd < 1e6:
+            raise fail(i, ("usd_per_device_hour",), f"must be US dollars > 0, got {usd!r}")
+        day = e["date"]
+        if not isinstance(day, datetime.date):  # YAML reads 2026-05-18 as a date
+            try:
+                day = datetime.date.fromisoformat(str(day))
+            except ValueError:
+                raise fail(i, ("date",), f"must be a date YYYY-MM-DD, got {day!r}") from None
+        src = e["source"]
+        if not isinstance(src, dict) or set(src) != set(_SOURCE_FIELDS):
+            raise fail(i, ("source",), f"must have exactly {', '.join(_SOURCE_FIELDS)}")
+        if src["kind"] not in _SOURCE_KINDS:
+            raise fail(i, ("source", "kind"), f"must be one of {', '.join(_SOURCE_KINDS)}, got {src['kind']!r}")
+        if not str(src["url"]).startswith(("https://", "http://")):
+            raise fail(i, ("source", "url"), f"must be a web address, got {src['url']!r}")
+        if key in out:
+            raise fail(i, ("device",), f"{key} is priced twice")
+        out[key] = Price(float(usd), f"{src['kind']}: {src['ref']}", str(src["url"]), day.isoformat())
+    return out
+
+
 @lru_cache(maxsize=1)
 def price_list() -> dict[str, Price]:
-    """Catalog device key -> :class:`Price`, from ``data/prices.yaml`` (validated; a device listed twice is
-    refused)."""
-    from .datafile import load_entries
-
-    out: dict[str, Price] = {}
-    for e in load_entries(PRICES_FILE, price_schema(), what="price"):
-        if e.device in out:
-            raise TrainfitError(f"{PRICES_FILE}: device {e.device!r} is priced twice")
-        out[e.device] = Price(e.usd_per_device_hour, f"{e.source.kind}: {e.source.ref}", e.source.url,
-                              e.date.isoformat())
-    return out
+    """Catalog device key -> :class:`Price`, from ``data/prices.yaml`` (:func:`load_prices`)."""
+    return load_prices(PRICES_FILE)
 
 
 def price_for(hardware: Any, override: Optional[float] = None) -> Optional[Price]:
@@ -181,5 +200,5 @@ def cost(devices: int, step_seconds: float, tokens_per_step: float, *, price: Op
     return Cost(int(devices), float(step_seconds), float(tokens_per_step), price, check_tokens(tokens))
 
 
-__all__ = ["BILLION", "Cost", "PRICES_FILE", "Price", "check_tokens", "cost", "price_for", "price_list",
-           "price_schema"]
+__all__ = ["BILLION", "Cost", "PRICES_FILE", "Price", "check_tokens", "cost", "load_prices", "price_for",
+           "price_list"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -90,10 +90,16 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     evaluated: int = 0  #: layouts whose memory was evaluated (all of them unless the search stopped early)
     near_misses: list[Any] = field(default_factory=list)  #: :class:`~trainfit.planner.near.NearMiss`, closest first
-    front: list[Layout] = field(default_factory=list)  #: the Pareto front (fastest for its memory), least memory first
+    #: builds the Pareto front's layouts (a few dozen; built when asked for, see :attr:`front`)
+    front_layouts: Optional[Callable[[], list[Layout]]] = field(default=None, repr=False, compare=False)
     cloud: Optional[Cloud] = field(default=None, repr=False)
     price: Optional[Price] = None  #: US dollars per device-hour (the price list's, or ``price=``)
     tokens: Optional[float] = None  #: the whole run's tokens, for its days and dollars
+
+    @property
+    def front(self) -> list[Layout]:
+        """The Pareto front: the layouts no other beats on both memory and step time, least memory first."""
+        return self.front_layouts() if self.front_layouts is not None else []
 
     def cost(self, layout: Layout) -> Cost:
         """What ``layout`` costs on this plan's accelerators (:mod:`trainfit.pricing`)."""

@@ -223,7 +223,7 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     fitting = 0
     evaluated = 0
     misses: list[Any] = []
-    front: list[Layout] = []
+    front = None
     cloud = None
     if exhaustive is None:
         exhaustive = m.vectorised is not None  # one vectorised pass over every layout
@@ -249,7 +249,8 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
         on_front = pareto_front(mem["total_bytes"], times["time_step"])
         cloud = Cloud(total_bytes=mem["total_bytes"], seconds=times["time_step"], fits=fits, pareto=on_front,
                       chosen=chosen)
-        front = [at(int(i)) for i in np.flatnonzero(on_front)[np.argsort(mem["total_bytes"][on_front], kind="stable")]]
+        front_idx = np.flatnonzero(on_front)[np.argsort(mem["total_bytes"][on_front], kind="stable")]
+        front = lambda: [at(int(i)) for i in front_idx]  # noqa: E731
 
         def outside(rows: list[tuple[int, ...]]) -> list[Optional[Layout]]:
             """The layouts of rows the search did not evaluate, by the same memory method and time model (a
@@ -289,7 +290,7 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                 optimizer=ctx.optimizer, headroom=float(headroom), capacity_bytes=capacity, searched=space.size,
                 fitting=fitting, evaluated=evaluated, top=top_rows, rejected=rej_rows, candidates=space.candidates,
                 excluded=space.excluded, assumptions=lines, elapsed_s=time.perf_counter() - started, notes=notes,
-                near_misses=misses, front=front, cloud=cloud, price=unit_price, tokens=tokens)
+                near_misses=misses, front_layouts=front, cloud=cloud, price=unit_price, tokens=tokens)
 
 
 def min_gpus(model: Any, hardware: Any, *, max_gpus: int = DEFAULT_MAX_GPUS,
