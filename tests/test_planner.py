@@ -203,7 +203,7 @@ def test_cli_plan_text_json_markdown_and_errors():
     assert d["top"][0]["memory_bytes"] and d["top"][0]["total_bytes"] > 0
     # the setup's vocabulary, each figure once (step_time as estimate --output json has it)
     assert set(d["top"][0]) == {"tp", "pp", "dp", "ep", "zero", "checkpointing", "micro_batch", "accumulation",
-                                "memory_bytes", "total_bytes", "fits", "step_time", "time_s", "reason"}
+                                "memory_bytes", "total_bytes", "fits", "step_time", "time_s", "reason", "cost"}
     assert "n_gpus" not in d and "step_s" not in d["top"][0] and "tokens_per_s" not in d["top"][0]
     md = runner.invoke(app, ["plan", "llama-3.1-8b", "--gpus", "8", "-o", "markdown"]).stdout
     assert "#### Assumptions" in md and "| # | layout |" in md

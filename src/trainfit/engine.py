@@ -11,6 +11,7 @@ Keyword arguments are the flat fields of :class:`~trainfit.training_setup.Traini
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Collection
 from typing import Any, Optional
@@ -113,7 +114,16 @@ def sweep(model: Any, hardware: Any, *, method: Optional[str] = None, **kwargs: 
         get_method(method)
     fields, options = split_options(kwargs)
     x = encode(model, hardware, **fields)
-    return sweep_encoded(x, method if method is not None else default_method_for(x), **options)
+    res = sweep_encoded(x, method if method is not None else default_method_for(x), **options)
+    return dataclasses.replace(res, tabulate=_table)  # .table(): columns with step time and cost
+
+
+def _table(res: SweepResult, **options: Any) -> Any:
+    """:meth:`SweepResult.table <trainfit.sweep.SweepResult.table>`: :func:`trainfit.tabulate.table`, loaded on
+    first use."""
+    from .tabulate import table
+
+    return table(res, **options)
 
 
 def default_method_for(x: SetupArrays) -> str:

@@ -217,6 +217,9 @@ class SweepResult(Mapping):
     component_names: tuple[str, ...]
     arrays: dict[str, np.ndarray]
     inputs: SetupArrays = field(repr=False)
+    #: builds :meth:`table` (:func:`trainfit.tabulate.table`, handed in by :func:`trainfit.engine.sweep`: the
+    #: step-time model it reads stands on this module)
+    tabulate: Optional[Callable[..., Any]] = field(default=None, repr=False, compare=False)
 
     def __getitem__(self, key: str) -> np.ndarray:
         try:
@@ -257,6 +260,15 @@ class SweepResult(Mapping):
     def setup_at(self, index: Any) -> TrainingSetup:
         """The training setup of one configuration (e.g. to estimate it on its own)."""
         return self.inputs.setup_at(index)
+
+    def table(self, *, price: Optional[float] = None, tokens: Optional[float] = None, **options: Any) -> Any:
+        """The configurations side by side (a :class:`trainfit.tabulate.Comparison`, one column each, at most
+        64): memory by component, total, fit, step time, tokens/s and cost in GPU-hours and US dollars
+        (``price`` per device-hour overrides the price list; ``tokens`` prices a whole run). ``options``:
+        ``node_size``, ``inter_node_bandwidth`` of the step-time model."""
+        if self.tabulate is None:
+            raise TrainfitError("this sweep result has no table: make it with trainfit.sweep(...)")
+        return self.tabulate(self, price=price, tokens=tokens, **options)
 
 
 # ------------------------------------------------------------------------------------------ encoding

@@ -265,7 +265,10 @@ def _(TrainfitError, estimate_document, free, free_task, frontier_document, io, 
                 _fields = views.setup_fields(_v, views.PLAN_FIELDS)
                 _pl = trainfit_plan(_v["model"], _v["hardware"], int(_v["gpus"]), global_batch=_fields.pop("batch"),
                                     method=views.method_of(_v["method"]), **_fields)
-                _result = mo.Html(f'<div data-testid="free-plan">{mo.md(to_markdown(plan_document(_pl))).text}</div>')
+                _parts = [mo.image(io.BytesIO(views.plot_plan_png(_pl)), style=_img)] if _pl.cloud is not None \
+                    and _pl.cloud.size else []
+                _result = mo.vstack(_parts + [mo.Html(f'<div data-testid="free-plan">'
+                                                      f'{mo.md(to_markdown(plan_document(_pl))).text}</div>')])
             else:
                 _e = trainfit.estimate(_v["model"], _v["hardware"], method=views.method_of(_v["method"]), **views.setup_fields(_v))
                 _result = mo.vstack([mo.image(io.BytesIO(views.plot_estimate_png(_e)), style=_img),

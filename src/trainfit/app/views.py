@@ -270,3 +270,15 @@ def plot_estimate_png(est: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=130)
     return buf.getvalue()
+
+
+def plot_plan_png(plan: Any, x: str = "time") -> bytes:
+    """The plan's picture (:func:`trainfit.report.plan.plan_figure`: every searched layout as memory per
+    accelerator against step time or cost, the Pareto front and the chosen layout marked) as PNG bytes."""
+    import io
+
+    from ..report.plan import plan_figure
+
+    buf = io.BytesIO()
+    plan_figure(plan, x).savefig(buf, format="png", dpi=110)
+    return buf.getvalue()

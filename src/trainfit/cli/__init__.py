@@ -13,6 +13,7 @@ from ._common import app
 from . import estimate_cmd as _estimate  # noqa: F401,E402
 from . import catalog_cmd as _catalog  # noqa: F401,E402
 from . import plan_cmd as _plan  # noqa: F401,E402
+from . import compare_cmd as _compare  # noqa: F401,E402
 from . import lab_cmd as _lab  # noqa: F401,E402
 from . import app_cmd as _app_cmd  # noqa: F401,E402
 from . import measure_cmd as _measure  # noqa: F401,E402

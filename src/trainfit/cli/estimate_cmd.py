@@ -12,6 +12,7 @@ from ._common import Output, app, emit, guarded
 from .method_options import method_options, options_for
 from .device_options import device_options
 from .options import flags_for, setup_options
+from .plan_cmd import PRICE_HELP, TOKENS_HELP
 
 #: the methods and the default order, from the registry (each method says why it is the default)
 _METHOD_HELP = ("Memory model: " + ", ".join(METHODS) + ". Default: the first that applies of "
@@ -31,6 +32,8 @@ def estimate_command(
     method: Optional[str] = typer.Option(None, "--method", help=_METHOD_HELP),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text | json | markdown."),
     require_fit: bool = typer.Option(False, "--require-fit", help="Exit with code 2 when the run does not fit."),
+    price: Optional[float] = typer.Option(None, "--price", help=PRICE_HELP),
+    tokens: Optional[float] = typer.Option(None, "--tokens", help=TOKENS_HELP),
     setup_fields: Optional[dict[str, Any]] = None,
     method_values: Optional[dict[str, Any]] = None,
 ) -> None:
@@ -49,8 +52,18 @@ def estimate_command(
     explain = bool(options.get("explain", False))
     est = estimate(setup, method=method, chosen=name, **options)
     st, why = _step_time(setup)
-    emit(estimate_document(est, flags=flags_for, explain=explain, step_time=st), output,
-         json=_json(est, st, why, explain))
+    doc = estimate_document(est, flags=flags_for, explain=explain, step_time=st)
+    d = _json(est, st, why, explain)
+    if st is not None:  # the step's cost (trainfit.pricing): GPU-hours and dollars per step, per 1e9 tokens, per run
+        from ..pricing import cost, price_for
+        from ..report.cost import cost_lines
+
+        c = cost(st.devices, st.seconds, setup.batch * setup.seq_len, price=price_for(setup.hardware, price),
+                 tokens=tokens)
+        for line in cost_lines(c, hardware=est.hardware, noun=setup.hardware.noun):
+            doc.line(line, "dim" if line.startswith(("price", "no price")) else None)
+        d["cost"] = c.to_json()
+    emit(doc, output, json=d)
     if require_fit and est.feasible is False:
         raise typer.Exit(2)
 

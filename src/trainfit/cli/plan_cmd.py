@@ -8,8 +8,8 @@ import typer
 
 from ..engine import METHODS
 from ..errors import TrainfitError
-from ..planner import (DEFAULT_GLOBAL_BATCH, DEFAULT_HEADROOM, DEFAULT_MAX_GPUS, DEFAULT_REJECTED, DEFAULT_TOP,
-                       NOT_SEARCHED, SEARCHED)
+from ..planner import (DEFAULT_GLOBAL_BATCH, DEFAULT_HEADROOM, DEFAULT_MAX_GPUS, DEFAULT_NEAR_MISSES,
+                       DEFAULT_REJECTED, DEFAULT_TOP, NOT_SEARCHED, SEARCHED)
 from ..steptime import DEFAULT_NODE_SIZE
 from ._common import Output, app, console, emit, guarded
 from .method_options import flagged
@@ -20,6 +20,17 @@ from .options import setup_options
 class Over(str, Enum):
     batch = "batch"
     seq = "seq"
+
+
+class PlotX(str, Enum):
+    time = "time"
+    cost = "cost"
+
+
+#: the cost options every command that reports a step time shares
+PRICE_HELP = ("US dollars per device-hour for the cost figures (default: the price list, "
+              "src/trainfit/data/prices.yaml, where it has the accelerator).")
+TOKENS_HELP = "Training tokens of the whole run (e.g. 1e12): adds its steps, days, GPU-hours and dollars."
 
 
 _METHOD_HELP = ("Memory model: " + ", ".join(METHODS) + ". Default: detailed for models with architecture details "
@@ -113,7 +124,18 @@ def plan_command(
                                     help="Evaluate the memory of every layout. Vectorised methods always do; the "
                                          "others otherwise stop once the ranking is settled."),
     top: int = typer.Option(DEFAULT_TOP, "--top", help="Layouts to show."),
-    rejected: int = typer.Option(DEFAULT_REJECTED, "--rejected", help="Best rejected layouts to show."),
+    rejected: int = typer.Option(DEFAULT_REJECTED, "--rejected",
+                                 help="Fastest layouts that do not fit to list in the JSON output ('rejected')."),
+    near_misses: int = typer.Option(DEFAULT_NEAR_MISSES, "--near-misses",
+                                    help="Near misses to show: layouts that do not fit (faster than the best that "
+                                         "does), closest first, each with the one change that makes it fit."),
+    plot: Optional[str] = typer.Option(None, "--plot", help="Save every searched layout as memory per accelerator vs "
+                                       "step time (or cost) to FILE (.png, .svg or .pdf), the Pareto front marked and "
+                                       "the chosen layout labelled; needs matplotlib: pip install 'trainfit[plot]'."),
+    plot_x: PlotX = typer.Option(PlotX.time, "--plot-x", help="The plot's x axis: time (seconds per step) or cost "
+                                 "(dollars per billion tokens)."),
+    price: Optional[float] = typer.Option(None, "--price", help=PRICE_HELP),
+    tokens: Optional[float] = typer.Option(None, "--tokens", help=TOKENS_HELP),
     method: Optional[str] = typer.Option(None, "--method", help=_METHOD_HELP),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text | json | markdown."),
     setup_fields: Optional[dict[str, Any]] = None,
@@ -121,8 +143,10 @@ def plan_command(
     """Every valid TP/PP/DP/EP/ZeRO/checkpointing/micro-batch layout on N accelerators, ranked by step time.
 
     Memory per accelerator in GB (1e9 bytes) from the model's default memory method (detailed when it has
-    architecture details); times in seconds per optimizer step from the step-time model. Every assumption
-    of the time model is printed with the result; --output json gives each layout's step_time and memory.
+    architecture details); times in seconds per optimizer step from the step-time model; cost in GPU-hours and
+    US dollars per step, per billion tokens and for --tokens. The near misses (faster layouts that do not fit)
+    come with the one change that makes each fit. Every assumption of the time model is printed with the
+    result; --output json gives each layout's step_time, memory and cost, and the Pareto front.
     """
     from ..planner import min_gpus, plan
     from ..report.plan import plan_document
@@ -133,7 +157,7 @@ def plan_command(
                 optimizer=fields.pop("optimizer"), headroom=headroom, zero_stages=_numbers(_split(zero)),
                 checkpointing=_split(checkpointing), method=method, node_size=node_size,
                 inter_node_bandwidth=inter_node, inflight=not no_inflight, exhaustive=True if exhaustive else None,
-                top=top, rejected=rejected, **fields)
+                top=top, rejected=rejected, near_misses=near_misses, price=price, tokens=tokens, **fields)
     if min_gpus_flag:
         limit = DEFAULT_MAX_GPUS if gpus is None else gpus
         p, _ = min_gpus(model, hardware, max_gpus=limit, **opts)
@@ -145,4 +169,13 @@ def plan_command(
         if gpus is None:
             raise TrainfitError("--gpus N is required (or --min-gpus to find the smallest N)")
         p = plan(model, hardware, gpus, **opts)
-    emit(plan_document(p), output, json=p.to_json())
+    saved = None
+    if plot:
+        from ..report.plan import plot_plan
+
+        saved = plot_plan(p, plot, plot_x.value)
+    d = p.to_json()
+    d["plot"] = str(saved) if saved else None
+    emit(plan_document(p), output, json=d)
+    if saved and output is not Output.json:
+        console.print(f"plot saved to {saved}", markup=False)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from ..steptime import FIGURES as STEP_FIGURES
-from ..steptime.bands import band_fields  # the throughput figures of every layout (JSON ``step_time``)
+import numpy as np
+
+from ..pricing import Cost, Price, cost
+from ..steptime import FIGURES as STEP_FIGURES  # the throughput figures of every layout (JSON ``step_time``)
+from ..steptime.bands import band_fields
 from ..training_setup import Parallelism
 
 #: the parallel fields a layout's JSON always carries (the ones the search varies); others only when set
@@ -47,6 +50,23 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class Cloud:
+    """Every searched layout as a point: memory per accelerator (bytes; NaN where not evaluated), step time
+    (seconds), whether it fits, whether it is on the Pareto front, and the chosen (fastest fitting) one's
+    index (None when none fits). What ``plan --plot`` draws."""
+
+    total_bytes: np.ndarray = field(repr=False)
+    seconds: np.ndarray = field(repr=False)
+    fits: np.ndarray = field(repr=False)
+    pareto: np.ndarray = field(repr=False)
+    chosen: Optional[int] = None
+
+    @property
+    def size(self) -> int:
+        return int(self.seconds.size)
+
+
+@dataclass(frozen=True)
 class Plan:
     """Result of :func:`~trainfit.planner.plan`."""
 
@@ -70,6 +90,22 @@ class Plan:
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
     evaluated: int = 0  #: layouts whose memory was evaluated (all of them unless the search stopped early)
+    near_misses: list[Any] = field(default_factory=list)  #: :class:`~trainfit.planner.near.NearMiss`, closest first
+    #: builds the Pareto front's layouts (a few dozen; built when asked for, see :attr:`front`)
+    front_layouts: Optional[Callable[[], list[Layout]]] = field(default=None, repr=False, compare=False)
+    cloud: Optional[Cloud] = field(default=None, repr=False)
+    price: Optional[Price] = None  #: US dollars per device-hour (the price list's, or ``price=``)
+    tokens: Optional[float] = None  #: the whole run's tokens, for its days and dollars
+
+    @property
+    def front(self) -> list[Layout]:
+        """The Pareto front: the layouts no other beats on both memory and step time, least memory first."""
+        return self.front_layouts() if self.front_layouts is not None else []
+
+    def cost(self, layout: Layout) -> Cost:
+        """What ``layout`` costs on this plan's accelerators (:mod:`trainfit.pricing`)."""
+        return cost(self.world_size, layout.step_time["seconds"], self.global_batch * self.seq_len,
+                    price=self.price, tokens=self.tokens)
 
     @property
     def usable_bytes(self) -> float:
@@ -87,11 +123,22 @@ class Plan:
                 "optimizer": self.optimizer, "headroom": self.headroom, "capacity_bytes": self.capacity_bytes,
                 "usable_bytes": self.usable_bytes, "searched": self.searched, "evaluated": self.evaluated,
                 "fitting": self.fitting,
-                "top": [self._banded(x) for x in self.top], "rejected": [self._banded(x) for x in self.rejected],
+                "top": [{**self._banded(x), "cost": _figures(self.cost(x))} for x in self.top],
+                "rejected": [self._banded(x) for x in self.rejected],
+                "near_misses": [m.to_json() for m in self.near_misses],
+                "pareto_front": [x.to_json() for x in self.front],
+                "price": self.price.to_json() if self.price else None, "run_tokens": self.tokens,
                 "candidates": self.candidates, "excluded": list(self.excluded),
                 "assumptions": list(self.assumptions), "elapsed_s": self.elapsed_s, "notes": list(self.notes),
                 "units": "bytes per accelerator (GB = 1e9 bytes, GiB = 2^30 bytes where shown); seconds per step; "
                          "tokens/s; 10^12 model FLOP/s per device"}
 
 
-__all__ = ["Layout", "Plan", "STEP_FIGURES"]
+def _figures(c: Cost) -> dict[str, Any]:
+    """A layout's cost figures (the price is the plan's)."""
+    d = c.to_json()
+    return {k: d[k] for k in ("gpu_hours_per_step", "usd_per_step", "gpu_hours_per_billion_tokens",
+                              "usd_per_billion_tokens", "run_steps", "run_days", "run_gpu_hours", "run_usd")}
+
+
+__all__ = ["Cloud", "Layout", "Plan", "STEP_FIGURES"]

@@ -22,8 +22,11 @@ from ..steptime import (DEFAULT_NODE_SIZE, DEFAULT_OVERLAP, TIME_COMPONENTS, Ove
                         time_arch)
 from ..sweep import SetupArrays, encode
 from ..training_setup import DEFAULTS, PARALLEL_FIELDS, PRECISIONS, Parallelism, TrainingSetup
+from ..pricing import check_tokens, price_for
 from ..units import GB
-from .results import STEP_FIGURES, Layout, Plan
+from .near import near_misses as _near_misses
+from .near import pareto_front
+from .results import STEP_FIGURES, Cloud, Layout, Plan
 from .space import (CHECKPOINTING, PLAN_ARGUMENTS, SEARCHED, LayoutSpace, ModelContext, context, enumerate_layouts,
                     world_sizes)
 
@@ -34,6 +37,7 @@ DEFAULT_SEQ_LEN: int = DEFAULTS["seq_len"]
 DEFAULT_HEADROOM = 0.10
 DEFAULT_TOP = 5
 DEFAULT_REJECTED = 5
+DEFAULT_NEAR_MISSES = 5
 DEFAULT_MAX_GPUS = 4096
 #: The search enumerates divisors of the GPU count and of the per-replica batch: beyond these the layouts
 #: no longer describe a cluster and the enumeration stops being instant.
@@ -126,6 +130,13 @@ def _layout(space: LayoutSpace, arr: dict[str, np.ndarray], i: int, usable: floa
                   reason=reason)
 
 
+def _space_of(rows: list[tuple[int, ...]], like: LayoutSpace) -> LayoutSpace:
+    """A layout space of explicit rows (tp, pp, ep, dp, ZeRO stage, checkpointing code, micro-batch)."""
+    a = np.asarray(rows, dtype=np.int64).reshape(-1, 7)
+    return LayoutSpace(tp=a[:, 0], pp=a[:, 1], ep=a[:, 2], dp=a[:, 3], zero=a[:, 4], ckpt=a[:, 5], mb=a[:, 6],
+                       candidates=like.candidates, excluded=[])
+
+
 def _validate(world_size: Any, global_batch: Any, seq_len: Any, headroom: Any, top: Any, rejected: Any,
               method: Optional[str]) -> None:
     V.whole(world_size, "gpus", maximum=MAX_GPUS)
@@ -156,7 +167,9 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
          zero_stages: Optional[Sequence[Any]] = None, checkpointing: Optional[Sequence[str]] = None,
          method: Optional[str] = None, node_size: int = DEFAULT_NODE_SIZE, inter_node_bandwidth: Any = None,
          inflight: bool = True, top: int = DEFAULT_TOP, rejected: int = DEFAULT_REJECTED,
-         exhaustive: Optional[bool] = None, overlap: Overlap = DEFAULT_OVERLAP, **options: Any) -> Plan:
+         exhaustive: Optional[bool] = None, overlap: Overlap = DEFAULT_OVERLAP,
+         near_misses: int = DEFAULT_NEAR_MISSES, price: Optional[float] = None, tokens: Optional[float] = None,
+         **options: Any) -> Plan:
     """Every valid layout of ``model`` on ``world_size`` accelerators of ``hardware``, ranked.
 
     ``global_batch`` in sequences, ``seq_len`` in tokens; ``headroom`` the fraction of memory kept
@@ -168,11 +181,18 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     per pipeline stage for a method that counts one (first-order: the seed's assumption) instead of 1F1B's
     min(pp, micro-batches). ``exhaustive`` evaluates the memory of every layout (the default for methods
     with a vectorised form); otherwise memory is evaluated in order of step time until the ranking is
-    settled. ``options`` are the other training-setup fields (``sequence_parallel``, ``lora_rank``, ...),
+    settled. ``near_misses`` layouts that do not fit are reported closest first, each with the one change that
+    makes it fit (:mod:`trainfit.planner.near`); ``price`` (US dollars per device-hour; default the price
+    list's, :mod:`trainfit.pricing`) and ``tokens`` (the whole run's) price the layouts. ``options`` are the
+    other training-setup fields (``sequence_parallel``, ``lora_rank``, ...),
     the same for every layout, and the memory method's own options.
     """
     _validate(world_size, global_batch, seq_len, headroom, top, rejected, method)
+    if isinstance(near_misses, bool) or not isinstance(near_misses, int) or near_misses < 0:
+        raise TrainfitError(f"near_misses must be a whole number >= 0, got {near_misses!r}")
+    tokens = check_tokens(tokens)
     ctx = context(model, hardware, precision, optimizer, node_size, inter_node_bandwidth)
+    unit_price = price_for(ctx.device, price)
     started = time.perf_counter()  # the search itself; loading the catalogs on first use is not counted
     zs = _restriction(zero_stages, (0, 1, 2, 3), "ZeRO stage", lambda v: V.zero_stage(v, "ZeRO stage"))
     cks = [CHECKPOINTING.index(c) for c in _restriction(checkpointing, CHECKPOINTING, "checkpointing",
@@ -202,6 +222,9 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     rej_rows: list[Layout] = []
     fitting = 0
     evaluated = 0
+    misses: list[Any] = []
+    front = None
+    cloud = None
     if exhaustive is None:
         exhaustive = m.vectorised is not None  # one vectorised pass over every layout
     if space.size:
@@ -221,6 +244,34 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
         top_rows = [_layout(space, arr, int(i), usable, capacity, headroom, parallel) for i in order[fits[order]][:top]]
         rej_rows = [_layout(space, arr, int(i), usable, capacity, headroom, parallel)
                     for i in order[misses[order]][:rejected]]
+        chosen = int(order[fits[order]][0]) if fitting else None
+        at = lambda i: _layout(space, arr, i, usable, capacity, headroom, parallel)  # noqa: E731
+        on_front = pareto_front(mem["total_bytes"], times["time_step"])
+        cloud = Cloud(total_bytes=mem["total_bytes"], seconds=times["time_step"], fits=fits, pareto=on_front,
+                      chosen=chosen)
+        front_idx = np.flatnonzero(on_front)[np.argsort(mem["total_bytes"][on_front], kind="stable")]
+        front = lambda: [at(int(i)) for i in front_idx]  # noqa: E731
+
+        def outside(rows: list[tuple[int, ...]]) -> list[Optional[Layout]]:
+            """The layouts of rows the search did not evaluate, by the same memory method and time model (a
+            method without a vectorised form would measure each: only the evaluated layouts serve as fixes)."""
+            if m.vectorised is None:
+                return [None] * len(rows)
+            try:
+                sub = _space_of(rows, space)
+                xs = _encode(ctx, sub, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
+                st2 = {f"time_{k}": v for k, v in step_time_arrays(
+                    xs, node_size=ctx.net.node_size, inter_node_bandwidth=inter_node_bandwidth, overlap=overlap).items()}
+                mem2 = _memory(xs, method=method, inflight=inflight, options=method_options)
+            except TrainfitError:  # some row the setup's rules refuse: the others one by one
+                return [lay for row in rows for lay in outside([row])] if len(rows) > 1 else [None]
+            arr2 = {**st2, **mem2, "accumulation": global_batch // (sub.dp * sub.mb)}
+            return [_layout(sub, arr2, i, usable, capacity, headroom, parallel) for i in range(len(rows))]
+
+        misses = _near_misses(space, mem["total_bytes"], times["time_step"], done, usable, n=int(world_size),
+                              global_batch=int(global_batch), count=near_misses,
+                              faster_than=float(times["time_step"][chosen]) if chosen is not None else None,
+                              layout_at=at, evaluate=outside)
         if evaluated < space.size:
             notes.append(f"memory evaluated for the {evaluated:,} fastest layouts only (method {method!r}); the "
                          f"other {space.size - evaluated:,} are all slower, so the ranking is exact, but the fit "
@@ -238,7 +289,8 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                 global_batch=int(global_batch), seq_len=int(seq_len), precision=ctx.precision,
                 optimizer=ctx.optimizer, headroom=float(headroom), capacity_bytes=capacity, searched=space.size,
                 fitting=fitting, evaluated=evaluated, top=top_rows, rejected=rej_rows, candidates=space.candidates,
-                excluded=space.excluded, assumptions=lines, elapsed_s=time.perf_counter() - started, notes=notes)
+                excluded=space.excluded, assumptions=lines, elapsed_s=time.perf_counter() - started, notes=notes,
+                near_misses=misses, front_layouts=front, cloud=cloud, price=unit_price, tokens=tokens)
 
 
 def min_gpus(model: Any, hardware: Any, *, max_gpus: int = DEFAULT_MAX_GPUS,
@@ -261,5 +313,5 @@ def min_gpus(model: Any, hardware: Any, *, max_gpus: int = DEFAULT_MAX_GPUS,
     return None, max_gpus
 
 
-__all__ = ["DEFAULT_GLOBAL_BATCH", "DEFAULT_HEADROOM", "DEFAULT_MAX_GPUS", "DEFAULT_REJECTED", "DEFAULT_SEQ_LEN",
+__all__ = ["DEFAULT_GLOBAL_BATCH", "DEFAULT_HEADROOM", "DEFAULT_MAX_GPUS", "DEFAULT_NEAR_MISSES", "DEFAULT_REJECTED", "DEFAULT_SEQ_LEN",
            "DEFAULT_TOP", "MAX_GLOBAL_BATCH", "MAX_GPUS", "min_gpus", "plan"]

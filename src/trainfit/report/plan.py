@@ -1,13 +1,25 @@
 """Report of a parallel-layout plan: the best layouts with memory (GB = 1e9 bytes per accelerator) and
-step time (seconds) by component, the best rejected ones and why, and every assumption."""
+step time (seconds) by component, their cost, the near misses with the change that makes each fit, every
+assumption; and its picture (memory per accelerator against step time or cost, the Pareto front marked)."""
 from __future__ import annotations
 
-from ..planner import Layout, Plan
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import TrainfitError, unknown_choice
+from ..planner import Layout, NearMiss, Plan
+from ..pricing import BILLION
 from ..steptime import TIME_COMPONENTS
 from ..steptime.bands import band_fields
 from ..units import GB, GiB
+from .cost import cost_lines
 from .document import Column, Document
 from .labels import short, time_label
+
+#: the x axes of :func:`plan_figure`
+PLOT_X = ("time", "cost")
 
 
 def layout_name(x: Layout) -> str:
@@ -78,18 +90,131 @@ def plan_document(p: Plan) -> Document:
         doc.line(s)
     if p.top:
         _tables(doc, p.top, "Best layouts, fastest first", p.hardware)
+        for line in cost_lines(p.cost(p.top[0]), hardware=p.hardware, noun=_noun(p.hardware)):
+            doc.line(("#1 " if line.startswith("cost") else "") + line)
     else:
-        doc.line("no layout fits" + (" — see the best rejected ones below" if p.rejected else ""), "bad")
-    if p.rejected:
-        doc.line("Best rejected layouts (fastest first) and why they do not fit:", "heading")
-        for i, x in enumerate(p.rejected, 1):
-            doc.line(f"{i}. {layout_name(x)}, ZeRO {x.parallel.zero_stage}, {x.checkpointing}, micro-batch "
-                     f"{x.micro_batch} x {x.accumulation}: {x.reason}; would take {x.step_time['seconds']:.3g} s/step",
-                     item=True)
+        doc.line("no layout fits" + (" — see the near misses below" if p.near_misses else ""), "bad")
+    if p.near_misses:
+        doc.line("Near misses (" + ("faster than #1, " if p.top else "")
+                 + "closest first) and the one change that makes each fit:", "heading")
+        for i, m in enumerate(p.near_misses, 1):
+            doc.line(f"{i}. {near_miss_line(m)}", item=True)
+        if not any(m.fix for m in p.near_misses):
+            doc.line(f"no single change within {p.world_size} accelerators makes one fit: --min-gpus finds the "
+                     "smallest N that does", "dim")
     doc.line("Assumptions:", "heading")
     for a in p.assumptions:
         doc.line(a, "dim", item=True)
     return doc
 
 
-__all__ = ["header_lines", "layout_name", "plan_document"]
+def _noun(hardware: str) -> str:
+    """What one accelerator of the plan is called (``GPU``, ``TPU chip``)."""
+    from ..catalog import Hardware
+
+    return Hardware.get(hardware).noun if hardware in Hardware else "device"
+
+
+def layout_words(x: Layout) -> str:
+    return (f"{layout_name(x)}, ZeRO {x.parallel.zero_stage}, {x.checkpointing}, micro-batch {x.micro_batch} x "
+            f"{x.accumulation}")
+
+
+def near_miss_line(m: NearMiss) -> str:
+    """A near miss in one line: the layout, by how much it misses, and its fix."""
+    x = m.layout
+    text = (f"{layout_words(x)}: {x.total_bytes / GB:,.1f} GB, over by {m.over_bytes / GB:,.1f} GB "
+            f"({100 * m.over_fraction:.1f} % of the usable memory); {x.step_time['seconds']:.3g} s/step")
+    if m.fix is None:
+        return text + "; no single change makes it fit"
+    f = m.fix.layout
+    slower = 100 * (f.step_time["seconds"] / x.step_time["seconds"] - 1)
+    return (text + f" -> {m.fix.change}: {f.total_bytes / GB:,.1f} GB, fits, {f.step_time['seconds']:.3g} s/step "
+            f"({slower:+.1f} %)")
+
+
+def plan_figure(p: Plan, x: str = "time") -> Any:
+    """Every searched layout as memory per accelerator (GB, log scale) against step time (``x="time"``, seconds)
+    or cost (``x="cost"``: US dollars per billion tokens, or GPU-hours per billion tokens without a price);
+    fitting and not in different markers, the usable memory as a line, the Pareto front (fastest for its memory)
+    joined, the chosen layout labelled. A matplotlib Figure (no pyplot state). Needs matplotlib."""
+    if x not in PLOT_X:
+        raise unknown_choice("plot x axis", x, list(PLOT_X))
+    cl = p.cloud
+    if cl is None or not cl.size:
+        raise TrainfitError("nothing to plot: the search found no layout")
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise TrainfitError("plotting needs matplotlib: pip install 'trainfit[plot]'") from None
+    hours = p.world_size * cl.seconds / 3600.0 * BILLION / (p.global_batch * p.seq_len)
+    if x == "time":
+        xs, xlabel = cl.seconds, "step time (seconds per optimizer step)"
+    elif p.price is not None:
+        xs = hours * p.price.usd_per_device_hour
+        xlabel = f"cost per billion tokens (US dollars at ${p.price.usd_per_device_hour:,.2f} per device-hour)"
+    else:
+        xs, xlabel = hours, "GPU-hours per billion tokens (no price: --price gives dollars)"
+    mem = cl.total_bytes / GB
+    seen = ~np.isnan(mem)
+    fig = Figure(figsize=(9.0, 5.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    no = seen & ~cl.fits
+    ax.scatter(xs[no], mem[no], s=14, marker="x", color="#B00000", alpha=0.45, linewidths=0.9,
+               label=f"does not fit ({int(no.sum()):,})")
+    ax.scatter(xs[cl.fits], mem[cl.fits], s=16, marker="o", facecolors="none", edgecolors="#006400", alpha=0.7,
+               linewidths=0.9, label=f"fits ({int(cl.fits.sum()):,})")
+    front = np.flatnonzero(cl.pareto)
+    front = front[np.argsort(mem[front], kind="stable")]
+    ax.plot(xs[front], mem[front], "-D", color="#0072B2", ms=5, lw=1.3, zorder=4,
+            label=f"Pareto front: fastest for its memory ({len(front)})")
+    usable = p.usable_bytes / GB
+    ax.axhline(usable, color="black", ls="--", lw=1.3,
+               label=f"usable {usable:,.1f} GB ({p.capacity_bytes / GB:,.1f} GB - {p.headroom:.0%} headroom)")
+    if cl.chosen is not None and p.top:
+        c = cl.chosen
+        ax.plot([xs[c]], [mem[c]], "*", color="#E69F00", ms=17, mec="black", mew=0.8, zorder=6,
+                label="chosen: the fastest that fits")
+        t = p.top[0]
+        # the label goes in the lower left corner: nothing is both faster and smaller than the front, and the
+        # y axis reaches below the least memory, so no layout is drawn there
+        ax.annotate(f"{layout_name(t)}, ZeRO {t.parallel.zero_stage}, {t.checkpointing}, mb {t.micro_batch}\n"
+                    f"{mem[c]:,.1f} GB, {t.step_time['seconds']:.3g} s/step", (xs[c], mem[c]), xytext=(0.02, 0.03),
+                    textcoords="axes fraction", ha="left", va="bottom", fontsize=8.5,
+                    bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "#E69F00", "alpha": 0.95},
+                    arrowprops={"arrowstyle": "->", "color": "#E69F00", "lw": 1.2})
+    ax.set_yscale("log")
+    ax.set_xscale("log")
+    if seen.any():  # room below the least memory for the label
+        ax.set_ylim(bottom=float(np.nanmin(mem)) / 5, top=float(max(np.nanmax(mem), usable)) * 2)
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda v, _pos: f"{v:,g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: f"{v:,g}" if str(f"{v:g}")[0] in "235" else ""))
+    ax.yaxis.set_major_formatter(plain)
+    ax.set_xlabel(xlabel + ", log scale")
+    ax.set_ylabel("memory per accelerator (GB = 1e9 bytes, log scale)")
+    left = "" if seen.all() else f"; {int((~seen).sum()):,} slower layouts not evaluated"
+    ax.set_title(f"{p.model} on {p.world_size} x {p.hardware}: {cl.size:,} layouts (memory: {p.method}){left}",
+                 fontsize=10.5)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.grid(True, which="minor", alpha=0.1)
+    ax.legend(loc="upper right", fontsize=8.5, framealpha=0.92)
+    return fig
+
+
+def plot_plan(p: Plan, path: str | Path, x: str = "time") -> Path:
+    """Save :func:`plan_figure` to ``path`` (.png, .svg or .pdf, by the extension)."""
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise unknown_choice("plot file type", path.suffix or path.name, [".png", ".svg", ".pdf"])
+    fig = plan_figure(p, x)
+    fig.savefig(path, dpi=130)
+    return path
+
+
+__all__ = ["PLOT_X", "header_lines", "layout_name", "layout_words", "near_miss_line", "plan_document", "plan_figure",
+           "plot_plan"]
