@@ -143,7 +143,7 @@ def predict_row(r: dict[str, Any]) -> Result:
         return Result(r, r["stack"], gen, reason=why)
     try:
         s = setup_of(r)
-        st = setup_step_time(s)
+        st = setup_step_time(s, attention_kernel=r.get("attention_kernel"))
     except TrainfitError as e:
         return Result(r, r["stack"], gen, reason=str(e))
     if s.micro_batch != r["micro_batch"] or st.devices != r["gpus"]:

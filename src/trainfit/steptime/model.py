@@ -158,7 +158,7 @@ def _attention(ta: TimeArch, nseq: np.ndarray, s: np.ndarray, c: np.ndarray, t: 
     heads = ta.heads / t
     d = float(ta.head_dim)
     sq = s / c  # queries on this rank (context parallel splits the sequence)
-    if rc.kernel in ("flash", "mem-efficient"):
+    if rc.kernel not in ("eager", "math"):  # a fused kernel (flash, flash1, flash3, cudnn, mem-efficient)
         avg = _keys_per_query(ta, s, window)  # causal masking: the kernel skips the blocks above the diagonal
         flops = C.ATTENTION_FLOPS_PER_KEY * nseq * heads * sq * avg * d
         return fused_attention_time(flops, dev), fused_attention_time(C.FLASH_BACKWARD_FLOPS * flops, dev, True)
