@@ -259,7 +259,8 @@ def assumptions(*, net: Network, overlap: Overlap, hardware: str, precision: str
         "TP (Megatron): 2 all-reduces forward and backward per block (with sequence parallelism 2 all-gathers + "
         "2 reduce-scatters forward, 4 + 2 backward) of the micro-batch's activations",
         "DP: ZeRO-0 all-reduce; ZeRO-1/2 reduce-scatter + parameter all-gather (ZeRO-2 every micro-batch); "
-        "ZeRO-3/FSDP per block and micro-batch 2 all-gathers + 1 reduce-scatter",
+        "ZeRO-3/FSDP per block and micro-batch 2 all-gathers + 1 reduce-scatter; an overlapped DP collective still "
+        f"costs {C.OVERLAPPED_COMM_SLOWDOWN:g} of its time (its NCCL kernels hold SMs and HBM bandwidth)",
         overlap.describe(),
     ]
     if not exact_arch:

@@ -2,7 +2,11 @@
 
 Two kinds: **facts** taken from a document (a library's source, a vendor guide, a paper) and
 **efficiencies** — the fraction of a rated peak a kind of kernel reaches. The efficiencies are the
-same for every model, layout and row of ``validation/steptime.md``; they are not tuned per row.
+same for every model, layout and row of ``validation/steptime.md``; they are not tuned per row. One figure is
+calibrated, and only on the calibration rows of that report's corpus (the 2nd, 4th, ... predicted row of each
+source): the Hopper GEMM share in ``data/efficiency.yaml`` (0.66, the value whose median ratio of predicted to
+published step time over the Hopper calibration rows is closest to 1). Everything here is taken from its source
+or, where marked, a physical estimate (:data:`OVERLAPPED_COMM_SLOWDOWN`); none is fitted.
 Hardware figures (peak FLOP/s, HBM and link bandwidths, SM counts, NICs) live in the hardware
 catalog (``data/hardware.yaml``), not here.
 """
