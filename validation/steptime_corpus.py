@@ -372,7 +372,15 @@ def markdown(results: list[Result], band_rows: list[dict[str, Any]]) -> str:
               "\"Activation Checkpointing True\" is full checkpointing. The source's micro-batching may accumulate "
               "uneven micro-batches; every row here has GBS = GPUs x MBS x GA.",
               "* Megatron-Bridge (NeMo) 26.04.01: DGX-H100 and DGX-B200 rows only (GB200/GB300 are NVL72 racks); "
-              "almost all are fp8, predicted with the `fp8` precision (fp8 GEMMs, 16-bit attention).", ""]
+              "almost all are fp8, predicted with the `fp8` precision (fp8 GEMMs, 16-bit attention).",
+              "* Rows still outside 20 %, and what the model lacks for them: torchtitan's rowwise-scaled Float8 "
+              "(timed as tensorwise; its scaling kernels are slower); torchtitan's CP 4 and 8 at 131k / 262k tokens "
+              "(the published slowdown from CP 2 to CP 4 is 2.4x for twice the attention work: more than the "
+              "kernel's FLOPs); Megatron-Bridge's H100 fp8 runs (predicted too slow: Transformer Engine's fused "
+              "casts and userbuffer TP overlap are not modelled); llm-foundry's MPT-1B/3B on 256/512 H100s "
+              "(FlashAttention-2 runs that published no faster than the Triton-kernel runs on 64 GPUs); three "
+              "llm-foundry A100 rows whose published MFU breaks the trend of their neighbours; DeepSpeed ZeRO-3 "
+              "of 2021 (above).", ""]
     return "\n".join(lines)
 
 
