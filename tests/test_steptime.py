@@ -203,3 +203,40 @@ def test_no_catalog_accelerator_is_a_clear_error():
         setup_step_time(s)
     r = runner.invoke(app, ["estimate", "llama-3.1-8b", "h100", "-o", "json"])
     assert r.exit_code == 0
+
+
+def test_an_overlapped_reduction_still_costs_its_share_of_the_compute():
+    """ZeRO-0 with the all-reduce hidden under the backward: the exposed part is the last bucket's
+    (25 MiB of the rank's gradients, PyTorch DDP) plus OVERLAPPED_COMM_SLOWDOWN (0.25, NCCL's SM share) of the
+    whole all-reduce."""
+    st = setup_step_time(_setup(zero=0, pp=1, tp=8, dp=4, accumulation=8, batch=512))
+    d = st.detail
+    ar = d["dp_allreduce"]
+    assert ar < 0.5 * d["stage_max"]  # hidden under one micro-batch's backward (2/3 of its time)
+    tail = ar * min(1.0, C.DDP_BUCKET_BYTES / d["grad_bytes_rank"])
+    assert C.OVERLAPPED_COMM_SLOWDOWN == 0.25
+    assert st.components["dp_comm"] == pytest.approx(tail + C.OVERLAPPED_COMM_SLOWDOWN * ar, rel=1e-12)
+
+
+def test_fsdp_is_slower_per_gpu_on_more_gpus():
+    """torchtitan's Llama 3.1 8B with FSDP (benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3): 5,762
+    tokens/s per GPU on 8 H100s, 5,605 on 128: the rings of 128 ranks take longer, and an overlapped collective
+    still slows the compute beside it."""
+    def tps(dp):
+        return setup_step_time(TrainingSetup.build("llama-3.1-8b", "h100", batch=2 * dp, seq_len=8192, dp=dp,
+                                                   fsdp=True, precision="amp-bf16", checkpointing="selective")
+                               ).tokens_per_second_per_device
+    assert tps(8) > tps(128)
+
+
+def test_flash1_kernel_is_half_as_fast_as_flash_attention_2():
+    """FlashAttention v1 / Triton FlashAttention at half FlashAttention-2's share of peak (Dao 2023): the
+    attention component doubles; other components do not move; arrays agree; unknown kernels are refused."""
+    s = TrainingSetup.build("llama-3.1-8b", "a100", batch=8, seq_len=8192, dp=8, precision="bf16")
+    fa2, fa1 = setup_step_time(s), setup_step_time(s, attention_kernel="flash1")
+    assert fa1.components["attention"] == pytest.approx(2.0 * fa2.components["attention"], rel=1e-12)
+    assert fa1.components["gemm"] == fa2.components["gemm"]
+    x = encode("llama-3.1-8b", "a100", batch=8, seq_len=8192, dp=8, precision="bf16")
+    assert step_time_arrays(x, attention_kernel="flash1")["step"].reshape(-1)[0] == fa1.seconds
+    with pytest.raises(TrainfitError, match="unknown attention kernel 'flash4'.*flash"):
+        setup_step_time(s, attention_kernel="flash4")

@@ -30,8 +30,11 @@ def _st(model="llama-3.1-8b", hw="a100", **kw):
 def test_efficiencies_differ_by_generation_and_kernel():
     a100, h100, b200 = (efficiency_for(Hardware.get(n)) for n in ("a100", "h100", "b200"))
     assert (a100.generation, h100.generation, b200.generation) == ("ampere", "hopper", "blackwell")
-    # MAMF x 0.9206: Hopper sustains a smaller share of its peak than Ampere, Blackwell smaller still
-    assert a100.gemm == 0.80 and b200.gemm < h100.gemm < a100.gemm
+    # Ampere 0.80 (Megatron-LM's A100 runs); Hopper calibrated on the corpus's Hopper calibration rows (0.66),
+    # below its MAMF x 0.9206 figure (0.74); Blackwell from MAMF x 0.9206 (0.71): both below Ampere's share
+    assert a100.gemm == 0.80 and h100.gemm == 0.66 and b200.gemm < a100.gemm and h100.gemm < a100.gemm
+    # FlashAttention v1 / Triton FlashAttention at half FlashAttention-2's share (Dao 2023)
+    assert a100.attention_for("flash1") == (0.325, 0.275) and h100.attention_for("flash1") == (0.175, 0.15)
     # FlashAttention-2 reaches ~35 % of an H100 (FA3 paper), FlashAttention-3 ~65 %; on an A100 FA2 ~65 %
     assert h100.attention_for("flash")[0] == 0.35 and h100.attention_for("flash3")[0] == 0.65
     assert a100.attention_for("flash")[0] > 1.5 * h100.attention_for("flash")[0]
@@ -103,7 +106,7 @@ def test_torchtitan_llama3_8b_on_8_h100():
     residual recorded in docs/step-time.md; compile's speed-up over eager is the published one within 5 %."""
     eager = _st(hw=H100_96, batch=16, seq_len=8192, dp=8, zero=3, checkpointing="selective")
     compiled = _st(hw=H100_96, batch=16, seq_len=8192, dp=8, zero=3, checkpointing="selective", compile=True)
-    assert eager.tokens_per_second_per_device == pytest.approx(7593, rel=0.02)  # recorded: +32 % over 5,762
+    assert eager.tokens_per_second_per_device == pytest.approx(7089, rel=0.02)  # recorded: +23 % over 5,762 (was +32 %)
     assert 5762 < eager.tokens_per_second_per_device < 1.35 * 5762  # it was 11,566 (+101 %)
     assert 6667 < compiled.tokens_per_second_per_device < 1.40 * 6667
     assert compiled.seconds < eager.seconds

@@ -243,8 +243,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
               f"{C.BACKWARD_TRAFFIC}x; softmax {C.SOFTMAX_BYTES_PER_SCORE} and dropout "
               f"{C.DROPOUT_BYTES_PER_ELEMENT_16} bytes per score; NVLink efficiency {C.NVLINK_EFFICIENCY}, NIC "
               f"efficiency {C.NIC_EFFICIENCY}; NCCL latencies {C.NCCL_BASE_LATENCY * 1e6:g} us + "
-              f"{C.NCCL_NVLINK_STEP_LATENCY * 1e6:g} / {C.NCCL_NET_STEP_LATENCY * 1e6:g} us per ring step. "
-              "Their sources are in `src/trainfit/steptime/constants.py`; none was tuned to these rows.", ""]
+              f"{C.NCCL_NVLINK_STEP_LATENCY * 1e6:g} / {C.NCCL_NET_STEP_LATENCY * 1e6:g} us per ring step; an "
+              f"overlapped data-parallel collective still costs {C.OVERLAPPED_COMM_SLOWDOWN:g} of its time. "
+              "Their sources are in `src/trainfit/steptime/constants.py`; none was tuned to these rows (the one "
+              "calibrated constant, the Hopper GEMM share, is fitted on the corpus's Hopper calibration rows only: "
+              "see below).", ""]
     return "\n".join(lines)
 
 

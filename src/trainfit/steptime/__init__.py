@@ -14,8 +14,9 @@ no recomputation) per accelerator in 10^12 FLOP/s, and ``mfu`` divides it by the
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from ..training_setup import PRECISIONS, Recipe, TrainingSetup
 from . import constants
 from .bands import Band, band_for, band_of
 from .constants import DEFAULT_NODE_SIZE
-from .efficiency import efficiency_for
+from .efficiency import ATTENTION_KERNELS, efficiency_for
 from .kernels import Device
 from .links import Network, network_for
 from .model import CKPT_CODES, COMPONENTS, DEFAULT_OVERLAP, SCHEDULE_CODES, Overlap, TimeRecipe, evaluate
@@ -100,6 +101,19 @@ def time_recipe(ta: TimeArch, model: Any, recipe: Recipe) -> TimeRecipe:
                       trainable_fraction=float(recipe.trainable_fraction))
 
 
+def with_attention_kernel(rc: TimeRecipe, attention_kernel: Optional[str]) -> TimeRecipe:
+    """The recipe with its fused attention kernel named (``flash`` FlashAttention-2, ``flash1`` FlashAttention v1 /
+    Triton FlashAttention, ``flash3``, ``cudnn``, ``mem-efficient``: ``data/efficiency.yaml`` gives each one's share
+    of peak); eager / math attention and ``None`` leave the recipe as it is."""
+    if attention_kernel is None or rc.kernel in ("eager", "math"):
+        return rc
+    if attention_kernel not in ATTENTION_KERNELS:
+        close = difflib.get_close_matches(str(attention_kernel), ATTENTION_KERNELS, n=1)
+        raise TrainfitError(f"unknown attention kernel {attention_kernel!r}; accepted: {', '.join(ATTENTION_KERNELS)}"
+                            + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return replace(rc, kernel=attention_kernel)
+
+
 def device_for(hw: Any, recipe: Recipe, kernel: str = "flash") -> Device:
     """The accelerator as the kernels see it, with its generation's efficiencies
     (``data/efficiency.yaml``) and those of the attention ``kernel``; a catalog entry is needed (its
@@ -154,11 +168,13 @@ _GROUPED = ("precision", "optimizer", "opt_impl", "attention", "dropout", "lora_
 
 
 def step_time_arrays(x: SetupArrays, *, node_size: int = DEFAULT_NODE_SIZE, inter_node_bandwidth: Any = None,
-                     overlap: Overlap = DEFAULT_OVERLAP) -> dict[str, np.ndarray]:
+                     overlap: Overlap = DEFAULT_OVERLAP, attention_kernel: Optional[str] = None,
+                     ) -> dict[str, np.ndarray]:
     """Step-time arrays of shape ``x.shape`` for encoded setups: every component of :data:`COMPONENTS`
     plus ``step``, ``tokens_per_second``, ``tokens_per_second_per_device``, ``tflops_per_device``,
     ``mfu``, ``devices`` (seconds; tokens/s; 10^12 FLOP/s). Setups sharing a model, a device and the
-    recipe's categorical fields are evaluated together as numpy arrays."""
+    recipe's categorical fields are evaluated together as numpy arrays. ``attention_kernel`` names the fused
+    attention implementation (:func:`with_attention_kernel`)."""
     keys = (*COMPONENTS, "step", "tokens_per_second", "tokens_per_second_per_device", "tflops_per_device", "mfu",
             "devices")
     out = {k: np.zeros(x.size) for k in keys}
@@ -167,7 +183,7 @@ def step_time_arrays(x: SetupArrays, *, node_size: int = DEFAULT_NODE_SIZE, inte
         device = x.devices[row["device_index"]]
         first = x.setup_at(x.first_index(idx))
         ta = time_arch(model)
-        rc = time_recipe(ta, model, first.recipe)
+        rc = with_attention_kernel(time_recipe(ta, model, first.recipe), attention_kernel)
         dev = device_for(device, first.recipe, rc.kernel)
         net = network_for(dev_spec(device), node_size=node_size, inter_node_bandwidth=inter_node_bandwidth)
         sel = np.arange(x.size)[idx] if isinstance(idx, slice) else idx
@@ -186,12 +202,13 @@ def dev_spec(device: Any) -> Any:
 
 
 def setup_step_time(setup: TrainingSetup, *, node_size: int = DEFAULT_NODE_SIZE, inter_node_bandwidth: Any = None,
-                    overlap: Overlap = DEFAULT_OVERLAP) -> StepTime:
-    """The step time of one setup on ``tp × pp × dp × cp × ep`` accelerators of its device."""
+                    overlap: Overlap = DEFAULT_OVERLAP, attention_kernel: Optional[str] = None) -> StepTime:
+    """The step time of one setup on ``tp × pp × dp × cp × ep`` accelerators of its device; ``attention_kernel``
+    names the fused attention implementation when it is not FlashAttention-2 (:func:`with_attention_kernel`)."""
     if setup.hardware is None:
         raise TrainfitError("the step-time model needs an accelerator (hardware)")
     ta = time_arch(setup.model)
-    rc = time_recipe(ta, setup.model, setup.recipe)
+    rc = with_attention_kernel(time_recipe(ta, setup.model, setup.recipe), attention_kernel)
     dev = device_for(setup.hardware, setup.recipe, rc.kernel)
     net = network_for(dev_spec(setup.hardware), node_size=node_size, inter_node_bandwidth=inter_node_bandwidth)
     r, p = setup.recipe, setup.parallel
@@ -242,7 +259,8 @@ def assumptions(*, net: Network, overlap: Overlap, hardware: str, precision: str
         "TP (Megatron): 2 all-reduces forward and backward per block (with sequence parallelism 2 all-gathers + "
         "2 reduce-scatters forward, 4 + 2 backward) of the micro-batch's activations",
         "DP: ZeRO-0 all-reduce; ZeRO-1/2 reduce-scatter + parameter all-gather (ZeRO-2 every micro-batch); "
-        "ZeRO-3/FSDP per block and micro-batch 2 all-gathers + 1 reduce-scatter",
+        "ZeRO-3/FSDP per block and micro-batch 2 all-gathers + 1 reduce-scatter; an overlapped DP collective still "
+        f"costs {C.OVERLAPPED_COMM_SLOWDOWN:g} of its time (its NCCL kernels hold SMs and HBM bandwidth)",
         overlap.describe(),
     ]
     if not exact_arch:
@@ -252,4 +270,4 @@ def assumptions(*, net: Network, overlap: Overlap, hardware: str, precision: str
 
 __all__ = ["COMPONENTS", "DEFAULT_NODE_SIZE", "DEFAULT_OVERLAP", "FIGURES", "Network", "Overlap", "StepTime",
            "TIME_COMPONENTS", "assumptions", "device_for", "evaluate", "network_for", "setup_step_time",
-           "step_time_arrays", "time_arch", "time_recipe"]
+           "step_time_arrays", "time_arch", "time_recipe", "with_attention_kernel"]

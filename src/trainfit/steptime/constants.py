@@ -2,7 +2,11 @@
 
 Two kinds: **facts** taken from a document (a library's source, a vendor guide, a paper) and
 **efficiencies** — the fraction of a rated peak a kind of kernel reaches. The efficiencies are the
-same for every model, layout and row of ``validation/steptime.md``; they are not tuned per row.
+same for every model, layout and row of ``validation/steptime.md``; they are not tuned per row. One figure is
+calibrated, and only on the calibration rows of that report's corpus (the 2nd, 4th, ... predicted row of each
+source): the Hopper GEMM share in ``data/efficiency.yaml`` (0.66, the value whose median ratio of predicted to
+published step time over the Hopper calibration rows is closest to 1). Everything here is taken from its source
+or, where marked, a physical estimate (:data:`OVERLAPPED_COMM_SLOWDOWN`); none is fitted.
 Hardware figures (peak FLOP/s, HBM and link bandwidths, SM counts, NICs) live in the hardware
 catalog (``data/hardware.yaml``), not here.
 """
@@ -201,6 +205,14 @@ CP_BACKWARD_PASSES = 2
 #: Parameter all-gathers per block and micro-batch under ZeRO-3/FSDP: one before the forward and one
 #: again before the backward (Rajbhandari et al. 2020 §5.3; PyTorch FSDP ``reshard_after_forward``).
 ZERO3_GATHERS_PER_MICROBATCH = 2
+
+#: Share of an overlapped data-parallel collective's time that the computation beside it still loses: NCCL's
+#: kernels run on the SMs (one thread block per channel, up to 32 channels on NVLink/IB systems: NCCL
+#: ``NCCL_MAX_NCHANNELS``, ``src/include/device.h`` ``MAXCHANNELS 32``: up to 32 of an H100's 132 or an A100's
+#: 108 SMs, 24-30 %) and move their buffers through HBM while the GEMMs run, so overlap hides a collective only in
+#: part. 0.25, the SM share; not fitted. It is what makes FSDP slower per GPU on more GPUs (the rings' per-step
+#: latencies grow with their length; torchtitan's 8B on 8 vs 128 H100s, llm-foundry's MPT on 128/256/512 H100s).
+OVERLAPPED_COMM_SLOWDOWN = 0.25
 
 #: PyTorch DDP's default gradient bucket (``bucket_cap_mb=25``, ``torch/nn/parallel/distributed.py``),
 #: bytes: the last bucket's reduction cannot hide behind the backward.

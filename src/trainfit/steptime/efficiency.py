@@ -19,7 +19,8 @@ from ..errors import TrainfitError
 from . import constants as C
 
 #: the fused attention kernels the file may name (forward, backward fractions of the dense peak)
-ATTENTION_KERNELS = ("flash", "flash3", "cudnn", "mem-efficient")
+#: (``flash1``: FlashAttention v1 and the Triton FlashAttention kernel of its era, e.g. MPT's ``attn_impl: triton``)
+ATTENTION_KERNELS = ("flash", "flash1", "flash3", "cudnn", "mem-efficient")
 
 
 class _Figures(BaseModel):

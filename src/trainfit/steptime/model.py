@@ -158,7 +158,7 @@ def _attention(ta: TimeArch, nseq: np.ndarray, s: np.ndarray, c: np.ndarray, t: 
     heads = ta.heads / t
     d = float(ta.head_dim)
     sq = s / c  # queries on this rank (context parallel splits the sequence)
-    if rc.kernel in ("flash", "mem-efficient"):
+    if rc.kernel not in ("eager", "math"):  # a fused kernel (flash, flash1, flash3, cudnn, mem-efficient)
         avg = _keys_per_query(ta, s, window)  # causal masking: the kernel skips the blocks above the diagonal
         flops = C.ATTENTION_FLOPS_PER_KEY * nseq * heads * sq * avg * d
         return fused_attention_time(flops, dev), fused_attention_time(C.FLASH_BACKWARD_FLOPS * flops, dev, True)
@@ -491,10 +491,15 @@ def _data_parallel(ta: TimeArch, L: _Layout, blk: _Block, dev: Device, net: Netw
     lf, lb = blk.forward, blk.backward
     fwd_mb, bwd_mb = Ls * lf, Ls * lb
     tail = lambda red: red * np.minimum(1.0, C.DDP_BUCKET_BYTES / np.maximum(grads_bytes, 1.0))  # noqa: E731
+    # an overlapped collective still slows the compute it runs beside (its kernels hold SMs and HBM bandwidth):
+    # OVERLAPPED_COMM_SLOWDOWN of the hidden time is added
+    k = C.OVERLAPPED_COMM_SLOWDOWN
     if overlap.dp:
-        z0 = np.maximum(0.0, reduce_ar - bwd_mb) + tail(reduce_ar)
-        z1 = np.maximum(0.0, reduce_rs - bwd_mb) + tail(reduce_rs) + np.maximum(0.0, gather_p - fwd_mb)
-        z2 = m * np.maximum(0.0, reduce_rs - bwd_mb) + tail(reduce_rs) + np.maximum(0.0, gather_p - fwd_mb)
+        z0 = np.maximum(0.0, reduce_ar - bwd_mb) + tail(reduce_ar) + k * np.minimum(reduce_ar, bwd_mb)
+        z1 = (np.maximum(0.0, reduce_rs - bwd_mb) + tail(reduce_rs) + np.maximum(0.0, gather_p - fwd_mb)
+              + k * (np.minimum(reduce_rs, bwd_mb) + np.minimum(gather_p, fwd_mb)))
+        z2 = (m * np.maximum(0.0, reduce_rs - bwd_mb) + tail(reduce_rs) + np.maximum(0.0, gather_p - fwd_mb)
+              + k * (m * np.minimum(reduce_rs, bwd_mb) + np.minimum(gather_p, fwd_mb)))
     else:
         z0, z1, z2 = reduce_ar, reduce_rs + gather_p, m * reduce_rs + gather_p
     # ZeRO-3 / FSDP: per block and micro-batch, gather the weights forward and again backward, and
@@ -506,7 +511,8 @@ def _data_parallel(ta: TimeArch, L: _Layout, blk: _Block, dev: Device, net: Netw
     end_ag = over("all_gather", pb, ends / t, 0.0)
     end_rs = over("reduce_scatter", gb, ends / t if not rc.lora_rank else 0.0, 0.0)
     if overlap.zero3_prefetch:
-        z3_mb = (Ls * (np.maximum(0.0, blk_ag - lf) + np.maximum(0.0, blk_ag + blk_rs - lb))
+        z3_mb = (Ls * (np.maximum(0.0, blk_ag - lf) + np.maximum(0.0, blk_ag + blk_rs - lb)
+                       + k * (np.minimum(blk_ag, lf) + np.minimum(blk_ag + blk_rs, lb)))
                  + blk_ag + blk_rs + end_ag + end_rs)
     else:
         g = C.ZERO3_GATHERS_PER_MICROBATCH
