@@ -163,3 +163,27 @@ def test_no_recipe_reports_an_mfu_above_its_kernels_ceiling(hw):
                 kw = {**kw, "seq_len": 1024}
             st = _st(model, hw, **kw)
             assert 0 < st.mfu < ceiling, (hw, model, r, st.mfu)
+
+
+def test_flash3_and_cudnn_keep_flash_memory_and_change_only_the_time():
+    """FlashAttention-3 saves what FlashAttention-2 saves (the output and its log-sum-exp; Shah et al. 2024,
+    section 3) and runs faster on Hopper: 0.65 / 0.50 of peak against FA2's 0.35 / 0.30 (data/efficiency.yaml)."""
+    from trainfit.engine import estimate
+
+    def run(attn):
+        s = TrainingSetup.build("llama-3.1-8b", "h100", batch=8, seq_len=4096, attention=attn)
+        return estimate(s, suggestions=False).total_bytes, setup_step_time(s)
+
+    (m2, t2), (m3, t3), (mc, tc) = run("flash"), run("flash3"), run("cudnn")
+    assert m2 == m3 == mc
+    assert t3.kernel == "flash3" and tc.kernel == "cudnn" and t2.kernel == "flash"
+    assert t3.components["attention"] < tc.components["attention"] < t2.components["attention"]
+    assert t3.components["gemm"] == t2.components["gemm"]
+
+
+def test_flash3_is_refused_where_its_generation_has_no_figures():
+    s = TrainingSetup.build("llama-3.1-8b", "a100", batch=8, seq_len=2048, attention="fa3")
+    assert s.recipe.attention == "flash3"
+    with pytest.raises(TrainfitError, match=r"^the flash3 attention kernel has no figures for NVIDIA A100 "
+                                            r"\(ampere\); it runs on: hopper"):
+        setup_step_time(s)

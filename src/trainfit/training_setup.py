@@ -67,7 +67,10 @@ OPTIMIZER_ALIASES = {"adamw8bit": "adam8bit", "adam-8bit": "adam8bit", "sgdm": "
                      "momentum": "sgd-momentum"}
 OPT_IMPLS = ("foreach", "fused", "forloop")
 CHECKPOINTING = ("none", "selective", "full", "every-k")
-ATTENTION = ("auto", "flash", "mem-efficient", "eager", "math")
+ATTENTION = ("auto", "flash", "flash3", "cudnn", "mem-efficient", "eager", "math")
+#: fused kernels that keep what FlashAttention-2 keeps for backward (the output and its log-sum-exp) and differ
+#: only in speed: FlashAttention-3 (Hopper) and cuDNN's fused attention
+FLASH_LIKE = ("flash", "flash3", "cudnn")
 LORA_DTYPES = ("fp32", "bf16", "fp16")
 QLORA = ("nf4", "int8")
 PP_SCHEDULES = ("1f1b", "interleaved", "gpipe")
@@ -144,9 +147,11 @@ class Recipe:
                                  "recomputed) | full (every block) | every-k (one block in --ckpt-every).",
                                  CHECKPOINTING, {"every_k": "every-k", "true": "full", "false": "none", "off": "none"})
     checkpoint_every: int = _whole(1, "--ckpt-every", "With --checkpointing every-k: checkpoint one block in K.")
-    attention: str = _choice("auto", "--attn", "Attention kernel auto (as CUDA SDPA picks) | flash | mem-efficient | "
-                             "eager | math.", ATTENTION, {"sdpa": "auto", "efficient": "mem-efficient",
-                                                          "flash-attention": "flash", "flash2": "flash"},
+    attention: str = _choice("auto", "--attn", "Attention kernel auto (as CUDA SDPA picks) | flash (FlashAttention-2) | "
+                             "flash3 (FlashAttention-3, Hopper) | cudnn (cuDNN fused) | mem-efficient | eager | math; "
+                             "flash3 and cudnn keep flash's memory and change only the step time.", ATTENTION, {"sdpa": "auto", "efficient": "mem-efficient",
+                                                          "flash-attention": "flash", "flash2": "flash",
+                                                          "fa2": "flash", "fa3": "flash3", "flash-attention-3": "flash3"},
                              what="attention kernel")
     dropout: bool = _flag(True, "--no-dropout", "Turn off the config's dropout probabilities (no masks saved).")
     compile: bool = _flag(False, "--compile", "torch.compile the model (or a stack's fused kernels: Megatron-LM / "
@@ -444,6 +449,6 @@ def setup_of(model: Any, hardware: Any = None, **fields: Any) -> TrainingSetup:
     return TrainingSetup.build(model, hardware, **fields)
 
 
-__all__ = ["ATTENTION", "CHECKPOINTING", "CONDITIONAL_FIELDS", "DEFAULTS", "FIELDS", "FIELD_NAMES", "LORA_DEFAULT_TARGETS", "OPTIMIZERS",
+__all__ = ["ATTENTION", "CHECKPOINTING", "FLASH_LIKE", "CONDITIONAL_FIELDS", "DEFAULTS", "FIELDS", "FIELD_NAMES", "LORA_DEFAULT_TARGETS", "OPTIMIZERS",
            "OPT_IMPLS", "PARALLEL_FIELDS", "PRECISIONS", "PP_SCHEDULES", "Parallelism", "TP_PLANS", "Precision", "QLORA",
            "RECIPE_FIELDS", "Recipe", "SHAPE_FIELDS", "TrainingSetup", "setup_of", "split_fields"]

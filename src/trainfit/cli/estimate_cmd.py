@@ -63,6 +63,8 @@ def estimate_command(
         for line in cost_lines(c, hardware=est.hardware, noun=setup.hardware.noun):
             doc.line(line, "dim" if line.startswith(("price", "no price")) else None)
         d["cost"] = c.to_json()
+    elif why:
+        doc.line(f"no step time: {why}", "dim")
     emit(doc, output, json=d)
     if require_fit and est.feasible is False:
         raise typer.Exit(2)

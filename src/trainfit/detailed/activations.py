@@ -30,7 +30,7 @@ from typing import Optional
 from ..arch import ArchSpec
 from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd
 from .inventory import block_linears, stage_layers
-from ..training_setup import Parallelism, Recipe
+from ..training_setup import FLASH_LIKE, Parallelism, Recipe
 
 
 def attention_kernel(arch: ArchSpec, recipe: Recipe) -> str:
@@ -40,7 +40,7 @@ def attention_kernel(arch: ArchSpec, recipe: Recipe) -> str:
     if recipe.attention == "math":
         return "math"
     sixteen = recipe.compute_bytes == 2
-    if recipe.attention == "flash":
+    if recipe.attention in FLASH_LIKE:  # the same saved tensors; steptime tells the kernels apart
         return "flash"
     if recipe.attention == "mem-efficient":
         return "mem-efficient"

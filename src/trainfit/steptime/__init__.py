@@ -22,11 +22,11 @@ import numpy as np
 
 from ..errors import TrainfitError
 from ..sweep import SetupArrays
-from ..training_setup import PRECISIONS, Recipe, TrainingSetup
+from ..training_setup import FLASH_LIKE, PRECISIONS, Recipe, TrainingSetup
 from . import constants
 from .bands import Band, band_for, band_of
 from .constants import DEFAULT_NODE_SIZE
-from .efficiency import ATTENTION_KERNELS, efficiency_for
+from .efficiency import ATTENTION_KERNELS, efficiency_for, generations_with
 from .kernels import Device
 from .links import Network, network_for
 from .model import CKPT_CODES, COMPONENTS, DEFAULT_OVERLAP, SCHEDULE_CODES, Overlap, TimeRecipe, evaluate
@@ -75,6 +75,8 @@ class StepTime:
 def kernel_for(ta: TimeArch, model: Any, recipe: Recipe) -> str:
     """The attention kernel the step runs: the detailed method's choice for a known architecture;
     otherwise flash for 16-bit recipes and memory-efficient attention for fp32 (CUDA SDPA's rules)."""
+    if recipe.attention in FLASH_LIKE[1:]:  # named by the recipe: same memory as flash, its own speed
+        return recipe.attention
     arch = getattr(model, "arch", None)
     if arch is not None:
         from ..detailed.activations import attention_kernel
@@ -123,6 +125,9 @@ def device_for(hw: Any, recipe: Recipe, kernel: str = "flash") -> Device:
         name = getattr(hw, "name", hw)
         raise TrainfitError(f"the step-time model needs a catalog accelerator (its FLOP/s and links), got {name!r}")
     eff = efficiency_for(spec)
+    if kernel in FLASH_LIKE[1:] and kernel not in eff.attention:
+        raise TrainfitError(f"the {kernel} attention kernel has no figures for {spec.name} ({eff.generation}); it "
+                            f"runs on: {', '.join(generations_with(kernel))}; use --attn flash or auto there")
     fwd, bwd = eff.attention_for(kernel)
     sms = int(spec.sm_count or constants.DEFAULT_SM_COUNT)
     if fp8_gemms(recipe):  # fp8 GEMMs, 16-bit activations: the fp8 peak where the device lists one

@@ -132,4 +132,9 @@ def generations() -> list[str]:
     return [g.name for g in _load().generations]
 
 
-__all__ = ["ATTENTION_KERNELS", "Efficiency", "efficiency_for", "generations"]
+def generations_with(kernel: str) -> list[str]:
+    """The generations that list figures for the fused attention ``kernel``."""
+    return [g.name for g in _load().generations if g.attention and kernel in g.attention]
+
+
+__all__ = ["ATTENTION_KERNELS", "Efficiency", "efficiency_for", "generations", "generations_with"]
