@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import TrainfitError
 from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
 from ..result import Estimate
+from ..stacks import check_model, modelled_by
 from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, PRECISIONS, TrainingSetup
 from .explain import explain as explain_lines
@@ -26,8 +27,9 @@ NAME = "detailed"
 TRAINING_PRECISIONS = tuple(p for p, spec in PRECISIONS.items() if spec.trainable)
 #: every field is modelled; precision only as a training recipe, and partial training through LoRA
 #: not ``compile``: compiled graphs save fewer activations (torchtitan: 82.4 -> 77.0 GiB), not modelled here
+#: the stacks it models are those whose registry entry names it (data/stacks.yaml ``modelled_by``)
 ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n not in ("trainable_fraction", "compile")},
-                           "precision": TRAINING_PRECISIONS}
+                           "precision": TRAINING_PRECISIONS, "stack": modelled_by(NAME)}
 
 
 #: platforms whose PyTorch SDPA has the flash and memory-efficient kernels "auto" picks from (CUDA; ROCm's
@@ -81,7 +83,11 @@ class Detailed(MemoryMethod):
         if not r.spec.trainable:
             raise TrainfitError(f"precision {r.precision!r} is not a training recipe of the detailed method; "
                                 f"accepted: {', '.join(TRAINING_PRECISIONS)}")
+        if r.stack not in ACCEPTS["stack"]:
+            raise TrainfitError(f"the detailed method does not model stack {r.stack!r} yet; modelled: "
+                                f"{', '.join(ACCEPTS['stack'])} (the measured method may run it)")
         check_accepts(setup, NAME, ACCEPTS)
+        check_model(r, setup.model.arch.model_type, setup.model.name)
 
     def phases(self, setup: TrainingSetup) -> PhaseResult:
         """Per-phase peaks and components of one setup (no device needed: then as on CUDA)."""
