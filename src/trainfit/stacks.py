@@ -33,6 +33,9 @@ class Behaviour(BaseModel):
     loss: Literal["shift-upcast", "upcast-drop-logits"]
     dropout: bool
     fsdp_streams: tuple[Literal["all-gather", "reduce-scatter"], ...] = ()
+    fsdp_root_reshard: bool = False
+    reserve: Literal["median-fraction", "stream-pools"] = "median-fraction"
+    fsdp_keep_last_block: bool = False
 
 
 class Stack(BaseModel):

@@ -17,6 +17,7 @@ from ..result import Estimate
 from ..stacks import check_model, modelled_by
 from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, PRECISIONS, TrainingSetup
+from .allocator import reserve_terms
 from .explain import explain as explain_lines
 from .layouts import PER_ELEMENT, SHARDING_FIELDS, layout_phases, sharding_groups
 from .overheads import overheads
@@ -49,10 +50,18 @@ def effective(setup: TrainingSetup) -> TrainingSetup:
     return setup
 
 
+def reserve_of(arch: Any, setup: TrainingSetup, res: PhaseResult) -> list:
+    """The allocator's reserved-minus-allocated terms of the setup's stack (:mod:`.allocator`); none off CUDA/ROCm."""
+    if platform_of(setup) not in FUSED_ATTENTION_PLATFORMS:
+        return []
+    return reserve_terms(arch, setup.recipe, setup.parallel, int(np.asarray(res.stage).flat[0]), res.shape.tokens,
+                         res.peak)
+
+
 def total_and_overheads(arch: Any, setup: TrainingSetup, res: PhaseResult, include: bool) -> tuple[Any, list]:
     """The total (allocated peak plus the platform's overheads, when included) and the overhead components."""
-    ovh = (overheads(arch, setup.parallel, res.peak, res.shape.tokens, res.profile.kernel, platform_of(setup))
-           if include else [])
+    ovh = (overheads(arch, setup.parallel, res.peak, res.shape.tokens, res.profile.kernel, platform_of(setup),
+                     reserve_of(arch, setup, res)) if include else [])
     return res.peak + sum(o.bytes for o in ovh), ovh
 
 
@@ -119,13 +128,20 @@ class Detailed(MemoryMethod):
             notes.append(f"pipeline: stage {int(res.stage)} of {pp} reported" + (
                 " (--pp-stage)" if setup.parallel.pp_stage >= 0 else ", the busier of the first (embeddings, most "
                 "in-flight micro-batches) and the last (head and loss)"))
+        reserve = reserve_of(arch, setup, res)
+        reserved = res.peak + sum(o.bytes for o in reserve)
         if overheads and ovh:
             notes.append("total includes the runtime context, workspaces and allocator reserve (leave them out "
                          "with overheads off)")
+            if len(reserve) > 1:
+                notes.append(f"the fit is judged on reserved memory (torch.cuda.max_memory_reserved, modelled: "
+                             f"{reserved / 2**30:.2f} GiB = allocated peak + "
+                             + " + ".join(o.name.replace("_", " ") for o in reserve)
+                             + ") plus the context, workspaces and NCCL buffers")
         elif overheads:
             notes.append(f"no runtime overheads are modelled on {platform}: the total is the step's allocated peak")
         extra: dict[str, Any] = {
-            "peak_allocated_bytes": float(res.peak), "peak_phase": phase,
+            "peak_allocated_bytes": float(res.peak), "peak_reserved_bytes": float(reserved), "peak_phase": phase,
             "phases": {p: float(v) for p, v in res.peaks.items()},
             "overheads_bytes": float(sum(o.bytes for o in ovh)), "overheads_included": bool(overheads),
             "attention_kernel": res.profile.kernel, "pipeline_stage": int(res.stage), "platform": platform,
@@ -171,8 +187,11 @@ class Detailed(MemoryMethod):
                 for k, par in enumerate(pars):  # the overheads read the world size: one call per sharding
                     sel = which == k
                     pk = peak[idx[sel]]
-                    ovh = overheads_of(arch, par, pk, np.broadcast_to(res.shape.tokens, size)[sel], res.profile.kernel,
-                                       platform)
+                    toks = np.broadcast_to(res.shape.tokens, size)[sel]
+                    stage = int(np.asarray(res.stage).flat[0])
+                    rsv = (reserve_terms(arch, first.recipe, par, stage, toks, pk)
+                           if platform in FUSED_ATTENTION_PLATFORMS else [])
+                    ovh = overheads_of(arch, par, pk, toks, res.profile.kernel, platform, rsv)
                     for o in ovh:
                         comps.setdefault(o.name, np.zeros(n))[idx[sel]] = np.broadcast_to(o.bytes, pk.shape)
                     total[idx[sel]] = pk + sum(o.bytes for o in ovh)  # as total_and_overheads adds them
