@@ -106,6 +106,8 @@ class Detailed(MemoryMethod):
     def estimate(self, setup: TrainingSetup, *, overheads: bool = True, explain: bool = False) -> Estimate:
         """``components`` are the peak phase's parts plus the overheads (they add up to ``total_bytes``);
         ``extra`` adds ``peak_allocated_bytes`` (comparable with ``torch.cuda.max_memory_allocated()``),
+        ``peak_reserved_bytes`` (``torch.cuda.max_memory_reserved()``: the allocated peak plus the stack's
+        allocator terms, named in ``reserve_terms``; :mod:`.allocator`),
         ``peak_phase``, ``phases`` (each phase's allocated peak), ``overheads_bytes``, ``attention_kernel``,
         ``pipeline_stage`` and, with ``explain``, each component's formula and source."""
         res = self.phases(setup)
@@ -133,15 +135,12 @@ class Detailed(MemoryMethod):
         if overheads and ovh:
             notes.append("total includes the runtime context, workspaces and allocator reserve (leave them out "
                          "with overheads off)")
-            if len(reserve) > 1:
-                notes.append(f"the fit is judged on reserved memory (torch.cuda.max_memory_reserved, modelled: "
-                             f"{reserved / 2**30:.2f} GiB = allocated peak + "
-                             + " + ".join(o.name.replace("_", " ") for o in reserve)
-                             + ") plus the context, workspaces and NCCL buffers")
+
         elif overheads:
             notes.append(f"no runtime overheads are modelled on {platform}: the total is the step's allocated peak")
         extra: dict[str, Any] = {
-            "peak_allocated_bytes": float(res.peak), "peak_reserved_bytes": float(reserved), "peak_phase": phase,
+            "peak_allocated_bytes": float(res.peak), "peak_reserved_bytes": float(reserved),
+            "reserve_terms": [o.name for o in reserve], "peak_phase": phase,
             "phases": {p: float(v) for p, v in res.peaks.items()},
             "overheads_bytes": float(sum(o.bytes for o in ovh)), "overheads_included": bool(overheads),
             "attention_kernel": res.profile.kernel, "pipeline_stage": int(res.stage), "platform": platform,
