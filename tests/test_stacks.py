@@ -106,6 +106,21 @@ def test_op_policy_saves_63616_bytes_per_token_per_block():
     assert pr.layers[5].saved[0] == 2 * (4096 + 1024 + 14336 + 4096 + 4096) + 32 * 4 + 2 * 4096 == 63616
 
 
+@pytest.mark.parametrize("mode,per_token", [
+    # no AC: two norms (fp32 input 16,384, rsqrt 4, bf16 output 8,192, weight product 8,192 each), q, repeated k
+    # and v, SDPA output (8,192 each) and log-sum-exp 128, w1, w3, silu and product outputs (28,672 each)
+    ("none", 2 * (16384 + 4 + 8192 + 8192) + 4 * 8192 + 128 + 4 * 28672),
+    ("full", 8192),  # the block input only
+])
+def test_torchtitan_block_saves_without_and_with_full_checkpointing(mode, per_token):
+    from trainfit.detailed.activations import activation_profile, walk_parallelism
+    from trainfit.detailed.distributed import walk_recipe
+
+    s = TrainingSetup.build("llama-3.1-8b", "h100", batch=16, dp=8, **{**BENCH, "checkpointing": mode})
+    pr = activation_profile(s.model.arch, walk_recipe(s.recipe, s.parallel), walk_parallelism(s.parallel))
+    assert pr.layers[5].saved[0] == per_token
+
+
 @pytest.mark.parametrize("dp,allocated", [(8, 66.7), (128, 56.2)])
 def test_torchtitan_benchmark_allocated_peak_matches_its_own_code(dp, allocated):
     e = bench(dp)
