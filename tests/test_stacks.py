@@ -156,3 +156,13 @@ def test_reserved_is_never_below_allocated_and_the_sweep_matches_the_scalar_meth
         assert e.extra["peak_reserved_bytes"] >= e.extra["peak_allocated_bytes"], one
         assert res["peak_allocated_bytes"][i] == pytest.approx(e.extra["peak_allocated_bytes"], rel=1e-9), one
         assert res["total_bytes"][i] == pytest.approx(e.total_bytes, rel=1e-9), one
+
+
+def test_every_k_under_torchtitan_checkpoints_blocks_counted_from_one():
+    """torchtitan 9dec370 _apply_ac_to_transformer_block: ``_count`` is incremented before ``_count % ac_freq``."""
+    from trainfit.detailed.activations import _ckpt_layer
+
+    s = TrainingSetup.build("llama-3.1-8b", "h100", checkpointing="every-k", checkpoint_every=4)
+    assert [i for i in range(12) if _ckpt_layer(s.recipe, i)] == [0, 4, 8]
+    t = s.replace(stack="torchtitan")
+    assert [i for i in range(12) if _ckpt_layer(t.recipe, i)] == [3, 7, 11]

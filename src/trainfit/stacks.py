@@ -32,6 +32,7 @@ class Behaviour(BaseModel):
     gqa: Literal["native", "repeat-kv"]
     loss: Literal["shift-upcast", "upcast-drop-logits"]
     dropout: bool
+    every_k: Literal["from-first", "from-kth"] = "from-first"
     fsdp_streams: tuple[Literal["all-gather", "reduce-scatter"], ...] = ()
     fsdp_root_reshard: bool = False
     reserve: Literal["median-fraction", "stream-pools"] = "median-fraction"

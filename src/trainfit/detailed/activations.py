@@ -105,7 +105,9 @@ def _ckpt_layer(recipe: Recipe, index: int) -> bool:
     if recipe.checkpointing == "full" or op_policy(recipe):
         return True
     if recipe.checkpointing == "every-k":
-        return index % recipe.checkpoint_every == 0
+        k = recipe.checkpoint_every
+        # torchtitan's selective_ac_option = 'N' counts blocks from 1: blocks N-1, 2N-1, ... are checkpointed
+        return (index + 1) % k == 0 if behaviour_of(recipe).every_k == "from-kth" else index % k == 0
     return False
 
 
