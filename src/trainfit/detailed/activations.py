@@ -79,6 +79,7 @@ class ActivationProfile:
     weight_copies_saved: Vec  #: ... of which saved for backward
     per_layer_weight_copies: Vec
     pieces: tuple[tuple[str, Vec], ...]  #: named parts of the saved total, for the breakdown/explain
+    logits_grad: Vec = ZERO  #: the logits' gradient as the head's backward receives it (after the loss backward)
 
 
 @dataclass(frozen=True)
@@ -606,6 +607,7 @@ class _Walker:
         if held is not None:
             g.use(held)
         g.notes["loss_backward"] = bwd
+        g.notes["logits_grad"] = logits.bytes
 
     def run(self) -> ActivationProfile:
         a, r, g = self.a, self.r, self.g
@@ -684,7 +686,8 @@ class _Walker:
         return ActivationProfile(kernel=self.kernel, saved_total=saved_total, embed_saved=embed_saved, layers=tuple(lay),
                                  head_saved=head_saved, loss_saved=loss_saved, forward_candidates=tuple(cands),
                                  loss_backward=loss_bwd, weight_copies=wc, weight_copies_saved=wcs,
-                                 per_layer_weight_copies=per_layer_wc, pieces=pieces)
+                                 per_layer_weight_copies=per_layer_wc, pieces=pieces,
+                                 logits_grad=g.notes.get("logits_grad", ZERO))
 
     def _layer_profiles(self, layers: list[int], marks: list[tuple[int, bool, Optional[_BlockStats]]]
                         ) -> tuple[list[LayerProfile], Vec]:

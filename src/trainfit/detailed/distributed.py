@@ -392,6 +392,13 @@ def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, 
     last_terms = (rank.last_kept() if rank.last_kept() else rank.prefetch(L) if blocks else {})
     out.backward({"activations": saved_total, "temporaries": nbytes(pr.loss_backward), "gradients": acc},
                  {**R_loss, **last_terms} if raf else {**R_loss, **rank.gathered_upto(L - 1)})
+    if rank.root_reshard:
+        # the gradient reaches the model's output: the root is gathered again (its all-gather buffer alive until
+        # the next copy-out) for the head's backward, which receives the logits' gradient
+        out.backward({"activations": nbytes(_vsub(pr.saved_total, pr.loss_saved)),
+                      "temporaries": nbytes(pr.logits_grad), "gradients": acc},
+                     {**R, **rank.ag("root, gathered again for the head's backward", rank.root.all_gather),
+                      **last_terms})
     later = (0.0, 0.0, 0.0, 0.0)
     for k, i in enumerate(range(L - 1, -1, -1)):
         lp = pr.layers[i] if i < len(pr.layers) else None
