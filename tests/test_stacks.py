@@ -156,6 +156,7 @@ def test_reserved_is_never_below_allocated_and_the_sweep_matches_the_scalar_meth
         assert e.extra["peak_reserved_bytes"] >= e.extra["peak_allocated_bytes"], one
         assert res["peak_allocated_bytes"][i] == pytest.approx(e.extra["peak_allocated_bytes"], rel=1e-9), one
         assert res["total_bytes"][i] == pytest.approx(e.total_bytes, rel=1e-9), one
+        assert res["peak_reserved_bytes"][i] == pytest.approx(e.extra["peak_reserved_bytes"], rel=1e-9), one
 
 
 def test_every_k_under_torchtitan_checkpoints_blocks_counted_from_one():

@@ -159,6 +159,7 @@ class Detailed(MemoryMethod):
         n = micro.size
         comps = {c: np.zeros(n) for c in COMPONENTS}  # the overheads' names depend on the platform: added as met
         peak = np.zeros(n)
+        reserved = np.zeros(n)
         total = np.zeros(n)
         phase = np.zeros(n, dtype=np.int64)
         shared = tuple(f for f in FIELD_NAMES if f not in PER_ELEMENT)
@@ -182,20 +183,24 @@ class Detailed(MemoryMethod):
             for c in COMPONENTS:
                 comps[c][idx] = np.take_along_axis(stacked[c], codes[None], axis=0)[0]
             total[idx] = peak[idx]
-            if overheads:
-                for k, par in enumerate(pars):  # the overheads read the world size: one call per sharding
-                    sel = which == k
+            stages = np.broadcast_to(np.asarray(res.stage), size)
+            for k, par in enumerate(pars):  # the overheads read the world size: one call per sharding and stage
+                for stage in np.unique(stages[which == k]):
+                    sel = (which == k) & (stages == stage)
                     pk = peak[idx[sel]]
                     toks = np.broadcast_to(res.shape.tokens, size)[sel]
-                    stage = int(np.asarray(res.stage).flat[0])
-                    rsv = (reserve_terms(arch, first.recipe, par, stage, toks, pk)
+                    rsv = (reserve_terms(arch, first.recipe, par, int(stage), toks, pk)
                            if platform in FUSED_ATTENTION_PLATFORMS else [])
+                    reserved[idx[sel]] = pk + sum(o.bytes for o in rsv)  # as estimate's peak_reserved_bytes
+                    if not overheads:
+                        continue
                     ovh = overheads_of(arch, par, pk, toks, res.profile.kernel, platform, rsv)
                     for o in ovh:
                         comps.setdefault(o.name, np.zeros(n))[idx[sel]] = np.broadcast_to(o.bytes, pk.shape)
                     total[idx[sel]] = pk + sum(o.bytes for o in ovh)  # as total_and_overheads adds them
         out = {c: v.reshape(shape) for c, v in comps.items()}
         return SweepOutput(components=out, extra={"peak_allocated_bytes": peak.reshape(shape),
+                                                  "peak_reserved_bytes": reserved.reshape(shape),
                                                   "peak_phase": phase.reshape(shape)}, total=total.reshape(shape))
 
 
