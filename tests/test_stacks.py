@@ -167,3 +167,21 @@ def test_every_k_under_torchtitan_checkpoints_blocks_counted_from_one():
     assert [i for i in range(12) if _ckpt_layer(s.recipe, i)] == [0, 4, 8]
     t = s.replace(stack="torchtitan")
     assert [i for i in range(12) if _ckpt_layer(t.recipe, i)] == [3, 7, 11]
+
+
+def test_op_policy_under_sequence_parallelism_keeps_the_reduce_scatter_outputs():
+    """DTensor sequence parallelism (torchtitan's plan): the row-parallel wo and w2 outputs are reduce-scattered,
+    and ``_c10d_functional.reduce_scatter_tensor`` is in the op policy's save list: two more sequence shards
+    (4096 / 2 x 2 B each) per token per block than without sequence parallelism."""
+    from trainfit.detailed.activations import activation_profile, walk_parallelism
+    from trainfit.detailed.distributed import walk_recipe
+
+    def per_block(**kw):
+        s = TrainingSetup.build("llama-3.1-8b", "h100", batch=16, dp=8, tp=2, **BENCH, **kw)
+        pr = activation_profile(s.model.arch, walk_recipe(s.recipe, s.parallel), walk_parallelism(s.parallel))
+        return pr.layers[5].saved[0]
+
+    # kept: wq, wv, w1 column shards, w2's partial sums (whole width), SDPA output and lse of 16 heads
+    no_sp = 2 * (2048 + 512 + 7168 + 4096 + 2048) + 16 * 4 + 2 * 4096
+    assert per_block(sequence_parallel=False) == no_sp
+    assert per_block() == no_sp - 2 * 4096 + 2 * 2048 + 2 * (2 * 2048)  # sharded input; two reduce-scatter outputs

@@ -174,6 +174,8 @@ class _Walker:
             # DTensor: the local product holds partial sums of the whole output; a reduce-scatter to the
             # sequence shard (sequence parallel) or an out-of-place all-reduce makes the output
             y = g.reduce(y, tok(out_f / tpd) if self.sp else tok(out_f))
+            if self.op_policy and g.checkpointing and self.sp:
+                g.keep(y)  # reduce_scatter_tensor is in the op policy's save list
         if lora:
             y = self.lora_branch(x, key, in_f, out_f, y, tp)
         return y
