@@ -30,6 +30,7 @@ from typing import Optional
 from ..arch import ArchSpec
 from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd
 from .inventory import block_linears, stage_layers
+from ..stacks import behaviour_of
 from ..training_setup import FLASH_LIKE, Parallelism, Recipe
 
 
@@ -78,6 +79,7 @@ class ActivationProfile:
     weight_copies_saved: Vec  #: ... of which saved for backward
     per_layer_weight_copies: Vec
     pieces: tuple[tuple[str, Vec], ...]  #: named parts of the saved total, for the breakdown/explain
+    logits_grad: Vec = ZERO  #: the logits' gradient as the head's backward receives it (after the loss backward)
 
 
 @dataclass(frozen=True)
@@ -94,11 +96,19 @@ class _BlockStats:
     input_saved: bool
 
 
+def op_policy(recipe: Recipe) -> bool:
+    """Whether ``selective`` means the stack's per-op policy (torchtitan's ``selective_ac_option = 'op'``): every
+    block checkpointed, the outputs of every other mm and of the fused attention kernel saved, the rest recomputed."""
+    return recipe.checkpointing == "selective" and behaviour_of(recipe).selective == "op-policy"
+
+
 def _ckpt_layer(recipe: Recipe, index: int) -> bool:
-    if recipe.checkpointing == "full":
+    if recipe.checkpointing == "full" or op_policy(recipe):
         return True
     if recipe.checkpointing == "every-k":
-        return index % recipe.checkpoint_every == 0
+        k = recipe.checkpoint_every
+        # torchtitan's selective_ac_option = 'N' counts blocks from 1: blocks N-1, 2N-1, ... are checkpointed
+        return (index + 1) % k == 0 if behaviour_of(recipe).every_k == "from-kth" else index % k == 0
     return False
 
 
@@ -119,7 +129,11 @@ class _Walker:
         self.p = float(recipe.param_bytes)  # parameter / residual stream bytes
         self.full = not recipe.lora  # full fine-tuning: every weight trainable
         self.kernel = attention_kernel(arch, recipe)
-        self.drop = recipe.dropout
+        self.beh = behaviour_of(recipe)
+        self.drop = recipe.dropout and self.beh.dropout
+        #: torchtitan's op policy: the block's mm count (every odd mm's output saved, _save_list of 9dec370)
+        self.op_policy = op_policy(recipe)
+        self.mm_count = 0
         self.stage = stage
         h = arch.hidden_size
         self.hw = h / self.tp if self.sp else float(h)  # residual-stream width on this rank
@@ -148,6 +162,10 @@ class _Walker:
                 g.save(g.cast(x, 2) if g.autocast else x)
         quant = self.qlora and (not trainable) and bool(module)
         y = g.matmul_weight(src, key, numel, out_w, trainable and not (megatron_sp and tp == "col"), self.w, quant)
+        if self.op_policy and g.checkpointing:
+            self.mm_count += 1
+            if self.mm_count % 2 == 1:  # "saves output of all compute ops, except every second mm"
+                g.keep(y)
         if megatron_sp and tp == "col" and trainable:
             y.rg = True
         if megatron_sp and tp == "row":
@@ -156,6 +174,8 @@ class _Walker:
             # DTensor: the local product holds partial sums of the whole output; a reduce-scatter to the
             # sequence shard (sequence parallel) or an out-of-place all-reduce makes the output
             y = g.reduce(y, tok(out_f / tpd) if self.sp else tok(out_f))
+            if self.op_policy and g.checkpointing and self.sp:
+                g.keep(y)  # reduce_scatter_tensor is in the op policy's save list
         if lora:
             y = self.lora_branch(x, key, in_f, out_f, y, tp)
         return y
@@ -228,7 +248,8 @@ class _Walker:
             q = g.rmsnorm(q, self.full, rows=heads, name="q_norm", wdtype=self.p)
             k = g.rmsnorm(k, self.full, rows=kvh, name="k_norm", wdtype=self.p)
         if cos is not None and a.rotary_fraction > 0:
-            q, k = self.rope(q, qw, cos, sin), self.rope(k, kvw, cos, sin)
+            rope = self.rope_complex if self.beh.rope == "complex" else self.rope
+            q, k = rope(q, qw, cos, sin), rope(k, kvw, cos, sin)
         out = self.core_attention(q, k, v, heads, kvh, qw, kvw)
         L = lins["o"]
         return self.linear(out, f"{index}.o", L.in_features, L.out_features, "row", L.module, lora=L.module in targets)
@@ -255,13 +276,34 @@ class _Walker:
             out = full
         return out
 
+    def rope_complex(self, src: Tensor, width: float, cos: Tensor, sin: Tensor) -> Tensor:
+        """torchtitan's ``apply_rotary_emb``: ``view_as_complex(x.float()) * freqs_cis`` (complex64), then
+        ``view_as_real(...).type_as(x)``: two fp32 temporaries; the product saves only ``freqs_cis`` (a buffer)."""
+        g = self.g
+        up = g.new(tok(width), 4.0, src.rg, "x.float() (complex view)")
+        g.use(src)
+        prod = g.new(tok(width), 4.0, src.rg, "x * freqs_cis")
+        g.use(up)
+        out = g.new(tok(width), src.dtype, src.rg, "rotary type_as(x)")
+        g.use(prod)
+        return out
+
     def core_attention(self, q: Tensor, k: Tensor, v: Tensor, heads: float, kvh: float, qw: float, kvw: float) -> Tensor:
         a, r, g = self.a, self.r, self.g
         p_attn = self.p_drop(a.attention_dropout)
-        selective = r.checkpointing == "selective"
+        # Korthikanti et al.'s selective recomputation: the attention core is recomputed (a stack's op policy
+        # instead checkpoints the whole block, see op_policy)
+        selective = r.checkpointing == "selective" and self.beh.selective == "attention-core"
         if g.autocast:
             q, k, v = g.cast(q, 2), g.cast(k, 2), g.cast(v, 2)
         dt = q.dtype
+        if self.beh.gqa == "repeat-kv" and kvh != heads and self.kernel in ("flash", "mem-efficient"):
+            # repeat_kv: k and v expanded and copied to every query head; SDPA gets (and saves) the copies
+            k2 = g.new(tok(qw), dt, k.rg, "k repeated (repeat_kv)")
+            g.use(k)
+            v2 = g.new(tok(qw), dt, v.rg, "v repeated (repeat_kv)")
+            g.use(v)
+            k, v = k2, v2
         if self.par.cp > 1:
             # context parallel: every rank attends over the whole sequence, so the other ranks' keys and
             # values are gathered for the kernel (all-gather CP; a ring holds fewer at once)
@@ -276,7 +318,10 @@ class _Walker:
                 g.save(out)
                 g.save(lse)
             g.use(q, k, v, lse)
-            if self.kernel == "flash" and self.a.family.rope_by_cat:
+            if self.op_policy:  # the SDPA op's outputs are in the policy's save list
+                g.keep(out)
+                g.keep(lse)
+            if self.kernel == "flash" and self.a.family.rope_by_cat and self.beh.rope == "rotate-half":
                 # flash allocates its output like q; a head-major q (rotary applied with torch.cat) gives a
                 # head-major output, so `transpose(1, 2).contiguous()` copies it before the output projection
                 copy = g.new(tok(qw), dt, True, "attention out contiguous")
@@ -524,9 +569,13 @@ class _Walker:
         if a.task == "causal_lm":
             # transformers ForCausalLMLoss: logits.float(), labels padded and shifted, cross-entropy
             up = g.cast(logits, 4)
-            padded = g.new(tok(1), 8, False, "padded labels")
-            target = g.new(tok(1), 8, False, "shifted labels")
-            g.use(padded)
+            if self.beh.loss == "upcast-drop-logits":
+                # cross_entropy(pred.float(), labels): the labels come shifted from the data loader
+                target = g.new(tok(1), 8, False, "labels")
+            else:
+                padded = g.new(tok(1), 8, False, "padded labels")
+                target = g.new(tok(1), 8, False, "shifted labels")
+                g.use(padded)
             if self.loss_parallel:
                 # DTensor's loss_parallel log-softmax: x - all-reduced max, then exp of that summed and
                 # all-reduced; its output is computed while the shifted logits are alive, and its backward
@@ -560,6 +609,7 @@ class _Walker:
         if held is not None:
             g.use(held)
         g.notes["loss_backward"] = bwd
+        g.notes["logits_grad"] = logits.bytes
 
     def run(self) -> ActivationProfile:
         a, r, g = self.a, self.r, self.g
@@ -597,6 +647,7 @@ class _Walker:
                 marks.append((len(g.tensors), ck, rep))
                 continue
             g.checkpointing = ck
+            self.mm_count = 0  # the op policy's counter is per checkpointed call (one per block forward)
             start = len(g.tensors)
             x_in = x
             x = self.block(x, i, cos, sin)
@@ -637,7 +688,8 @@ class _Walker:
         return ActivationProfile(kernel=self.kernel, saved_total=saved_total, embed_saved=embed_saved, layers=tuple(lay),
                                  head_saved=head_saved, loss_saved=loss_saved, forward_candidates=tuple(cands),
                                  loss_backward=loss_bwd, weight_copies=wc, weight_copies_saved=wcs,
-                                 per_layer_weight_copies=per_layer_wc, pieces=pieces)
+                                 per_layer_weight_copies=per_layer_wc, pieces=pieces,
+                                 logits_grad=g.notes.get("logits_grad", ZERO))
 
     def _layer_profiles(self, layers: list[int], marks: list[tuple[int, bool, Optional[_BlockStats]]]
                         ) -> tuple[list[LayerProfile], Vec]:

@@ -175,7 +175,7 @@ def fsdp_groups(recipe: Any, par: Parallelism, tensors: list[Any], lora: list[tu
 @dataclass(frozen=True)
 class ForwardRegions:
     """The forward walk's live bytes by where they occur (byte-vectors, see :mod:`.graph`): candidates in
-    the embeddings, in the blocks and in the head and loss, and the live set just before the first and
+    the embeddings, in the blocks, in the head and in the loss, and the live set just before the first and
     the last block start (when FSDP gathers them)."""
 
     embed: tuple[Any, ...]
@@ -183,6 +183,7 @@ class ForwardRegions:
     head: tuple[Any, ...]
     before_first_block: Any
     before_last_block: Any
+    loss: tuple[Any, ...] = ()  #: the loss, computed outside the model when the stack does (else part of head)
 
 
 @lru_cache(maxsize=256)
@@ -193,17 +194,18 @@ def forward_regions(arch: Any, recipe: Any, par: Parallelism, stage: int = 0) ->
 
     tape = walk(arch, recipe, par, stage)
     timeline = tape.timeline()
-    by: dict[str, list[Any]] = {"embed": [], "blocks": [], "head": []}
+    by: dict[str, list[Any]] = {"embed": [], "blocks": [], "head": [], "loss": []}
     firsts: dict[str, int] = {}
     for i, t in enumerate(tape.tensors, start=1):
-        kind = "blocks" if t.region.startswith("layer") else ("embed" if t.region == "embed" else "head")
+        kind = ("blocks" if t.region.startswith("layer") else "embed" if t.region == "embed"
+                else "loss" if t.region == "loss" else "head")
         by[kind].append(timeline[i])
         firsts.setdefault(t.region, i)
     layers = sorted((r for r in firsts if r.startswith("layer")), key=lambda r: int(r[5:]))
     before = [timeline[firsts[r] - 1] for r in (layers[:1] + layers[-1:])] if layers else [ZERO, ZERO]
     return ForwardRegions(embed=tuple(pareto(by["embed"] or [ZERO])), blocks=tuple(pareto(by["blocks"] or [ZERO])),
                           head=tuple(pareto(by["head"] or [ZERO])), before_first_block=before[0],
-                          before_last_block=before[-1])
+                          before_last_block=before[-1], loss=tuple(pareto(by["loss"])))
 
 
 #: names of FSDP2's buffers in a candidate's communication terms (``--explain`` lists them with their bytes)
@@ -215,7 +217,8 @@ REDUCE_SCATTER = "reduce-scatter input"
 
 def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegions, root: FsdpGroup,
                     blocks: list[FsdpGroup], head_ug: float, embed_ug: float, nbytes: Any, saved_total: Any,
-                    residual_grad: Any, accumulating: bool = False
+                    residual_grad: Any, accumulating: bool = False, root_reshard: bool = False,
+                    keep_last: bool = False
                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, float]], list[dict[str, float]]]:
     """Forward and backward candidates (each a dict of activations, temporaries, gradients and
     communication_buffers, in bytes) of one FSDP2 rank, at the moments that can set the peak, and for each
@@ -235,8 +238,16 @@ def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegion
       reduce-scatter input (reduce dtype) after its parameters are freed, and the reduce-scatter output is
       the rank's sharded gradient. One reduce-scatter input stays alive until the next group's; the root
       (embeddings, final norm, head) reduces last, its unsharded gradients held until then.
+
+    A stack's own FSDP2 wrapping (the registry's behaviour): ``root_reshard``, the root wrapped with an
+    explicit ``reshard_after_forward=True`` (torchtitan), which FSDP2 honours (its keep-the-root-gathered
+    heuristic applies only to the default): the root's parameters are freed when the model's forward returns,
+    so the loss computed outside the model and its backward run without them (re-gathered when the gradient
+    reaches the model's output); ``keep_last``, the last block not resharded after its forward (torchtitan's
+    ``apply_fsdp``): its parameters stay gathered into the backward, which needs no all-gather for it.
     """
-    rank = _FsdpRank(root, tuple(blocks), bool(par.reshard_after_forward), max(int(par.fsdp_prefetch), 0))
+    rank = _FsdpRank(root, tuple(blocks), bool(par.reshard_after_forward), max(int(par.fsdp_prefetch), 0),
+                     root_reshard, keep_last)
     all_sharded = sum(g.sharded_grads for g in blocks)
     acc = float(all_sharded + root.sharded_grads) if accumulating else 0.0
     out = _Candidates()
@@ -254,6 +265,15 @@ class _FsdpRank:
     blocks: tuple[FsdpGroup, ...]
     raf: bool  #: reshard_after_forward
     pre: int  #: blocks prefetched ahead in backward
+    root_reshard: bool = False  #: the root resharded when the model's forward returns (before an outside loss)
+    keep_last: bool = False  #: the last block kept gathered from its forward to its backward
+
+    def last_kept(self) -> dict[str, float]:
+        """The last block's parameters, kept gathered after the forward (``keep_last`` with resharding)."""
+        if not (self.keep_last and self.raf and self.blocks):
+            return {}
+        return {BLOCK_GATHERED + f" (block {len(self.blocks) - 1}, not resharded after forward)":
+                float(self.blocks[-1].gathered)}
 
     @property
     def big(self) -> FsdpGroup:
@@ -336,10 +356,16 @@ def _forward_candidates(out: _Candidates, rank: _FsdpRank, regions: ForwardRegio
         out.forward({**_split(nbytes(v), saved_total), "gradients": acc},
                     {**R, **rank.gathered_upto(L - 1 if not raf else blocks.index(big)),
                      **ag("the block computing", big.all_gather)})
+    head_terms = {**R, **(rank.gathered_upto(L - 1) if not raf else rank.last_kept()),
+                  **ag(f"block {L - 1}, freed when the forward ends", last.all_gather)}
     for v in regions.head:
-        out.forward({**_split(nbytes(v), saved_total), "gradients": acc},
-                    {**R, **(rank.gathered_upto(L - 1) if not raf else {}),
-                     **ag(f"block {L - 1}, freed when the forward ends", last.all_gather)})
+        out.forward({**_split(nbytes(v), saved_total), "gradients": acc}, head_terms)
+    # the loss: inside the model's forward unless the root reshards first (its own terms then: the model's
+    # forward has returned, the root's parameters and the last all-gather buffer are freed)
+    loss_terms = ({**(rank.gathered_upto(L - 1) if not raf else rank.last_kept())} if rank.root_reshard
+                  else head_terms)
+    for v in regions.loss:
+        out.forward({**_split(nbytes(v), saved_total), "gradients": acc}, loss_terms)
     if blocks:
         out.forward({**_split(nbytes(regions.before_first_block), saved_total), "gradients": acc},
                     {**R, **ag("root", rank.root.all_gather), **ag("block 0", first.all_gather),
@@ -360,9 +386,19 @@ def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, 
     all_sharded = sum(g.sharded_grads for g in blocks)
     held_head = float(head_ug + (embed_ug if arch.tie_word_embeddings else 0))
     head_loss = _vadd(pr.head_saved, pr.loss_saved)
-    # the loss backward: every activation saved, the last block already being gathered again
+    # the loss backward: every activation saved, the last block already being gathered again (or still
+    # gathered, when kept); the root's parameters, unless it resharded after the forward
+    R_loss = {} if rank.root_reshard else R
+    last_terms = (rank.last_kept() if rank.last_kept() else rank.prefetch(L) if blocks else {})
     out.backward({"activations": saved_total, "temporaries": nbytes(pr.loss_backward), "gradients": acc},
-                 {**R, **(rank.prefetch(L) if blocks else {})} if raf else {**R, **rank.gathered_upto(L - 1)})
+                 {**R_loss, **last_terms} if raf else {**R_loss, **rank.gathered_upto(L - 1)})
+    if rank.root_reshard:
+        # the gradient reaches the model's output: the root is gathered again (its all-gather buffer alive until
+        # the next copy-out) for the head's backward, which receives the logits' gradient
+        out.backward({"activations": nbytes(_vsub(pr.saved_total, pr.loss_saved)),
+                      "temporaries": nbytes(pr.logits_grad), "gradients": acc},
+                     {**R, **rank.ag("root, gathered again for the head's backward", rank.root.all_gather),
+                      **last_terms})
     later = (0.0, 0.0, 0.0, 0.0)
     for k, i in enumerate(range(L - 1, -1, -1)):
         lp = pr.layers[i] if i < len(pr.layers) else None

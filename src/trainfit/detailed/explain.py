@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..arch import ArchSpec
-from .activations import walk
+from ..stacks import checkpoint_name, stack_of
+from .activations import op_policy, walk
 from .graph import Vec
 from .distributed import explain_parallel, is_fsdp, walk_recipe
 from .overheads import Overhead
@@ -49,8 +50,10 @@ def layer_saved_tensors(arch: ArchSpec, recipe: Recipe, par: Parallelism,
     tape = walk(arch, recipe, par)
     regions = sorted({t.region for t in tape.tensors if t.region.startswith("layer")}, key=lambda r: int(r[5:]))
     reg = f"layer{layer}" if layer is not None else (regions[-1] if regions else "")
-    return [(t.name, _dtype_name(t.dtype), t.bytes) for t in tape.tensors
-            if t.region == reg and (t.saved or t.would_save) and any(t.bytes)]
+    # a per-op checkpoint policy keeps some outputs across the forward (saved) and recomputes the rest
+    policy = op_policy(recipe)
+    return [(t.name + (" [kept by the op policy]" if policy and t.saved else ""), _dtype_name(t.dtype), t.bytes)
+            for t in tape.tensors if t.region == reg and (t.saved or t.would_save) and any(t.bytes)]
 
 
 def explain(arch: ArchSpec, setup: TrainingSetup, res: PhaseResult, overheads: list[Overhead]) -> list[Line]:
@@ -113,7 +116,8 @@ def explain(arch: ArchSpec, setup: TrainingSetup, res: PhaseResult, overheads: l
              f"head {_vec(pr.pieces[2][1])}; loss {_vec(pr.pieces[3][1])}; kernel {pr.kernel}"
              + (f"; x {inflight:g} in-flight micro-batches ({par.pp_schedule})" if par.pp > 1 else "")
              + f". Last block saves: {saved}",
-             "forward walk of the transformers 5 model (detailed/activations.py) with PyTorch autograd saving rules"))
+             f"forward walk of {stack_of(recipe).models} (detailed/activations.py) with PyTorch autograd saving "
+             f"rules; checkpointing {recipe.checkpointing} = {checkpoint_name(recipe)}"))
     tmp = comp["temporaries"]
     if phase == "forward":
         tf = "live non-saved tensors at the forward's peak (at the loss: logits, their fp32 upcast, the held last hidden state, padded labels)"

@@ -108,6 +108,12 @@ class Tape:
         else:
             x.saved = True
 
+    def keep(self, x: Optional[Tensor]) -> None:
+        """Saved whatever autograd would do: a selective-checkpoint policy's MUST_SAVE op output (stored in
+        the checkpoint's cache from the forward until the block's recomputation reads it)."""
+        if x is not None:
+            x.saved = True
+
     def hold(self, x: Tensor) -> None:
         x.held = True
 

@@ -14,8 +14,10 @@ import numpy as np
 from ..errors import TrainfitError
 from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
 from ..result import Estimate
+from ..stacks import check_model, modelled_by
 from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, PRECISIONS, TrainingSetup
+from .allocator import reserve_terms
 from .explain import explain as explain_lines
 from .layouts import PER_ELEMENT, SHARDING_FIELDS, layout_phases, sharding_groups
 from .overheads import overheads
@@ -26,8 +28,9 @@ NAME = "detailed"
 TRAINING_PRECISIONS = tuple(p for p, spec in PRECISIONS.items() if spec.trainable)
 #: every field is modelled; precision only as a training recipe, and partial training through LoRA
 #: not ``compile``: compiled graphs save fewer activations (torchtitan: 82.4 -> 77.0 GiB), not modelled here
+#: the stacks it models are those whose registry entry names it (data/stacks.yaml ``modelled_by``)
 ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n not in ("trainable_fraction", "compile")},
-                           "precision": TRAINING_PRECISIONS}
+                           "precision": TRAINING_PRECISIONS, "stack": modelled_by(NAME)}
 
 
 #: platforms whose PyTorch SDPA has the flash and memory-efficient kernels "auto" picks from (CUDA; ROCm's
@@ -47,10 +50,18 @@ def effective(setup: TrainingSetup) -> TrainingSetup:
     return setup
 
 
+def reserve_of(arch: Any, setup: TrainingSetup, res: PhaseResult) -> list:
+    """The allocator's reserved-minus-allocated terms of the setup's stack (:mod:`.allocator`); none off CUDA/ROCm."""
+    if platform_of(setup) not in FUSED_ATTENTION_PLATFORMS:
+        return []
+    return reserve_terms(arch, setup.recipe, setup.parallel, int(np.asarray(res.stage).flat[0]), res.shape.tokens,
+                         res.peak)
+
+
 def total_and_overheads(arch: Any, setup: TrainingSetup, res: PhaseResult, include: bool) -> tuple[Any, list]:
     """The total (allocated peak plus the platform's overheads, when included) and the overhead components."""
-    ovh = (overheads(arch, setup.parallel, res.peak, res.shape.tokens, res.profile.kernel, platform_of(setup))
-           if include else [])
+    ovh = (overheads(arch, setup.parallel, res.peak, res.shape.tokens, res.profile.kernel, platform_of(setup),
+                     reserve_of(arch, setup, res)) if include else [])
     return res.peak + sum(o.bytes for o in ovh), ovh
 
 
@@ -81,7 +92,11 @@ class Detailed(MemoryMethod):
         if not r.spec.trainable:
             raise TrainfitError(f"precision {r.precision!r} is not a training recipe of the detailed method; "
                                 f"accepted: {', '.join(TRAINING_PRECISIONS)}")
+        if r.stack not in ACCEPTS["stack"]:
+            raise TrainfitError(f"the detailed method does not model stack {r.stack!r} yet; modelled: "
+                                f"{', '.join(ACCEPTS['stack'])} (the measured method may run it)")
         check_accepts(setup, NAME, ACCEPTS)
+        check_model(r, setup.model.arch.model_type, setup.model.name)
 
     def phases(self, setup: TrainingSetup) -> PhaseResult:
         """Per-phase peaks and components of one setup (no device needed: then as on CUDA)."""
@@ -91,6 +106,8 @@ class Detailed(MemoryMethod):
     def estimate(self, setup: TrainingSetup, *, overheads: bool = True, explain: bool = False) -> Estimate:
         """``components`` are the peak phase's parts plus the overheads (they add up to ``total_bytes``);
         ``extra`` adds ``peak_allocated_bytes`` (comparable with ``torch.cuda.max_memory_allocated()``),
+        ``peak_reserved_bytes`` (``torch.cuda.max_memory_reserved()``: the allocated peak plus the stack's
+        allocator terms, named in ``reserve_terms``; :mod:`.allocator`),
         ``peak_phase``, ``phases`` (each phase's allocated peak), ``overheads_bytes``, ``attention_kernel``,
         ``pipeline_stage`` and, with ``explain``, each component's formula and source."""
         res = self.phases(setup)
@@ -113,13 +130,17 @@ class Detailed(MemoryMethod):
             notes.append(f"pipeline: stage {int(res.stage)} of {pp} reported" + (
                 " (--pp-stage)" if setup.parallel.pp_stage >= 0 else ", the busier of the first (embeddings, most "
                 "in-flight micro-batches) and the last (head and loss)"))
+        reserve = reserve_of(arch, setup, res)
+        reserved = res.peak + sum(o.bytes for o in reserve)
         if overheads and ovh:
             notes.append("total includes the runtime context, workspaces and allocator reserve (leave them out "
                          "with overheads off)")
+
         elif overheads:
             notes.append(f"no runtime overheads are modelled on {platform}: the total is the step's allocated peak")
         extra: dict[str, Any] = {
-            "peak_allocated_bytes": float(res.peak), "peak_phase": phase,
+            "peak_allocated_bytes": float(res.peak), "peak_reserved_bytes": float(reserved),
+            "reserve_terms": [o.name for o in reserve], "peak_phase": phase,
             "phases": {p: float(v) for p, v in res.peaks.items()},
             "overheads_bytes": float(sum(o.bytes for o in ovh)), "overheads_included": bool(overheads),
             "attention_kernel": res.profile.kernel, "pipeline_stage": int(res.stage), "platform": platform,
@@ -138,6 +159,7 @@ class Detailed(MemoryMethod):
         n = micro.size
         comps = {c: np.zeros(n) for c in COMPONENTS}  # the overheads' names depend on the platform: added as met
         peak = np.zeros(n)
+        reserved = np.zeros(n)
         total = np.zeros(n)
         phase = np.zeros(n, dtype=np.int64)
         shared = tuple(f for f in FIELD_NAMES if f not in PER_ELEMENT)
@@ -161,17 +183,24 @@ class Detailed(MemoryMethod):
             for c in COMPONENTS:
                 comps[c][idx] = np.take_along_axis(stacked[c], codes[None], axis=0)[0]
             total[idx] = peak[idx]
-            if overheads:
-                for k, par in enumerate(pars):  # the overheads read the world size: one call per sharding
-                    sel = which == k
+            stages = np.broadcast_to(np.asarray(res.stage), size)
+            for k, par in enumerate(pars):  # the overheads read the world size: one call per sharding and stage
+                for stage in np.unique(stages[which == k]):
+                    sel = (which == k) & (stages == stage)
                     pk = peak[idx[sel]]
-                    ovh = overheads_of(arch, par, pk, np.broadcast_to(res.shape.tokens, size)[sel], res.profile.kernel,
-                                       platform)
+                    toks = np.broadcast_to(res.shape.tokens, size)[sel]
+                    rsv = (reserve_terms(arch, first.recipe, par, int(stage), toks, pk)
+                           if platform in FUSED_ATTENTION_PLATFORMS else [])
+                    reserved[idx[sel]] = pk + sum(o.bytes for o in rsv)  # as estimate's peak_reserved_bytes
+                    if not overheads:
+                        continue
+                    ovh = overheads_of(arch, par, pk, toks, res.profile.kernel, platform, rsv)
                     for o in ovh:
                         comps.setdefault(o.name, np.zeros(n))[idx[sel]] = np.broadcast_to(o.bytes, pk.shape)
                     total[idx[sel]] = pk + sum(o.bytes for o in ovh)  # as total_and_overheads adds them
         out = {c: v.reshape(shape) for c, v in comps.items()}
         return SweepOutput(components=out, extra={"peak_allocated_bytes": peak.reshape(shape),
+                                                  "peak_reserved_bytes": reserved.reshape(shape),
                                                   "peak_phase": phase.reshape(shape)}, total=total.reshape(shape))
 
 

@@ -26,7 +26,7 @@ modelled, and the total is the step's allocated peak.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from ..arch import ArchSpec
 from ..training_setup import Parallelism
@@ -52,8 +52,9 @@ PLATFORM_NAMES = {"cuda": ("cuda_context", "nccl_buffers", "CUDA", "cuBLAS", "NC
 
 
 def overheads(arch: ArchSpec, par: Parallelism, peak_allocated: Any, tokens: Any, kernel: str,
-              platform: str = "cuda") -> list[Overhead]:
-    """The overhead components for a step whose allocated peak is ``peak_allocated`` bytes on ``platform``."""
+              platform: str = "cuda", reserve: Optional[list[Overhead]] = None) -> list[Overhead]:
+    """The overhead components for a step whose allocated peak is ``peak_allocated`` bytes on ``platform``;
+    ``reserve`` replaces the one allocator-reserve term with a stack's own terms (:mod:`.allocator`)."""
     names = PLATFORM_NAMES.get(platform)
     if names is None:
         return []
@@ -72,6 +73,8 @@ def overheads(arch: ArchSpec, par: Parallelism, peak_allocated: Any, tokens: Any
     if par.world_size > 1:
         out.append(Overhead(collectives, float(NCCL_BYTES), "256 MiB",
                             f"{comm} communicator buffers (4 MiB per channel and peer)" + assumed))
+    if reserve is not None:
+        return out + [Overhead(o.name, o.bytes, o.formula, o.assumption + assumed) for o in reserve]
     out.append(Overhead("allocator_reserve", ALLOCATOR_RESERVE_FRACTION * peak_allocated,
                         f"{ALLOCATOR_RESERVE_FRACTION:.3f} x peak allocated",
                         "caching-allocator reserved minus allocated (median of the dev-corpus allocator replay)"

@@ -28,6 +28,7 @@ from .distributed import (ddp_bucket_bytes, ddp_bucket_label, forward_regions, f
                           fsdp_groups, is_fsdp, walk_recipe)
 from .graph import Vec, ZERO, tok, vadd, vbytes, vsub
 from .inventory import block_linears
+from ..stacks import behaviour_of
 from ..training_setup import Parallelism, Recipe, TrainingSetup
 from .states import StateBytes, stage_tensors, state_bytes
 
@@ -315,8 +316,11 @@ def _fsdp(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, pr: Acti
     wr = walk_recipe(recipe, par)
     tensors, lora = stage_tensors(arch, recipe, par, stage)
     root, blocks, head_ug, embed_ug = fsdp_groups(recipe, par, tensors, lora)
+    beh = behaviour_of(recipe)
     return fsdp_candidates(arch, par, pr, forward_regions(arch, wr, par, stage), root, blocks, head_ug, embed_ug, B,
-                           saved_total, B(tok(h_res * fsdp_compute_bytes(recipe))), accumulating=accumulation > 1)
+                           saved_total, B(tok(h_res * fsdp_compute_bytes(recipe))), accumulating=accumulation > 1,
+                           root_reshard=beh.fsdp_root_reshard and par.pp == 1,
+                           keep_last=beh.fsdp_keep_last_block and par.pp == 1)
 
 
 def _min(a: Any, b: Any) -> Any:

@@ -132,6 +132,13 @@ def _allocated_peak(est: Estimate, doc: Document) -> None:
                else "by the step's tensors")
     doc.line(f"peak allocated ({measure}): {pk / GB:.3f} GB ({pk / GiB:.3f} GiB) in the "
              f"{x['peak_phase']} phase; phase peaks GiB: {phases}; attention kernel {x['attention_kernel']}", "dim")
+    rv = x.get("peak_reserved_bytes")
+    if rv is not None and rv > pk:
+        terms = " + ".join(label(t) for t in x.get("reserve_terms", ()))
+        doc.line(f"peak reserved (torch.cuda.max_memory_reserved, modelled): {rv / GB:.3f} GB ({rv / GiB:.3f} GiB) "
+                 f"= allocated peak + {terms}" + ("; the fit is judged on reserved memory plus the context, "
+                                                  "workspaces and communicator buffers"
+                                                  if x["overheads_included"] else ""), "dim")
     if x["overheads_included"] and x["overheads_bytes"]:
         doc.line(f"overheads included in the total: {x['overheads_bytes'] / GiB:.3f} GiB", "dim")
     elif not x["overheads_included"]:

@@ -1,0 +1,131 @@
+"""The stacks a training step can run under (the setup's ``stack`` field): a registry read from
+``data/stacks.yaml``, validated on load.
+
+Each :class:`Stack` states the version it describes, its model implementations, its activation-checkpoint
+modes by their real names, its mixed-precision policy, its loss and its allocator settings, and a
+:class:`Behaviour` the memory methods read. Code outside this registry never tests a stack's name: it
+reads the behaviour (``stack_of(recipe).behaviour.selective == "op-policy"``), so a new stack is a new
+entry in the data file.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from .datafile import DATA_DIR, describe_validation_error, node_at, read_yaml
+from .errors import TrainfitError, unknown_choice
+from .training_setup import CHECKPOINTING, STACKS
+
+PATH = DATA_DIR / "stacks.yaml"
+#: the CUDA streams FSDP2 allocates on (each its own caching-allocator pool)
+STREAMS = ("all-gather", "reduce-scatter")
+
+
+class Behaviour(BaseModel):
+    """What a memory method reads of a stack (see the data file's header for each value's meaning)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    selective: Literal["attention-core", "op-policy"]
+    rope: Literal["rotate-half", "complex"]
+    gqa: Literal["native", "repeat-kv"]
+    loss: Literal["shift-upcast", "upcast-drop-logits"]
+    dropout: bool
+    every_k: Literal["from-first", "from-kth"] = "from-first"
+    fsdp_streams: tuple[Literal["all-gather", "reduce-scatter"], ...] = ()
+    fsdp_root_reshard: bool = False
+    reserve: Literal["median-fraction", "stream-pools"] = "median-fraction"
+    fsdp_keep_last_block: bool = False
+
+
+class Stack(BaseModel):
+    """One stack: what it is (version, models, checkpoint modes, precision, loss, allocator) and its behaviour."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    title: str
+    version: str
+    models: str
+    checkpointing: dict[str, str]  #: trainfit's --checkpointing value -> the stack's own name for it
+    mixed_precision: str
+    loss: str
+    allocator: str
+    behaviour: Behaviour
+    model_types: tuple[str, ...] = ()  #: config model_types it implements (empty: every supported type)
+    modelled_by: tuple[str, ...] = ()
+    source: str
+
+    @field_validator("checkpointing")
+    @classmethod
+    def _modes(cls, v: dict[str, str]) -> dict[str, str]:
+        missing = [c for c in CHECKPOINTING if c not in v]
+        extra = [c for c in v if c not in CHECKPOINTING]
+        if missing or extra:
+            raise ValueError(f"checkpointing must name exactly {', '.join(CHECKPOINTING)}"
+                             + (f"; missing {', '.join(missing)}" if missing else "")
+                             + (f"; unknown {', '.join(extra)}" if extra else ""))
+        return v
+
+
+class _File(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    stacks: list[Stack]
+
+
+@lru_cache(maxsize=None)
+def stacks() -> dict[str, Stack]:
+    """Every stack by name, from ``data/stacks.yaml`` (one line naming the file and line on a bad entry)."""
+    data, node = read_yaml(PATH)
+    try:
+        parsed = _File.model_validate(data)
+    except ValidationError as exc:
+        loc, msg = describe_validation_error(exc)
+        line = node_at(node, loc).line() if node is not None else "?"
+        raise TrainfitError(f"{PATH}: line {line}: {'.'.join(map(str, loc))}: {msg}") from None
+    out = {s.name: s for s in parsed.stacks}
+    if len(out) != len(parsed.stacks):
+        raise TrainfitError(f"{PATH}: duplicate stack names")
+    if tuple(out) != STACKS:
+        raise TrainfitError(f"{PATH}: stacks must be {', '.join(STACKS)} in that order (the setup's stack "
+                            f"choices), got {', '.join(out)}")
+    return out
+
+
+def get_stack(name: str) -> Stack:
+    """The stack ``name`` (an unknown name is refused with the closest match)."""
+    table = stacks()
+    if name not in table:
+        raise unknown_choice("stack", name, list(table))
+    return table[name]
+
+
+def stack_of(recipe: object) -> Stack:
+    """The stack a recipe runs under (its ``stack`` field; hf when it has none)."""
+    return get_stack(getattr(recipe, "stack", "hf"))
+
+
+def behaviour_of(recipe: object) -> Behaviour:
+    return stack_of(recipe).behaviour
+
+
+def modelled_by(method: str) -> tuple[str, ...]:
+    """The stacks whose entry names ``method`` among the methods that model them, in registry order."""
+    return tuple(n for n, s in stacks().items() if method in s.modelled_by)
+
+
+def check_model(recipe: object, model_type: str, model: str) -> None:
+    """Refuse, in one line, a model the recipe's stack ships no implementation of."""
+    st = stack_of(recipe)
+    if st.model_types and model_type not in st.model_types:
+        raise TrainfitError(f"stack {st.name!r} implements model types {', '.join(st.model_types)}, not "
+                            f"{model_type!r} ({model}); use --stack hf or one of its models")
+
+
+def checkpoint_name(recipe: object) -> str:
+    """The stack's own name for the recipe's checkpointing mode (``selective`` under torchtitan is its op policy)."""
+    return stack_of(recipe).checkpointing[getattr(recipe, "checkpointing")]
+
+
+__all__ = ["Behaviour", "PATH", "STREAMS", "Stack", "behaviour_of", "check_model", "checkpoint_name", "get_stack", "modelled_by",
+           "stack_of", "stacks"]
