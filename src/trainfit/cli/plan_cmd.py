@@ -115,6 +115,9 @@ def plan_command(
     top: int = typer.Option(DEFAULT_TOP, "--top", help="Layouts to show."),
     rejected: int = typer.Option(DEFAULT_REJECTED, "--rejected", help="Best rejected layouts to show."),
     method: Optional[str] = typer.Option(None, "--method", help=_METHOD_HELP),
+    emit_file: Optional[str] = typer.Option(None, "--emit", help="Write the best layout as the --stack's own launch "
+                                            "configuration to FILE: a torchtitan job TOML, Megatron-LM arguments "
+                                            "(a shell script), a DeepSpeed JSON, an accelerate config YAML (hf)."),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text | json | markdown."),
     setup_fields: Optional[dict[str, Any]] = None,
 ) -> None:
@@ -145,4 +148,16 @@ def plan_command(
         if gpus is None:
             raise TrainfitError("--gpus N is required (or --min-gpus to find the smallest N)")
         p = plan(model, hardware, gpus, **opts)
-    emit(plan_document(p), output, json=p.to_json())
+    launch = None
+    if emit_file:
+        from ..planner.emit import launch_config
+
+        launch = launch_config(p, node_size=node_size)
+        launch.write(emit_file)
+    d = p.to_json()
+    if launch is not None:
+        d["emit"] = {"path": emit_file, "stack": launch.stack, "format": launch.kind, "launcher": launch.launcher}
+    emit(plan_document(p), output, json=d)
+    if launch is not None and output is not Output.json:
+        console.print(f"{launch.stack} launch configuration ({launch.kind}) written to {emit_file}; launch: "
+                      f"{launch.launcher}", markup=False)
