@@ -64,6 +64,23 @@ def _nodes(world: int, node_size: int) -> tuple[int, int]:
     return max(1, -(-world // per)), per
 
 
+def stack_batch(plan: Plan, x: Layout) -> tuple[int, int, int]:
+    """(data-parallel ranks, micro-batch, accumulation) as torchtitan and Megatron-LM count them: their
+    data-parallel ranks are trainfit's ``dp x ep`` (expert parallelism is carved out of them), so the global
+    batch splits over ``ep`` times more ranks -- in fewer accumulation steps when ``ep`` divides them, else in
+    ``ep`` times smaller micro-batches; a layout where neither divides is refused."""
+    p = x.parallel
+    ranks = p.dp * p.ep
+    if p.ep == 1:
+        return ranks, x.micro_batch, x.accumulation
+    if x.accumulation % p.ep == 0:
+        return ranks, x.micro_batch, x.accumulation // p.ep
+    if x.micro_batch % p.ep == 0:
+        return ranks, x.micro_batch // p.ep, x.accumulation
+    raise TrainfitError(f"the layout's micro-batch {x.micro_batch} x accumulation {x.accumulation} does not split over "
+                        f"the stack's {ranks} data-parallel ranks (dp {p.dp} x ep {p.ep}); choose another layout")
+
+
 def _header(plan: Plan, x: Layout, comment: str) -> list[str]:
     p = x.parallel
     return [f"{comment} trainfit plan: {plan.model} on {plan.world_size} x {plan.hardware}, global batch "
@@ -86,13 +103,14 @@ def _toml_value(v: Any) -> str:
 def torchtitan_toml(plan: Plan, x: Layout, node_size: int = DEFAULT_NODE_SIZE) -> LaunchConfig:
     """A torchtitan job TOML (``[training]``, ``[parallelism]``, ``[activation_checkpoint]``)."""
     p = x.parallel
+    ranks, micro, accum = stack_batch(plan, x)
     ddp = p.dp > 1 and not p.fsdp
     # torchtitan borrows expert parallelism from dp_shard x cp x tp (parallel_dims.py): its shard degree
     # spans trainfit's dp x ep; without FSDP (DDP, 1-D only) the replicas are data_parallel_replicate_degree.
     training: dict[str, Any] = {
         # local_batch_size is per data-parallel rank per optimizer step's forward; with a pipeline, its
         # micro-batches are pipeline_parallel_microbatch_size each (n_microbatches = local / micro)
-        "local_batch_size": x.micro_batch * (x.accumulation if p.pp > 1 else 1),
+        "local_batch_size": micro * (accum if p.pp > 1 else 1),
         "global_batch_size": plan.global_batch,
         "seq_len": plan.seq_len,
         "mixed_precision_param": "float32" if plan.precision in ("fp32", "tf32") else "bfloat16",
@@ -101,7 +119,7 @@ def torchtitan_toml(plan: Plan, x: Layout, node_size: int = DEFAULT_NODE_SIZE) -
         training["dtype"] = "bfloat16"
     parallelism: dict[str, Any] = {
         "data_parallel_replicate_degree": p.dp if ddp else 1,
-        "data_parallel_shard_degree": 1 if ddp else p.dp * p.ep,
+        "data_parallel_shard_degree": 1 if ddp else ranks,
         "fsdp_reshard_after_forward": "always" if p.reshard_after_forward else "never",
         "tensor_parallel_degree": p.tp,
         "disable_loss_parallel": not p.loss_parallel,
@@ -111,7 +129,7 @@ def torchtitan_toml(plan: Plan, x: Layout, node_size: int = DEFAULT_NODE_SIZE) -
     }
     if p.pp > 1:
         parallelism["pipeline_parallel_schedule"] = _TT_SCHEDULE[p.pp_schedule]
-        parallelism["pipeline_parallel_microbatch_size"] = x.micro_batch
+        parallelism["pipeline_parallel_microbatch_size"] = micro
     ac: dict[str, Any] = {"mode": x.checkpointing}
     if x.checkpointing == "selective":
         ac["selective_ac_option"] = "op"  # torchtitan's op-level SAC; trainfit counts attention recomputed
@@ -133,9 +151,10 @@ def torchtitan_toml(plan: Plan, x: Layout, node_size: int = DEFAULT_NODE_SIZE) -
 def megatron_args(plan: Plan, x: Layout) -> list[str]:
     """Megatron-LM command-line arguments for layout ``x`` (flags of arguments.py at core_v0.13.1)."""
     p = x.parallel
+    _, micro, _ = stack_batch(plan, x)
     args = ["--tensor-model-parallel-size", str(p.tp), "--pipeline-model-parallel-size", str(p.pp),
             "--context-parallel-size", str(p.cp), "--expert-model-parallel-size", str(p.ep),
-            "--micro-batch-size", str(x.micro_batch), "--global-batch-size", str(plan.global_batch),
+            "--micro-batch-size", str(micro), "--global-batch-size", str(plan.global_batch),
             "--seq-length", str(plan.seq_len)]
     ref = resolve_model(plan.model)
     facts = model_values(ref)
@@ -262,4 +281,4 @@ def launch_config(plan: Plan, layout: Optional[Layout] = None, *, node_size: int
 
 
 __all__ = ["LaunchConfig", "accelerate_yaml", "deepspeed_json", "launch_config", "megatron_args", "megatron_script",
-           "torchtitan_toml"]
+           "stack_batch", "torchtitan_toml"]
