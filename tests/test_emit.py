@@ -232,15 +232,20 @@ def test_deepspeed_json_has_its_keys_and_batch_rule(plans):
         assert cfg.launcher.startswith("deepspeed --num_nodes 2 --num_gpus 8 ")
 
 
-def test_deepspeed_json_loads_in_deepspeeds_config_class(plans, tmp_path):
+def test_deepspeed_json_loads_in_deepspeeds_config_class(plans, monkeypatch):
+    """Checked with deepspeed 0.18.4 (DS_BUILD_OPS=0) where it is installed; skipped otherwise."""
     ds = pytest.importorskip("deepspeed.runtime.config")
-    cfg = launch_config(plans["deepspeed"])
-    d = json.loads(cfg.text)
-    x = plans["deepspeed"].top[0]
-    # DeepSpeedConfig reads the world size from torch.distributed; without it, the batch rule is ours above
-    c = ds.DeepSpeedConfig(d, mpu=types.SimpleNamespace(get_data_parallel_world_size=lambda: x.parallel.dp,
-                                                        get_data_parallel_rank=lambda: 0))
-    assert c.zero_optimization_stage == x.parallel.zero and c.train_batch_size == plans["deepspeed"].global_batch
+    # DeepSpeedConfig asks torch.distributed for the rank, then the data-parallel world size of its mpu
+    monkeypatch.setattr(ds.dist, "get_rank", lambda *a, **k: 0)
+    p = plans["deepspeed"]
+    for x in [p.top[0], *[y for y in p.top + p.rejected if y.parallel.pp > 1][:2]]:
+        d = json.loads(launch_config(p, x).text)
+        mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: x.parallel.dp, get_data_parallel_rank=lambda: 0)
+        c = ds.DeepSpeedConfig(d, mpu=mpu)  # runs its _batch_assertion
+        assert c.zero_optimization_stage == x.parallel.zero and c.train_batch_size == p.global_batch
+        assert c.gradient_accumulation_steps == x.accumulation and c.bfloat16_config.enabled
+    with pytest.raises(AssertionError, match="Check batch related parameters"):
+        ds.DeepSpeedConfig({**d, "gradient_accumulation_steps": d["gradient_accumulation_steps"] + 1}, mpu=mpu)
 
 
 def test_accelerate_yaml_loads_in_accelerates_cluster_config(plans, tmp_path):
