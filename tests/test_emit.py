@@ -184,8 +184,9 @@ def test_megatron_arguments_parse_with_its_arguments(plans):
         if args.context_parallel_size > 1:  # arguments.py L776
             assert args.seq_length % (2 * args.context_parallel_size) == 0
         if args.num_layers_per_virtual_pipeline_stage:  # arguments.py L540
-            assert (args.num_layers // args.pipeline_model_parallel_size) % args.num_layers_per_virtual_pipeline_stage == 0
-            assert args.num_layers // (args.pipeline_model_parallel_size * args.num_layers_per_virtual_pipeline_stage) == 2
+            per_stage = args.num_layers // args.pipeline_model_parallel_size
+            assert per_stage % args.num_layers_per_virtual_pipeline_stage == 0
+            assert per_stage // args.num_layers_per_virtual_pipeline_stage == 2  # 2 virtual stages per rank
         assert args.recompute_granularity == {"none": None, "full": "full", "selective": "selective"}[x.checkpointing]
         assert args.num_query_groups == 8 and args.group_query_attention and args.bf16
         assert args.sequence_parallel == (x.parallel.tp > 1)
@@ -225,7 +226,8 @@ def test_deepspeed_json_has_its_keys_and_batch_rule(plans):
                 assert set(v) <= set(spec[k]["keys"]), (k, v)
         assert d["zero_optimization"]["stage"] in spec["zero_optimization"]["keys"]["stage"]["choices"]
         # _batch_assertion: train_batch == micro x accumulation x data-parallel world size
-        assert d["train_batch_size"] == d["train_micro_batch_size_per_gpu"] * d["gradient_accumulation_steps"] * x.parallel.dp
+        micro, accum = d["train_micro_batch_size_per_gpu"], d["gradient_accumulation_steps"]
+        assert d["train_batch_size"] == micro * accum * x.parallel.dp
         assert d["bf16"]["enabled"] and not d["fp16"]["enabled"]
         if x.parallel.pp > 1:
             assert d["zero_optimization"]["stage"] < 2 and f"num_stages={x.parallel.pp}" in cfg.launcher
@@ -240,7 +242,8 @@ def test_deepspeed_json_loads_in_deepspeeds_config_class(plans, monkeypatch):
     p = plans["deepspeed"]
     for x in [p.top[0], *[y for y in p.top + p.rejected if y.parallel.pp > 1][:2]]:
         d = json.loads(launch_config(p, x).text)
-        mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: x.parallel.dp, get_data_parallel_rank=lambda: 0)
+        mpu = types.SimpleNamespace(get_data_parallel_world_size=lambda: x.parallel.dp,
+                                    get_data_parallel_rank=lambda: 0)
         c = ds.DeepSpeedConfig(d, mpu=mpu)  # runs its _batch_assertion
         assert c.zero_optimization_stage == x.parallel.zero and c.train_batch_size == p.global_batch
         assert c.gradient_accumulation_steps == x.accumulation and c.bfloat16_config.enabled

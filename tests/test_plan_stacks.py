@@ -152,6 +152,8 @@ def test_a_restriction_outside_the_stack_is_refused_in_one_line():
         plan("llama-3.1-8b", "h100", 8, checkpointing=["selective"])
     with pytest.raises(TrainfitError, match="the deepspeed stack has no context parallelism"):
         plan("llama-3.1-8b", "h100", 8, stack="deepspeed", cp=2)
+    with pytest.raises(TrainfitError, match="the megatron stack has no FSDP; its sharding: ddp, distributed-optimizer"):
+        plan("llama-3.1-8b", "h100", 8, stack="megatron", fsdp=True)
     with pytest.raises(TrainfitError, match="pp_virtual is chosen by the planner's search"):
         plan("llama-3.1-8b", "h100", 8, stack="megatron", pp_virtual=2)
     # a stack without ZeRO-2 (Megatron-LM) has only its dp = 1 layouts left for --zero 2

@@ -255,8 +255,9 @@ def accelerate_yaml(plan: Plan, x: Layout, node_size: int = DEFAULT_NODE_SIZE) -
     else:
         cfg["distributed_type"] = "MULTI_GPU"
     ckpt = x.checkpointing == "full" and not (p.fsdp and p.dp > 1)  # FSDP checkpoints through fsdp_config
+    precision = {"bf16": " --bf16", "fp16": " --fp16"}.get(mixed, "")
     trainer = (f"--per_device_train_batch_size {x.micro_batch} --gradient_accumulation_steps {x.accumulation}"
-               f"{' --gradient_checkpointing' if ckpt else ''}{' --bf16' if mixed == 'bf16' else ' --fp16' if mixed == 'fp16' else ''}")
+               f"{' --gradient_checkpointing' if ckpt else ''}{precision}")
     launcher = (f"accelerate launch --config_file <this file>{' --machine_rank $RANK' if nodes > 1 else ''} "
                 f"train.py {trainer}")
     head = _header(plan, x, "#") + [f"# accelerate {ACCELERATE_VERSION} config (ClusterConfig); Trainer arguments: "

@@ -257,8 +257,9 @@ def min_gpus(model: Any, hardware: Any, *, max_gpus: int = DEFAULT_MAX_GPUS,
                   options.get("inter_node_bandwidth"))
     batch = V.whole(options.get("global_batch", DEFAULT_GLOBAL_BATCH), "global batch", maximum=MAX_GLOBAL_BATCH)
     started = time.perf_counter()
+    # only these can hold any layout of the stack: try them, smallest first
     candidates = world_sizes(ctx, batch, max_gpus, stack=options.get("stack", DEFAULTS["stack"]),
-                             seq_len=options.get("seq_len", DEFAULT_SEQ_LEN))  # only these can hold any layout: try them, smallest first
+                             seq_len=options.get("seq_len", DEFAULT_SEQ_LEN))
     for n in candidates:
         p = plan(model, hardware, n, **options)
         if p.fitting:

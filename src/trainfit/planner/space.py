@@ -228,6 +228,8 @@ def enumerate_layouts(ctx: ModelContext, n: int, global_batch: int, *, zero_stag
         excluded.append("cp > 1: the memory method does not model context parallelism")
     modes = [s for s in r.sharding if s.zero in set(zero_stages) and (fsdp is None or s.fsdp == fsdp)
              and (reshard_after_forward is None or not s.fsdp or s.reshard_after_forward == reshard_after_forward)]
+    if fsdp and not any(s.fsdp for s in r.sharding):
+        raise TrainfitError(f"the {r.key} stack has no FSDP; its sharding: {', '.join(s.mode for s in r.sharding)}")
     scheds = [(PP_SCHEDULES.index(s), v) for s, v, _ in r.pp_schedules if pp_schedules is None or s in pp_schedules]
     # tp, pp, cp, ep, dp, zero, fsdp, reshard, schedule, virtual, micro-batch
     rows: list[tuple[int, ...]] = []
@@ -283,5 +285,6 @@ def world_sizes(ctx: ModelContext, global_batch: int, max_world: int, stack: Any
 
 
 __all__ = ["CHECKPOINTING", "LayoutSpace", "MIN_CP_TOKENS", "ModelContext", "NOT_SEARCHED", "PLAN_ARGUMENTS",
-           "SEARCHED", "STACK_SEARCHED", "context", "cp_degrees", "divisors", "enumerate_layouts", "stack_checkpointing",
+           "SEARCHED", "STACK_SEARCHED", "context", "cp_degrees", "divisors", "enumerate_layouts",
+           "stack_checkpointing",
            "world_sizes"]

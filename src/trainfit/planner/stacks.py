@@ -275,8 +275,8 @@ def search_options(stack: str, fields: dict[str, Any],
                                                                    for s in r.sharding):
         restrict["reshard_after_forward"] = True
         notes.append("FSDP without resharding after the forward not searched: the memory method does not model it")
-    modelled = [s for s, v, _ in r.pp_schedules
-                if (s == "1f1b" or _models(accepts, "pp_schedule", s)) and (v == 1 or _models(accepts, "pp_virtual", v))]
+    modelled = [s for s, v, _ in r.pp_schedules if (s == "1f1b" or _models(accepts, "pp_schedule", s))
+                and (v == 1 or _models(accepts, "pp_virtual", v))]
     if len(modelled) < len(r.pp_schedules):
         skipped = [s for s, _, _ in r.pp_schedules if s not in modelled]
         notes.append(f"pipeline schedule(s) {', '.join(skipped)} not searched: the memory method does not model them")
