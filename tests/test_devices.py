@@ -176,7 +176,8 @@ def test_measure_judges_the_fit_on_a_memory_alone():
 def test_plan_ranks_layouts_on_the_capped_device():
     import json
 
-    args = ["plan", "llama-3.1-8b", "--hardware", "h100", "--gpus", "8", "--top", "1", "--output", "json"]
+    args = ["plan", "llama-3.1-8b", "--hardware", "h100", "--gpus", "8", "--top", "1", "--output", "json", "--stack",
+            "megatron"]
     base = runner.invoke(app, args)
     capped = runner.invoke(app, args + ["--power-limit", "500W", "--memory", "96GiB"])
     assert base.exit_code == 0 and capped.exit_code == 0, capped.output

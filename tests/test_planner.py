@@ -29,8 +29,11 @@ L70 = Models.Language.Llama3_70B  # 70.6e9 params, 80 layers, 64 heads, hidden 8
 runner = CliRunner()
 
 
-def brute_force_layouts(n, heads, layers, batch, experts=None, node=8, kv_heads=None):
-    """Count layouts by the planner's layout rules (module docstring) with plain loops (the oracle for the vectorised enumeration)."""
+def brute_force_layouts(n, heads, layers, batch, experts=None, node=8, kv_heads=None, shardings=2):
+    """Count layouts by the planner's layout rules (module docstring) with plain loops (the oracle for the vectorised
+    enumeration): the megatron stack's space as the first-order method models it (tp x pp x ep, DDP or the
+    distributed optimizer -- ``shardings`` -- where dp > 1, 1F1B only: first-order models no other schedule and no
+    context parallelism)."""
     count = 0
     for tp in range(1, node + 1):
         if heads % tp or (kv_heads or heads) % tp or n % tp:
@@ -49,7 +52,7 @@ def brute_force_layouts(n, heads, layers, batch, experts=None, node=8, kv_heads=
                 for mb in range(1, batch // dp + 1):
                     if (batch // dp) % mb:
                         continue
-                    zeros = 4 if dp > 1 else 1
+                    zeros = shardings if dp > 1 else 1
                     count += zeros * 3
     return count
 
@@ -64,7 +67,7 @@ def test_divisors():
                                            ("mixtral-8x7b", 64, 512)])
 def test_enumeration_follows_the_rules_and_counts_every_layout(model, n, batch):
     m = Models.get(model)
-    p = plan(model, "h100", n, global_batch=batch, top=10_000, rejected=10_000, method="first-order")
+    p = plan(model, "h100", n, global_batch=batch, top=10_000, rejected=10_000, method="first-order", stack="megatron")
     assert p.searched == brute_force_layouts(n, m.heads, m.layers, batch, experts=m.experts)
     rows = p.top + p.rejected
     assert len(rows) == p.searched
@@ -86,13 +89,14 @@ def test_enumeration_follows_the_rules_and_counts_every_layout(model, n, batch):
 def test_property_enumeration_count_equals_brute_force(model, n, batch):
     m = Models.get(model)
     p = plan(model, "h100", n, global_batch=batch, seq_len=1024, top=1, rejected=0,  # within GPT-2's 1,024 positions
-             method="first-order")
+             method="first-order", stack="megatron")
     assert p.searched == brute_force_layouts(n, m.heads, m.layers, batch, experts=m.experts)
     assert p.fitting <= p.searched and len(p.top) == min(1, p.fitting)
 
 
 def test_memory_breakdown_is_solve_with_1f1b_inflight_activations():
-    p = plan("llama-3.1-70b", "h100", 64, global_batch=256, seq_len=4096, top=20, rejected=20, method="first-order")
+    p = plan("llama-3.1-70b", "h100", 64, global_batch=256, seq_len=4096, top=20, rejected=20, method="first-order",
+             stack="megatron")
     assert p.top and p.rejected
     for x in p.top + p.rejected:
         r = SOLVE("llama-3.1-70b", "h100", batch_size=256, seq_len=4096, precision="bf16", optimizer="adam",
@@ -108,16 +112,18 @@ def test_memory_breakdown_is_solve_with_1f1b_inflight_activations():
         assert x.fits == (x.total_bytes <= 0.9 * H100.memory.capacity)
     assert all(x.fits for x in p.top) and not any(x.fits for x in p.rejected)
     # the seed's one-micro-batch assumption is available and never needs more memory
-    q = plan("llama-3.1-70b", "h100", 64, global_batch=256, seq_len=4096, inflight=False, method="first-order")
+    q = plan("llama-3.1-70b", "h100", 64, global_batch=256, seq_len=4096, inflight=False, method="first-order",
+             stack="megatron")
     assert q.fitting >= p.fitting
 
 
 def test_layouts_are_ranked_by_the_step_time_model_of_their_own_setup():
-    p = plan("llama-3.1-70b", "h100", 256, global_batch=512, seq_len=4096, top=8, rejected=4)
+    p = plan("llama-3.1-70b", "h100", 256, global_batch=512, seq_len=4096, top=8, rejected=4, stack="megatron", cp=1)
     assert p.method == "detailed" and p.evaluated == p.searched  # the default: every layout, detailed memory
     for x in p.top + p.rejected:
         setup = TrainingSetup.build("llama-3.1-70b", "h100", batch=512, seq_len=4096, tp=x.parallel.tp,
                                     pp=x.parallel.pp, dp=x.parallel.dp, zero=x.parallel.zero,
+                                    pp_schedule=x.parallel.pp_schedule, pp_virtual=x.parallel.pp_virtual,
                                     checkpointing=x.checkpointing, accumulation=x.accumulation)
         assert setup.micro_batch == x.micro_batch
         st = setup_step_time(setup)
@@ -161,7 +167,8 @@ def test_min_gpus_is_the_smallest_n_that_fits():
 
 
 def test_restrictions_and_validation():
-    p = plan("llama-3.1-8b", "h100", 8, zero_stages=[3], checkpointing=["full"], top=10_000, rejected=10_000)
+    p = plan("llama-3.1-8b", "h100", 8, zero_stages=[3], checkpointing=["full"], top=10_000, rejected=10_000,
+             stack="deepspeed")
     assert {x.parallel.zero for x in p.top + p.rejected} == {0, 3}  # ZeRO-0 only where dp = 1
     assert all(x.parallel.dp == 1 for x in p.top + p.rejected if x.parallel.zero == 0)
     assert any(x.parallel.dp == 1 for x in p.top + p.rejected)  # dp = 1 layouts are kept, labelled ZeRO-0
@@ -201,8 +208,10 @@ def test_cli_plan_text_json_markdown_and_errors():
     assert set(d["top"][0]["step_time"]) == {"seconds", "tokens_per_second", "tokens_per_second_per_device",
                                              "tflops_per_device", "mfu", "band_seconds", "band"}
     assert d["top"][0]["memory_bytes"] and d["top"][0]["total_bytes"] > 0
-    # the setup's vocabulary, each figure once (step_time as estimate --output json has it)
-    assert set(d["top"][0]) == {"tp", "pp", "dp", "ep", "zero", "checkpointing", "micro_batch", "accumulation",
+    # the setup's vocabulary, each figure once (step_time as estimate --output json has it); the default hf stack's
+    # best 70B layout on 64 GPUs shards with FSDP (a parallel field away from its default, so in the JSON)
+    assert d["stack"] == "hf" and d["top"][0]["fsdp"] is True
+    assert set(d["top"][0]) == {"tp", "pp", "dp", "ep", "zero", "fsdp", "checkpointing", "micro_batch", "accumulation",
                                 "memory_bytes", "total_bytes", "fits", "step_time", "time_s", "reason", "cost"}
     assert "n_gpus" not in d and "step_s" not in d["top"][0] and "tokens_per_s" not in d["top"][0]
     md = runner.invoke(app, ["plan", "llama-3.1-8b", "--gpus", "8", "-o", "markdown"]).stdout
@@ -236,7 +245,7 @@ def test_other_memory_methods_are_taken_as_they_report():
                                                       counts_inflight=True)
     try:
         p = plan("llama-3.1-70b", "h100", 16, global_batch=32, seq_len=2048, method="first-order-as-reported-test",
-                 zero_stages=[3], checkpointing=["full"], top=100, rejected=100)
+                 zero_stages=[1], checkpointing=["full"], top=100, rejected=100, stack="megatron")
         assert any("no vectorised version" in n for n in p.notes)
         assert any("'first-order-as-reported-test' method" in a for a in p.assumptions)
         piped = [x for x in p.top + p.rejected if x.parallel.pp > 1 and x.accumulation > 1]
@@ -256,7 +265,7 @@ def test_lazy_evaluation_for_slower_methods_gives_the_exhaustive_ranking():
     exhaustive search (checked here with first-order under another name, made lazy by exhaustive=False)."""
     METHODS["first-order-lazy-test"] = _Renamed("first-order-lazy-test", vectorised=True)
     try:
-        kw = dict(global_batch=256, seq_len=4096, method="first-order-lazy-test", top=4, rejected=3)
+        kw = dict(global_batch=256, seq_len=4096, method="first-order-lazy-test", top=4, rejected=3, stack="megatron")
         lazy = plan("llama-3.1-70b", "h100", 64, exhaustive=False, **kw)
         full = plan("llama-3.1-70b", "h100", 64, exhaustive=True, **kw)
         assert full.evaluated == full.searched and lazy.evaluated < lazy.searched
@@ -285,8 +294,8 @@ def test_a_layout_is_the_setups_parallel_layout_and_other_parallel_fields_pass_t
     set away from their defaults only), and its memory is estimate's of the same setup."""
     from trainfit.engine import estimate
 
-    p = plan("llama-3.1-8b", "h100", 8, global_batch=32, seq_len=1024, fsdp=True, zero_stages=[0],
-             checkpointing=["full"], top=3, rejected=3)
+    p = plan("llama-3.1-8b", "h100", 8, global_batch=32, seq_len=1024, fsdp=True, reshard_after_forward=True,
+             zero_stages=[0], checkpointing=["full"], top=3, rejected=3)
     for x in p.top + p.rejected:
         assert x.parallel.fsdp and x.parallel.zero == 0 and x.parallel.zero_stage == 3  # FSDP counts as ZeRO-3
         d = x.to_json()

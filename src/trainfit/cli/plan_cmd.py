@@ -137,6 +137,9 @@ def plan_command(
     price: Optional[float] = typer.Option(None, "--price", help=PRICE_HELP),
     tokens: Optional[float] = typer.Option(None, "--tokens", help=TOKENS_HELP),
     method: Optional[str] = typer.Option(None, "--method", help=_METHOD_HELP),
+    emit_file: Optional[str] = typer.Option(None, "--emit", help="Write the best layout as the --stack's own launch "
+                                            "configuration to FILE: a torchtitan job TOML, Megatron-LM arguments "
+                                            "(a shell script), a DeepSpeed JSON, an accelerate config YAML (hf)."),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text | json | markdown."),
     setup_fields: Optional[dict[str, Any]] = None,
 ) -> None:
@@ -174,8 +177,19 @@ def plan_command(
         from ..report.plan import plot_plan
 
         saved = plot_plan(p, plot, plot_x.value)
+    launch = None
+    if emit_file:
+        from ..planner.emit import launch_config
+
+        launch = launch_config(p, node_size=node_size)
+        launch.write(emit_file)
     d = p.to_json()
     d["plot"] = str(saved) if saved else None
+    if launch is not None:
+        d["emit"] = {"path": emit_file, "stack": launch.stack, "format": launch.kind, "launcher": launch.launcher}
     emit(plan_document(p), output, json=d)
     if saved and output is not Output.json:
         console.print(f"plot saved to {saved}", markup=False)
+    if launch is not None and output is not Output.json:
+        console.print(f"{launch.stack} launch configuration ({launch.kind}) written to {emit_file}; launch: "
+                      f"{launch.launcher}", markup=False)

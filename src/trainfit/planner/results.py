@@ -90,6 +90,7 @@ class Plan:
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
     evaluated: int = 0  #: layouts whose memory was evaluated (all of them unless the search stopped early)
+    stack: str = "hf"  #: the training stack whose layouts were searched (data/stack_layouts.yaml)
     near_misses: list[Any] = field(default_factory=list)  #: :class:`~trainfit.planner.near.NearMiss`, closest first
     #: builds the Pareto front's layouts (a few dozen; built when asked for, see :attr:`front`)
     front_layouts: Optional[Callable[[], list[Layout]]] = field(default=None, repr=False, compare=False)
@@ -118,7 +119,8 @@ class Plan:
         return d
 
     def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "hardware": self.hardware, "method": self.method, "world_size": self.world_size,
+        return {"model": self.model, "hardware": self.hardware, "method": self.method, "stack": self.stack,
+                "world_size": self.world_size,
                 "global_batch": self.global_batch, "seq_len": self.seq_len, "precision": self.precision,
                 "optimizer": self.optimizer, "headroom": self.headroom, "capacity_bytes": self.capacity_bytes,
                 "usable_bytes": self.usable_bytes, "searched": self.searched, "evaluated": self.evaluated,

@@ -29,6 +29,7 @@ from .near import pareto_front
 from .results import STEP_FIGURES, Cloud, Layout, Plan
 from .space import (CHECKPOINTING, PLAN_ARGUMENTS, SEARCHED, LayoutSpace, ModelContext, context, enumerate_layouts,
                     world_sizes)
+from .stacks import search_options
 
 #: defaults of :func:`plan` (the command line reads them): sequences per optimizer step, the fraction of
 #: memory kept free, layouts shown (fitting and rejected), and the largest N :func:`min_gpus` tries
@@ -50,8 +51,8 @@ def _encode(ctx: ModelContext, space: LayoutSpace, *, global_batch: int, seq_len
     """Every layout of ``space`` as encoded, validated training setups (one per element)."""
     acc = global_batch // (space.dp * space.mb)
     return encode(ctx.model, ctx.device, batch=global_batch, seq_len=seq_len, precision=ctx.precision,
-                  optimizer=ctx.optimizer, checkpointing=np.asarray(CHECKPOINTING)[space.ckpt], tp=space.tp,
-                  pp=space.pp, dp=space.dp, ep=space.ep, zero=space.zero, accumulation=acc, **fields)
+                  optimizer=ctx.optimizer, checkpointing=np.asarray(CHECKPOINTING)[space.ckpt], accumulation=acc,
+                  **space.setup_fields(), **fields)
 
 
 def _memory(x: SetupArrays, *, method: str, inflight: bool, options: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -122,8 +123,7 @@ def _layout(space: LayoutSpace, arr: dict[str, np.ndarray], i: int, usable: floa
         big = max(memory, key=memory.__getitem__)
         reason = (f"needs {total / GB:.1f} GB > {usable / GB:.1f} GB usable ({capacity / GB:.1f} GB - "
                   f"{headroom:.0%} headroom); largest: {big.replace('_', ' ')} {memory[big] / GB:.1f} GB")
-    par = Parallelism(**parallel, tp=int(space.tp[i]), pp=int(space.pp[i]), dp=int(space.dp[i]), ep=int(space.ep[i]),
-                      zero=int(space.zero[i]))
+    par = Parallelism(**{**parallel, **space.parallel_at(i)})
     return Layout(parallel=par, checkpointing=CHECKPOINTING[int(space.ckpt[i])], micro_batch=int(space.mb[i]),
                   accumulation=int(arr["accumulation"][i]), memory=memory, total_bytes=total, fits=fits, time=times,
                   step_time={k: float(arr["time_step" if k == "seconds" else f"time_{k}"][i]) for k in STEP_FIGURES},
@@ -198,6 +198,7 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     cks = [CHECKPOINTING.index(c) for c in _restriction(checkpointing, CHECKPOINTING, "checkpointing",
                                                           lambda v: V.choice(v, "checkpointing", CHECKPOINTING))]
     fields, method_options = split_options(options)
+    stack = fields.pop("stack", DEFAULTS["stack"])
     fixed = [k for k in fields if k in SEARCHED or k in PLAN_ARGUMENTS]
     if fixed:
         raise TrainfitError(f"{fixed[0]} is chosen by the planner's search; pass the search's own arguments "
@@ -212,10 +213,14 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
             notes.append(f"memory by the {method} method: the {single} method, this model's default, models one "
                          "accelerator, not the layouts searched")
     m = get_method(method)
+    restrict, stack_fields, stack_notes = search_options(stack, fields, m.accepts)
+    notes += stack_notes
+    fields.update(stack_fields)
     if ctx.heads is None and 0 in cks:
         cks = [c for c in cks if c]
         notes.append("checkpointing 'none' skipped: the model states no attention-head count")
-    space = enumerate_layouts(ctx, int(world_size), int(global_batch), zero_stages=zs, ckpt_codes=cks)
+    space = enumerate_layouts(ctx, int(world_size), int(global_batch), zero_stages=zs, ckpt_codes=cks, stack=stack,
+                              seq_len=int(seq_len), **restrict)
     capacity = float(ctx.device.capacity_bytes)
     usable = capacity * (1.0 - headroom)
     top_rows: list[Layout] = []
@@ -290,7 +295,8 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                 optimizer=ctx.optimizer, headroom=float(headroom), capacity_bytes=capacity, searched=space.size,
                 fitting=fitting, evaluated=evaluated, top=top_rows, rejected=rej_rows, candidates=space.candidates,
                 excluded=space.excluded, assumptions=lines, elapsed_s=time.perf_counter() - started, notes=notes,
-                near_misses=misses, front_layouts=front, cloud=cloud, price=unit_price, tokens=tokens)
+                near_misses=misses, front_layouts=front, cloud=cloud, price=unit_price, tokens=tokens,
+                stack=space.stack)
 
 
 def min_gpus(model: Any, hardware: Any, *, max_gpus: int = DEFAULT_MAX_GPUS,
@@ -303,7 +309,9 @@ def min_gpus(model: Any, hardware: Any, *, max_gpus: int = DEFAULT_MAX_GPUS,
                   options.get("inter_node_bandwidth"))
     batch = V.whole(options.get("global_batch", DEFAULT_GLOBAL_BATCH), "global batch", maximum=MAX_GLOBAL_BATCH)
     started = time.perf_counter()
-    candidates = world_sizes(ctx, batch, max_gpus)  # only these can hold any layout: try them, smallest first
+    # only these can hold any layout of the stack: try them, smallest first
+    candidates = world_sizes(ctx, batch, max_gpus, stack=options.get("stack", DEFAULTS["stack"]),
+                             seq_len=options.get("seq_len", DEFAULT_SEQ_LEN))
     for n in candidates:
         p = plan(model, hardware, n, **options)
         if p.fitting:
