@@ -31,7 +31,6 @@ from trainfit.cli import app
 from trainfit.errors import TrainfitError
 from trainfit.planner import plan
 from trainfit.planner.emit import launch_config, megatron_args, stack_batch
-from trainfit.training_setup import Parallelism
 
 STACKS_DIR = Path(__file__).parent / "data" / "stacks"
 runner = CliRunner()

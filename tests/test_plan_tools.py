@@ -24,7 +24,9 @@ runner = CliRunner()
 def _setup_fields(p, x):
     par = x.parallel
     return dict(batch=p.global_batch, seq_len=p.seq_len, tp=par.tp, pp=par.pp, dp=par.dp, ep=par.ep, zero=par.zero,
-                checkpointing=x.checkpointing, accumulation=x.accumulation)
+                cp=par.cp, fsdp=par.fsdp, reshard_after_forward=par.reshard_after_forward,
+                pp_schedule=par.pp_schedule, pp_virtual=par.pp_virtual, checkpointing=x.checkpointing,
+                accumulation=x.accumulation, stack=p.stack)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,8 @@ def test_near_misses_do_not_fit_are_closest_first_and_their_fix_really_fits(p8):
         assert m.over_fraction == pytest.approx((x.total_bytes - usable) / usable, rel=1e-12)
         # only layouts that would beat the best fitting one are misses worth naming
         assert x.step_time["seconds"] < p.top[0].step_time["seconds"]
-        assert m.fix is not None
+        if m.fix is None:  # no single change fits (the module says so); checked below that some do
+            continue
         f = m.fix.layout
         assert f.fits and f.total_bytes <= usable
         assert f.parallel.tp * f.parallel.pp * f.parallel.dp * f.parallel.ep == p.world_size
@@ -57,11 +60,12 @@ def test_near_misses_do_not_fit_are_closest_first_and_their_fix_really_fits(p8):
         before, after = _setup_fields(p, x), _setup_fields(p, f)
         differs = {k for k in before if before[k] != after[k]}
         assert differs <= set(m.fix.changes) and all(after[k] == v for k, v in m.fix.changes.items())
+    assert any(m.fix is not None for m in p.near_misses)
 
 
 def test_a_restricted_search_that_fits_nothing_gets_fixes_from_outside_it():
     p = plan("llama-3.1-70b", "h100", 64, global_batch=512, seq_len=8192, zero_stages=[0, 1],
-             checkpointing=["none"], method="first-order")
+             checkpointing=["none"], method="first-order", stack="megatron")  # TP x PP to change
     assert p.fitting == 0 and not p.top
     assert p.near_misses and all(m.fix is not None for m in p.near_misses)
     for m in p.near_misses:

@@ -22,7 +22,11 @@ from .results import Layout
 from .space import CHECKPOINTING, LayoutSpace
 
 #: a layout as the space stores it: tp, pp, ep, dp, ZeRO stage, checkpointing code, micro-batch
-Row = tuple[int, int, int, int, int, int, int]
+#: (tp, pp, ep, dp, ZeRO stage, checkpointing code, micro-batch, cp, fsdp, reshard, schedule code, virtual stages):
+#: the last five are kept as they are by every single change
+Row = tuple[int, ...]
+#: the columns of a space's rows past the first seven (LayoutSpace._col names)
+TAIL = ("cp", "fsdp", "reshard", "sched", "virtual")
 
 
 @dataclass(frozen=True)
@@ -83,19 +87,21 @@ def _next(values: list[int], current: int, fits: Callable[[int], bool]) -> Optio
 
 def neighbours(row: Row, *, n: int, global_batch: int, candidates: dict[str, list[int]]) -> list[tuple[str, dict, Row]]:
     """The single changes of a layout within the same ``n`` accelerators: (words, setup fields, new layout)."""
-    t, p, e, d, z, c, b = row
+    t, p, e, d, z, c, b = row[:7]
+    tail = tuple(row[7:])
+    fsdp = bool(tail[1]) if tail else False
     acc = global_batch // (d * b)
     out: list[tuple[str, dict, Row]] = []
     for code in range(c + 1, len(CHECKPOINTING)):
         out.append((f"activation checkpointing '{CHECKPOINTING[code]}'", {"checkpointing": CHECKPOINTING[code]},
-                    (t, p, e, d, z, code, b)))
-    if d > 1:
+                    (t, p, e, d, z, code, b, *tail)))
+    if d > 1 and not fsdp:  # FSDP's stage follows from its resharding, not from a ZeRO setting
         for zz in range(z + 1, 4):
-            out.append((f"ZeRO stage {zz}", {"zero": zz}, (t, p, e, d, zz, c, b)))
+            out.append((f"ZeRO stage {zz}", {"zero": zz}, (t, p, e, d, zz, c, b, *tail)))
     for bb in range(b - 1, 0, -1):
         if b % bb == 0:
             out.append((f"micro-batch {bb} with {global_batch // (d * bb)} accumulation steps (was {b} x {acc})",
-                        {"accumulation": global_batch // (d * bb)}, (t, p, e, d, z, c, bb)))
+                        {"accumulation": global_batch // (d * bb)}, (t, p, e, d, z, c, bb, *tail)))
     for name, values, current in (("tp", candidates["tp"], t), ("pp", candidates["pp"], p),
                                   ("ep", candidates["ep"], e)):
         degrees = {"tp": t, "pp": p, "ep": e}
@@ -114,7 +120,7 @@ def neighbours(row: Row, *, n: int, global_batch: int, candidates: dict[str, lis
         word = {"tp": "tensor", "pp": "pipeline", "ep": "expert"}[name]
         out.append((f"{word} parallelism {v} (data parallelism {dd})",
                     {name: v, "dp": dd, "accumulation": global_batch // (dd * b), **({"zero": 0} if zz != z else {})},
-                    (new["tp"], new["pp"], new["ep"], dd, zz, c, b)))
+                    (new["tp"], new["pp"], new["ep"], dd, zz, c, b, *tail)))
     return out
 
 
@@ -125,7 +131,11 @@ class _Index:
         self.cand = space.candidates
         self.pos = {k: {v: i for i, v in enumerate(vals)} for k, vals in self.cand.items()}
         self.mb = global_batch + 1
-        keys = self._keys(space.tp, space.pp, space.ep, space.zero, space.ckpt, space.mb, vectorised=True)
+        tails = np.stack([space._col(k).astype(np.int64) for k in TAIL], axis=1)
+        self.tails = {tuple(int(v) for v in r): i for i, r in enumerate(np.unique(tails, axis=0))}
+        tail_code = np.asarray([self.tails[tuple(int(v) for v in r)] for r in tails], dtype=np.int64)
+        keys = (self._keys(space.tp, space.pp, space.ep, space.zero, space.ckpt, space.mb, vectorised=True)
+                * len(self.tails) + tail_code)
         self.order = np.argsort(keys, kind="stable")
         self.sorted = keys[self.order]
 
@@ -141,10 +151,11 @@ class _Index:
         return ((((idx("tp", tp) * P + idx("pp", pp)) * E + idx("ep", ep)) * 4 + zero) * 3 + ckpt) * self.mb + mb
 
     def find(self, row: Row) -> Optional[int]:
-        t, p, e, _, z, c, b = row
-        if t not in self.pos["tp"] or p not in self.pos["pp"] or e not in self.pos["ep"]:
+        t, p, e, _, z, c, b = row[:7]
+        tail = self.tails.get(tuple(row[7:]))
+        if t not in self.pos["tp"] or p not in self.pos["pp"] or e not in self.pos["ep"] or tail is None:
             return None
-        k = self._keys(t, p, e, z, c, b)
+        k = self._keys(t, p, e, z, c, b) * len(self.tails) + tail
         i = int(np.searchsorted(self.sorted, k))
         return int(self.order[i]) if i < len(self.sorted) and self.sorted[i] == k else None
 
@@ -167,8 +178,9 @@ def near_misses(space: LayoutSpace, total: np.ndarray, seconds: np.ndarray, done
     over = (total[idx] - usable) / usable
     pick = idx[np.lexsort((seconds[idx], over))][:max(4 * count, 16)]
     index = _Index(space, global_batch)
+    tails = [space._col(k) for k in TAIL]
     row_of = lambda i: (int(space.tp[i]), int(space.pp[i]), int(space.ep[i]), int(space.dp[i]),  # noqa: E731
-                        int(space.zero[i]), int(space.ckpt[i]), int(space.mb[i]))
+                        int(space.zero[i]), int(space.ckpt[i]), int(space.mb[i]), *(int(c[i]) for c in tails))
     plans = []
     outside: dict[Row, Optional[Layout]] = {}
     for i in pick:

@@ -131,10 +131,13 @@ def _layout(space: LayoutSpace, arr: dict[str, np.ndarray], i: int, usable: floa
 
 
 def _space_of(rows: list[tuple[int, ...]], like: LayoutSpace) -> LayoutSpace:
-    """A layout space of explicit rows (tp, pp, ep, dp, ZeRO stage, checkpointing code, micro-batch)."""
-    a = np.asarray(rows, dtype=np.int64).reshape(-1, 7)
+    """A layout space of explicit rows (tp, pp, ep, dp, ZeRO stage, checkpointing code, micro-batch, cp, fsdp,
+    reshard, schedule code, virtual stages: :data:`~trainfit.planner.near.Row`)."""
+    a = np.asarray(rows, dtype=np.int64).reshape(len(rows), -1)
+    tail = {} if a.shape[1] == 7 else dict(cp=a[:, 7], fsdp=a[:, 8].astype(bool), reshard=a[:, 9].astype(bool),
+                                           sched=a[:, 10], virtual=a[:, 11])
     return LayoutSpace(tp=a[:, 0], pp=a[:, 1], ep=a[:, 2], dp=a[:, 3], zero=a[:, 4], ckpt=a[:, 5], mb=a[:, 6],
-                       candidates=like.candidates, excluded=[])
+                       candidates=like.candidates, excluded=[], stack=like.stack, **tail)
 
 
 def _validate(world_size: Any, global_batch: Any, seq_len: Any, headroom: Any, top: Any, rejected: Any,
