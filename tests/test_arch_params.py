@@ -97,6 +97,9 @@ SMALL: list[tuple[str, dict[str, Any]]] = [
     ("qwen2_moe", {**T, "num_key_value_heads": 2, "num_experts": 0}),
     ("qwen2_moe", {**T, "num_key_value_heads": 2, "num_hidden_layers": 4, "num_experts": 2, "num_experts_per_tok": 1,
                    "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 3}),
+    ("olmo2", {**T}),  # q_norm/k_norm as wide as the whole projections
+    ("olmo2", {**T, "num_key_value_heads": 2, "attention_bias": True, "tie_word_embeddings": True}),
+    ("olmo2", {**T, "num_key_value_heads": 1, "head_dim": 24}),
 ]
 
 

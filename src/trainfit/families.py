@@ -229,6 +229,15 @@ class Family:
     #: ``softmax(..., dtype=torch.float32)`` (an fp32 softmax output is saved)
     softmax_in_score_dtype: bool = False
     fused_gate_up: bool = False  #: one gate|up projection module in the gated MLP (phi3)
+    #: RMSNorm multiplies the fp32 normed input by the weight and casts after (OLMo 2's ``(w * x).to(dtype)``);
+    #: the allocations are those of gemma's order, without the ``1 +``
+    norm_weight_before_cast: bool = False
+    #: q_norm/k_norm span the whole q and k projections (OLMo 2: q_size and kv_size weights, one variance per
+    #: token), not one head (qwen3: head_dim weights, one variance per head)
+    qk_norm_whole_projection: bool = False
+    #: each block norms its sublayers' outputs before the residual add and never their inputs (OLMo 2:
+    #: ``x + norm(attn(x))``, ``x + norm(mlp(x))``; ``norms_per_layer`` 2)
+    output_norms_only: bool = False
     #: projection role (q, k, v, o, qkv, gate, up, down, gate_up, fc1, fc2) -> HF module name
     module_names: Mapping[str, str] = field(default_factory=lambda: DEFAULT_MODULE_NAMES)
 
@@ -409,6 +418,15 @@ QWEN2_MOE = Family(
     layer_types_rule=_config_or(_window_odd_below_max_layers),
 )
 
+OLMO2 = Family(
+    "olmo2", "Olmo2ForCausalLM",
+    defaults={**_ROTARY_DEFAULTS, "vocab_size": 50304, "hidden_size": 4096, "intermediate_size": 11008,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "hidden_act": "silu",
+              "max_position_embeddings": 2048, "tie_word_embeddings": False, "attention_bias": False},
+    fields={**_ROTARY_FIELDS, **_all_bias("attention_bias"), "qk_norm": True},
+    norm_weight_before_cast=True, qk_norm_whole_projection=True, output_norms_only=True,
+)
+
 # ---------------------------------------------------------------------------------------------
 # Learned-position and LayerNorm types
 
@@ -559,7 +577,7 @@ ROBERTA = Family(
 
 #: every supported type, in the order error messages list them
 FAMILIES: Mapping[str, Family] = MappingProxyType({f.model_type: f for f in (
-    LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA, GEMMA2, PHI3, GPT2, GPT_NEOX, OPT, BERT, ROBERTA, MIXTRAL, QWEN2_MOE,
+    LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA, GEMMA2, PHI3, GPT2, GPT_NEOX, OPT, BERT, ROBERTA, MIXTRAL, QWEN2_MOE, OLMO2,
 )})
 
 __all__ = ["DEFAULT_MODULE_NAMES", "FAMILIES", "ConfigReader", "Family", "Key", "Same", "split_heads"]

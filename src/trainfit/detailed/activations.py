@@ -185,7 +185,8 @@ class _Walker:
     def norm(self, x: Tensor, name: str, rows: float = 1.0) -> Tensor:
         a, trainable = self.a, self.full
         if a.norm_kind == "rmsnorm":
-            return self.g.rmsnorm(x, trainable, gemma=a.family.norm_one_plus_weight, name=name, rows=rows,
+            fp32_weight = a.family.norm_one_plus_weight or a.family.norm_weight_before_cast
+            return self.g.rmsnorm(x, trainable, gemma=fp32_weight, name=name, rows=rows,
                                   wdtype=self.p)
         return self.g.layernorm(x, trainable, name=name, rows=rows)
 
@@ -225,8 +226,11 @@ class _Walker:
             k = self.linear(y, f"{index}.k", a.hidden_size, a.kv_size, "col", lins["k"].module, lora=lins["k"].module in targets)
             v = self.linear(y, f"{index}.v", a.hidden_size, a.kv_size, "col", lins["v"].module, lora=lins["v"].module in targets)
         if a.qk_norm:
-            q = g.rmsnorm(q, self.full, rows=heads, name="q_norm", wdtype=self.p)
-            k = g.rmsnorm(k, self.full, rows=kvh, name="k_norm", wdtype=self.p)
+            if a.family.qk_norm_whole_projection:  # one variance per token over the whole projection
+                q, k = self.norm(q, "q_norm"), self.norm(k, "k_norm")
+            else:
+                q = g.rmsnorm(q, self.full, rows=heads, name="q_norm", wdtype=self.p)
+                k = g.rmsnorm(k, self.full, rows=kvh, name="k_norm", wdtype=self.p)
         if cos is not None and a.rotary_fraction > 0:
             q, k = self.rope(q, qw, cos, sin), self.rope(k, kvw, cos, sin)
         out = self.core_attention(q, k, v, heads, kvh, qw, kvw)
@@ -422,6 +426,11 @@ class _Walker:
             x = self.norm(g.add(att, x), "attention LayerNorm")
             m = g.dropout(self.mlp(x, index), p_h)
             return self.norm(g.add(m, x), "output LayerNorm")
+        if a.family.output_norms_only:  # OLMo 2: x + norm(attn(x)), x + norm(mlp(x))
+            att = g.dropout(self.norm(self.attention(x, index, cos, sin), "post-attention norm"), p_h)
+            x = g.add(x, att, "residual")
+            m = g.dropout(self.norm(self.mlp(x, index), "post-feedforward norm"), p_h)
+            return g.add(x, m, "residual")
         y = self.norm(x, "input norm")
         att = self.attention(y, index, cos, sin)
         if a.norms_per_layer == 4:
