@@ -100,6 +100,11 @@ SMALL: list[tuple[str, dict[str, Any]]] = [
     ("olmo2", {**T}),  # q_norm/k_norm as wide as the whole projections
     ("olmo2", {**T, "num_key_value_heads": 2, "attention_bias": True, "tie_word_embeddings": True}),
     ("olmo2", {**T, "num_key_value_heads": 1, "head_dim": 24}),
+    ("gemma3_text", {**T, "num_key_value_heads": 1, "head_dim": 32, "num_hidden_layers": 7, "sliding_window": 8}),
+    ("gemma3_text", {**T, "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": False,
+                     "attention_bias": True, "sliding_window_pattern": 2, "num_hidden_layers": 4}),
+    ("gemma3_text", {**T, "num_key_value_heads": 4, "head_dim": 16,
+                     "layer_types": ["full_attention", "sliding_attention"]}),
 ]
 
 

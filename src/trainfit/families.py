@@ -178,6 +178,13 @@ def _alternating(r: ConfigReader, f: dict[str, Any]) -> tuple[str, ...]:
     return tuple(SLIDING if (i + 1) % 2 else FULL for i in range(f["num_layers"]))
 
 
+def _every_nth_full(r: ConfigReader, f: dict[str, Any]) -> tuple[str, ...]:
+    """gemma3_text: every ``sliding_window_pattern``-th block full, the others sliding (5 local : 1 global). The
+    config class keeps the key only as the private ``_sliding_window_pattern`` (6 when absent), not as a default."""
+    n = r.int("sliding_window_pattern", value=r.cfg.get("sliding_window_pattern") or 6)
+    return tuple(SLIDING if (i + 1) % n else FULL for i in range(f["num_layers"]))
+
+
 def _config_or(rule: Rule) -> Rule:
     """The config's own ``layer_types`` list when it has one (types whose config class reads it), else ``rule``."""
     def read(r: ConfigReader, f: dict[str, Any]) -> tuple[str, ...]:
@@ -238,6 +245,15 @@ class Family:
     #: each block norms its sublayers' outputs before the residual add and never their inputs (OLMo 2:
     #: ``x + norm(attn(x))``, ``x + norm(mlp(x))``; ``norms_per_layer`` 2)
     output_norms_only: bool = False
+    #: each kind of block (full, sliding) has its own rotary table (gemma3_text: global and local bases), so the
+    #: model computes one cos/sin pair per kind present
+    rope_per_layer_type: bool = False
+    #: the sliding blocks always get an explicit window mask under SDPA, as they do once the sequence reaches the
+    #: window (transformers' ``_ignore_causal_mask_sdpa``): the mask excludes flash, so such a block runs the
+    #: memory-efficient kernel on key/value heads repeated to the query heads (``use_gqa_in_sdpa`` is False with a
+    #: mask). Gemma 3's windows (512 tokens for 1B, 1024 above) are shorter than training sequences; shorter
+    #: sequences (no mask) are over-estimated by the repeated keys and values
+    sliding_layers_masked: bool = False
     #: projection role (q, k, v, o, qkv, gate, up, down, gate_up, fc1, fc2) -> HF module name
     module_names: Mapping[str, str] = field(default_factory=lambda: DEFAULT_MODULE_NAMES)
 
@@ -370,6 +386,30 @@ GEMMA2 = Family(
             "final_logit_softcapping": Key("final_logit_softcapping", "opt_float")},
     layer_types_rule=_config_or(_alternating),
     norm_one_plus_weight=True,
+)
+
+def _gemma3_checks(r: ConfigReader) -> None:
+    if r.bool("use_bidirectional_attention"):
+        raise TrainfitError(f"{r.where}: gemma3_text with use_bidirectional_attention is not supported "
+                            "(causal language models only)")
+
+
+GEMMA3_TEXT = Family(
+    "gemma3_text", "Gemma3ForCausalLM",
+    defaults={**_ROTARY_DEFAULTS, "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+              "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+              "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072,
+              "tie_word_embeddings": True, "attention_bias": False, "sliding_window": 4096,
+              "final_logit_softcapping": None, "attn_logit_softcapping": None,
+              "use_bidirectional_attention": False},
+    checks=(_gemma3_checks,),
+    fields={**_ROTARY_FIELDS, **_all_bias("attention_bias"), "sliding_window": Key("sliding_window", "opt_int"),
+            "activation": Key("hidden_activation", "str"), "qk_norm": True,
+            "attn_logit_softcapping": Key("attn_logit_softcapping", "opt_float"),
+            "embedding_scale": True, "norms_per_layer": 4,  # pre- and post-norm around both sublayers
+            "final_logit_softcapping": Key("final_logit_softcapping", "opt_float")},
+    layer_types_rule=_config_or(_every_nth_full),
+    norm_one_plus_weight=True, rope_per_layer_type=True, sliding_layers_masked=True,
 )
 
 PHI3 = Family(
@@ -577,7 +617,7 @@ ROBERTA = Family(
 
 #: every supported type, in the order error messages list them
 FAMILIES: Mapping[str, Family] = MappingProxyType({f.model_type: f for f in (
-    LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA, GEMMA2, PHI3, GPT2, GPT_NEOX, OPT, BERT, ROBERTA, MIXTRAL, QWEN2_MOE, OLMO2,
+    LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA, GEMMA2, PHI3, GPT2, GPT_NEOX, OPT, BERT, ROBERTA, MIXTRAL, QWEN2_MOE, OLMO2, GEMMA3_TEXT,
 )})
 
 __all__ = ["DEFAULT_MODULE_NAMES", "FAMILIES", "ConfigReader", "Family", "Key", "Same", "split_heads"]
