@@ -105,6 +105,11 @@ SMALL: list[tuple[str, dict[str, Any]]] = [
                      "attention_bias": True, "sliding_window_pattern": 2, "num_hidden_layers": 4}),
     ("gemma3_text", {**T, "num_key_value_heads": 4, "head_dim": 16,
                      "layer_types": ["full_attention", "sliding_attention"]}),
+    ("qwen3_moe", {**T, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 24}),
+    ("qwen3_moe", {**T, "num_hidden_layers": 4, "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 24, "decoder_sparse_step": 2, "mlp_only_layers": [3],
+                   "attention_bias": True, "tie_word_embeddings": True}),
 ]
 
 

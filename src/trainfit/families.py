@@ -467,6 +467,23 @@ OLMO2 = Family(
     norm_weight_before_cast=True, qk_norm_whole_projection=True, output_norms_only=True,
 )
 
+QWEN3_MOE = Family(
+    "qwen3_moe", "Qwen3MoeForCausalLM",
+    defaults={**_ROTARY_DEFAULTS, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+              "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 4,
+              "hidden_act": "silu", "max_position_embeddings": 32768, "tie_word_embeddings": False,
+              "attention_bias": False, "use_sliding_window": False, "sliding_window": 4096,
+              "decoder_sparse_step": 1, "moe_intermediate_size": 768, "num_experts_per_tok": 8, "num_experts": 128,
+              "norm_topk_prob": False, "mlp_only_layers": None},
+    # qwen3's attention (per-head q/k norms, attention_bias on all four projections) and qwen2_moe's routed
+    # experts without the shared expert; one window mask for every block when use_sliding_window
+    fields={**_ROTARY_FIELDS, **_all_bias("attention_bias"), "sliding_window": _window_if_used, "qk_norm": True,
+            "num_experts": Key("num_experts", minimum=0), "moe_layers": _qwen2_moe_layers,
+            "experts_per_token": Key("num_experts_per_tok"), "moe_intermediate_size": Key("moe_intermediate_size"),
+            "norm_topk_prob": Key("norm_topk_prob", "bool")},
+    layer_types_rule=_window_everywhere,
+)
+
 # ---------------------------------------------------------------------------------------------
 # Learned-position and LayerNorm types
 
@@ -617,7 +634,7 @@ ROBERTA = Family(
 
 #: every supported type, in the order error messages list them
 FAMILIES: Mapping[str, Family] = MappingProxyType({f.model_type: f for f in (
-    LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA, GEMMA2, PHI3, GPT2, GPT_NEOX, OPT, BERT, ROBERTA, MIXTRAL, QWEN2_MOE, OLMO2, GEMMA3_TEXT,
+    LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA, GEMMA2, PHI3, GPT2, GPT_NEOX, OPT, BERT, ROBERTA, MIXTRAL, QWEN2_MOE, OLMO2, GEMMA3_TEXT, QWEN3_MOE,
 )})
 
 __all__ = ["DEFAULT_MODULE_NAMES", "FAMILIES", "ConfigReader", "Family", "Key", "Same", "split_heads"]
