@@ -254,6 +254,10 @@ class Family:
     #: mask). Gemma 3's windows (512 tokens for 1B, 1024 above) are shorter than training sequences; shorter
     #: sequences (no mask) are over-estimated by the repeated keys and values
     sliding_layers_masked: bool = False
+    #: why tensor parallelism (with sequence parallelism, when ``tp_unmeasured_with_sp_only``) of this type is walked
+    #: but not measured; the detailed estimate says so in its notes ("" when measured or not needed)
+    tp_unmeasured: str = ""
+    tp_unmeasured_with_sp_only: bool = False
     #: projection role (q, k, v, o, qkv, gate, up, down, gate_up, fc1, fc2) -> HF module name
     module_names: Mapping[str, str] = field(default_factory=lambda: DEFAULT_MODULE_NAMES)
 
@@ -410,6 +414,9 @@ GEMMA3_TEXT = Family(
             "final_logit_softcapping": Key("final_logit_softcapping", "opt_float")},
     layer_types_rule=_config_or(_every_nth_full),
     norm_one_plus_weight=True, rope_per_layer_type=True, sliding_layers_masked=True,
+    tp_unmeasured=("Gemma 3 under tensor parallelism with sequence parallelism is not measured (transformers builds "
+                   "the window mask from the sequence shard and the step fails); without it, it is"),
+    tp_unmeasured_with_sp_only=True,
 )
 
 PHI3 = Family(
@@ -465,6 +472,9 @@ OLMO2 = Family(
               "max_position_embeddings": 2048, "tie_word_embeddings": False, "attention_bias": False},
     fields={**_ROTARY_FIELDS, **_all_bias("attention_bias"), "qk_norm": True},
     norm_weight_before_cast=True, qk_norm_whole_projection=True, output_norms_only=True,
+    tp_unmeasured=("OLMo 2 under tensor parallelism is walked as the Llama plan shards it (heads split, q/k norms on "
+                   "the shard), not measured: transformers' own plan gathers q, k and v whole on every rank, and the "
+                   "measured Llama plan cannot run it"),
 )
 
 QWEN3_MOE = Family(

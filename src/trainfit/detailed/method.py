@@ -112,6 +112,9 @@ class Detailed(MemoryMethod):
             notes.append(f"pipeline: stage {int(res.stage)} of {pp} reported" + (
                 " (--pp-stage)" if setup.parallel.pp_stage >= 0 else ", the busier of the first (embeddings, most "
                 "in-flight micro-batches) and the last (head and loss)"))
+        fam, par = arch.family, setup.parallel
+        if fam.tp_unmeasured and par.tp > 1 and (par.sequence_parallel or not fam.tp_unmeasured_with_sp_only):
+            notes.append(fam.tp_unmeasured)
         if overheads and ovh:
             notes.append("total includes the runtime context, workspaces and allocator reserve (leave them out "
                          "with overheads off)")
