@@ -97,6 +97,19 @@ SMALL: list[tuple[str, dict[str, Any]]] = [
     ("qwen2_moe", {**T, "num_key_value_heads": 2, "num_experts": 0}),
     ("qwen2_moe", {**T, "num_key_value_heads": 2, "num_hidden_layers": 4, "num_experts": 2, "num_experts_per_tok": 1,
                    "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 3}),
+    ("olmo2", {**T}),  # q_norm/k_norm as wide as the whole projections
+    ("olmo2", {**T, "num_key_value_heads": 2, "attention_bias": True, "tie_word_embeddings": True}),
+    ("olmo2", {**T, "num_key_value_heads": 1, "head_dim": 24}),
+    ("gemma3_text", {**T, "num_key_value_heads": 1, "head_dim": 32, "num_hidden_layers": 7, "sliding_window": 8}),
+    ("gemma3_text", {**T, "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": False,
+                     "attention_bias": True, "sliding_window_pattern": 2, "num_hidden_layers": 4}),
+    ("gemma3_text", {**T, "num_key_value_heads": 4, "head_dim": 16,
+                     "layer_types": ["full_attention", "sliding_attention"]}),
+    ("qwen3_moe", {**T, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 24}),
+    ("qwen3_moe", {**T, "num_hidden_layers": 4, "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 24, "decoder_sparse_step": 2, "mlp_only_layers": [3],
+                   "attention_bias": True, "tie_word_embeddings": True}),
 ]
 
 

@@ -18,7 +18,7 @@ from trainfit.errors import TrainfitError
 from trainfit.refs import resolve_model
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-TINY_OLMO = {"model_type": "olmo2", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+TINY_GRANITE = {"model_type": "granite", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
              "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 256}
 
 
@@ -49,17 +49,17 @@ def fake_hub(cache, monkeypatch):
     ``org/missing-model`` private (what a missing repository also looks like without a token),
     ``org/new-model`` a config.json. It records every request for a model's files."""
     with FakeHub() as server:
-        server.add("org/new-model", dict(TINY_OLMO, hidden_size=32), commit="f" * 40)
-        server.add("org/gated-model", TINY_OLMO, access="gated")
-        server.add("org/missing-model", TINY_OLMO, access="private")
+        server.add("org/new-model", dict(TINY_GRANITE, hidden_size=32), commit="f" * 40)
+        server.add("org/gated-model", TINY_GRANITE, access="gated")
+        server.add("org/missing-model", TINY_GRANITE, access="private")
         isolate(monkeypatch, server.url, cache.root.parent)
         yield server.requests
 
 
 def test_an_id_in_the_local_cache_resolves_without_the_hub(cache, fake_hub):
-    cache("allenai/OLMo-2-tiny", TINY_OLMO)
-    ref = resolve_model("allenai/OLMo-2-tiny")
-    assert ref.name == "allenai/OLMo-2-tiny" and ref.config["hidden_size"] == 64 and ref.arch is None
+    cache("ibm-granite/granite-tiny", TINY_GRANITE)
+    ref = resolve_model("ibm-granite/granite-tiny")
+    assert ref.name == "ibm-granite/granite-tiny" and ref.config["hidden_size"] == 64 and ref.arch is None
     assert fake_hub == []  # the cache answered
 
 
@@ -96,8 +96,8 @@ def test_gated_and_private_models_say_how_to_get_in(cache, fake_hub, repo, needl
 
 def test_offline_mode_uses_the_cache_only(cache, fake_hub, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    cache("allenai/OLMo-2-tiny", TINY_OLMO)
-    assert resolve_model("allenai/OLMo-2-tiny").config["hidden_size"] == 64
+    cache("ibm-granite/granite-tiny", TINY_GRANITE)
+    assert resolve_model("ibm-granite/granite-tiny").config["hidden_size"] == 64
     with pytest.raises(TrainfitError, match="not in the local Hugging Face cache .* and HF_HUB_OFFLINE is set"):
         resolve_model("org/elsewhere")
     assert fake_hub == []
@@ -106,7 +106,7 @@ def test_offline_mode_uses_the_cache_only(cache, fake_hub, monkeypatch):
 def test_a_local_model_directory_and_what_is_not_an_id(tmp_path, cache):
     model_dir = tmp_path / "my-org" / "my-model"
     model_dir.mkdir(parents=True)
-    (model_dir / "config.json").write_text(json.dumps(TINY_OLMO))
+    (model_dir / "config.json").write_text(json.dumps(TINY_GRANITE))
     ref = resolve_model(str(model_dir))
     assert ref.name == "my-model" and ref.config["num_hidden_layers"] == 2
     assert hub.looks_like_id("allenai/OLMo-2-1124-7B") and not hub.looks_like_id("llama-3.1-8b")

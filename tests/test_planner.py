@@ -278,13 +278,13 @@ def test_lazy_evaluation_for_slower_methods_gives_the_exhaustive_ranking():
 
 
 def test_a_type_only_the_traced_method_reads_is_planned_by_first_order():
-    """OLMo 2 is answered by the traced method on one accelerator; the planner's layouts (tp, pp, dp, ZeRO) need a
+    """Granite is answered by the traced method on one accelerator; the planner's layouts (tp, pp, dp, ZeRO) need a
     method that models them, so memory comes from first-order and the plan says why."""
     from trainfit.engine import default_method
     from trainfit.training_setup import TrainingSetup
 
-    assert default_method(TrainingSetup.build("olmo-2-7b", "h100")) == "traced"
-    p = plan("olmo-2-7b", "h100", 8)
+    assert default_method(TrainingSetup.build("granite-3.3-8b", "h100")) == "traced"
+    p = plan("granite-3.3-8b", "h100", 8)
     assert p.method == "first-order" and p.top
     assert any("the traced method, this model's default, models one accelerator" in n for n in p.notes), p.notes
 

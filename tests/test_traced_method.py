@@ -42,8 +42,8 @@ def _setup(cfg, **fields):
     return TrainingSetup.build(resolve_model(dict(cfg)), "h100", **fields)
 
 
-#: a six-block OLMo 2 (a type trainfit does not hand-model): traced from three and four blocks, checked against six
-DEEP = dict(LLAMA, model_type="olmo2", num_hidden_layers=6, _name_or_path="tiny-olmo2-6")
+#: a six-block Granite (a type trainfit does not hand-model): traced from three and four blocks, checked against six
+DEEP = dict(LLAMA, model_type="granite", num_hidden_layers=6, _name_or_path="tiny-granite-6")
 
 
 def test_deep_model_traced_from_a_few_blocks_equals_the_measurement(cache_dir):

@@ -99,5 +99,5 @@ def test_default_method_is_the_first_that_applies():
     assert default_method(TrainingSetup.build("llama-3.2-1b")) == "detailed"
     assert default_method(TrainingSetup.build("llama-2-7b")) == "first-order"  # catalog entry without a config
     # a bundled config of a type trainfit does not hand-model: traced (transformers is installed for the tests)
-    assert default_method(TrainingSetup.build("olmo-2-7b")) == "traced"
+    assert default_method(TrainingSetup.build("granite-3.3-8b")) == "traced"
     assert list(METHODS) == ["detailed", "traced", "first-order", "measured"]

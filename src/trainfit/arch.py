@@ -88,7 +88,7 @@ class ArchSpec:
     k_bias: bool
     v_bias: bool
     o_bias: bool
-    qk_norm: bool  #: RMSNorm over head_dim on q and k (qwen3)
+    qk_norm: bool  #: RMSNorm on q and k: over head_dim (qwen3), over the whole projection (OLMo 2, its family says)
     fused_qkv: bool  #: one q|k|v projection module (gpt2 c_attn, gpt_neox, phi3) — same count, one matmul output
     attn_logit_softcapping: Optional[float]  #: tanh cap on attention scores (gemma2), None when absent
     sliding_window: Optional[int]  #: tokens, for the blocks ``layer_types`` marks sliding (None: no window in use)
@@ -175,6 +175,12 @@ class ArchSpec:
             return 0
         return width * (2 if self.norm_bias else 1)
 
+    def _qk_norm_count(self) -> int:
+        """q_norm + k_norm weights of one block: one head wide (qwen3) or the whole projections (OLMo 2)."""
+        if not self.qk_norm:
+            return 0
+        return self.q_size + self.kv_size if self.family.qk_norm_whole_projection else 2 * self.head_dim
+
     def _layer_counts(self, index: int) -> dict[str, int]:
         h = self.hidden_size
         q, kv = self.q_size, self.kv_size
@@ -184,7 +190,7 @@ class ArchSpec:
                + q * h + (h if self.o_bias else 0))
         counts = dict.fromkeys(PARAM_GROUPS, 0)
         counts["attention"] = att
-        counts["norms"] = self.norms_per_layer * self._norm(h) + (2 * self.head_dim if self.qk_norm else 0)
+        counts["norms"] = self.norms_per_layer * self._norm(h) + self._qk_norm_count()
         if self.is_moe_layer(index):
             counts["experts"] = self.num_experts * 3 * h * self.moe_intermediate_size
             counts["router"] = (self.num_experts * (h + (1 if self.router_bias else 0))

@@ -178,6 +178,13 @@ def _alternating(r: ConfigReader, f: dict[str, Any]) -> tuple[str, ...]:
     return tuple(SLIDING if (i + 1) % 2 else FULL for i in range(f["num_layers"]))
 
 
+def _every_nth_full(r: ConfigReader, f: dict[str, Any]) -> tuple[str, ...]:
+    """gemma3_text: every ``sliding_window_pattern``-th block full, the others sliding (5 local : 1 global). The
+    config class keeps the key only as the private ``_sliding_window_pattern`` (6 when absent), not as a default."""
+    n = r.int("sliding_window_pattern", value=r.cfg.get("sliding_window_pattern") or 6)
+    return tuple(SLIDING if (i + 1) % n else FULL for i in range(f["num_layers"]))
+
+
 def _config_or(rule: Rule) -> Rule:
     """The config's own ``layer_types`` list when it has one (types whose config class reads it), else ``rule``."""
     def read(r: ConfigReader, f: dict[str, Any]) -> tuple[str, ...]:
@@ -229,6 +236,28 @@ class Family:
     #: ``softmax(..., dtype=torch.float32)`` (an fp32 softmax output is saved)
     softmax_in_score_dtype: bool = False
     fused_gate_up: bool = False  #: one gate|up projection module in the gated MLP (phi3)
+    #: RMSNorm multiplies the fp32 normed input by the weight and casts after (OLMo 2's ``(w * x).to(dtype)``);
+    #: the allocations are those of gemma's order, without the ``1 +``
+    norm_weight_before_cast: bool = False
+    #: q_norm/k_norm span the whole q and k projections (OLMo 2: q_size and kv_size weights, one variance per
+    #: token), not one head (qwen3: head_dim weights, one variance per head)
+    qk_norm_whole_projection: bool = False
+    #: each block norms its sublayers' outputs before the residual add and never their inputs (OLMo 2:
+    #: ``x + norm(attn(x))``, ``x + norm(mlp(x))``; ``norms_per_layer`` 2)
+    output_norms_only: bool = False
+    #: each kind of block (full, sliding) has its own rotary table (gemma3_text: global and local bases), so the
+    #: model computes one cos/sin pair per kind present
+    rope_per_layer_type: bool = False
+    #: the sliding blocks always get an explicit window mask under SDPA, as they do once the sequence reaches the
+    #: window (transformers' ``_ignore_causal_mask_sdpa``): the mask excludes flash, so such a block runs the
+    #: memory-efficient kernel on key/value heads repeated to the query heads (``use_gqa_in_sdpa`` is False with a
+    #: mask). Gemma 3's windows (512 tokens for 1B, 1024 above) are shorter than training sequences; shorter
+    #: sequences (no mask) are over-estimated by the repeated keys and values
+    sliding_layers_masked: bool = False
+    #: why tensor parallelism (with sequence parallelism, when ``tp_unmeasured_with_sp_only``) of this type is walked
+    #: but not measured; the detailed estimate says so in its notes ("" when measured or not needed)
+    tp_unmeasured: str = ""
+    tp_unmeasured_with_sp_only: bool = False
     #: projection role (q, k, v, o, qkv, gate, up, down, gate_up, fc1, fc2) -> HF module name
     module_names: Mapping[str, str] = field(default_factory=lambda: DEFAULT_MODULE_NAMES)
 
@@ -363,6 +392,33 @@ GEMMA2 = Family(
     norm_one_plus_weight=True,
 )
 
+def _gemma3_checks(r: ConfigReader) -> None:
+    if r.bool("use_bidirectional_attention"):
+        raise TrainfitError(f"{r.where}: gemma3_text with use_bidirectional_attention is not supported "
+                            "(causal language models only)")
+
+
+GEMMA3_TEXT = Family(
+    "gemma3_text", "Gemma3ForCausalLM",
+    defaults={**_ROTARY_DEFAULTS, "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+              "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+              "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072,
+              "tie_word_embeddings": True, "attention_bias": False, "sliding_window": 4096,
+              "final_logit_softcapping": None, "attn_logit_softcapping": None,
+              "use_bidirectional_attention": False},
+    checks=(_gemma3_checks,),
+    fields={**_ROTARY_FIELDS, **_all_bias("attention_bias"), "sliding_window": Key("sliding_window", "opt_int"),
+            "activation": Key("hidden_activation", "str"), "qk_norm": True,
+            "attn_logit_softcapping": Key("attn_logit_softcapping", "opt_float"),
+            "embedding_scale": True, "norms_per_layer": 4,  # pre- and post-norm around both sublayers
+            "final_logit_softcapping": Key("final_logit_softcapping", "opt_float")},
+    layer_types_rule=_config_or(_every_nth_full),
+    norm_one_plus_weight=True, rope_per_layer_type=True, sliding_layers_masked=True,
+    tp_unmeasured=("Gemma 3 under tensor parallelism with sequence parallelism is not measured (transformers builds "
+                   "the window mask from the sequence shard and the step fails); without it, it is"),
+    tp_unmeasured_with_sp_only=True,
+)
+
 PHI3 = Family(
     "phi3", "Phi3ForCausalLM",
     defaults={**_ROTARY_DEFAULTS, "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192,
@@ -407,6 +463,35 @@ QWEN2_MOE = Family(
             "shared_expert_intermediate_size": Key("shared_expert_intermediate_size"),
             "shared_expert_gate": True, "norm_topk_prob": Key("norm_topk_prob", "bool")},
     layer_types_rule=_config_or(_window_odd_below_max_layers),
+)
+
+OLMO2 = Family(
+    "olmo2", "Olmo2ForCausalLM",
+    defaults={**_ROTARY_DEFAULTS, "vocab_size": 50304, "hidden_size": 4096, "intermediate_size": 11008,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "hidden_act": "silu",
+              "max_position_embeddings": 2048, "tie_word_embeddings": False, "attention_bias": False},
+    fields={**_ROTARY_FIELDS, **_all_bias("attention_bias"), "qk_norm": True},
+    norm_weight_before_cast=True, qk_norm_whole_projection=True, output_norms_only=True,
+    tp_unmeasured=("OLMo 2 under tensor parallelism is walked as the Llama plan shards it (heads split, q/k norms on "
+                   "the shard), not measured: transformers' own plan gathers q, k and v whole on every rank, and the "
+                   "measured Llama plan cannot run it"),
+)
+
+QWEN3_MOE = Family(
+    "qwen3_moe", "Qwen3MoeForCausalLM",
+    defaults={**_ROTARY_DEFAULTS, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+              "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 4,
+              "hidden_act": "silu", "max_position_embeddings": 32768, "tie_word_embeddings": False,
+              "attention_bias": False, "use_sliding_window": False, "sliding_window": 4096,
+              "decoder_sparse_step": 1, "moe_intermediate_size": 768, "num_experts_per_tok": 8, "num_experts": 128,
+              "norm_topk_prob": False, "mlp_only_layers": None},
+    # qwen3's attention (per-head q/k norms, attention_bias on all four projections) and qwen2_moe's routed
+    # experts without the shared expert; one window mask for every block when use_sliding_window
+    fields={**_ROTARY_FIELDS, **_all_bias("attention_bias"), "sliding_window": _window_if_used, "qk_norm": True,
+            "num_experts": Key("num_experts", minimum=0), "moe_layers": _qwen2_moe_layers,
+            "experts_per_token": Key("num_experts_per_tok"), "moe_intermediate_size": Key("moe_intermediate_size"),
+            "norm_topk_prob": Key("norm_topk_prob", "bool")},
+    layer_types_rule=_window_everywhere,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -559,7 +644,7 @@ ROBERTA = Family(
 
 #: every supported type, in the order error messages list them
 FAMILIES: Mapping[str, Family] = MappingProxyType({f.model_type: f for f in (
-    LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA, GEMMA2, PHI3, GPT2, GPT_NEOX, OPT, BERT, ROBERTA, MIXTRAL, QWEN2_MOE,
+    LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA, GEMMA2, PHI3, GPT2, GPT_NEOX, OPT, BERT, ROBERTA, MIXTRAL, QWEN2_MOE, OLMO2, GEMMA3_TEXT, QWEN3_MOE,
 )})
 
 __all__ = ["DEFAULT_MODULE_NAMES", "FAMILIES", "ConfigReader", "Family", "Key", "Same", "split_heads"]

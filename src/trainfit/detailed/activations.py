@@ -30,6 +30,7 @@ from typing import Optional
 from ..arch import ArchSpec
 from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd
 from .inventory import block_linears, stage_layers
+from ..families import SLIDING
 from ..stacks import behaviour_of
 from ..training_setup import FLASH_LIKE, Parallelism, Recipe
 
@@ -205,7 +206,8 @@ class _Walker:
     def norm(self, x: Tensor, name: str, rows: float = 1.0) -> Tensor:
         a, trainable = self.a, self.full
         if a.norm_kind == "rmsnorm":
-            return self.g.rmsnorm(x, trainable, gemma=a.family.norm_one_plus_weight, name=name, rows=rows,
+            fp32_weight = a.family.norm_one_plus_weight or a.family.norm_weight_before_cast
+            return self.g.rmsnorm(x, trainable, gemma=fp32_weight, name=name, rows=rows,
                                   wdtype=self.p)
         return self.g.layernorm(x, trainable, name=name, rows=rows)
 
@@ -228,7 +230,7 @@ class _Walker:
 
     # ---------------------------------------------------------------- blocks
     def attention(self, y: Tensor, index: int, cos: Tensor | None, sin: Tensor | None) -> Tensor:
-        a, r, g, tpd = self.a, self.r, self.g, self.tp
+        a, r, tpd = self.a, self.r, self.tp
         lins = {lin.role: lin for lin in block_linears(a, index)}
         targets = r.lora_targets if r.lora else ()
         heads = a.num_heads / tpd
@@ -244,13 +246,14 @@ class _Walker:
             q = self.linear(y, f"{index}.q", a.hidden_size, a.q_size, "col", lins["q"].module, lora=lins["q"].module in targets)
             k = self.linear(y, f"{index}.k", a.hidden_size, a.kv_size, "col", lins["k"].module, lora=lins["k"].module in targets)
             v = self.linear(y, f"{index}.v", a.hidden_size, a.kv_size, "col", lins["v"].module, lora=lins["v"].module in targets)
-        if a.qk_norm:
-            q = g.rmsnorm(q, self.full, rows=heads, name="q_norm", wdtype=self.p)
-            k = g.rmsnorm(k, self.full, rows=kvh, name="k_norm", wdtype=self.p)
+        if a.qk_norm:  # one variance per head (qwen3, gemma3), or per token over the whole projection (OLMo 2)
+            whole = a.family.qk_norm_whole_projection
+            q = self.norm(q, "q_norm", rows=1.0 if whole else heads)
+            k = self.norm(k, "k_norm", rows=1.0 if whole else kvh)
         if cos is not None and a.rotary_fraction > 0:
             rope = self.rope_complex if self.beh.rope == "complex" else self.rope
             q, k = rope(q, qw, cos, sin), rope(k, kvw, cos, sin)
-        out = self.core_attention(q, k, v, heads, kvh, qw, kvw)
+        out = self.core_attention(q, k, v, heads, kvh, qw, kvw, self.masked_window(index))
         L = lins["o"]
         return self.linear(out, f"{index}.o", L.in_features, L.out_features, "row", L.module, lora=L.module in targets)
 
@@ -288,12 +291,35 @@ class _Walker:
         g.use(prod)
         return out
 
-    def core_attention(self, q: Tensor, k: Tensor, v: Tensor, heads: float, kvh: float, qw: float, kvw: float) -> Tensor:
+    def masked_window(self, index: int) -> bool:
+        """Block ``index`` attends through SDPA with an explicit sliding-window mask (see
+        ``Family.sliding_layers_masked``): the memory-efficient kernel on repeated key/value heads."""
+        a = self.a
+        return (a.family.sliding_layers_masked and a.sliding_window is not None and a.layer_types[index] == SLIDING
+                and self.r.attention == "auto" and self.kernel != "eager")
+
+    def core_attention(self, q: Tensor, k: Tensor, v: Tensor, heads: float, kvh: float, qw: float, kvw: float,
+                       masked: bool = False) -> Tensor:
         a, r, g = self.a, self.r, self.g
         p_attn = self.p_drop(a.attention_dropout)
         # Korthikanti et al.'s selective recomputation: the attention core is recomputed (a stack's op policy
         # instead checkpoints the whole block, see op_policy)
         selective = r.checkpointing == "selective" and self.beh.selective == "attention-core"
+        if masked and kvh != heads:
+            # repeat_kv (transformers' SDPA path with a mask) before the kernel's autocast cast. With one key/value
+            # head the repeat is a view (stride 0 over the heads): no copy, unless the cast must then copy it whole
+            # (the rotated k in fp32 under autocast); with more heads it is a copy of the whole width
+            one_head = abs(kvh - 1.0) < 1e-9
+            rep = []
+            for t, name in ((k, "k"), (v, "v")):
+                recast = g.autocast and t.dtype != 2
+                if one_head and not recast:
+                    rep.append(t)
+                    continue
+                c = g.new(tok(qw), 2 if recast else t.dtype, t.rg, f"{name} repeated")
+                g.use(t)
+                rep.append(c)
+            k, v = rep
         if g.autocast:
             q, k, v = g.cast(q, 2), g.cast(k, 2), g.cast(v, 2)
         dt = q.dtype
@@ -309,7 +335,10 @@ class _Walker:
             # values are gathered for the kernel (all-gather CP; a ring holds fewer at once)
             kv_all = g.new(tok(2 * kvw * (self.par.cp - 1)), dt, False, "context-parallel gathered k, v")
             g.use(kv_all)
-        if self.kernel in ("flash", "mem-efficient"):
+        if masked:
+            # SDPA turns the boolean mask into an additive bias of q's dtype, saved by the kernel: one per block
+            g.save(g.new((0.0, 0.0, 1.0, 0.0), dt, False, "window mask as bias"))
+        if self.kernel in ("flash", "mem-efficient") or masked:
             out = g.new(tok(qw), dt, True, "attention out")
             lse = g.new(tok(heads), 4, False, "logsumexp")
             for t in (q, k, v):
@@ -321,7 +350,7 @@ class _Walker:
             if self.op_policy:  # the SDPA op's outputs are in the policy's save list
                 g.keep(out)
                 g.keep(lse)
-            if self.kernel == "flash" and self.a.family.rope_by_cat and self.beh.rope == "rotate-half":
+            if self.kernel == "flash" and not masked and self.a.family.rope_by_cat and self.beh.rope == "rotate-half":
                 # flash allocates its output like q; a head-major q (rotary applied with torch.cat) gives a
                 # head-major output, so `transpose(1, 2).contiguous()` copies it before the output projection
                 copy = g.new(tok(qw), dt, True, "attention out contiguous")
@@ -467,6 +496,11 @@ class _Walker:
             x = self.norm(g.add(att, x), "attention LayerNorm")
             m = g.dropout(self.mlp(x, index), p_h)
             return self.norm(g.add(m, x), "output LayerNorm")
+        if a.family.output_norms_only:  # OLMo 2: x + norm(attn(x)), x + norm(mlp(x))
+            att = g.dropout(self.norm(self.attention(x, index, cos, sin), "post-attention norm"), p_h)
+            x = g.add(x, att, "residual")
+            m = g.dropout(self.norm(self.mlp(x, index), "post-feedforward norm"), p_h)
+            return g.add(x, m, "residual")
         y = self.norm(x, "input norm")
         att = self.attention(y, index, cos, sin)
         if a.norms_per_layer == 4:
@@ -622,23 +656,27 @@ class _Walker:
             x = g.new(tok(self.hw), self.p, True, "activations received from the previous stage")
             g.save(x)  # kept until its gradient is sent back
         cos = sin = None
+        tables: dict[str, tuple[Tensor, ...]] = {}
         if a.position_embedding == "rotary":
             g.region = "embed"
             d = a.head_dim * a.rotary_fraction
-            cos = g.new(pos(d), self.p, False, "rotary cos")
-            sin = g.new(pos(d), self.p, False, "rotary sin")
-            g.hold(cos)
-            g.hold(sin)
+            # one cos/sin pair, or one per kind of block the model has (gemma3_text: global and local bases)
+            for kind in (dict.fromkeys(a.layer_types) if a.family.rope_per_layer_type else ("",)):
+                cos = g.new(pos(d), self.p, False, f"rotary cos {kind}".strip())
+                sin = g.new(pos(d), self.p, False, f"rotary sin {kind}".strip())
+                g.hold(cos)
+                g.hold(sin)
+                tables[kind] = (cos, sin)
         # Blocks of the same kind allocate alike: the first block and the last are walked op by op, and
         # so is the first block of each kind after the first; the others replay that block's totals (its
         # saved tensors, weight copies and output), which gives the same saved bytes and, since the last
         # block is walked, the same forward peak at a fraction of the cost for deep models.
         marks: list[tuple[int, bool, Optional[_BlockStats]]] = []
-        reps: dict[tuple[bool, bool], _BlockStats] = {}
+        reps: dict[tuple[bool, bool, bool], _BlockStats] = {}
         for k, i in enumerate(layers):
             g.region = f"layer{i}"
             ck = _ckpt_layer(r, i)
-            kind = (a.is_moe_layer(i), ck)
+            kind = (a.is_moe_layer(i), ck, self.masked_window(i))
             if ck:
                 g.checkpoint_input(x)
             rep = reps.get(kind)
@@ -650,6 +688,8 @@ class _Walker:
             self.mm_count = 0  # the op policy's counter is per checkpointed call (one per block forward)
             start = len(g.tensors)
             x_in = x
+            if a.family.rope_per_layer_type and tables:
+                cos, sin = tables[a.layer_types[i]]
             x = self.block(x, i, cos, sin)
             g.checkpointing = False
             marks.append((start, ck, None))
@@ -663,8 +703,8 @@ class _Walker:
             g.save(x)  # sent to the next stage; kept until its gradient comes back
             loss_bwd = tok(2 * self.hw * self.w)  # received gradient + send buffer
         g.finish()
-        for t in (cos, sin):
-            if t is not None:
+        for pair in tables.values():
+            for t in pair:
                 t.saved = True
         timeline = g.timeline()
         # a checkpoint input is marked saved when its region starts: recount it in the region before

@@ -105,8 +105,9 @@ def param_tensors(arch: ArchSpec) -> tuple[ParamTensor, ...]:
         for n in range(arch.norms_per_layer):
             out += _norm_tensors(arch, f"layers.{li}.norm{n}", li, h)
         if arch.qk_norm:
-            out += [ParamTensor(f"layers.{li}.q_norm.weight", (arch.head_dim,), "norms", li),
-                    ParamTensor(f"layers.{li}.k_norm.weight", (arch.head_dim,), "norms", li)]
+            whole = arch.family.qk_norm_whole_projection
+            out += [ParamTensor(f"layers.{li}.q_norm.weight", (arch.q_size if whole else arch.head_dim,), "norms", li),
+                    ParamTensor(f"layers.{li}.k_norm.weight", (arch.kv_size if whole else arch.head_dim,), "norms", li)]
         for lin in block_linears(arch, li):
             group = "attention" if lin.role in ("q", "k", "v", "o", "qkv") else "mlp"
             out.append(ParamTensor(f"layers.{li}.{lin.role}.weight", (lin.out_features, lin.in_features), group, li,

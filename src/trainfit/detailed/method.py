@@ -132,6 +132,9 @@ class Detailed(MemoryMethod):
                 "in-flight micro-batches) and the last (head and loss)"))
         reserve = reserve_of(arch, setup, res)
         reserved = res.peak + sum(o.bytes for o in reserve)
+        fam, par = arch.family, setup.parallel
+        if fam.tp_unmeasured and par.tp > 1 and (par.sequence_parallel or not fam.tp_unmeasured_with_sp_only):
+            notes.append(fam.tp_unmeasured)
         if overheads and ovh:
             notes.append("total includes the runtime context, workspaces and allocator reserve (leave them out "
                          "with overheads off)")
