@@ -72,6 +72,8 @@ LORA_DTYPES = ("fp32", "bf16", "fp16")
 QLORA = ("nf4", "int8")
 PP_SCHEDULES = ("1f1b", "interleaved", "gpipe")
 TP_PLANS = ("dtensor", "megatron")
+#: the programs a training step can run under (see docs/stacks.md)
+STACKS: tuple[str, ...] = ("hf", "torchtitan", "megatron", "deepspeed")
 LORA_DEFAULT_TARGETS = ("q_proj", "v_proj")
 #: Largest model-parallel degree (tp, cp, ep, pp) and data-parallel degree or accumulation: far beyond any
 #: cluster, and small enough that a world size (their product) stays an exact 64-bit integer in sweeps.
@@ -152,6 +154,9 @@ class Recipe:
     compile: bool = _flag(False, "--compile", "torch.compile the model (or a stack's fused kernels: Megatron-LM / "
                           "Transformer Engine): norms, activations and rotary fused, fewer kernel launches; "
                           "eager PyTorch otherwise (step time; the detailed memory method models eager only).")
+    stack: str = _choice("hf", "--stack", "the program that runs the step: hf (transformers + PyTorch, "
+                         "as TRL/PEFT/accelerate run it), torchtitan, megatron (Megatron-LM / megatron-core), "
+                         "deepspeed (a transformers model in DeepSpeed's ZeRO engine)", STACKS)
     lora_rank: int = _whole(0, "--lora", "Train LoRA adapters of rank R instead of all parameters (0: full "
                             "fine-tuning).", minimum=0)
     lora_targets: tuple[str, ...] = field(default=LORA_DEFAULT_TARGETS, metadata=_meta(
@@ -446,4 +451,4 @@ def setup_of(model: Any, hardware: Any = None, **fields: Any) -> TrainingSetup:
 
 __all__ = ["ATTENTION", "CHECKPOINTING", "CONDITIONAL_FIELDS", "DEFAULTS", "FIELDS", "FIELD_NAMES", "LORA_DEFAULT_TARGETS", "OPTIMIZERS",
            "OPT_IMPLS", "PARALLEL_FIELDS", "PRECISIONS", "PP_SCHEDULES", "Parallelism", "TP_PLANS", "Precision", "QLORA",
-           "RECIPE_FIELDS", "Recipe", "SHAPE_FIELDS", "TrainingSetup", "setup_of", "split_fields"]
+           "RECIPE_FIELDS", "Recipe", "SHAPE_FIELDS", "STACKS", "TrainingSetup", "setup_of", "split_fields"]
