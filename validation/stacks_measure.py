@@ -100,6 +100,8 @@ def row(name: str, model: Any, fields: dict[str, Any], model_label: str) -> dict
     if "peak_reserved_bytes" in x:
         out["peak_reserved_bytes"] = int(x["peak_reserved_bytes"])
         out["peak_reserved_gib"] = round(x["peak_reserved_bytes"] / 2**30, 3)
+        out["peak_reserved_single_pool_bytes"] = int(x["peak_reserved_single_pool_bytes"])
+        out["reserved_by_stream"] = x["reserved_by_stream"]
     return out
 
 
