@@ -42,7 +42,7 @@ def by_ac():
 def test_torchtitan_llama_under_fsdp_on_two_fake_ranks(by_ac):
     est = by_ac["selective"]
     x = est.extra
-    assert x["world_size"] == 2 and x["rank"] == 0 and x["mesh"] == {"dp_shard": 2}
+    assert x["world_size"] == 2 and x["rank"] == 0 and x["mesh"] == {"dp_shard": 2, "tp": 1}
     assert x["stack"]["commit"].startswith("9dec370") and x["stack"]["activation_checkpoint"] == "selective:op"
     assert x["n_params"] == N_PARAMS
     # the fp32 sharded parameters: half of each tensor (dims 0 even here), each in whole 512-byte blocks
@@ -78,19 +78,35 @@ def test_one_gpu_trains_in_fp32_unsharded():
     assert "communication_buffers" not in est.components
 
 
+@pytest.mark.slow
+def test_tensor_parallel_shards_the_parameters_and_loss_parallel_keeps_the_logits_sharded():
+    """torchtitan's apply_tp over 2 ranks: every projection, the embeddings and the output halved (the norms
+    replicated); with its loss parallelism the logits are never gathered, so the peak drops."""
+    one = measure(LLAMA, stack="torchtitan", batch=2, seq_len=128, precision="fp32")
+    tp = measure(LLAMA, stack="torchtitan", batch=2, seq_len=128, precision="fp32", tp=2)
+    lp = measure(LLAMA, stack="torchtitan", batch=2, seq_len=128, precision="fp32", tp=2, loss_parallel=True)
+    norms = (2 * 2 + 1) * 128 * 4  # replicated RMSNorm weights (fp32)
+    assert abs(tp.extra["static"]["param_bytes"] - ((N_PARAMS * 4 - norms) / 2 + norms)) <= 512 * 21
+    assert tp.extra["mesh"] == {"dp_shard": 1, "tp": 2} and lp.extra["stack"]["loss_parallel"]
+    assert lp.total_bytes < tp.total_bytes < one.total_bytes
+
+
 @pytest.mark.parametrize("fields,needle", [
     (dict(stack="megatron"), "megatron under fake tensors is not built yet; the measured method runs --stack hf or "
                              "torchtitan"),
     (dict(stack="deepspeed"), "deepspeed under fake tensors is not built yet"),
     (dict(stack="torchtitan", dp=2, batch=2, precision="fp32"), "torchtitan's data parallelism is FSDP2"),
     (dict(stack="torchtitan", precision="amp-bf16"), "computes in bf16 only through FSDP2"),
-    (dict(stack="torchtitan", tp=2, precision="fp32"), "tensor parallelism is not measured yet"),
+    (dict(stack="torchtitan", pp=2, batch=2, precision="fp32"), "pipeline is not measured yet"),
+    (dict(stack="torchtitan", tp=2, precision="fp32", seq_len=63),
+     "splits the sequence (sequence parallel) over tp: 63 is not a multiple of tp 2"),
+    (dict(stack="torchtitan", tp=2, precision="fp32", sequence_parallel=False), "sequence_parallel"),
     (dict(stack="torchtitan", precision="fp32", attention="eager"), "attention"),
     (dict(stack="torchtitan", dp=2, fsdp=True, batch=2, reshard_after_forward=False), "reshard_after_forward"),
 ])
 def test_refusals_are_one_line(fields, needle):
     with pytest.raises(TrainfitError) as e:
-        measure(LLAMA, seq_len=64, **fields)
+        measure(LLAMA, **{"seq_len": 64, **fields})
     msg = str(e.value)
     assert needle in msg and "\n" not in msg, msg
 
@@ -209,11 +225,14 @@ def test_the_small_corpus_covers_layouts_and_recipes():
     rows = [r for r in _corpus().values() if r["case"].startswith("torchtitan-small-")]
     assert len(rows) >= 15
     assert {r["world_size"] for r in rows} == {1, 2, 4}
+    assert {(r["fields"].get("dp", 1), r["fields"].get("tp", 1)) for r in rows} >= {(1, 1), (2, 1), (4, 1), (1, 2),
+                                                                                    (2, 2)}
     assert {r["activation_checkpoint"] for r in rows} == {"none", "selective:op", "selective:2", "full"}
     for r in rows:
         assert r["peak_allocated_bytes"] == sum(r["components"].values())
 
 
+@pytest.mark.slow
 def test_a_committed_small_case_measures_the_same_today():
     r = _corpus()["torchtitan-small-fsdp2-bf16-sac-op"]
     est = measure(str(REPO / "validation" / "configs" / "torchtitan-llama-small.json"), stack="torchtitan",

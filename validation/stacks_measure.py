@@ -8,8 +8,9 @@ Two sets of cases:
   and 3 (https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md).
   Minutes each on a 2-core machine.
 * ``small``: a 4-layer Llama shape under the layouts and recipes torchtitan runs (one GPU in fp32, FSDP2
-  over 2 and 4 fake ranks in fp32 and bf16 mixed precision; AC none, selective:op, selective:2, full;
-  AdamW / Adam, foreach / fused): seconds each, for the detailed method to be checked against.
+  over 2 and 4 fake ranks in fp32 and bf16 mixed precision, tensor parallel over 2 with and without loss
+  parallelism, FSDP 2 x TP 2; AC none, selective:op, selective:2, full; AdamW / Adam, foreach / fused):
+  seconds each, for the detailed method to be checked against.
 
 Every row holds the command that reproduces it. Run from the repository root::
 
@@ -62,7 +63,13 @@ def small_cases() -> list[tuple[str, dict[str, Any]]]:
             ("fsdp2-bf16-sac-op-fused", dict(batch=4, seq_len=512, dp=2, fsdp=True, checkpointing="selective",
                                              opt_impl="fused")),
             ("fsdp4-bf16-sac-op-b4-s256", dict(batch=16, seq_len=256, dp=4, fsdp=True, checkpointing="selective")),
-            ("1gpu-fp32-none-b1-s1024", dict(batch=1, seq_len=1024, precision="fp32"))]
+            ("1gpu-fp32-none-b1-s1024", dict(batch=1, seq_len=1024, precision="fp32")),
+            ("tp2-fp32-sac-op", dict(batch=2, seq_len=512, tp=2, precision="fp32", checkpointing="selective")),
+            ("tp2-fp32-sac-op-loss-parallel", dict(batch=2, seq_len=512, tp=2, precision="fp32",
+                                                   checkpointing="selective", loss_parallel=True)),
+            ("fsdp2xtp2-bf16-sac-op-loss-parallel", dict(batch=4, seq_len=512, dp=2, fsdp=True, tp=2,
+                                                         checkpointing="selective", loss_parallel=True)),
+            ("fsdp2xtp2-bf16-full", dict(batch=4, seq_len=512, dp=2, fsdp=True, tp=2, checkpointing="full"))]
     return out
 
 
@@ -70,11 +77,11 @@ def command(model: str, fields: dict[str, Any]) -> str:
     """The `trainfit measure` command line of a case."""
     flags = {"batch": "--batch", "seq_len": "--seq", "dp": "--dp", "checkpointing": "--checkpointing",
              "checkpoint_every": "--ckpt-every", "precision": "--precision", "optimizer": "--optimizer",
-             "opt_impl": "--opt-impl"}
+             "opt_impl": "--opt-impl", "tp": "--tp"}
     parts = ["trainfit", "measure", model, "--stack", "torchtitan"]
     for k, v in fields.items():
-        if k == "fsdp":
-            parts.append("--fsdp")
+        if k in ("fsdp", "loss_parallel"):
+            parts.append("--" + k.replace("_", "-"))
         else:
             parts += [flags[k], str(v)]
     return " ".join(parts + ["-o", "json"])

@@ -257,7 +257,7 @@ def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t
     distributed = run.world_size > 1
     components = components_of(peak.by_category, distributed=distributed)
     start = step.phases["forward"].start.by_category
-    mesh = {"dp_shard": run.world_size}
+    mesh = dict(run.mesh)
     inputs_echo = setup.as_dict()
     inputs_echo.update(task="clm", warmup=warmup, semantics=semantics, attn_implementation="sdpa", rank=0, mesh=mesh)
     extra = {
@@ -267,7 +267,8 @@ def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t
         "world_size": run.world_size, "rank": 0, "mesh": mesh,
         "stack": {"name": "torchtitan", "version": torchtitan.VERSION, "commit": torchtitan.COMMIT,
                   "activation_checkpoint": run.ac, "mixed_precision": run.mixed_precision,
-                  "data_parallel": "fsdp2" if distributed else "none"},
+                  "data_parallel": "fsdp2" if mesh["dp_shard"] > 1 else "none",
+                  "loss_parallel": run.loss_parallel},
         "peak_allocated_bytes": int(peak.total), **(run.reserved or {}),
         "fit_judged_on": "peak_allocated_bytes",
         "sdpa_kernels": dict(run.emulation.sdpa.counts),
@@ -276,10 +277,10 @@ def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t
         "timings_s": {"total": round(time.perf_counter() - t0, 2)},
         "versions": {"torch": torch.__version__, "torchtitan": torchtitan.COMMIT[:7]},
     }
-    where = (f"rank 0 of {run.world_size} (FSDP2 over dp_shard {run.world_size}) on a fake process group; "
-             if distributed else "one GPU; ")
-    notes = [f"{torchtitan.VERSION}'s own Llama, activation checkpointing ({run.ac}), FSDP2 and loss, stepped on "
-             "fake tensors", where + ("peak = torch.cuda.max_memory_allocated() of a steady-state step on one "
+    where = (f"rank 0 of {run.world_size} (mesh dp_shard {mesh['dp_shard']} x tp {mesh['tp']}) on a fake process "
+             "group; " if distributed else "one GPU; ")
+    notes = [f"{torchtitan.VERSION}'s own Llama, activation checkpointing ({run.ac}), parallelisms and loss, "
+             "stepped on fake tensors", where + ("peak = torch.cuda.max_memory_allocated() of a steady-state step on one "
                                       "sm80/sm90 GPU, emulated; excludes CUDA context, library workspaces, kernel "
                                       "scratch, fragmentation and NCCL's own buffers" if semantics == "cuda" else
                                       "CPU semantics (no CUDA emulation): compare with a real CPU run")]

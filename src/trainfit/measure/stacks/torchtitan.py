@@ -19,6 +19,10 @@ How trainfit's fields map onto torchtitan's options (what they cannot express is
   GPU nothing is sharded); ``--precision amp-bf16`` -> ``mixed_precision_param = bfloat16`` (its default),
   ``fp32`` -> ``float32``. torchtitan at this commit casts to bf16 only through FSDP2: on one GPU it trains in
   fp32;
+* ``--tp N`` -> ``tensor_parallel_degree = N``: its ``apply_tp`` (embeddings row-wise with sequence-sharded
+  output, q/k/v/w1/w3 column-wise, wo/w2 row-wise, norms sequence-parallel, output column-wise); the mesh is
+  ``(dp_shard_cp, tp)``; ``--loss-parallel`` is torchtitan's default loss parallelism (``--no``: its
+  ``training.disable_loss_parallel``; trainfit's default is off, so say ``--loss-parallel`` for torchtitan's);
 * ``--optimizer adamw | adam``, ``--opt-impl foreach | fused`` -> ``optimizer.name``, ``optimizer.fused``.
 """
 from __future__ import annotations
@@ -43,10 +47,12 @@ ACCEPTS: dict[str, Any] = {
     "opt_impl": ("foreach", "fused"), "checkpointing": ("none", "selective", "full", "every-k"),
     "checkpoint_every": None, "attention": ("auto",), "dropout": None, "stack": ("torchtitan",),
     "dp": None, "fsdp": None, "reshard_after_forward": (True,), "fsdp_prefetch": (1,),
+    "tp": None, "sequence_parallel": (True,), "tp_plan": ("dtensor",), "loss_parallel": None,
 }
-HINTS = {"tp": "torchtitan's tensor parallelism is not measured yet", "pp": "torchtitan's pipeline is not measured yet",
+HINTS = {"pp": "torchtitan's pipeline is not measured yet",
          "cp": "torchtitan's context parallelism is not measured yet", "zero": "torchtitan shards with FSDP2: --fsdp",
-         "compile": "the measured step is eager", "lora_rank": "torchtitan trains every parameter"}
+         "compile": "the measured step is eager", "lora_rank": "torchtitan trains every parameter",
+         "accumulation": "torchtitan at this commit runs one micro-batch per step"}
 #: the Hugging Face model types whose config maps onto torchtitan's Llama ``ModelArgs``
 LLAMA_TYPES = ("llama",)
 #: train.py's default ``training.max_norm`` and the 8B toml's learning rate (values, not memory)
@@ -71,7 +77,14 @@ def check(setup: TrainingSetup) -> None:
                             "on one GPU, or --dp N --fsdp with amp-bf16")
     if setup.accumulation > 1:
         raise TrainfitError(f"torchtitan ({VERSION}) runs one micro-batch per step (no gradient accumulation)")
-    model_args_of(setup.model.config, setup.seq_len)
+    args = model_args_of(setup.model.config, setup.seq_len)
+    if p.tp > 1:
+        ffn = int(setup.model.config["intermediate_size"])
+        for what, n in (("heads", args["n_heads"]), ("KV heads", args["n_kv_heads"]), ("FFN width", ffn),
+                        ("sequence (sequence parallel)", setup.seq_len)):
+            if n % p.tp:
+                raise TrainfitError(f"torchtitan's tensor parallelism splits the {what} over tp: {n} is not a "
+                                    f"multiple of tp {p.tp}")
 
 
 def model_args_of(config: Mapping[str, Any], seq_len: int) -> dict[str, Any]:
@@ -151,6 +164,8 @@ class StackRun:
     tracker: Any
     emulation: Any
     world_size: int
+    mesh: dict[str, int]  #: degree of each parallel dimension: dp_shard (FSDP2), tp
+    loss_parallel: bool
     n_params: int
     param_dtype: str
     ac: str
@@ -160,12 +175,19 @@ class StackRun:
     reserved: Optional[dict[str, Any]] = None
 
 
+def p_loss_parallel(setup: TrainingSetup) -> bool:
+    """Whether the step runs with loss parallelism (``--loss-parallel`` with ``--tp``; torchtitan's default
+    there, ``training.disable_loss_parallel`` off)."""
+    return setup.parallel.tp > 1 and setup.parallel.loss_parallel
+
+
 def _vendored(name: str) -> Any:
     return importlib.import_module(f"trainfit.stacks_code.torchtitan_9dec370.{name}")
 
 
 def build(setup: TrainingSetup, mesh: Any) -> Any:
-    """torchtitan's model on the meta device with its AC and FSDP applied as train.py does (TP, AC, FSDP)."""
+    """torchtitan's model on the meta device with its TP, AC and FSDP applied as ``parallelize_llama`` does, in its
+    order, on the ``(dp_shard_cp, tp)`` mesh (dimensions of degree 1 left out; None: one GPU)."""
     torch = require("torch")
     model_mod, par = _vendored("model"), _vendored("parallelize_llama")
     args = model_mod.ModelArgs(**model_args_of(setup.model.config, setup.seq_len))
@@ -174,14 +196,18 @@ def build(setup: TrainingSetup, mesh: Any) -> Any:
     ffn = model.layers["0"].feed_forward.w1.out_features
     if ffn != int(setup.model.config["intermediate_size"]):  # pragma: no cover - guarded by model_args_of
         raise TrainfitError(f"torchtitan's FeedForward width {ffn} differs from the config's intermediate_size")
+    p = setup.parallel
+    if p.tp > 1:
+        par.apply_tp(model, mesh["tp"], loss_parallel=p.loss_parallel, enable_float8=False, enable_async_tp=False)
     ac = ac_config(setup)
     if ac is not None:
         # apply_ac counts blocks for selective:N on the wrapper function itself (once per process in torchtitan)
         par.ptd_checkpoint_wrapper._count = 0
         par.apply_ac(model, ac)
-    if mesh is not None:
+    if p.fsdp:
         param_dtype = torch.bfloat16 if setup.recipe.precision == "amp-bf16" else torch.float32
-        par.apply_fsdp(model, mesh, param_dtype=param_dtype, reduce_dtype=torch.float32, pp_enabled=False)
+        par.apply_fsdp(model, mesh["dp_shard_cp"], param_dtype=param_dtype, reduce_dtype=torch.float32,
+                       pp_enabled=False)
     return model
 
 
@@ -198,14 +224,20 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
 
     check(setup)
     train = _vendored("train")
+    # torchtitan's utils.get_train_context: loss parallelism around forward and backward when enabled
+    train_context = contextlib.nullcontext
+    if p_loss_parallel(setup):
+        train_context = importlib.import_module("torch.distributed.tensor.parallel").loss_parallel
     p = setup.parallel
-    group = fake_process_group(p.dp) if p.fsdp else contextlib.nullcontext()
+    world = (p.dp if p.fsdp else 1) * p.tp
+    group = fake_process_group(world) if world > 1 else contextlib.nullcontext()
     with group:
         mesh = None
-        if p.fsdp:
+        if world > 1:
             from torch.distributed.device_mesh import init_device_mesh
 
-            mesh = init_device_mesh("cpu", (p.dp,), mesh_dim_names=("dp_shard_cp",))
+            dims = [(n, d) for n, d in (("dp_shard_cp", p.dp if p.fsdp else 1), ("tp", p.tp)) if d > 1]
+            mesh = init_device_mesh("cpu", tuple(d for _, d in dims), mesh_dim_names=tuple(n for n, _ in dims))
         model = build(setup, mesh)
         n_params = count_params(model)[0]  # DTensor numel is the global size
         fake_mode = FakeTensorMode()
@@ -224,13 +256,15 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
                 for i in range(warmup + 1):
                     gc.collect()
                     if i == warmup:
-                        if mesh is not None:
+                        if p.fsdp:
                             pin_fsdp_buffers(tracker, model)
                             if pools is not None:
                                 _name_streams(pools, model)
                         relabel_states(tracker, model, opts.optimizers[0])
                     tracker.new_step()
-                    train.train_step(model, [model], opts, input_ids, labels, max_norm=MAX_NORM, phase=tracker.phase)
+                    with train_context():
+                        train.train_step(model, [model], opts, input_ids, labels, max_norm=MAX_NORM,
+                                         phase=tracker.phase)
     mixed = ("bf16 params, fp32 reduce (FSDP2 MixedPrecisionPolicy)" if p.fsdp and setup.recipe.precision == "amp-bf16"
              else "fp32")
     reserved = None
@@ -238,7 +272,9 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
         reserved = {"peak_reserved_bytes": pools.replay.peak_reserved,
                     "peak_reserved_single_pool_bytes": pools.single.peak_reserved,
                     "reserved_by_stream": pools.reserved_by_stream}
-    return StackRun(tracker=tracker, emulation=emulation, world_size=p.dp if p.fsdp else 1, n_params=n_params,
+    mesh_echo = {"dp_shard": p.dp if p.fsdp else 1, "tp": p.tp}
+    return StackRun(tracker=tracker, emulation=emulation, world_size=world, mesh=mesh_echo,
+                    loss_parallel=p_loss_parallel(setup), n_params=n_params,
                     param_dtype=param_dtype, ac=ac_name(setup), mixed_precision=mixed, reserved=reserved)
 
 
