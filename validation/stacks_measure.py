@@ -99,7 +99,8 @@ def row(name: str, model: Any, fields: dict[str, Any], model_label: str) -> dict
            "peak_allocated_bytes": int(est.total_bytes), "peak_allocated_gib": round(est.total_bytes / 2**30, 3),
            "peak_phase": x["peak_phase"], "world_size": x["world_size"],
            "activation_checkpoint": x["stack"]["activation_checkpoint"],
-           "mixed_precision": x["stack"]["mixed_precision"], "components": {k: int(v) for k, v in est.components.items()},
+           "mixed_precision": x["stack"]["mixed_precision"],
+           "components": {k: int(v) for k, v in est.components.items()},
            "phases": {k: {"start_bytes": p["start_bytes"], "peak_bytes": p["peak_bytes"], "end_bytes": p["end_bytes"]}
                       for k, p in x["phases"].items()},
            "static": x["static"], "sdpa_kernels": x["sdpa_kernels"], "n_params": x["n_params"],

@@ -95,12 +95,12 @@ class Measured(MemoryMethod):
         if setup.recipe.stack == "torchtitan":
             from .stacks import torchtitan
 
-            torchtitan.check(setup)
-            return
-        check_accepts(setup, NAME, ACCEPTS, HINTS)
-        if setup.accumulation > 1 and setup.parallel.pp == 1:
-            raise TrainfitError("the measured method runs one micro-batch per step (accumulation 1) except in a "
-                                "pipeline, where --accum is the number of micro-batches")
+            torchtitan.check(setup)  # what torchtitan's own step can express
+        else:
+            check_accepts(setup, NAME, ACCEPTS, HINTS)
+            if setup.accumulation > 1 and setup.parallel.pp == 1:
+                raise TrainfitError("the measured method runs one micro-batch per step (accumulation 1) except in a "
+                                    "pipeline, where --accum is the number of micro-batches")
         if setup.micro_batch * setup.seq_len > MAX_TOKENS:
             raise TrainfitError(f"the {NAME} method runs at most {MAX_TOKENS:,} tokens per micro-batch (its fake "
                                 f"tensors index with 32-bit kernels' limits); got {setup.micro_batch * setup.seq_len:,}")
@@ -279,11 +279,11 @@ def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t
     }
     where = (f"rank 0 of {run.world_size} (mesh dp_shard {mesh['dp_shard']} x tp {mesh['tp']}) on a fake process "
              "group; " if distributed else "one GPU; ")
+    what = ("peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
+            "excludes CUDA context, library workspaces, kernel scratch, fragmentation and NCCL's own buffers"
+            if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run")
     notes = [f"{torchtitan.VERSION}'s own Llama, activation checkpointing ({run.ac}), parallelisms and loss, "
-             "stepped on fake tensors", where + ("peak = torch.cuda.max_memory_allocated() of a steady-state step on one "
-                                      "sm80/sm90 GPU, emulated; excludes CUDA context, library workspaces, kernel "
-                                      "scratch, fragmentation and NCCL's own buffers" if semantics == "cuda" else
-                                      "CPU semantics (no CUDA emulation): compare with a real CPU run")]
+             "stepped on fake tensors", where + what]
     if run.reserved:
         notes.append(f"peak reserved {run.reserved['peak_reserved_bytes'] / 2**30:.2f} GiB (torch.cuda."
                      "max_memory_reserved): the caching allocator replayed with one pool per stream (FSDP2's "
