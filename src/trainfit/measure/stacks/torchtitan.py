@@ -175,7 +175,7 @@ class StackRun:
     reserved: Optional[dict[str, Any]] = None
 
 
-def p_loss_parallel(setup: TrainingSetup) -> bool:
+def loss_parallel_on(setup: TrainingSetup) -> bool:
     """Whether the step runs with loss parallelism (``--loss-parallel`` with ``--tp``; torchtitan's default
     there, ``training.disable_loss_parallel`` off)."""
     return setup.parallel.tp > 1 and setup.parallel.loss_parallel
@@ -223,12 +223,12 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
     from ..session import new_tracker, stepping
 
     check(setup)
+    p = setup.parallel
     train = _vendored("train")
     # torchtitan's utils.get_train_context: loss parallelism around forward and backward when enabled
     train_context = contextlib.nullcontext
-    if p_loss_parallel(setup):
+    if loss_parallel_on(setup):
         train_context = importlib.import_module("torch.distributed.tensor.parallel").loss_parallel
-    p = setup.parallel
     world = (p.dp if p.fsdp else 1) * p.tp
     group = fake_process_group(world) if world > 1 else contextlib.nullcontext()
     with group:
@@ -274,7 +274,7 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
                     "reserved_by_stream": pools.reserved_by_stream}
     mesh_echo = {"dp_shard": p.dp if p.fsdp else 1, "tp": p.tp}
     return StackRun(tracker=tracker, emulation=emulation, world_size=world, mesh=mesh_echo,
-                    loss_parallel=p_loss_parallel(setup), n_params=n_params,
+                    loss_parallel=loss_parallel_on(setup), n_params=n_params,
                     param_dtype=param_dtype, ac=ac_name(setup), mixed_precision=mixed, reserved=reserved)
 
 
@@ -289,4 +289,4 @@ def _name_streams(pools: Any, model: Any) -> None:
 
 
 __all__ = ["ACCEPTS", "COMMIT", "StackRun", "VERSION", "ac_config", "ac_name", "build", "build_optimizers", "check",
-           "measure_rank", "model_args_of"]
+           "loss_parallel_on", "measure_rank", "model_args_of"]
