@@ -35,7 +35,7 @@ ACCEPTS: dict[str, Any] = {
     "attention": ("auto", "eager"), "dropout": None, "lora_rank": None, "lora_targets": None,
     "tp": None, "sequence_parallel": None, "tp_plan": ("dtensor",), "loss_parallel": None, "dp": None, "fsdp": None,
     "reshard_after_forward": None, "fsdp_prefetch": (1,), "ddp_bucket_view": None, "ddp_bucket_bytes": None,
-    "pp": None, "pp_schedule": ("1f1b", "gpipe"), "pp_stage": None,
+    "pp": None, "pp_schedule": ("1f1b", "gpipe"), "pp_stage": None, "stack": ("hf", "torchtitan"),
 }
 #: the most tokens (micro-batch x sequence) one measured step runs: beyond it tensor sizes overflow kernels'
 #: int32 indexing, and no single GPU step is that large
@@ -89,10 +89,18 @@ class Measured(MemoryMethod):
         if setup.model.config is None:
             raise TrainfitError(f"the {NAME} method builds the model from its Hugging Face config; "
                                 f"{setup.model.name!r} has none ({setup.model.arch_error})")
-        check_accepts(setup, NAME, ACCEPTS, HINTS)
-        if setup.accumulation > 1 and setup.parallel.pp == 1:
-            raise TrainfitError("the measured method runs one micro-batch per step (accumulation 1) except in a "
-                                "pipeline, where --accum is the number of micro-batches")
+        from .stacks import check_stack
+
+        check_stack(setup.recipe.stack)
+        if setup.recipe.stack == "torchtitan":
+            from .stacks import torchtitan
+
+            torchtitan.check(setup)  # what torchtitan's own step can express
+        else:
+            check_accepts(setup, NAME, ACCEPTS, HINTS)
+            if setup.accumulation > 1 and setup.parallel.pp == 1:
+                raise TrainfitError("the measured method runs one micro-batch per step (accumulation 1) except in a "
+                                    "pipeline, where --accum is the number of micro-batches")
         if setup.micro_batch * setup.seq_len > MAX_TOKENS:
             raise TrainfitError(f"the {NAME} method runs at most {MAX_TOKENS:,} tokens per micro-batch (its fake "
                                 f"tensors index with 32-bit kernels' limits); got {setup.micro_batch * setup.seq_len:,}")
@@ -116,6 +124,8 @@ class Measured(MemoryMethod):
         if semantics not in ("cuda", "cpu"):
             raise unknown_choice("semantics", semantics, ("cuda", "cpu"))
         warmup = whole(warmup, "warmup", 0)
+        if setup.recipe.stack == "torchtitan":
+            return _estimate_torchtitan(setup, warmup=warmup, semantics=semantics, t0=t0)
         from .distributed import is_distributed
 
         if is_distributed(setup):
@@ -227,6 +237,59 @@ def _estimate_rank(setup: TrainingSetup, *, task: Optional[str], warmup: int, se
     return Estimate.of(NAME, setup, total_bytes=total, components=components, inputs=inputs_echo, notes=notes,
                        extra=extra)
 
+
+
+def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t0: float) -> Estimate:
+    """torchtitan's own step (:mod:`.stacks.torchtitan`): rank 0 of its FSDP2 job, or its one-GPU step."""
+    torch = require("torch")
+    from .stacks import torchtitan
+
+    with quiet(), quiet_fake_kernels():
+        try:
+            run = torchtitan.measure_rank(setup, warmup=warmup, cuda=semantics == "cuda")
+        except TrainfitError:
+            raise
+        except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError, KeyError,
+                AttributeError, IndexError) as exc:
+            raise step_error("torchtitan llama", exc) from None
+    step, first = run.tracker.steps[-1], run.tracker.steps[0]
+    peak = step.peak
+    distributed = run.world_size > 1
+    components = components_of(peak.by_category, distributed=distributed)
+    start = step.phases["forward"].start.by_category
+    mesh = dict(run.mesh)
+    inputs_echo = setup.as_dict()
+    inputs_echo.update(task="clm", warmup=warmup, semantics=semantics, attn_implementation="sdpa", rank=0, mesh=mesh)
+    extra = {
+        **step_summary(step, first),
+        "static": {"param_bytes": start["parameter"], "optimizer_state_bytes": start["optstate"],
+                   "grad_bytes_end_of_backward": step.phases["backward"].end.by_category["gradient"]},
+        "world_size": run.world_size, "rank": 0, "mesh": mesh,
+        "stack": {"name": "torchtitan", "version": torchtitan.VERSION, "commit": torchtitan.COMMIT,
+                  "activation_checkpoint": run.ac, "mixed_precision": run.mixed_precision,
+                  "data_parallel": "fsdp2" if mesh["dp_shard"] > 1 else "none",
+                  "loss_parallel": run.loss_parallel},
+        "peak_allocated_bytes": int(peak.total), **(run.reserved or {}),
+        "fit_judged_on": "peak_allocated_bytes",
+        "sdpa_kernels": dict(run.emulation.sdpa.counts),
+        "arch": "llama (torchtitan Transformer)", "n_params": run.n_params, "n_trainable_params": run.n_params,
+        "param_dtype": run.param_dtype, "build_notes": [],
+        "timings_s": {"total": round(time.perf_counter() - t0, 2)},
+        "versions": {"torch": torch.__version__, "torchtitan": torchtitan.COMMIT[:7]},
+    }
+    where = (f"rank 0 of {run.world_size} (mesh dp_shard {mesh['dp_shard']} x tp {mesh['tp']}) on a fake process "
+             "group; " if distributed else "one GPU; ")
+    what = ("peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
+            "excludes CUDA context, library workspaces, kernel scratch, fragmentation and NCCL's own buffers"
+            if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run")
+    notes = [f"{torchtitan.VERSION}'s own Llama, activation checkpointing ({run.ac}), parallelisms and loss, "
+             "stepped on fake tensors", where + what]
+    if run.reserved:
+        notes.append(f"peak reserved {run.reserved['peak_reserved_bytes'] / 2**30:.2f} GiB (torch.cuda."
+                     "max_memory_reserved): the caching allocator replayed with one pool per stream (FSDP2's "
+                     "copy-in and reduce-scatter streams apart); the fit is judged on the allocated peak")
+    return Estimate.of(NAME, setup, total_bytes=float(peak.total), components=components, inputs=inputs_echo,
+                       notes=notes, extra=extra)
 
 
 def step_summary(step: Any, first: Any) -> dict[str, Any]:
