@@ -28,9 +28,9 @@ from functools import lru_cache
 from typing import Optional
 
 from ..arch import ArchSpec
-from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd
+from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd, vscale
 from .inventory import block_linears, stage_layers
-from ..training_setup import Parallelism, Recipe
+from ..training_setup import LOSS_CHUNKS, Parallelism, Recipe
 
 
 def attention_kernel(arch: ArchSpec, recipe: Recipe) -> str:
@@ -521,7 +521,23 @@ class _Walker:
         if a.final_logit_softcapping:
             logits = g.mul(g.unary_saving_output(g.mul(logits, None, "/cap"), "tanh"), None, "*cap")
         g.region = "loss"
-        if a.task == "causal_lm":
+        if a.task == "causal_lm" and self.r.loss == "chunked" and self.vocab_split == 1:
+            # torchtune CEWithChunkedOutputLoss: every chunk's logits first (together the whole logits, in the
+            # compute dtype), then per chunk logits.float() and the fp32 cross-entropy, whose log-softmax
+            # output is saved; only one chunk's fp32 upcast exists at a time (trainfit.measure.losses)
+            padded = g.new(tok(1), 8, False, "padded labels")
+            target = g.new(tok(1), 8, False, "shifted labels")
+            g.use(padded)
+            part = vscale(logits.size, 1.0 / LOSS_CHUNKS)
+            for k in range(LOSS_CHUNKS):
+                up = g.new(part, 4, logits.rg, f"logits chunk {k}->32b") if logits.dtype != 4 else None
+                lsm = g.new(part, 4, logits.rg, f"log_softmax chunk {k}")
+                g.save(lsm)
+                g.use(up)
+            g.save(target)
+            g.use(target)
+            bwd = vscale(tok(2 * 4 * V), 1.0 / LOSS_CHUNKS)  # one chunk's nll_loss and log_softmax gradients
+        elif a.task == "causal_lm":
             # transformers ForCausalLMLoss: logits.float(), labels padded and shifted, cross-entropy
             up = g.cast(logits, 4)
             padded = g.new(tok(1), 8, False, "padded labels")

@@ -27,7 +27,7 @@ TRAINING_PRECISIONS = tuple(p for p, spec in PRECISIONS.items() if spec.trainabl
 #: every field is modelled; precision only as a training recipe, and partial training through LoRA
 #: not ``compile``: compiled graphs save fewer activations (torchtitan: 82.4 -> 77.0 GiB), not modelled here
 ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n not in ("trainable_fraction", "compile")},
-                           "precision": TRAINING_PRECISIONS}
+                           "precision": TRAINING_PRECISIONS, "loss": ("model", "chunked")}
 
 
 #: platforms whose PyTorch SDPA has the flash and memory-efficient kernels "auto" picks from (CUDA; ROCm's
@@ -82,6 +82,14 @@ class Detailed(MemoryMethod):
             raise TrainfitError(f"precision {r.precision!r} is not a training recipe of the detailed method; "
                                 f"accepted: {', '.join(TRAINING_PRECISIONS)}")
         check_accepts(setup, NAME, ACCEPTS)
+        par = setup.parallel
+        if r.loss != "model" and (setup.model.arch.task != "causal_lm" or par.tp > 1 or par.cp > 1):
+            raise TrainfitError(f"--loss {r.loss} is modelled for a causal LM on unsplit logits; got a "
+                                f"{setup.model.arch.task} model with --tp {par.tp} --cp {par.cp} (accepted: --loss model)")
+        if r.optimizer_in_backward and (setup.accumulation > 1 or par.pp > 1 or par.zero > 0):
+            raise TrainfitError("--optimizer-in-backward steps each gradient as it is made: no gradient accumulation "
+                                f"(--accum {setup.accumulation}), pipeline (--pp {par.pp}) or DeepSpeed ZeRO "
+                                f"(--zero {par.zero}); accepted: accumulation 1 on one device, DDP or FSDP")
 
     def phases(self, setup: TrainingSetup) -> PhaseResult:
         """Per-phase peaks and components of one setup (no device needed: then as on CUDA)."""
@@ -123,7 +131,12 @@ class Detailed(MemoryMethod):
             "phases": {p: float(v) for p, v in res.peaks.items()},
             "overheads_bytes": float(sum(o.bytes for o in ovh)), "overheads_included": bool(overheads),
             "attention_kernel": res.profile.kernel, "pipeline_stage": int(res.stage), "platform": platform,
+            # host memory the step needs beside the device's: paged optimizer state (CUDA unified memory)
+            "host_bytes": {"paged_optimizer_state": float(res.states.host_opt_states)},
         }
+        if res.states.host_opt_states:
+            notes.append(f"paged optimizer state: {res.states.host_opt_states / 1e9:.3f} GB in CUDA unified memory "
+                         "(host RAM; paged onto the device as each tensor steps), not in the allocated peak")
         if explain:
             extra["explain"] = [ln.as_dict() for ln in explain_lines(arch, effective(setup), res, ovh)]
         return Estimate.of(NAME, setup, total_bytes=total, components=comps, inputs=inputs, notes=notes, extra=extra)

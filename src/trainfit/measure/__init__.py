@@ -31,7 +31,8 @@ TASKS = ("clm", "mlm", "seq2seq")
 #: PyTorch's own parallelism (DDP, FSDP2, DTensor tensor parallelism, a pipeline stage; see :mod:`.distributed`)
 ACCEPTS: dict[str, Any] = {
     "batch": None, "seq_len": None, "accumulation": None, "precision": ("fp32", "amp-bf16", "bf16"),
-    "optimizer": ("adamw", "adam", "sgd", "sgd-momentum"), "opt_impl": None, "checkpointing": ("none", "full"),
+    "optimizer": ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "lion", "adam8bit", "paged-adam8bit"),
+    "optimizer_in_backward": None, "loss": ("model", "chunked"), "opt_impl": None, "checkpointing": ("none", "full"),
     "attention": ("auto", "eager"), "dropout": None, "lora_rank": None, "lora_targets": None,
     "tp": None, "sequence_parallel": None, "tp_plan": ("dtensor",), "loss_parallel": None, "dp": None, "fsdp": None,
     "reshard_after_forward": None, "fsdp_prefetch": (1,), "ddp_bucket_view": None, "ddp_bucket_bytes": None,
@@ -159,6 +160,8 @@ class Measured(MemoryMethod):
             "sdpa_kernels": dict(emulation.sdpa.counts),
             "arch": built.model_type, "n_params": n_params, "n_trainable_params": n_trainable,
             "param_dtype": param_dtype, "build_notes": built.notes,
+            # paged optimizer state (bitsandbytes' cudaMallocManaged buffers): outside the allocated peak
+            "host_bytes": {"paged_optimizer_state": sum(getattr(opt, "paged_bytes", ()))},
             "timings_s": {"build": round(t_build, 2), "total": round(elapsed, 2)},
             "versions": {"torch": torch.__version__, "transformers": require("transformers").__version__},
         }
