@@ -22,7 +22,7 @@ from setups import states
 ROOT = Path(__file__).resolve().parent.parent
 VALIDATION = ROOT / "validation"
 MEASURED = VALIDATION / "corpus-recipes-measured.jsonl"
-SETUP_KEYS = ("batch", "seq_len", "precision", "optimizer", "opt_impl", "checkpointing", "lora_rank", "lora_targets",
+SETUP_KEYS = ("batch", "seq_len", "precision", "optimizer", "opt_impl", "checkpointing", "lora_rank", "lora_targets", "loss",
               "attention", "dropout", "optimizer_in_backward")
 TINY = dict(model_type="llama", hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=512, vocab_size=1000, max_position_embeddings=512)
@@ -98,7 +98,7 @@ def test_optimizer_in_backward_holds_no_gradients_at_the_step():
     inb = Detailed().phases(s.replace(optimizer_in_backward=True))
     assert plain.phases["optimizer"]["gradients"] > 0
     assert inb.phases["optimizer"]["gradients"] == 0 and inb.phases["optimizer"]["optimizer_temporaries"] == 0
-    assert inb.peak < plain.peak
+    assert inb.peaks["optimizer"] < plain.peaks["optimizer"]
 
 
 @pytest.mark.parametrize("kw", [{"accumulation": 2}, {"pp": 2, "accumulation": 2}, {"dp": 2, "zero": 1}])
@@ -132,3 +132,53 @@ def test_measured_tiny_step_matches_the_detailed_method(kw):
     setup = TrainingSetup.build(arch_from_config(TINY), None, batch=2, seq_len=64, precision="bf16", **kw)
     peak = Detailed().estimate(setup, overheads=False).extra["peak_allocated_bytes"]
     assert math.isclose(peak, est.total_bytes, rel_tol=0.02), (peak, est.total_bytes)
+
+
+def test_optimizer_offload_moves_state_and_master_weights_to_the_host():
+    """DeepSpeed ZeRO-Offload: optimizer state, step counters and fp32 master weights in host RAM (reported as
+    host bytes); the device keeps parameters and gradients, no optimizer temporaries."""
+    arch = arch_from_config(TINY)
+    plain = states(arch, precision="bf16-master", optimizer="adamw")
+    off = states(arch, precision="bf16-master", optimizer="adamw", offload="optimizer")
+    assert off.host_offloaded == plain.opt_states + plain.step_counters + plain.master
+    assert off.opt_states == off.step_counters == off.master == off.opt_temp == 0
+    assert (off.params, off.grads) == (plain.params, plain.grads)
+    s = TrainingSetup.build(arch, None, batch=2, seq_len=128, precision="bf16-master")
+    a = Detailed().estimate(s, overheads=False)
+    b = Detailed().estimate(s.replace(offload="optimizer"), overheads=False)
+    assert b.extra["host_bytes"]["offloaded_optimizer"] == off.host_offloaded
+    assert b.extra["peak_allocated_bytes"] < a.extra["peak_allocated_bytes"]
+
+
+@pytest.mark.parametrize("field,value", [("offload", "params"), ("offload", "activations"), ("loss", "fused-linear")])
+def test_detailed_refuses_what_it_does_not_model(field, value):
+    with pytest.raises(TrainfitError, match=field):
+        Detailed().check(TrainingSetup.build(arch_from_config(TINY), None, **{field: value}))
+
+
+def test_measured_refuses_offload():
+    from trainfit.measure import Measured
+
+    with pytest.raises(TrainfitError, match="offload"):
+        Measured().check(TrainingSetup.build("gpt2-small", None, batch=1, seq_len=128, offload="optimizer"))
+
+
+def test_suggestions_try_single_device_recipes_first():
+    """Llama-3.1-8B, bf16, batch 1 x 2048 on one H100 does not fit; the changes that keep it on one GPU come first,
+    cheapest first by the step-time model, each re-solved (its total is the estimate with the change applied)
+    and fitting; LoRA (it changes what is trained) after the full fine-tunes; more GPUs only after."""
+    from trainfit import estimate
+
+    e = estimate("llama-3.1-8b", "h100", batch=1, seq_len=2048, precision="bf16")
+    assert e.feasible is False
+    kinds = [bool({"dp", "tp", "pp", "cp", "ep"} & set(s.changes)) for s in e.suggestions]
+    assert kinds == sorted(kinds) and not kinds[0], [s.change for s in e.suggestions]
+    single = [s for s, more in zip(e.suggestions, kinds) if not more]
+    assert any(s.changes.get("optimizer") in ("adam8bit", "paged-adam8bit") for s in single)
+    assert all("step time" in s.change for s in single)
+    lora = [i for i, s in enumerate(single) if "lora_rank" in s.changes]
+    assert all(i == len(single) - 1 or "offload" in single[-1].changes for i in lora)
+    for s in single:
+        applied = estimate("llama-3.1-8b", "h100", batch=1, seq_len=2048, precision="bf16", suggestions=False,
+                           **s.changes)
+        assert s.feasible and applied.total_bytes == pytest.approx(s.total_bytes, rel=1e-12)

@@ -75,8 +75,10 @@ LORA_DTYPES = ("fp32", "bf16", "fp16")
 #: cross-entropy, or Liger's fused linear cross-entropy
 LOSSES = ("model", "chunked", "fused-linear")
 LOSS_CHUNKS = 8  #: torchtune CEWithChunkedOutputLoss.num_output_chunks
-#: Where model state or activations live instead of the device (ZeRO-Offload / FSDP CPUOffload, save_on_cpu)
-OFFLOADS = ("optimizer", "params", "activations")
+#: What lives in host memory instead of the device: the optimizer state and step (DeepSpeed ZeRO-Offload's
+#: offload_optimizer), the parameters too (FSDP CPUOffload / ZeRO-Infinity offload_param), or the saved activations
+#: (torch.autograd.graph.save_on_cpu)
+OFFLOADS = ("none", "optimizer", "params", "activations")
 QLORA = ("nf4", "int8")
 PP_SCHEDULES = ("1f1b", "interleaved", "gpipe")
 TP_PLANS = ("dtensor", "megatron")
@@ -159,6 +161,12 @@ class Recipe:
                         "cross-entropy: logits never whole, gradients computed in the forward).", LOSSES,
                         {"chunked-ce": "chunked", "cce": "chunked", "liger": "fused-linear", "flce": "fused-linear",
                          "fused": "fused-linear", "hf": "model", "default": "model"}, what="loss")
+    offload: str = _choice("none", "--offload", "Host (CPU) memory instead of the device: none | optimizer (optimizer "
+                           "state and master weights, the step on the CPU: DeepSpeed ZeRO-Offload) | params "
+                           "(parameters too: FSDP CPUOffload) | activations (saved activations: "
+                           "torch.autograd.graph.save_on_cpu); the host RAM it needs is reported.", OFFLOADS,
+                           {"cpu-optimizer": "optimizer", "optimizer-state": "optimizer", "parameters": "params",
+                            "param": "params", "activation": "activations", "save-on-cpu": "activations"})
     checkpointing: str = _choice("none", "--checkpointing", "Activation checkpointing none | selective (attention "
                                  "recomputed) | full (every block) | every-k (one block in --ckpt-every).",
                                  CHECKPOINTING, {"every_k": "every-k", "true": "full", "false": "none", "off": "none"})
@@ -463,6 +471,6 @@ def setup_of(model: Any, hardware: Any = None, **fields: Any) -> TrainingSetup:
     return TrainingSetup.build(model, hardware, **fields)
 
 
-__all__ = ["ATTENTION", "CHECKPOINTING", "CONDITIONAL_FIELDS", "DEFAULTS", "FIELDS", "FIELD_NAMES", "LORA_DEFAULT_TARGETS", "LOSSES", "OPTIMIZERS",
+__all__ = ["ATTENTION", "CHECKPOINTING", "CONDITIONAL_FIELDS", "DEFAULTS", "FIELDS", "FIELD_NAMES", "LORA_DEFAULT_TARGETS", "LOSSES", "OFFLOADS", "OPTIMIZERS",
            "OPT_IMPLS", "PARALLEL_FIELDS", "PRECISIONS", "PP_SCHEDULES", "Parallelism", "TP_PLANS", "Precision", "QLORA",
            "RECIPE_FIELDS", "Recipe", "SHAPE_FIELDS", "TrainingSetup", "setup_of", "split_fields"]

@@ -78,6 +78,8 @@ class ActivationProfile:
     weight_copies_saved: Vec  #: ... of which saved for backward
     per_layer_weight_copies: Vec
     pieces: tuple[tuple[str, Vec], ...]  #: named parts of the saved total, for the breakdown/explain
+    #: chunked loss: the working set of the output projection's backward (None: the model's own loss)
+    head_backward: Optional[Vec] = None
 
 
 @dataclass(frozen=True)
@@ -537,6 +539,17 @@ class _Walker:
             g.save(target)
             g.use(target)
             bwd = vscale(tok(2 * 4 * V), 1.0 / LOSS_CHUNKS)  # one chunk's nll_loss and log_softmax gradients
+            # then (autograd runs every chunk's cross-entropy backward before any projection's: they were made
+            # later) each chunk's projection backward in turn; after the second one's, its logits gradient
+            # released, its weight gradient is summed out of place with the first's (three weight-sized
+            # gradients) while n - 2 chunks' logits gradients wait and two chunks' input gradients are held
+            # for the split's backward (measured: validation/corpus-recipes-measured.jsonl)
+            cb = logits.dtype
+            n = LOSS_CHUNKS
+            head_bwd = vadd(vscale(tok(V * cb), (n - 2) / n), vscale(tok(a.embedding_dim * cb), 2 / n))
+            if self.full:
+                head_bwd = vadd(head_bwd, const(3 * V * a.embedding_dim * cb))
+            g.notes["head_backward"] = head_bwd
         elif a.task == "causal_lm":
             # transformers ForCausalLMLoss: logits.float(), labels padded and shifted, cross-entropy
             up = g.cast(logits, 4)
@@ -653,7 +666,8 @@ class _Walker:
         return ActivationProfile(kernel=self.kernel, saved_total=saved_total, embed_saved=embed_saved, layers=tuple(lay),
                                  head_saved=head_saved, loss_saved=loss_saved, forward_candidates=tuple(cands),
                                  loss_backward=loss_bwd, weight_copies=wc, weight_copies_saved=wcs,
-                                 per_layer_weight_copies=per_layer_wc, pieces=pieces)
+                                 per_layer_weight_copies=per_layer_wc, pieces=pieces,
+                                 head_backward=g.notes.get("head_backward") if last else None)
 
     def _layer_profiles(self, layers: list[int], marks: list[tuple[int, bool, Optional[_BlockStats]]]
                         ) -> tuple[list[LayerProfile], Vec]:

@@ -27,7 +27,8 @@ TRAINING_PRECISIONS = tuple(p for p, spec in PRECISIONS.items() if spec.trainabl
 #: every field is modelled; precision only as a training recipe, and partial training through LoRA
 #: not ``compile``: compiled graphs save fewer activations (torchtitan: 82.4 -> 77.0 GiB), not modelled here
 ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n not in ("trainable_fraction", "compile")},
-                           "precision": TRAINING_PRECISIONS, "loss": ("model", "chunked")}
+                           "precision": TRAINING_PRECISIONS, "loss": ("model", "chunked"),
+                           "offload": ("none", "optimizer")}
 
 
 #: platforms whose PyTorch SDPA has the flash and memory-efficient kernels "auto" picks from (CUDA; ROCm's
@@ -86,6 +87,9 @@ class Detailed(MemoryMethod):
         if r.loss != "model" and (setup.model.arch.task != "causal_lm" or par.tp > 1 or par.cp > 1):
             raise TrainfitError(f"--loss {r.loss} is modelled for a causal LM on unsplit logits; got a "
                                 f"{setup.model.arch.task} model with --tp {par.tp} --cp {par.cp} (accepted: --loss model)")
+        if r.offload != "none" and r.optimizer_in_backward:
+            raise TrainfitError("--offload optimizer steps on the CPU after the backward; --optimizer-in-backward steps "
+                                "on the device during it: choose one")
         if r.optimizer_in_backward and (setup.accumulation > 1 or par.pp > 1 or par.zero > 0):
             raise TrainfitError("--optimizer-in-backward steps each gradient as it is made: no gradient accumulation "
                                 f"(--accum {setup.accumulation}), pipeline (--pp {par.pp}) or DeepSpeed ZeRO "
@@ -132,8 +136,12 @@ class Detailed(MemoryMethod):
             "overheads_bytes": float(sum(o.bytes for o in ovh)), "overheads_included": bool(overheads),
             "attention_kernel": res.profile.kernel, "pipeline_stage": int(res.stage), "platform": platform,
             # host memory the step needs beside the device's: paged optimizer state (CUDA unified memory)
-            "host_bytes": {"paged_optimizer_state": float(res.states.host_opt_states)},
+            "host_bytes": {"paged_optimizer_state": float(res.states.host_opt_states),
+                           "offloaded_optimizer": float(res.states.host_offloaded)},
         }
+        if res.states.host_offloaded:
+            notes.append(f"optimizer offload: {res.states.host_offloaded / 1e9:.3f} GB of optimizer state and master "
+                         "weights in host RAM (the step runs on the CPU)")
         if res.states.host_opt_states:
             notes.append(f"paged optimizer state: {res.states.host_opt_states / 1e9:.3f} GB in CUDA unified memory "
                          "(host RAM; paged onto the device as each tensor steps), not in the allocated peak")

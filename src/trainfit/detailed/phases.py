@@ -263,6 +263,10 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
         # backward: the loss backward first
         bwd_cands.append(keep({"activations": saved_total + extra_inflight, "temporaries": B(pr.loss_backward),
                                "gradients": held}))
+        if pr.head_backward is not None:
+            # chunked loss: every chunk's log-softmax freed, the output projection's backward running
+            bwd_cands.append(keep({"activations": B(vsub(pr.saved_total, pr.loss_saved)) + extra_inflight,
+                                   "temporaries": B(pr.head_backward), "gradients": held}))
         later = ZERO
         order = list(range(len(pr.layers) - 1, -1, -1))
         picks = {order[0], order[-1]} if order else set()

@@ -69,6 +69,7 @@ class StateBytes:
     compute_copy_params: int = 0  #: elements a ZeRO-3/FSDP rank gathers over a step (all on this stage)
     buffers: int = 0  #: non-parameter model state (rotary inv_freq tables, BERT position/token-type ids)
     host_opt_states: int = 0  #: paged optimizer state in unified memory (host bytes; not allocated by PyTorch)
+    host_offloaded: int = 0  #: optimizer state, step counters and master weights offloaded to host memory
     largest_grad: int = 0  #: bytes of the largest trainable tensor's gradient
     largest_step_temp: int = 0  #: temporaries of the optimizer step of the largest tensor alone
 
@@ -178,7 +179,7 @@ class _Unsharded:
 
 #: the recipe fields the state bytes read (setups differing only in others share one inventory)
 _STATE_RECIPE_FIELDS = ("precision", "optimizer", "opt_impl", "lora_rank", "lora_targets", "lora_dtype", "qlora",
-                        "fp32_grads", "optimizer_in_backward")
+                        "fp32_grads", "optimizer_in_backward", "offload")
 
 
 @lru_cache(maxsize=1024)
@@ -263,7 +264,9 @@ def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage:
         temp = {"foreach": sum(stored(n, st_b(b)) for _, n, b in train), "fused": 0,
                 "forloop": 2 * rounded(largest_b)}[recipe.opt_impl]
     elif opt == "adafactor":
-        temp = 2 * rounded(4 * largest)
+        # transformers' Adafactor, one tensor at a time: grad**2 + eps and the re-expanded second moment (fp32);
+        # a 16-bit parameter's gradient and the parameter itself are upcast to fp32 copies first
+        temp = (2 + (2 if any(b < 4 for _, _, b in train) else 0)) * rounded(4 * largest)
     elif opt == "lion":
         temp = rounded(largest_b)  # lion-pytorch: exp_avg.clone().lerp_(grad).sign_(), one tensor at a time
     else:
@@ -273,7 +276,7 @@ def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage:
     largest_grad = max((stored(n, b) for _, n, b in train), default=0)
     one = rounded(largest_b)
     largest_step_temp = ({"foreach": one, "fused": 0, "forloop": 2 * one}[recipe.opt_impl] if opt in ("adam", "adamw")
-                         else 2 * rounded(4 * largest) if opt == "adafactor" else one if opt == "lion" else 0)
+                         else temp if opt == "adafactor" else one if opt == "lion" else 0)
     # the largest block (ZeRO-3 / FSDP gather one block at a time)
     per_layer: dict[int, int] = {}
     for t in tensors:
@@ -321,6 +324,12 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
             grads = 0
             grads_part = {k: 0 for k in grads_part}
         train_b = _shard(train_b, dp)
+    host_offloaded = 0
+    if recipe.offload == "optimizer":
+        # DeepSpeed ZeRO-Offload (offload_optimizer): the optimizer state, its step and the fp32 master weights
+        # (and fp32 gradient copy) live in host memory and the step runs on the CPU; nothing of it on the device
+        host_offloaded = states + steps + master + fp32g
+        states = steps = master = fp32g = temp = 0
     return StateBytes(params=params_b, trainable_params=train_b, frozen_params=params_b - train_b, n_params=n_all,
                       n_trainable=n_train, master=master, grads=grads, fp32_grads=fp32g, opt_states=states,
                       step_counters=steps, opt_temp=temp, largest_layer_params=largest_layer,
@@ -328,7 +337,8 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
                       grads_embed=grads_part["embed"], grads_head=grads_part["head"],
                       compute_copy_params=n_all, buffers=model_buffers(arch, recipe) if stage == 0 else 0,
                       host_opt_states=_shard(u.host_states, dp) if zero >= 1 and dp > 1 else u.host_states,
-                      largest_grad=u.largest_grad, largest_step_temp=u.largest_step_temp)
+                      largest_grad=u.largest_grad, largest_step_temp=u.largest_step_temp,
+                      host_offloaded=host_offloaded)
 
 
 def model_buffers(arch: ArchSpec, recipe: Recipe) -> int:
