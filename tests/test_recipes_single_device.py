@@ -182,3 +182,11 @@ def test_suggestions_try_single_device_recipes_first():
         applied = estimate("llama-3.1-8b", "h100", batch=1, seq_len=2048, precision="bf16", suggestions=False,
                            **s.changes)
         assert s.feasible and applied.total_bytes == pytest.approx(s.total_bytes, rel=1e-12)
+
+
+def test_measured_runs_the_recipes_on_one_device_only():
+    from trainfit.measure import Measured
+
+    for kw in ({"optimizer": "lion"}, {"optimizer_in_backward": True}, {"loss": "chunked"}):
+        with pytest.raises(TrainfitError, match="one device only"):
+            Measured().check(TrainingSetup.build("gpt2-small", None, batch=2, seq_len=128, dp=2, **kw))

@@ -38,6 +38,8 @@ ACCEPTS: dict[str, Any] = {
     "reshard_after_forward": None, "fsdp_prefetch": (1,), "ddp_bucket_view": None, "ddp_bucket_bytes": None,
     "pp": None, "pp_schedule": ("1f1b", "gpipe"), "pp_stage": None,
 }
+#: optimizers measured on one device only (their libraries' multi-GPU paths are not run on a fake process group)
+SINGLE_DEVICE_OPTIMIZERS = ("adafactor", "lion", "adam8bit", "paged-adam8bit")
 #: the most tokens (micro-batch x sequence) one measured step runs: beyond it tensor sizes overflow kernels'
 #: int32 indexing, and no single GPU step is that large
 MAX_TOKENS = 2**31
@@ -91,6 +93,13 @@ class Measured(MemoryMethod):
             raise TrainfitError(f"the {NAME} method builds the model from its Hugging Face config; "
                                 f"{setup.model.name!r} has none ({setup.model.arch_error})")
         check_accepts(setup, NAME, ACCEPTS, HINTS)
+        r = setup.recipe
+        single = {"optimizer_in_backward": r.optimizer_in_backward, "loss": r.loss != "model",
+                  "optimizer": r.optimizer in SINGLE_DEVICE_OPTIMIZERS}
+        if setup.parallel.world_size > 1 and any(single.values()):
+            name = next(k for k, v in single.items() if v)
+            raise TrainfitError(f"the {NAME} method runs {name}={getattr(r, name)!r} on one device only (world size "
+                                f"{setup.parallel.world_size}); accepted there: the default")
         if setup.accumulation > 1 and setup.parallel.pp == 1:
             raise TrainfitError("the measured method runs one micro-batch per step (accumulation 1) except in a "
                                 "pipeline, where --accum is the number of micro-batches")
@@ -169,6 +178,10 @@ class Measured(MemoryMethod):
             "peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
             "excludes CUDA context, library workspaces, kernel scratch, fragmentation, multi-GPU buffers"
             if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run"]
+        paged = extra["host_bytes"]["paged_optimizer_state"]
+        if paged:
+            notes.append(f"paged optimizer state: {paged / 1e9:.3f} GB in CUDA unified memory (host RAM, paged onto "
+                         "the device as each tensor steps), not in the allocated peak")
         return Estimate.of(NAME, setup, total_bytes=total, components=components, inputs=inputs_echo, notes=notes,
                            extra=extra)
 
