@@ -101,8 +101,9 @@ def test_optimizer_in_backward_holds_no_gradients_at_the_step():
     assert inb.peaks["optimizer"] < plain.peaks["optimizer"]
 
 
-@pytest.mark.parametrize("kw", [{"accumulation": 2}, {"pp": 2, "accumulation": 2}, {"dp": 2, "zero": 1}])
-def test_optimizer_in_backward_refuses_accumulation_pipeline_and_zero(kw):
+@pytest.mark.parametrize("kw", [{"accumulation": 2}, {"pp": 2, "accumulation": 2}, {"dp": 2, "zero": 1},
+                                {"dp": 2, "fsdp": True}])
+def test_optimizer_in_backward_is_modelled_on_one_device_without_accumulation(kw):
     arch = arch_from_config(TINY)
     with pytest.raises(TrainfitError, match="optimizer-in-backward"):
         Detailed().estimate(TrainingSetup.build(arch, None, batch=4, seq_len=128, optimizer_in_backward=True, **kw))

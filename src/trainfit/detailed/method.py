@@ -90,10 +90,10 @@ class Detailed(MemoryMethod):
         if r.offload != "none" and r.optimizer_in_backward:
             raise TrainfitError("--offload optimizer steps on the CPU after the backward; --optimizer-in-backward steps "
                                 "on the device during it: choose one")
-        if r.optimizer_in_backward and (setup.accumulation > 1 or par.pp > 1 or par.zero > 0):
-            raise TrainfitError("--optimizer-in-backward steps each gradient as it is made: no gradient accumulation "
-                                f"(--accum {setup.accumulation}), pipeline (--pp {par.pp}) or DeepSpeed ZeRO "
-                                f"(--zero {par.zero}); accepted: accumulation 1 on one device, DDP or FSDP")
+        if r.optimizer_in_backward and (setup.accumulation > 1 or par.world_size > 1):
+            raise TrainfitError("--optimizer-in-backward steps each gradient as it is made: modelled on one device "
+                                f"without gradient accumulation (got --accum {setup.accumulation}, world size "
+                                f"{par.world_size}); accepted: --accum 1 on one device")
 
     def phases(self, setup: TrainingSetup) -> PhaseResult:
         """Per-phase peaks and components of one setup (no device needed: then as on CUDA)."""
