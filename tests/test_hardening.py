@@ -194,7 +194,9 @@ def test_suggestions_are_only_changes_that_help():
     e = estimate("gemma-2-2b", "a100-40gb", dp=2, pp=4, lora_rank=64)
     assert e.feasible is False and e.suggestions
     assert all(s.total_bytes < e.total_bytes for s in e.suggestions)
-    assert not any(s.changes.get("zero") == 3 for s in e.suggestions)
+    # the ZeRO stage alone raised to 3 does not help (more data-parallel GPUs with ZeRO-3 may, and are offered
+    # after the changes that keep the run on its GPUs)
+    assert not any(s.changes == {"zero": 3} for s in e.suggestions)
 
 
 def test_json_output_never_holds_infinity_or_nan():

@@ -62,9 +62,11 @@ PRECISIONS: dict[str, Precision] = {
 }
 PRECISION_ALIASES = {"mixed": "amp-bf16", "amp": "amp-bf16", "bf16-mixed": "amp-bf16", "16-mixed": "amp-fp16",
                      "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adam8bit", "adafactor", "none")
-OPTIMIZER_ALIASES = {"adamw8bit": "adam8bit", "adam-8bit": "adam8bit", "sgdm": "sgd-momentum",
-                     "momentum": "sgd-momentum"}
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adam8bit", "paged-adam8bit", "adafactor", "lion", "none")
+OPTIMIZER_ALIASES = {"adamw8bit": "adam8bit", "adam-8bit": "adam8bit", "adamw-8bit": "adam8bit",
+                     "adamw-bnb-8bit": "adam8bit", "paged-adamw8bit": "paged-adam8bit",
+                     "paged-adamw-8bit": "paged-adam8bit", "paged-adam-8bit": "paged-adam8bit",
+                     "sgdm": "sgd-momentum", "momentum": "sgd-momentum"}
 OPT_IMPLS = ("foreach", "fused", "forloop")
 CHECKPOINTING = ("none", "selective", "full", "every-k")
 ATTENTION = ("auto", "flash", "flash3", "cudnn", "mem-efficient", "eager", "math")
@@ -72,6 +74,14 @@ ATTENTION = ("auto", "flash", "flash3", "cudnn", "mem-efficient", "eager", "math
 #: only in speed: FlashAttention-3 (Hopper) and cuDNN's fused attention
 FLASH_LIKE = ("flash", "flash3", "cudnn")
 LORA_DTYPES = ("fp32", "bf16", "fp16")
+#: How the causal-LM loss is computed: the model's own (transformers' ForCausalLMLoss), torchtune's chunked
+#: cross-entropy, or Liger's fused linear cross-entropy
+LOSSES = ("model", "chunked", "fused-linear")
+LOSS_CHUNKS = 8  #: torchtune CEWithChunkedOutputLoss.num_output_chunks
+#: What lives in host memory instead of the device: the optimizer state and step (DeepSpeed ZeRO-Offload's
+#: offload_optimizer), the parameters too (FSDP CPUOffload / ZeRO-Infinity offload_param), or the saved activations
+#: (torch.autograd.graph.save_on_cpu)
+OFFLOADS = ("none", "optimizer", "params", "activations")
 QLORA = ("nf4", "int8")
 PP_SCHEDULES = ("1f1b", "interleaved", "gpipe")
 TP_PLANS = ("dtensor", "megatron")
@@ -140,11 +150,28 @@ class Recipe:
                              "autocast) | bf16 | fp16 (pure 16-bit) | bf16-master | fp16-master (16-bit weights, fp32 "
                              "master weights and optimizer state); fp8 | int8 | int4 are storage widths (first-order "
                              "only).", tuple(PRECISIONS), PRECISION_ALIASES, short="-p")
-    optimizer: str = _choice("adamw", "--optimizer", "adamw | adam | sgd | sgd-momentum | adam8bit | adafactor | none.",
+    optimizer: str = _choice("adamw", "--optimizer", "adamw | adam | sgd | sgd-momentum | adam8bit (bitsandbytes "
+                             "AdamW8bit; alias adamw8bit) | paged-adam8bit (PagedAdamW8bit: large states in CUDA "
+                             "unified memory, paged to the host) | adafactor (transformers' Adafactor) | lion | none.",
                              OPTIMIZERS, OPTIMIZER_ALIASES)
+    optimizer_in_backward: bool = _flag(False, "--optimizer-in-backward", "Step each parameter's optimizer from "
+                                        "its post-accumulate-grad hook during the backward and free its gradient "
+                                        "at once (torchtune's optimizer_in_bwd; no gradient accumulation).")
     opt_impl: str = _choice("foreach", "--opt-impl", "Optimizer implementation foreach (PyTorch's CUDA default; a "
                             "parameter-sized temporary) | fused | forloop.", OPT_IMPLS,
                             {"for-loop": "forloop", "loop": "forloop"})
+    loss: str = _choice("model", "--loss", "Causal-LM loss model (the model's own: transformers' ForCausalLMLoss, "
+                        "whole fp32 logits) | chunked (torchtune CEWithChunkedOutputLoss: the output projection and "
+                        "fp32 cross-entropy over 8 chunks of the tokens) | fused-linear (Liger's fused linear "
+                        "cross-entropy: logits never whole, gradients computed in the forward).", LOSSES,
+                        {"chunked-ce": "chunked", "cce": "chunked", "liger": "fused-linear", "flce": "fused-linear",
+                         "fused": "fused-linear", "hf": "model", "default": "model"}, what="loss")
+    offload: str = _choice("none", "--offload", "Host (CPU) memory instead of the device: none | optimizer (optimizer "
+                           "state and master weights, the step on the CPU: DeepSpeed ZeRO-Offload) | params "
+                           "(parameters too: FSDP CPUOffload) | activations (saved activations: "
+                           "torch.autograd.graph.save_on_cpu); the host RAM it needs is reported.", OFFLOADS,
+                           {"cpu-optimizer": "optimizer", "optimizer-state": "optimizer", "parameters": "params",
+                            "param": "params", "activation": "activations", "save-on-cpu": "activations"})
     checkpointing: str = _choice("none", "--checkpointing", "Activation checkpointing none | selective (attention "
                                  "recomputed) | full (every block) | every-k (one block in --ckpt-every).",
                                  CHECKPOINTING, {"every_k": "every-k", "true": "full", "false": "none", "off": "none"})
@@ -454,6 +481,6 @@ def setup_of(model: Any, hardware: Any = None, **fields: Any) -> TrainingSetup:
     return TrainingSetup.build(model, hardware, **fields)
 
 
-__all__ = ["ATTENTION", "CHECKPOINTING", "FLASH_LIKE", "CONDITIONAL_FIELDS", "DEFAULTS", "FIELDS", "FIELD_NAMES", "LORA_DEFAULT_TARGETS", "OPTIMIZERS",
+__all__ = ["ATTENTION", "CHECKPOINTING", "FLASH_LIKE", "CONDITIONAL_FIELDS", "DEFAULTS", "FIELDS", "FIELD_NAMES", "LORA_DEFAULT_TARGETS", "LOSSES", "OFFLOADS", "OPTIMIZERS",
            "OPT_IMPLS", "PARALLEL_FIELDS", "PRECISIONS", "PP_SCHEDULES", "STACKS", "Parallelism", "TP_PLANS", "Precision", "QLORA",
            "RECIPE_FIELDS", "Recipe", "SHAPE_FIELDS", "TrainingSetup", "setup_of", "split_fields"]

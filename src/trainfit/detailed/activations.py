@@ -28,11 +28,11 @@ from functools import lru_cache
 from typing import Optional
 
 from ..arch import ArchSpec
-from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd
+from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd, vscale
 from .inventory import block_linears, stage_layers
 from ..families import SLIDING
 from ..stacks import behaviour_of
-from ..training_setup import FLASH_LIKE, Parallelism, Recipe
+from ..training_setup import FLASH_LIKE, LOSS_CHUNKS, Parallelism, Recipe
 
 
 def attention_kernel(arch: ArchSpec, recipe: Recipe) -> str:
@@ -81,6 +81,8 @@ class ActivationProfile:
     per_layer_weight_copies: Vec
     pieces: tuple[tuple[str, Vec], ...]  #: named parts of the saved total, for the breakdown/explain
     logits_grad: Vec = ZERO  #: the logits' gradient as the head's backward receives it (after the loss backward)
+    #: chunked loss: the working set of the output projection's backward (None: the model's own loss)
+    head_backward: Optional[Vec] = None
 
 
 @dataclass(frozen=True)
@@ -600,7 +602,34 @@ class _Walker:
         if a.final_logit_softcapping:
             logits = g.mul(g.unary_saving_output(g.mul(logits, None, "/cap"), "tanh"), None, "*cap")
         g.region = "loss"
-        if a.task == "causal_lm":
+        if a.task == "causal_lm" and self.r.loss == "chunked" and self.vocab_split == 1:
+            # torchtune CEWithChunkedOutputLoss: every chunk's logits first (together the whole logits, in the
+            # compute dtype), then per chunk logits.float() and the fp32 cross-entropy, whose log-softmax
+            # output is saved; only one chunk's fp32 upcast exists at a time (trainfit.measure.losses)
+            padded = g.new(tok(1), 8, False, "padded labels")
+            target = g.new(tok(1), 8, False, "shifted labels")
+            g.use(padded)
+            part = vscale(logits.size, 1.0 / LOSS_CHUNKS)
+            for k in range(LOSS_CHUNKS):
+                up = g.new(part, 4, logits.rg, f"logits chunk {k}->32b") if logits.dtype != 4 else None
+                lsm = g.new(part, 4, logits.rg, f"log_softmax chunk {k}")
+                g.save(lsm)
+                g.use(up)
+            g.save(target)
+            g.use(target)
+            bwd = vscale(tok(2 * 4 * V), 1.0 / LOSS_CHUNKS)  # one chunk's nll_loss and log_softmax gradients
+            # then (autograd runs every chunk's cross-entropy backward before any projection's: they were made
+            # later) each chunk's projection backward in turn; after the second one's, its logits gradient
+            # released, its weight gradient is summed out of place with the first's (three weight-sized
+            # gradients) while n - 2 chunks' logits gradients wait and two chunks' input gradients are held
+            # for the split's backward (measured: validation/corpus-recipes-measured.jsonl)
+            cb = logits.dtype
+            n = LOSS_CHUNKS
+            head_bwd = vadd(vscale(tok(V * cb), (n - 2) / n), vscale(tok(a.embedding_dim * cb), 2 / n))
+            if self.full:
+                head_bwd = vadd(head_bwd, const(3 * V * a.embedding_dim * cb))
+            g.notes["head_backward"] = head_bwd
+        elif a.task == "causal_lm":
             # transformers ForCausalLMLoss: logits.float(), labels padded and shifted, cross-entropy
             up = g.cast(logits, 4)
             if self.beh.loss == "upcast-drop-logits":
@@ -729,7 +758,8 @@ class _Walker:
                                  head_saved=head_saved, loss_saved=loss_saved, forward_candidates=tuple(cands),
                                  loss_backward=loss_bwd, weight_copies=wc, weight_copies_saved=wcs,
                                  per_layer_weight_copies=per_layer_wc, pieces=pieces,
-                                 logits_grad=g.notes.get("logits_grad", ZERO))
+                                 logits_grad=g.notes.get("logits_grad", ZERO),
+                                 head_backward=g.notes.get("head_backward") if last else None)
 
     def _layer_profiles(self, layers: list[int], marks: list[tuple[int, bool, Optional[_BlockStats]]]
                         ) -> tuple[list[LayerProfile], Vec]:

@@ -96,14 +96,17 @@ def explain(arch: ArchSpec, setup: TrainingSetup, res: PhaseResult, overheads: l
     desc = {"adam": f"2 x trainable x {state_dtype} B (exp_avg, exp_avg_sq)", "adamw": f"2 x trainable x {state_dtype} B (exp_avg, exp_avg_sq)",
             "sgd": "none", "sgd-momentum": f"trainable x {state_dtype} B (momentum_buffer)",
             "adam8bit": "2 x 1 B per element + fp32 absmax per 256 (tensors >= 4096 elements; fp32 below)",
-            "adafactor": "fp32 row + column second moments per matrix, full vector for 1-D", "none": "none"}[opt]
+            "paged-adam8bit": "as adam8bit; the states of tensors >= 1e5 elements in unified memory (host)",
+            "adafactor": "fp32 row + column second moments per matrix, full vector for 1-D",
+            "lion": f"trainable x {state_dtype} B (exp_avg)", "none": "none"}[opt]
     add(Line("optimizer_state", comp["optimizer_state"],
              desc + (f" + {st.n_trainable_tensors} step counters x 512 B" if st.step_counters else ""),
              "torch.optim / bitsandbytes state layout"))
     tdesc = {"foreach": f"sqrt(exp_avg_sq) for all {st.n_trainable:,} trainable elements x {state_dtype} B at once",
              "fused": "none (one fused kernel)", "forloop": f"2 x largest tensor ({st.largest_tensor:,} elements) x {state_dtype} B"}
     add(Line("optimizer_temporaries", comp["optimizer_temporaries"],
-             tdesc[recipe.opt_impl] if opt in ("adam", "adamw") else ("2 x largest tensor x 4 B" if opt == "adafactor" else "none"),
+             tdesc[recipe.opt_impl] if opt in ("adam", "adamw") else ("2 x largest tensor x 4 B" if opt == "adafactor" else
+                                                                 "largest tensor (sign update)" if opt == "lion" else "none"),
              "torch.optim.adam _multi_tensor_adam / _single_tensor_adam / _fused_adam"))
     layer_total = pr.pieces[1][1]
     L = max(len(pr.layers), 1)

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import TrainfitError
 from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
 from ..result import Estimate
-from ..stacks import check_model, modelled_by
+from ..stacks import behaviour_of, check_model, modelled_by
 from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, PRECISIONS, TrainingSetup
 from .allocator import reserve_terms
@@ -30,7 +30,8 @@ TRAINING_PRECISIONS = tuple(p for p, spec in PRECISIONS.items() if spec.trainabl
 #: not ``compile``: compiled graphs save fewer activations (torchtitan: 82.4 -> 77.0 GiB), not modelled here
 #: the stacks it models are those whose registry entry names it (data/stacks.yaml ``modelled_by``)
 ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n not in ("trainable_fraction", "compile")},
-                           "precision": TRAINING_PRECISIONS, "stack": modelled_by(NAME)}
+                           "precision": TRAINING_PRECISIONS, "stack": modelled_by(NAME), "loss": ("model", "chunked"),
+                           "offload": ("none", "optimizer")}
 
 
 #: platforms whose PyTorch SDPA has the flash and memory-efficient kernels "auto" picks from (CUDA; ROCm's
@@ -97,6 +98,20 @@ class Detailed(MemoryMethod):
                                 f"{', '.join(ACCEPTS['stack'])} (the measured method may run it)")
         check_accepts(setup, NAME, ACCEPTS)
         check_model(r, setup.model.arch.model_type, setup.model.name)
+        par = setup.parallel
+        if r.loss != "model" and behaviour_of(r).loss != "shift-upcast":
+            raise TrainfitError(f"--loss {r.loss} replaces transformers' loss; stack {r.stack!r} computes its own "
+                                "(accepted there: --loss model)")
+        if r.loss != "model" and (setup.model.arch.task != "causal_lm" or par.tp > 1 or par.cp > 1):
+            raise TrainfitError(f"--loss {r.loss} is modelled for a causal LM on unsplit logits; got a "
+                                f"{setup.model.arch.task} model with --tp {par.tp} --cp {par.cp} (accepted: --loss model)")
+        if r.offload != "none" and r.optimizer_in_backward:
+            raise TrainfitError("--offload optimizer steps on the CPU after the backward; --optimizer-in-backward steps "
+                                "on the device during it: choose one")
+        if r.optimizer_in_backward and (setup.accumulation > 1 or par.world_size > 1):
+            raise TrainfitError("--optimizer-in-backward steps each gradient as it is made: modelled on one device "
+                                f"without gradient accumulation (got --accum {setup.accumulation}, world size "
+                                f"{par.world_size}); accepted: --accum 1 on one device")
 
     def phases(self, setup: TrainingSetup) -> PhaseResult:
         """Per-phase peaks and components of one setup (no device needed: then as on CUDA)."""
@@ -147,7 +162,16 @@ class Detailed(MemoryMethod):
             "phases": {p: float(v) for p, v in res.peaks.items()},
             "overheads_bytes": float(sum(o.bytes for o in ovh)), "overheads_included": bool(overheads),
             "attention_kernel": res.profile.kernel, "pipeline_stage": int(res.stage), "platform": platform,
+            # host memory the step needs beside the device's: paged optimizer state (CUDA unified memory)
+            "host_bytes": {"paged_optimizer_state": float(res.states.host_opt_states),
+                           "offloaded_optimizer": float(res.states.host_offloaded)},
         }
+        if res.states.host_offloaded:
+            notes.append(f"optimizer offload: {res.states.host_offloaded / 1e9:.3f} GB of optimizer state and master "
+                         "weights in host RAM (the step runs on the CPU)")
+        if res.states.host_opt_states:
+            notes.append(f"paged optimizer state: {res.states.host_opt_states / 1e9:.3f} GB in CUDA unified memory "
+                         "(host RAM; paged onto the device as each tensor steps), not in the allocated peak")
         if explain:
             extra["explain"] = [ln.as_dict() for ln in explain_lines(arch, effective(setup), res, ovh)]
         return Estimate.of(NAME, setup, total_bytes=total, components=comps, inputs=inputs, notes=notes, extra=extra)

@@ -227,9 +227,13 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     base = dict(parameters=_num(st.params), buffers=_num(st.buffers), master_weights=_num(st.master + st.fp32_grads),
                 optimizer_state=opt_state, optimizer_temporaries=0.0, inputs=INPUT_BYTES_PER_TOKEN * sh.tokens)
     saved_total = B(pr.saved_total)
-    g_all = _num(st.grads)
-    g_head = _num(st.grads_head)
-    g_layers = _num(st.grads - st.grads_head - st.grads_embed)
+    # optimizer in backward (torchtune): each gradient is stepped and freed by its hook as soon as it is
+    # accumulated, so none is held; at the embeddings' hook (the largest tensor, last) its gradient and its
+    # own step's temporaries exist
+    in_bwd = recipe.optimizer_in_backward
+    g_all = 0.0 if in_bwd else _num(st.grads)
+    g_head = 0.0 if in_bwd else _num(st.grads_head)
+    g_layers = 0.0 if in_bwd else _num(st.grads - st.grads_head - st.grads_embed)
     n_layers = max(len(pr.layers), 1)
     head_loss = vadd(pr.head_saved, pr.loss_saved)
     # a tied LM head's weight gradient waits in autograd's input buffer until the embedding's own
@@ -260,6 +264,10 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
         # backward: the loss backward first
         bwd_cands.append(keep({"activations": saved_total + extra_inflight, "temporaries": B(pr.loss_backward),
                                "gradients": held}))
+        if pr.head_backward is not None:
+            # chunked loss: every chunk's log-softmax freed, the output projection's backward running
+            bwd_cands.append(keep({"activations": B(vsub(pr.saved_total, pr.loss_saved)) + extra_inflight,
+                                   "temporaries": B(pr.head_backward), "gradients": held}))
         later = ZERO
         order = list(range(len(pr.layers) - 1, -1, -1))
         picks = {order[0], order[-1]} if order else set()
@@ -278,7 +286,10 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
         # (dense, like the table) from the incoming gradient; tied, it is summed with the held head part
         bwd_cands.append(keep({"activations": B(pr.embed_saved) + extra_inflight,
                                "temporaries": B(tok(h_res * recipe.param_bytes)) + (3 * g_emb if tied_head else g_emb),
-                               "gradients": _pick(grads_present, g_all, g_all - g_emb)}))
+                               "gradients": _pick(grads_present, g_all, g_all - g_emb) if not in_bwd else 0.0}))
+        if in_bwd:
+            bwd_cands.append(keep({"activations": B(pr.embed_saved) + extra_inflight, "gradients": _num(st.largest_grad),
+                                   "temporaries": _num(st.largest_step_temp) + 0.0 * sh.tokens}))
     terms: tuple[list, list] = ([], [])
     if is_fsdp(par):
         fwd_cands, bwd_cands, *terms = _fsdp(arch, recipe, par, stage, pr, B, saved_total, h_res, accumulation)
@@ -293,7 +304,7 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
         if at is not None:
             comm[name] = dict(at)
 
-    optimizer = {**base, "gradients": g_all, "optimizer_temporaries": _num(st.opt_temp),
+    optimizer = {**base, "gradients": g_all, "optimizer_temporaries": 0.0 if in_bwd else _num(st.opt_temp),
                  "activations": 0.0 * sh.tokens, "temporaries": 0.0 * sh.tokens,
                  "communication_buffers": _num(sum(comm["optimizer"].values()))}
     phases = {"forward": _order(forward), "backward": _order(backward), "optimizer": _order(optimizer)}

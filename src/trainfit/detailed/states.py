@@ -37,6 +37,11 @@ from ..training_setup import Parallelism, Recipe
 STEP_COUNTER_BYTES = CUDA_BLOCK_BYTES  #: one 0-d fp32 tensor, rounded to a block
 BNB_MIN_8BIT_SIZE = 4096  #: bitsandbytes keeps 32-bit states for smaller tensors
 BNB_BLOCK = 256  #: bitsandbytes blockwise quantisation block of the optimizer states
+BNB_QMAP_ENTRIES = 256  #: entries of each of bitsandbytes' two fp32 quantisation maps (dynamic, unsigned dynamic)
+#: bitsandbytes' paged optimizers put a state buffer in CUDA unified memory (``get_paged``: cudaMallocManaged,
+#: outside PyTorch's allocator, paged to the host under pressure) for tensors of at least this many elements
+#: (``Optimizer8bit.get_state_buffer``, bitsandbytes/optim/optimizer.py line 327, 0.48.2)
+BNB_PAGED_MIN_SIZE = 100_000
 NF4_BLOCK, NF4_BLOCK2 = 64, 256  #: QLoRA: 4-bit weights in blocks of 64, absmax double-quantised in blocks of 256
 
 
@@ -54,7 +59,7 @@ class StateBytes:
     fp32_grads: int  #: DeepSpeed/Megatron fp32 gradient copy (``fp32_grads`` recipes)
     opt_states: int  #: optimizer moments / buffers
     step_counters: int  #: Adam-family 0-d step tensors
-    opt_temp: int  #: temporaries at the optimizer step's peak
+    opt_temp: int  #: temporaries at the optimizer step's peak (of the largest tensor's step, in backward)
     largest_layer_params: int  #: elements of the largest block (ZeRO-3/FSDP gathers one at a time)
     largest_tensor: int  #: elements of the largest trainable tensor
     n_tensors: int
@@ -63,6 +68,10 @@ class StateBytes:
     grads_head: int = 0  #: gradient bytes of the final norm and head (produced first)
     compute_copy_params: int = 0  #: elements a ZeRO-3/FSDP rank gathers over a step (all on this stage)
     buffers: int = 0  #: non-parameter model state (rotary inv_freq tables, BERT position/token-type ids)
+    host_opt_states: int = 0  #: paged optimizer state in unified memory (host bytes; not allocated by PyTorch)
+    host_offloaded: int = 0  #: optimizer state, step counters and master weights offloaded to host memory
+    largest_grad: int = 0  #: bytes of the largest trainable tensor's gradient
+    largest_step_temp: int = 0  #: temporaries of the optimizer step of the largest tensor alone
 
 
 def _tp_numel(t: ParamTensor, tp: int, ep: int) -> int:
@@ -120,10 +129,16 @@ def quantised_bytes(numel: int, kind: str) -> int:
     return rounded(numel) + rounded(4 * int(numel ** 0.5))
 
 
-def _adam8bit_state(n: int) -> int:
-    if n < BNB_MIN_8BIT_SIZE:
-        return 2 * rounded(4 * n)
-    return 2 * (rounded(n) + rounded(4 * -(-n // BNB_BLOCK)))
+def _adam8bit_state(n: int, paged: bool = False) -> tuple[int, int]:
+    """(device, host) bytes of bitsandbytes' AdamW8bit state of one tensor of ``n`` elements
+    (``Optimizer8bit.init_state``, bitsandbytes/optim/optimizer.py lines 454-482, 0.48.2): two fp32 states below
+    4096 elements, else two uint8 states and two fp32 absmax vectors of one entry per 256-element block;
+    paged, the two states of a tensor of at least 1e5 elements live in unified memory (the host's)."""
+    states = 2 * rounded(4 * n) if n < BNB_MIN_8BIT_SIZE else 2 * rounded(n)
+    absmax = 0 if n < BNB_MIN_8BIT_SIZE else 2 * rounded(4 * -(-n // BNB_BLOCK))
+    if paged and n >= BNB_PAGED_MIN_SIZE:
+        return absmax, (8 if n < BNB_MIN_8BIT_SIZE else 2) * n
+    return states + absmax, 0
 
 
 def _adafactor_state(shape: tuple[int, ...]) -> int:
@@ -152,6 +167,9 @@ class _Unsharded:
     states: int
     steps: int
     temp: int
+    host_states: int
+    largest_grad: int
+    largest_step_temp: int
     largest_layer: int
     largest: int
     n_tensors: int
@@ -161,7 +179,7 @@ class _Unsharded:
 
 #: the recipe fields the state bytes read (setups differing only in others share one inventory)
 _STATE_RECIPE_FIELDS = ("precision", "optimizer", "opt_impl", "lora_rank", "lora_targets", "lora_dtype", "qlora",
-                        "fp32_grads")
+                        "fp32_grads", "optimizer_in_backward", "offload")
 
 
 @lru_cache(maxsize=1024)
@@ -214,17 +232,25 @@ def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage:
     # state dtype follows the trainable parameter (LoRA adapters may differ from the base)
     st_b = (lambda b: 4 if recipe.master_weights else b)
     opt = recipe.optimizer
+    host_states = 0
     if opt in ("adam", "adamw"):
         states = sum(2 * stored(n, st_b(b)) for _, n, b in train)
     elif opt == "sgd-momentum":
         states = sum(stored(n, st_b(b)) for _, n, b in train)
-    elif opt == "adam8bit":
-        states = sum(_adam8bit_state(n) for _, n, _ in train)
+    elif opt in ("adam8bit", "paged-adam8bit"):
+        per = [_adam8bit_state(n, opt == "paged-adam8bit") for _, n, _ in train]
+        states, host_states = sum(d for d, _ in per), sum(h for _, h in per)
+    elif opt == "lion":
+        states = sum(stored(n, st_b(b)) for _, n, b in train)
     elif opt == "adafactor":
         states = sum(_adafactor_state(s) for s, _, _ in train)
     else:  # sgd, none
         states = 0
-    steps = STEP_COUNTER_BYTES * len(train) if opt in ("adam", "adamw", "adam8bit", "adafactor") else 0
+    # bitsandbytes keeps its step as a Python int (init_state line 458: state["step"] = 0); its two quantisation
+    # maps (fill_qmap: 256 fp32 entries each) are moved to the device once, shared by every 8-bit tensor
+    steps = STEP_COUNTER_BYTES * len(train) if opt in ("adam", "adamw", "adafactor") else 0
+    if opt in ("adam8bit", "paged-adam8bit") and any(n >= BNB_MIN_8BIT_SIZE for _, n, _ in train):
+        steps = 2 * rounded(4 * BNB_QMAP_ENTRIES)
     master = sum(stored(n, 4) for _, n, b in train if b < 4) if recipe.master_weights else 0
     grads = train_b  # backward fills .grad for every trainable tensor, whatever the optimizer
     if not frozen_base and not fsdp:
@@ -238,9 +264,19 @@ def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage:
         temp = {"foreach": sum(stored(n, st_b(b)) for _, n, b in train), "fused": 0,
                 "forloop": 2 * rounded(largest_b)}[recipe.opt_impl]
     elif opt == "adafactor":
-        temp = 2 * rounded(4 * largest)
+        # transformers' Adafactor, one tensor at a time: grad**2 + eps and the re-expanded second moment (fp32);
+        # a 16-bit parameter's gradient and the parameter itself are upcast to fp32 copies first
+        temp = (2 + (2 if any(b < 4 for _, _, b in train) else 0)) * rounded(4 * largest)
+    elif opt == "lion":
+        temp = rounded(largest_b)  # lion-pytorch: exp_avg.clone().lerp_(grad).sign_(), one tensor at a time
     else:
         temp = 0
+    # one tensor's own step (optimizer in backward: one optimizer per parameter): foreach and for-loop Adam
+    # over a single tensor make one state-sized sqrt (the for-loop also its quotient); Lion one clone
+    largest_grad = max((stored(n, b) for _, n, b in train), default=0)
+    one = rounded(largest_b)
+    largest_step_temp = ({"foreach": one, "fused": 0, "forloop": 2 * one}[recipe.opt_impl] if opt in ("adam", "adamw")
+                         else temp if opt == "adafactor" else one if opt == "lion" else 0)
     # the largest block (ZeRO-3 / FSDP gather one block at a time)
     per_layer: dict[int, int] = {}
     for t in tensors:
@@ -252,7 +288,8 @@ def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage:
     head = sum(_tp_numel(t, tp, ep) for t in tensors if t.layer is None and t.group not in ("embeddings", "position"))
     largest_layer = max(largest_layer, emb, head)
     return _Unsharded(params_b=params_b, train_b=train_b, n_all=n_all, n_train=n_train, master=master, grads=grads,
-                      fp32g=fp32g, states=states, steps=steps, temp=temp, largest_layer=largest_layer,
+                      fp32g=fp32g, states=states, steps=steps, temp=temp, host_states=host_states, largest_grad=largest_grad,
+                      largest_step_temp=largest_step_temp, largest_layer=largest_layer,
                       largest=largest, n_tensors=len(items), n_trainable_tensors=len(train),
                       grads_part=tuple(grads_part.items()))
 
@@ -287,12 +324,21 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
             grads = 0
             grads_part = {k: 0 for k in grads_part}
         train_b = _shard(train_b, dp)
+    host_offloaded = 0
+    if recipe.offload == "optimizer":
+        # DeepSpeed ZeRO-Offload (offload_optimizer): the optimizer state, its step and the fp32 master weights
+        # (and fp32 gradient copy) live in host memory and the step runs on the CPU; nothing of it on the device
+        host_offloaded = states + steps + master + fp32g
+        states = steps = master = fp32g = temp = 0
     return StateBytes(params=params_b, trainable_params=train_b, frozen_params=params_b - train_b, n_params=n_all,
                       n_trainable=n_train, master=master, grads=grads, fp32_grads=fp32g, opt_states=states,
                       step_counters=steps, opt_temp=temp, largest_layer_params=largest_layer,
                       largest_tensor=largest, n_tensors=items_len, n_trainable_tensors=train_len,
                       grads_embed=grads_part["embed"], grads_head=grads_part["head"],
-                      compute_copy_params=n_all, buffers=model_buffers(arch, recipe) if stage == 0 else 0)
+                      compute_copy_params=n_all, buffers=model_buffers(arch, recipe) if stage == 0 else 0,
+                      host_opt_states=_shard(u.host_states, dp) if zero >= 1 and dp > 1 else u.host_states,
+                      largest_grad=u.largest_grad, largest_step_temp=u.largest_step_temp,
+                      host_offloaded=host_offloaded)
 
 
 def model_buffers(arch: ArchSpec, recipe: Recipe) -> int:

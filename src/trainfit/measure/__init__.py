@@ -31,12 +31,15 @@ TASKS = ("clm", "mlm", "seq2seq")
 #: PyTorch's own parallelism (DDP, FSDP2, DTensor tensor parallelism, a pipeline stage; see :mod:`.distributed`)
 ACCEPTS: dict[str, Any] = {
     "batch": None, "seq_len": None, "accumulation": None, "precision": ("fp32", "amp-bf16", "bf16"),
-    "optimizer": ("adamw", "adam", "sgd", "sgd-momentum"), "opt_impl": None, "checkpointing": ("none", "full"),
+    "optimizer": ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "lion", "adam8bit", "paged-adam8bit"),
+    "optimizer_in_backward": None, "loss": ("model", "chunked"), "opt_impl": None, "checkpointing": ("none", "full"),
     "attention": ("auto", "eager"), "dropout": None, "lora_rank": None, "lora_targets": None,
     "tp": None, "sequence_parallel": None, "tp_plan": ("dtensor",), "loss_parallel": None, "dp": None, "fsdp": None,
     "reshard_after_forward": None, "fsdp_prefetch": (1,), "ddp_bucket_view": None, "ddp_bucket_bytes": None,
     "pp": None, "pp_schedule": ("1f1b", "gpipe"), "pp_stage": None, "stack": ("hf", "torchtitan"),
 }
+#: optimizers measured on one device only (their libraries' multi-GPU paths are not run on a fake process group)
+SINGLE_DEVICE_OPTIMIZERS = ("adafactor", "lion", "adam8bit", "paged-adam8bit")
 #: the most tokens (micro-batch x sequence) one measured step runs: beyond it tensor sizes overflow kernels'
 #: int32 indexing, and no single GPU step is that large
 MAX_TOKENS = 2**31
@@ -98,6 +101,13 @@ class Measured(MemoryMethod):
             torchtitan.check(setup)  # what torchtitan's own step can express
         else:
             check_accepts(setup, NAME, ACCEPTS, HINTS)
+            r = setup.recipe
+            single = {"optimizer_in_backward": r.optimizer_in_backward, "loss": r.loss != "model",
+                      "optimizer": r.optimizer in SINGLE_DEVICE_OPTIMIZERS}
+            if setup.parallel.world_size > 1 and any(single.values()):
+                name = next(k for k, v in single.items() if v)
+                raise TrainfitError(f"the {NAME} method runs {name}={getattr(r, name)!r} on one device only (world "
+                                    f"size {setup.parallel.world_size}); accepted there: the default")
             if setup.accumulation > 1 and setup.parallel.pp == 1:
                 raise TrainfitError("the measured method runs one micro-batch per step (accumulation 1) except in a "
                                     "pipeline, where --accum is the number of micro-batches")
@@ -169,6 +179,8 @@ class Measured(MemoryMethod):
             "sdpa_kernels": dict(emulation.sdpa.counts),
             "arch": built.model_type, "n_params": n_params, "n_trainable_params": n_trainable,
             "param_dtype": param_dtype, "build_notes": built.notes,
+            # paged optimizer state (bitsandbytes' cudaMallocManaged buffers): outside the allocated peak
+            "host_bytes": {"paged_optimizer_state": sum(getattr(opt, "paged_bytes", ()))},
             "timings_s": {"build": round(t_build, 2), "total": round(elapsed, 2)},
             "versions": {"torch": torch.__version__, "transformers": require("transformers").__version__},
         }
@@ -176,6 +188,10 @@ class Measured(MemoryMethod):
             "peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
             "excludes CUDA context, library workspaces, kernel scratch, fragmentation, multi-GPU buffers"
             if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run"]
+        paged = extra["host_bytes"]["paged_optimizer_state"]
+        if paged:
+            notes.append(f"paged optimizer state: {paged / 1e9:.3f} GB in CUDA unified memory (host RAM, paged onto "
+                         "the device as each tensor steps), not in the allocated peak")
         return Estimate.of(NAME, setup, total_bytes=total, components=components, inputs=inputs_echo, notes=notes,
                            extra=extra)
 

@@ -57,14 +57,29 @@ def autocast_dtype(precision: str) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}[spec.storage]
 
 
-def make_optimizer(params: list[Any], optimizer: str, opt_impl: str) -> Any:
+def make_optimizer(params: list[Any], optimizer: str, opt_impl: str, in_backward: bool = False) -> Any:
     """The optimizer of the recipe. ``foreach`` is what PyTorch picks by default for CUDA tensors
     (on the CPU it would pick the for-loop), so it is passed explicitly. AdamW: weight decay 0.01;
-    Adam: none; SGD: no momentum; sgd-momentum: 0.9. Learning rates do not affect memory."""
-    torch = require("torch")
-    impl = {"foreach": {"foreach": True}, "fused": {"fused": True}, "forloop": {"foreach": False}}[opt_impl]
+    Adam: none; SGD: no momentum; sgd-momentum: 0.9; adafactor, lion, adam8bit and paged-adam8bit as
+    :mod:`.optimizers` builds them (they have one implementation each). ``in_backward``: one optimizer per
+    parameter stepped during the backward (:class:`.optimizers.InBackward`). Learning rates do not affect
+    memory."""
     if not params:
         raise TrainfitError("nothing to train: the model has no parameter that requires grad")
+    if in_backward:
+        from .optimizers import InBackward
+
+        return InBackward(params, lambda ps: make_optimizer(ps, optimizer, opt_impl))
+    torch = require("torch")
+    impl = {"foreach": {"foreach": True}, "fused": {"fused": True}, "forloop": {"foreach": False}}[opt_impl]
+    if optimizer in ("adafactor", "lion", "adam8bit", "paged-adam8bit"):
+        from . import optimizers as O
+
+        if optimizer == "adafactor":
+            return O.make_adafactor(params)
+        if optimizer == "lion":
+            return O.lion_class()(params, lr=1e-4, weight_decay=0.01)
+        return O.make_bnb(params, optimizer)
     if optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, **impl)
     if optimizer == "adam":
@@ -74,21 +89,31 @@ def make_optimizer(params: list[Any], optimizer: str, opt_impl: str) -> Any:
     return torch.optim.SGD(params, lr=1e-3, momentum=0.9, **impl)
 
 
-def train_step(model: Any, inputs: dict[str, Any], opt: Any, tracker: Any, task: str, autocast: Optional[Any]) -> None:
+def train_step(model: Any, inputs: dict[str, Any], opt: Any, tracker: Any, task: str, autocast: Optional[Any],
+               loss: str = "model") -> None:
     """One step, each phase (forward, backward, optimizer) recorded by ``tracker``; ``autocast`` is the
-    autocast dtype (:func:`autocast_dtype`) or None. Outputs other than the loss are dropped at once."""
+    autocast dtype (:func:`autocast_dtype`) or None. Outputs other than the loss are dropped at once.
+    ``loss``: the model's own, or one of :mod:`.losses` computed from its last hidden state."""
     torch = require("torch")
     tracker.new_step()
     holder: dict[str, Any] = {}
     kwargs = dict(inputs)
     if task in ("clm", "seq2seq"):
         kwargs["use_cache"] = False
+    if loss != "model":
+        from .losses import causal_lm_loss
+
+        def forward() -> Any:
+            return causal_lm_loss(model, inputs, loss)
+    else:
+        def forward() -> Any:
+            return model(**kwargs).loss
     with tracker.phase("forward"):
         if autocast is not None:
             with torch.autocast("cpu", dtype=autocast):
-                holder["loss"] = model(**kwargs).loss
+                holder["loss"] = forward()
         else:
-            holder["loss"] = model(**kwargs).loss
+            holder["loss"] = forward()
     with tracker.phase("backward"):
         holder["loss"].backward()
         holder.clear()
@@ -143,13 +168,26 @@ def run_steps(model: Any, inputs: dict[str, Any], opt: Any, *, task: str, precis
 
 
 def warm_and_measure(model: Any, inputs: dict[str, Any], opt: Any, tracker: Any, emulation: Any, *, task: str,
-                     autocast: Any, warmup: int) -> None:
+                     autocast: Any, warmup: int, loss: str = "model") -> None:
     """``warmup`` warm-up steps and the measured one (:func:`train_step`) in :func:`stepping`, each after a
     full garbage collection (what a step leaves to the cyclic collector is freed before the next)."""
-    with stepping(tracker, emulation):
+    with stepping(tracker, emulation), _optimizer_stand_ins(opt):
         for _ in range(warmup + 1):
             gc.collect()
-            train_step(model, inputs, opt, tracker, task, autocast)
+            train_step(model, inputs, opt, tracker, task, autocast, loss)
+
+
+def _optimizer_stand_ins(opt: Any) -> Any:
+    """What a bitsandbytes optimizer needs to step on fake tensors (:func:`.optimizers.bnb_on_fake`); its paged
+    state bytes are kept on ``opt.paged_bytes``. Nothing for other optimizers."""
+    inner = list(getattr(opt, "optimizers", {}).values()) or [opt]
+    if not any(type(o).__module__.startswith("bitsandbytes") for o in inner):
+        return contextlib.nullcontext()
+    from .optimizers import bnb_on_fake
+
+    paged: list[int] = []
+    opt.paged_bytes = paged
+    return bnb_on_fake(paged)
 
 
 def step_error(model_type: str, exc: BaseException) -> TrainfitError:
@@ -193,6 +231,11 @@ class FakeStepSession:
         self.model: Any = self.built.model
         #: the autocast dtype of the recipe's precision, or None
         self.autocast: Any = autocast_dtype(recipe.precision)
+        #: how the loss is computed (the model's own unless the recipe says otherwise; :mod:`.losses`)
+        self.loss: str = getattr(recipe, "loss", "model")
+        if self.loss != "model" and self.built.task != "clm":
+            raise TrainfitError(f"--loss {self.loss} replaces a causal LM's loss; this {self.built.model_type} "
+                                f"step is {self.built.task} (accepted: --loss model)")
         self.fake_mode: Any = None
         self.tracker: Any = None
         self.emulation: Any = None
@@ -221,7 +264,8 @@ class FakeStepSession:
     def optimizer(self, module: Any = None) -> Any:
         """The recipe's optimizer over the parameters of ``module`` (default: the model) that require grad."""
         params = (self.model if module is None else module).parameters()
-        return make_optimizer([p for p in params if p.requires_grad], self.recipe.optimizer, self.recipe.opt_impl)
+        return make_optimizer([p for p in params if p.requires_grad], self.recipe.optimizer, self.recipe.opt_impl,
+                              getattr(self.recipe, "optimizer_in_backward", False))
 
     def track(self, *external: Any, listener: Any = None) -> Any:
         """Make the tracker (counting ``external``: the model, the inputs) and the emulation; returns the tracker."""
@@ -235,7 +279,7 @@ class FakeStepSession:
 
     def step(self, inputs: dict[str, Any], opt: Any) -> None:
         """One training step of the model (:func:`train_step`)."""
-        train_step(self.model, inputs, opt, self.tracker, self.built.task, self.autocast)
+        train_step(self.model, inputs, opt, self.tracker, self.built.task, self.autocast, self.loss)
 
     def run(self, inputs: dict[str, Any], opt: Any, warmup: int) -> Any:
         """``warmup`` warm-up steps and the measured one under the tracker (made here if not yet, counting
@@ -243,7 +287,7 @@ class FakeStepSession:
         if self.tracker is None:
             self.track(self.model, *inputs.values())
         warm_and_measure(self.model, inputs, opt, self.tracker, self.emulation, task=self.built.task,
-                         autocast=self.autocast, warmup=warmup)
+                         autocast=self.autocast, warmup=warmup, loss=self.loss)
         return self.tracker
 
     def error(self, exc: BaseException) -> TrainfitError:

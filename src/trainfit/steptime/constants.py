@@ -270,10 +270,11 @@ ADAM8BIT_STATE_BYTES = 1.0
 #: Bytes the optimizer step reads and writes per trainable parameter, by optimizer, with ``p`` the
 #: parameter bytes, ``g`` the gradient bytes and ``s`` the state element bytes (fp32 with master
 #: weights or fp32 parameters): AdamW reads p, g, m, v (and the fp32 master) and writes p, m, v (and
-#: the master) — ``torch.optim.adamw`` / apex ``FusedAdam``; SGD with momentum reads p, g, buf and
+#: the master) — ``torch.optim.adamw`` / apex ``FusedAdam``; Lion (lion-pytorch) reads p, g, m and writes p, m;
+#: SGD with momentum reads p, g, buf and
 #: writes p, buf; plain SGD reads p, g and writes p. Evaluated in :func:`optimizer_bytes_per_param`.
-OPTIMIZER_STATE_TENSORS = {"adamw": 2, "adam": 2, "adam8bit": 2, "adafactor": 0, "sgd-momentum": 1, "sgd": 0,
-                           "none": 0}
+OPTIMIZER_STATE_TENSORS = {"adamw": 2, "adam": 2, "adam8bit": 2, "paged-adam8bit": 2, "adafactor": 0, "lion": 1,
+                           "sgd-momentum": 1, "sgd": 0, "none": 0}
 
 
 def optimizer_bytes_per_param(optimizer: str, param_bytes: float, grad_bytes: float, state_bytes: float,
@@ -282,7 +283,7 @@ def optimizer_bytes_per_param(optimizer: str, param_bytes: float, grad_bytes: fl
     if optimizer == "none":
         return 0.0
     states = OPTIMIZER_STATE_TENSORS.get(optimizer, 2)
-    sb = ADAM8BIT_STATE_BYTES if optimizer == "adam8bit" else state_bytes
+    sb = ADAM8BIT_STATE_BYTES if optimizer in ("adam8bit", "paged-adam8bit") else state_bytes
     moved = READ_WRITE * param_bytes + grad_bytes + READ_WRITE * states * sb
     if optimizer == "adafactor":
         moved += READ_WRITE_FP32  # the factored second moment is re-expanded element by element (fp32)

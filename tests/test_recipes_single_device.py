@@ -1,0 +1,193 @@
+"""Single-device recipes: Adafactor, Lion, bitsandbytes' 8-bit and paged AdamW, the optimizer stepped in the
+backward. The detailed method against the measured steps of validation/corpus-recipes-measured.jsonl
+(validation/run_recipes_corpus.py: `trainfit measure`, bitsandbytes 0.48.2's own optimizer code), and the
+state layouts from the libraries' sources."""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from trainfit import TrainingSetup
+from trainfit.arch import arch_from_config
+from trainfit.detailed.inventory import param_tensors
+from trainfit.detailed.method import Detailed
+from trainfit.errors import TrainfitError
+from trainfit.units import cuda_block_bytes as rounded
+from setups import states
+
+ROOT = Path(__file__).resolve().parent.parent
+VALIDATION = ROOT / "validation"
+MEASURED = VALIDATION / "corpus-recipes-measured.jsonl"
+SETUP_KEYS = ("batch", "seq_len", "precision", "optimizer", "opt_impl", "checkpointing", "lora_rank", "lora_targets", "loss",
+              "attention", "dropout", "optimizer_in_backward")
+TINY = dict(model_type="llama", hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=512, vocab_size=1000, max_position_embeddings=512)
+
+
+def _rows() -> list[dict]:
+    return [json.loads(line) for line in MEASURED.read_text().splitlines() if line.strip()]
+
+
+def _model(row: dict) -> str:
+    local = VALIDATION / row["model"]
+    return str(local) if local.suffix == ".json" and local.exists() else row["model"]
+
+
+def _predict(row: dict) -> tuple[float, dict]:
+    setup = TrainingSetup.build(_model(row), None, **{k: row[k] for k in SETUP_KEYS if k in row})
+    est = Detailed().estimate(setup, overheads=False)
+    return est.extra["peak_allocated_bytes"], est.extra["host_bytes"]
+
+
+def test_detailed_matches_the_measured_recipes():
+    """The usual bar: median |error| <= 0.5 %, max <= 2 %, over every measured recipe case; the paged state's
+    host bytes equal to the byte."""
+    rows = _rows()
+    assert len(rows) >= 12
+    assert {r["optimizer"] for r in rows} >= {"adafactor", "lion", "adam8bit", "paged-adam8bit", "adamw"}
+    assert any(r["optimizer_in_backward"] for r in rows)
+    errors = []
+    for r in rows:
+        peak, host = _predict(r)
+        errors.append(abs(peak / r["peak_bytes"] - 1))
+        assert host["paged_optimizer_state"] == r["host_bytes"]["paged_optimizer_state"], r["index"]
+    assert statistics.median(errors) <= 0.005, errors
+    assert max(errors) <= 0.02, errors
+
+
+def test_paged_state_leaves_the_device():
+    """PagedAdamW8bit (bitsandbytes optimizer.py get_state_buffer): tensors of >= 1e5 elements keep both uint8
+    states in unified memory (host), their absmax on the device; smaller tensors as AdamW8bit."""
+    arch = arch_from_config(TINY)
+    ts = param_tensors(arch)
+    plain = states(arch, precision="fp32", optimizer="adam8bit")
+    paged = states(arch, precision="fp32", optimizer="paged-adam8bit")
+    big = [t.numel for t in ts if t.numel >= 100_000]
+    assert big, "the tiny model has a tensor of at least 1e5 elements (its embeddings)"
+    assert paged.host_opt_states == sum(2 * n for n in big)
+    assert plain.opt_states - paged.opt_states == sum(2 * rounded(n) for n in big)
+    assert plain.host_opt_states == 0
+
+
+def test_adam8bit_keeps_python_step_and_two_qmaps():
+    """bitsandbytes' step is a Python int (no 0-d tensors); its two 256-entry fp32 quantisation maps are on the
+    device once."""
+    arch = arch_from_config(TINY)
+    st = states(arch, precision="fp32", optimizer="adam8bit")
+    assert st.step_counters == 2 * rounded(4 * 256)
+
+
+def test_lion_keeps_one_buffer_in_the_parameter_dtype():
+    """lion-pytorch: exp_avg = zeros_like(p); the update is one clone of the largest tensor."""
+    arch = arch_from_config(TINY)
+    for precision, b in (("fp32", 4), ("bf16", 2)):
+        st = states(arch, precision=precision, optimizer="lion")
+        assert st.opt_states == sum(rounded(b * t.numel) for t in param_tensors(arch))
+        assert st.step_counters == 0
+        assert st.opt_temp == rounded(b * max(t.numel for t in param_tensors(arch)))
+
+
+def test_optimizer_in_backward_holds_no_gradients_at_the_step():
+    arch = arch_from_config(TINY)
+    s = TrainingSetup.build(arch, None, batch=2, seq_len=128, precision="bf16")
+    plain = Detailed().phases(s)
+    inb = Detailed().phases(s.replace(optimizer_in_backward=True))
+    assert plain.phases["optimizer"]["gradients"] > 0
+    assert inb.phases["optimizer"]["gradients"] == 0 and inb.phases["optimizer"]["optimizer_temporaries"] == 0
+    assert inb.peaks["optimizer"] < plain.peaks["optimizer"]
+
+
+@pytest.mark.parametrize("kw", [{"accumulation": 2}, {"pp": 2, "accumulation": 2}, {"dp": 2, "zero": 1},
+                                {"dp": 2, "fsdp": True}])
+def test_optimizer_in_backward_is_modelled_on_one_device_without_accumulation(kw):
+    arch = arch_from_config(TINY)
+    with pytest.raises(TrainfitError, match="optimizer-in-backward"):
+        Detailed().estimate(TrainingSetup.build(arch, None, batch=4, seq_len=128, optimizer_in_backward=True, **kw))
+
+
+def test_aliases_people_type():
+    arch = arch_from_config(TINY)
+    assert TrainingSetup.build(arch, optimizer="paged-adamw8bit").recipe.optimizer == "paged-adam8bit"
+    assert TrainingSetup.build(arch, optimizer="adamw8bit").recipe.optimizer == "adam8bit"
+
+
+def test_other_methods_refuse_optimizer_in_backward():
+    from trainfit.first_order import FirstOrder
+
+    with pytest.raises(TrainfitError, match="optimizer_in_backward"):
+        FirstOrder().check(TrainingSetup.build("llama-3.1-8b", None, optimizer_in_backward=True))
+
+
+@pytest.mark.parametrize("kw", [{"optimizer": "lion"}, {"optimizer": "adafactor"},
+                                {"optimizer": "adamw", "optimizer_in_backward": True}])
+def test_measured_tiny_step_matches_the_detailed_method(kw):
+    """A measured step of a tiny Llama (seconds) against the detailed method."""
+    pytest.importorskip("transformers")
+    from trainfit.measure import measure
+
+    est = measure(TINY, batch=2, seq_len=64, precision="bf16", **kw)
+    setup = TrainingSetup.build(arch_from_config(TINY), None, batch=2, seq_len=64, precision="bf16", **kw)
+    peak = Detailed().estimate(setup, overheads=False).extra["peak_allocated_bytes"]
+    assert math.isclose(peak, est.total_bytes, rel_tol=0.02), (peak, est.total_bytes)
+
+
+def test_optimizer_offload_moves_state_and_master_weights_to_the_host():
+    """DeepSpeed ZeRO-Offload: optimizer state, step counters and fp32 master weights in host RAM (reported as
+    host bytes); the device keeps parameters and gradients, no optimizer temporaries."""
+    arch = arch_from_config(TINY)
+    plain = states(arch, precision="bf16-master", optimizer="adamw")
+    off = states(arch, precision="bf16-master", optimizer="adamw", offload="optimizer")
+    assert off.host_offloaded == plain.opt_states + plain.step_counters + plain.master
+    assert off.opt_states == off.step_counters == off.master == off.opt_temp == 0
+    assert (off.params, off.grads) == (plain.params, plain.grads)
+    s = TrainingSetup.build(arch, None, batch=2, seq_len=128, precision="bf16-master")
+    a = Detailed().estimate(s, overheads=False)
+    b = Detailed().estimate(s.replace(offload="optimizer"), overheads=False)
+    assert b.extra["host_bytes"]["offloaded_optimizer"] == off.host_offloaded
+    assert b.extra["peak_allocated_bytes"] < a.extra["peak_allocated_bytes"]
+
+
+@pytest.mark.parametrize("field,value", [("offload", "params"), ("offload", "activations"), ("loss", "fused-linear")])
+def test_detailed_refuses_what_it_does_not_model(field, value):
+    with pytest.raises(TrainfitError, match=field):
+        Detailed().check(TrainingSetup.build(arch_from_config(TINY), None, **{field: value}))
+
+
+def test_measured_refuses_offload():
+    from trainfit.measure import Measured
+
+    with pytest.raises(TrainfitError, match="offload"):
+        Measured().check(TrainingSetup.build("gpt2-small", None, batch=1, seq_len=128, offload="optimizer"))
+
+
+def test_suggestions_try_single_device_recipes_first():
+    """Llama-3.1-8B, bf16, batch 1 x 2048 on one H100 does not fit; the changes that keep it on one GPU come first,
+    cheapest first by the step-time model, each re-solved (its total is the estimate with the change applied)
+    and fitting; LoRA (it changes what is trained) after the full fine-tunes; more GPUs only after."""
+    from trainfit import estimate
+
+    e = estimate("llama-3.1-8b", "h100", batch=1, seq_len=2048, precision="bf16")
+    assert e.feasible is False
+    kinds = [bool({"dp", "tp", "pp", "cp", "ep"} & set(s.changes)) for s in e.suggestions]
+    assert kinds == sorted(kinds) and not kinds[0], [s.change for s in e.suggestions]
+    single = [s for s, more in zip(e.suggestions, kinds) if not more]
+    assert any(s.changes.get("optimizer") in ("adam8bit", "paged-adam8bit") for s in single)
+    assert all("step time" in s.change for s in single)
+    lora = [i for i, s in enumerate(single) if "lora_rank" in s.changes]
+    assert all(i == len(single) - 1 or "offload" in single[-1].changes for i in lora)
+    for s in single:
+        applied = estimate("llama-3.1-8b", "h100", batch=1, seq_len=2048, precision="bf16", suggestions=False,
+                           **s.changes)
+        assert s.feasible and applied.total_bytes == pytest.approx(s.total_bytes, rel=1e-12)
+
+
+def test_measured_runs_the_recipes_on_one_device_only():
+    from trainfit.measure import Measured
+
+    for kw in ({"optimizer": "lion"}, {"optimizer_in_backward": True}, {"loss": "chunked"}):
+        with pytest.raises(TrainfitError, match="one device only"):
+            Measured().check(TrainingSetup.build("gpt2-small", None, batch=2, seq_len=128, dp=2, **kw))
