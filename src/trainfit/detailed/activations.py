@@ -50,8 +50,8 @@ def attention_kernel(arch: ArchSpec, recipe: Recipe) -> str:
         return "eager"  # SDPA cannot soft-cap the scores: transformers runs Gemma-2 with eager attention
     if sixteen and arch.head_dim <= 256:
         return "flash"
-    if arch.num_kv_heads != arch.num_heads:
-        return "math"
+    if arch.num_kv_heads != arch.num_heads and behaviour_of(recipe).gqa != "repeat-kv":
+        return "math"  # a stack that repeats k/v before SDPA hands it equal head counts: memory-efficient runs
     return "mem-efficient"
 
 
