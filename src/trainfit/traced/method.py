@@ -155,7 +155,7 @@ def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
             return _MEMORY[key]
         stored = cache.load(key)
         if stored is not None:
-            tl = Timeline.from_json(stored["timeline"], str(cache.path_for(key)))
+            tl = Timeline.from_json(stored["timeline"], str(cache.stored_path(key)))
             _MEMORY[key] = tl
             return tl
     from ..measure._deps import require
@@ -163,6 +163,15 @@ def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
 
     require("torch")
     require("transformers")
+    meaning = cache.meaning_key(config, recipe.key(), {"s_max": S_MAX, "b_max": B_MAX}) if use_cache else None
+    if meaning is not None:  # the same model under another spelling of its config: traced already?
+        target = cache.resolve_alias(meaning)
+        stored = cache.load(target) if target is not None else None
+        if stored is not None:
+            cache.alias(key, target)
+            tl = Timeline.from_json(stored["timeline"], str(cache.path_for(target)))
+            _MEMORY[key] = tl
+            return tl
     say = progress or (lambda _m: None)
     say("tracing this model and recipe once (cached for later runs)")
     regimes, report, facts = trace_timeline(config, recipe, progress=say)
@@ -171,6 +180,8 @@ def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
             "b_max": B_MAX, "s_max": S_MAX, "versions": cache.versions(), **facts}
     tl = Timeline(regimes, info)
     path = cache.store(key, {"timeline": tl.to_json()}) if use_cache else None
+    if path is not None and meaning is not None:
+        cache.alias(meaning, key)
     tl.path = str(path) if path else None
     _MEMORY[key] = tl
     return tl
@@ -182,7 +193,7 @@ def is_traced(config: Any, recipe: Any) -> bool:
     from .trace import B_MAX, S_MAX
 
     key = cache.cache_key(config, recipe.key(), {"s_max": S_MAX, "b_max": B_MAX})
-    return key in _MEMORY or cache.path_for(key).is_file()
+    return key in _MEMORY or cache.stored_path(key) is not None
 
 
 # ----------------------------------------------------------------------------------------------- method
