@@ -133,9 +133,54 @@ def recipe_of(setup: TrainingSetup, task: Optional[str] = None) -> Any:
                   lora_targets=tuple(r.lora_targets) if r.lora_rank else ("q_proj", "v_proj"), task=task)
 
 
-def progress_to_stderr(message: str) -> None:
-    """Progress of a trace (it takes seconds to a minute, once), for a command line: one line each on stderr."""
-    print(f"trainfit: traced method: {message}", file=sys.stderr, flush=True)
+class StderrProgress:
+    """Progress of a trace for a command line (it takes seconds, once): a rich progress bar on stderr with the
+    steps recorded, the time spent and an estimate of the time left, removed when the trace ends. Quiet unless
+    both stdout and stderr are terminals (output piped or redirected -- ``-o json | jq``, logs, CI --
+    stays clean).
+
+    The protocol a trace uses (any callable taking a line works; the two methods are optional): called with a
+    line when a stage starts; :meth:`steps` with (steps recorded, steps expected in all) after each step;
+    :meth:`close` when the trace ends."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+        self._task: Any = None
+
+    @staticmethod
+    def enabled() -> bool:
+        return sys.stderr.isatty() and sys.stdout.isatty()
+
+    def _start(self) -> None:
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        self._bar = Progress(TextColumn("trainfit: traced method: {task.description}"), BarColumn(),
+                             MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TextColumn("elapsed,"),
+                             TimeRemainingColumn(), TextColumn("left"), console=Console(stderr=True), transient=True)
+        self._bar.start()
+        self._task = self._bar.add_task("tracing", total=None)
+
+    def __call__(self, message: str) -> None:
+        if not self.enabled():
+            return
+        if self._bar is None:
+            self._start()
+        self._bar.update(self._task, description=message)
+
+    def steps(self, done: int, expected: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, total=max(expected, done))
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+        self._bar = self._task = None
+
+
+#: what a command line passes as the traced method's ``progress`` option
+progress_to_stderr = StderrProgress()
 
 
 def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
@@ -174,7 +219,12 @@ def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
             return tl
     say = progress or (lambda _m: None)
     say("tracing this model and recipe once (cached for later runs)")
-    regimes, report, facts = trace_timeline(config, recipe, progress=say)
+    try:
+        regimes, report, facts = trace_timeline(config, recipe, progress=say)
+    finally:
+        close = getattr(progress, "close", None)
+        if close is not None:
+            close()
     info = {"steps": report.steps, "seconds": round(report.seconds, 2), "depths": report.depths,
             "n_layers": report.n_layers, "blocks": report.plan, "trace_notes": report.notes,
             "b_max": B_MAX, "s_max": S_MAX, "versions": cache.versions(), **facts}
@@ -212,8 +262,9 @@ class Traced(MemoryMethod):
                "(batch, seq), then evaluated for any shape (equal to the measured method where the fit holds)")
     options = (MethodOption("cache", True, "traced: read and write the disk cache of fitted timelines."),
                MethodOption("task", None, "traced: clm | mlm | seq2seq, as the measured method's."),
-               MethodOption("progress", None, "traced: called with one line per step of a trace (it takes seconds "
-                            "to a minute, once).", cli_value=progress_to_stderr))
+               MethodOption("progress", None, "traced: called with a line per stage of a trace (it takes seconds, once); "
+                            "also its steps(done, expected) and close() where it has them (StderrProgress).",
+                            cli_value=progress_to_stderr))
     why_default = "trainfit does not hand-model this model type; traced from the model transformers builds"
     counts_inflight = True  # one GPU's step: no pipeline
     presentation = Presentation(details=("phase-peaks",))
@@ -304,4 +355,5 @@ class Traced(MemoryMethod):
                            total.reshape(shape))
 
 
-__all__ = ["ACCEPTS", "COMPONENTS", "NAME", "Timeline", "Traced", "progress_to_stderr", "recipe_of", "timeline"]
+__all__ = ["ACCEPTS", "COMPONENTS", "NAME", "StderrProgress", "Timeline", "Traced", "progress_to_stderr", "recipe_of",
+           "timeline"]
