@@ -262,8 +262,8 @@ class Traced(MemoryMethod):
                "(batch, seq), then evaluated for any shape (equal to the measured method where the fit holds)")
     options = (MethodOption("cache", True, "traced: read and write the disk cache of fitted timelines."),
                MethodOption("task", None, "traced: clm | mlm | seq2seq, as the measured method's."),
-               MethodOption("progress", None, "traced: called with a line per stage of a trace (it takes seconds, once); "
-                            "also its steps(done, expected) and close() where it has them (StderrProgress).",
+               MethodOption("progress", None, "traced: called with a line per stage of a trace (it takes seconds, "
+                            "once); also its steps(done, expected) and close() where it has them (StderrProgress).",
                             cli_value=progress_to_stderr))
     why_default = "trainfit does not hand-model this model type; traced from the model transformers builds"
     counts_inflight = True  # one GPU's step: no pipeline

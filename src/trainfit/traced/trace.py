@@ -593,19 +593,33 @@ def _check_common(pr: Prober, fits: Sequence[RegimeFit], table: PolyTable, s_max
 
 # ------------------------------------------------------------------------------------------------ trace
 
-#: environment variable: worker processes a trace may start (0: none, every step in this process); default 1
-#: where the machine has two cores or more
+#: environment variable: ``0`` records every step in this process, ``1`` always records the full-depth check
+#: steps in a worker process; unset, a worker runs where the machine has two cores or more and the model
+#: :data:`WORKER_MIN_BLOCKS` blocks or more (below that its interpreter's start costs more than it saves)
 WORKERS_ENV = "TRAINFIT_TRACE_WORKERS"
+WORKER_MIN_BLOCKS = 16
 
 
-def _worker() -> Any:
+def _config_blocks(config: Mapping[str, Any]) -> int:
+    """``num_hidden_layers`` of the config or of its text part (0 when it states none)."""
+    for part in (config, config.get("text_config")):
+        n = part.get("num_hidden_layers") if isinstance(part, Mapping) else None
+        if isinstance(n, int) and not isinstance(n, bool):
+            return n
+    return 0
+
+
+def _worker(config: Mapping[str, Any]) -> Any:
     """A one-process pool (spawned: a fresh interpreter, no state forked from this one's torch) for the full-depth
-    steps, or None where workers are off or the machine has one core."""
+    steps, or None (see :data:`WORKERS_ENV`)."""
     import os
 
     raw = os.environ.get(WORKERS_ENV, "").strip()
-    n = int(raw) if raw.isdigit() else (1 if (os.cpu_count() or 1) >= 2 else 0)
-    if n < 1:
+    if raw.isdigit():
+        on = int(raw) >= 1
+    else:
+        on = (os.cpu_count() or 1) >= 2 and _config_blocks(config) >= WORKER_MIN_BLOCKS
+    if not on:
         return None
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -617,10 +631,20 @@ def _worker() -> Any:
 
 
 def _full_windows(config: Mapping[str, Any], recipe: Recipe, build_seq: int,
-                  shapes: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Any]:
-    """The full model's steady-state steps at ``shapes`` as concrete windows (run in a worker process)."""
+                  shapes: Sequence[tuple[int, int]], s_max: int) -> dict[tuple[int, int], Any]:
+    """The full model's steady-state steps at ``shapes`` (each length capped at ``s_max`` and at the model's
+    learned position table, as :func:`trace_timeline` caps them) as concrete windows (run in a worker process)."""
     with TraceSession(config, recipe, build_seq=build_seq) as full:
-        return {shape: concrete_window(full.record(*shape)) for shape in shapes}
+        limit = position_limit(full.built.model, full.built.config)
+        cap = min(s_max, limit) if limit is not None else s_max
+        return {(b, min(s, cap)): concrete_window(full.record(b, min(s, cap))) for b, s in shapes}
+
+
+def _stop(worker: Any) -> None:
+    """Stop the worker now, its running task too (its result is not needed)."""
+    for proc in list((getattr(worker, "_processes", None) or {}).values()):
+        proc.terminate()
+    worker.shutdown(wait=False, cancel_futures=True)
 
 
 def _collect(pending: Any, config: Mapping[str, Any], recipe: Recipe, build_seq: int,
@@ -634,7 +658,7 @@ def _collect(pending: Any, config: Mapping[str, Any], recipe: Recipe, build_seq:
     except TrainfitError:
         raise
     except (BrokenProcessPool, OSError, EOFError, ImportError, RuntimeError):
-        out = _full_windows(config, recipe, build_seq, shapes)
+        out = _full_windows(config, recipe, build_seq, shapes, S_MAX)
     report.steps += len(shapes)
     report.tick()
     return out
@@ -645,27 +669,26 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
     """Trace ``config`` under ``recipe``: (the compiled regimes, how it went, facts about the model)."""
     t0 = time.perf_counter()
     report = TraceReport(on_step=getattr(progress, "steps", None))
-    say = progress or (lambda _m: None)
-    table = PolyTable()
-    facts: dict[str, Any] = {}
     build_seq = S_MIN  # no position table enlarged: the model as its config describes it
-    checks = [(b, min(s, s_max)) for b, s in VERIFY_SHAPES]
-    fits: list[RegimeFit] = []
-    plan: Optional[RepeatPlan] = None
-    wanted: dict[tuple[int, int], Any] = {}
-    worker = _worker()
-    pending: Any = None
+    worker = _worker(config)
+    # the full-depth check steps (a quarter of a trace) start at once in the worker -- its interpreter and model
+    # build overlap this process's -- and record while this process charts and fits the few-block models
+    pending = worker.submit(_full_windows, dict(config), recipe, build_seq, VERIFY_SHAPES, s_max) \
+        if worker is not None else None
     try:
-        return _trace(config, recipe, s_max, report, say, table, facts, build_seq, checks, fits, plan, wanted,
-                      worker, pending, t0)
+        return _trace(config, recipe, s_max, report, progress or (lambda _m: None), build_seq, worker, pending, t0)
     finally:
         if worker is not None:
-            worker.shutdown(wait=False, cancel_futures=True)
+            _stop(worker)
 
 
 def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceReport, say: Callable[[str], None],
-           table: PolyTable, facts: dict, build_seq: int, checks: list, fits: list, plan: Optional[RepeatPlan],
-           wanted: dict, worker: Any, pending: Any, t0: float) -> tuple[list[Regime], TraceReport, dict]:
+           build_seq: int, worker: Any, pending: Any, t0: float) -> tuple[list[Regime], TraceReport, dict]:
+    table = PolyTable()
+    facts: dict[str, Any] = {}
+    fits: list[RegimeFit] = []
+    plan: Optional[RepeatPlan] = None
+    wanted: dict[tuple[int, int], Any] = {}
     with TraceSession(config, recipe, build_seq=build_seq) as full:
         n_layers = full.full_layers
         limit = position_limit(full.built.model, full.built.config)
@@ -681,17 +704,16 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
         report.n_layers = n_layers
         full_pr = Prober(full, report)
         if plan is None:
+            if worker is not None:
+                _stop(worker)  # traced at full depth here: no check steps to wait for
+                pending = None
             say(f"tracing all {n_layers or '?'} blocks")
             report.expect(EXPECTED_CHART)
             report.depths = [n_layers or 0]
             fits = _discover(full_pr, table, s_max)
             _check_common(full_pr, fits, table, s_max)
-        elif worker is None:
+        elif pending is None:
             wanted = {shape: concrete_window(full_pr.trace(*shape)) for shape in checks}
-    if plan is not None and worker is not None:
-        # the full-depth steps (a quarter of a trace) record in the worker while this process charts and fits
-        # the few-block models; both cores busy
-        pending = worker.submit(_full_windows, dict(config), recipe, build_seq, checks)
     pieces: list[list[Insertion]] = [[] for _ in fits]
     unit_static: list[Counter] = [Counter() for _ in fits]
     copies = 0
