@@ -102,3 +102,25 @@ def test_an_unresolvable_config_is_still_cached_by_its_canonical_form(traces):
     traced_method._MEMORY.clear()
     traced_method.timeline(_resaved(odd), Recipe())
     assert len(traces) == 1
+
+
+def test_one_trace_serves_dropout_on_and_off_where_every_dropout_probability_is_zero(traces):
+    """The build switches dropout off by setting each dropout probability to 0.0
+    (trainfit.measure.fake.prepare_config): OLMo 2's only one, attention_dropout, is 0.0 by default, so both
+    recipes build the same model."""
+    from trainfit.measure.fake import prepare_config
+
+    on, _ = prepare_config(OLMO, seq=16, attn="sdpa", dropout=True)
+    off, _ = prepare_config(OLMO, seq=16, attn="sdpa", dropout=False)
+    assert on.to_dict() == off.to_dict()
+    key = lambda cfg, **r: cache.meaning_key(cfg, Recipe(**r).key(), EXTENT)  # noqa: E731
+    assert key(OLMO) == key(OLMO, dropout=False)
+    traced_method.timeline(OLMO, Recipe())
+    traced_method.timeline(OLMO, Recipe(dropout=False))
+    assert len(traces) == 1
+    # a dropout probability that is not zero: the two recipes build different models, each traced
+    lossy = dict(OLMO, attention_dropout=0.1)
+    assert key(lossy) != key(lossy, dropout=False)
+    traced_method.timeline(lossy, Recipe())
+    traced_method.timeline(lossy, Recipe(dropout=False))
+    assert len(traces) == 3

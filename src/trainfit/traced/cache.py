@@ -89,12 +89,8 @@ def canonical_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return _canonical({k: v for k, v in config.items() if k not in IGNORED_KEYS})
 
 
-def resolved_config(config: Mapping[str, Any]) -> Optional[dict[str, Any]]:
-    """The config as transformers resolves it (its config class built from the dict, every default filled in,
-    ``to_dict()``), without :data:`IGNORED_KEYS`; private keys of the dict (``_...``) that ``to_dict`` leaves out
-    are kept as given. Two dicts with equal resolved configs build the same model (a key stated with its
-    default value and the key left out, a legacy spelling transformers converts). None when transformers
-    cannot resolve it (the trace then says why). Imports transformers (seconds): used before tracing only."""
+def _resolve(config: Mapping[str, Any]) -> Optional[tuple[dict[str, Any], Any]]:
+    """(the resolved config's canonical dict, the config object), or None (see :func:`resolved_config`)."""
     from ..measure._deps import require
 
     transformers = require("transformers")
@@ -103,12 +99,37 @@ def resolved_config(config: Mapping[str, Any]) -> Optional[dict[str, Any]]:
     if not isinstance(model_type, str) or model_type not in transformers.CONFIG_MAPPING:
         return None
     try:  # (the lazy mapping's .get answers None for every type: index it)
-        out = transformers.CONFIG_MAPPING[model_type](**copy.deepcopy(d)).to_dict()
+        obj = transformers.CONFIG_MAPPING[model_type](**copy.deepcopy(d))
+        out = obj.to_dict()
     except Exception:  # noqa: BLE001 - whatever transformers rejects a config with; the build says it again
         return None
     out = {k: v for k, v in out.items() if k not in IGNORED_KEYS}
     out.update({k: v for k, v in d.items() if k.startswith("_") and k not in out})
-    return _canonical(json.loads(json.dumps(out, default=str)))
+    return _canonical(json.loads(json.dumps(out, default=str))), obj
+
+
+def resolved_config(config: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    """The config as transformers resolves it (its config class built from the dict, every default filled in,
+    ``to_dict()``), without :data:`IGNORED_KEYS`; private keys of the dict (``_...``) that ``to_dict`` leaves out
+    are kept as given. Two dicts with equal resolved configs build the same model (a key stated with its
+    default value and the key left out, a legacy spelling transformers converts). None when transformers
+    cannot resolve it (the trace then says why). Imports transformers (seconds): used before tracing only."""
+    got = _resolve(config)
+    return None if got is None else got[0]
+
+
+def dropout_inert(obj: Any) -> bool:
+    """Whether the recipe's ``dropout`` switch leaves this config object as it is: the measurement's build
+    (:func:`trainfit.measure.fake.prepare_config`) sets every numeric dropout probability it knows to ``0.0``
+    when dropout is off, so where each one is ``0.0`` already (or absent), both recipes build the same model
+    and record the same step."""
+    from ..measure.fake import _DROPOUT_KEYS
+
+    for k in _DROPOUT_KEYS:
+        v = getattr(obj, k, None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not (isinstance(v, float) and repr(v) == "0.0"):
+            return False
+    return True
 
 
 def _digest(config: Mapping[str, Any], recipe: Mapping[str, Any], extent: Mapping[str, Any], kind: str) -> str:
@@ -126,9 +147,17 @@ def cache_key(config: Mapping[str, Any], recipe: Mapping[str, Any], extent: Mapp
 
 def meaning_key(config: Mapping[str, Any], recipe: Mapping[str, Any], extent: Mapping[str, Any]) -> Optional[str]:
     """The key of the resolved config (:func:`resolved_config`; None when it cannot be resolved): a config that
-    misses :func:`cache_key` but means the same model finds the timeline through it before anything is traced."""
-    resolved = resolved_config(config)
-    return None if resolved is None else _digest(resolved, recipe, extent, "resolved")
+    misses :func:`cache_key` but means the same model finds the timeline through it before anything is traced.
+    Recipes that provably record the same step share it: ``dropout`` on and off where every dropout probability
+    of the config is zero (:func:`dropout_inert`)."""
+    got = _resolve(config)
+    if got is None:
+        return None
+    resolved, obj = got
+    recipe = dict(recipe)
+    if "dropout" in recipe and dropout_inert(obj):  # one trace serves both recipes
+        recipe["dropout"] = False
+    return _digest(resolved, recipe, extent, "resolved")
 
 
 def path_for(key: str) -> Path:
@@ -203,5 +232,5 @@ def store(key: str, data: dict[str, Any]) -> Optional[Path]:
 
 
 __all__ = ["ENV", "FORMAT_VERSION", "IGNORED_KEYS", "alias", "cache_dir", "cache_key", "canonical_config",
-           "code_fingerprint", "load", "meaning_key", "path_for", "resolve_alias", "resolved_config", "store",
-           "stored_path", "versions"]
+           "code_fingerprint", "dropout_inert", "load", "meaning_key", "path_for", "resolve_alias", "resolved_config",
+           "store", "stored_path", "versions"]
