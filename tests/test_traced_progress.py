@@ -1,5 +1,5 @@
-"""A first trace reports its progress: a bar on stderr with the steps recorded and those expected (rich estimates the
-time left from them), shown only on a terminal and closed when the trace ends, even when it fails."""
+"""A first trace reports its progress: a line on stderr with the steps recorded, those expected and the time left,
+shown only on a terminal and cleared when the trace ends, even when it fails."""
 from __future__ import annotations
 
 import pytest
@@ -25,13 +25,15 @@ def test_on_a_terminal_the_bar_counts_steps_out_of_those_expected(monkeypatch):
     monkeypatch.setattr(StderrProgress, "enabled", staticmethod(lambda: True))
     bar = StderrProgress()
     bar("tracing 3 and 4 of 32 blocks")
-    bar.steps(5, 40)
-    task = bar._bar.tasks[0]
-    assert (task.completed, task.total, task.description) == (5, 40, "tracing 3 and 4 of 32 blocks")
-    bar.steps(41, 40)  # more steps than expected: the total follows
-    assert bar._bar.tasks[0].total == 41
+    bar.steps(12, 48)
+    bar.t0 -= 6.0  # six seconds for 12 steps: half a second each, 36 to go
+    line = bar.line()
+    assert line.startswith("trainfit: traced method: tracing 3 and 4 of 32 blocks [######------------------] 12/48")
+    assert line.endswith("6 s, about 18 s left")
+    bar.steps(49, 48)  # more steps than expected: the total follows
+    assert "49/49 steps" in bar.line()
     bar.close()
-    assert bar._bar is None
+    assert (bar.done, bar.expected, bar.t0) == (0, 0, None)
 
 
 def test_a_report_expects_at_least_one_more_step_than_it_has():

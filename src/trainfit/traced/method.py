@@ -134,49 +134,64 @@ def recipe_of(setup: TrainingSetup, task: Optional[str] = None) -> Any:
 
 
 class StderrProgress:
-    """Progress of a trace for a command line (it takes seconds, once): a rich progress bar on stderr with the
-    steps recorded, the time spent and an estimate of the time left, removed when the trace ends. Quiet unless
-    both stdout and stderr are terminals (output piped or redirected -- ``-o json | jq``, logs, CI --
-    stays clean).
+    """Progress of a trace for a command line (it takes seconds, once): one line on stderr, rewritten in place,
+    with the stage, a bar of the steps recorded out of those expected, the time spent and an estimate of the
+    time left (the mean time per step so far times the steps to go), cleared when the trace ends. Quiet unless
+    both stdout and stderr are terminals (output piped or redirected -- ``-o json | jq``, logs, CI -- stays
+    clean). Plain text, not rich: presentation libraries belong to the report layer and the faces.
 
     The protocol a trace uses (any callable taking a line works; the two methods are optional): called with a
     line when a stage starts; :meth:`steps` with (steps recorded, steps expected in all) after each step;
     :meth:`close` when the trace ends."""
 
+    WIDTH = 24
+
     def __init__(self) -> None:
-        self._bar: Any = None
-        self._task: Any = None
+        self.stage = ""
+        self.done = 0
+        self.expected = 0
+        self.t0: Optional[float] = None
+        self.shown = False
 
     @staticmethod
     def enabled() -> bool:
         return sys.stderr.isatty() and sys.stdout.isatty()
 
-    def _start(self) -> None:
-        from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+    def line(self) -> str:
+        """The progress line as it is now."""
+        elapsed = time.perf_counter() - self.t0 if self.t0 is not None else 0.0
+        text = f"trainfit: traced method: {self.stage}"
+        if self.expected:
+            fill = int(self.WIDTH * min(self.done, self.expected) / self.expected)
+            left = (f", about {elapsed / self.done * (self.expected - self.done):.0f} s left"
+                    if self.done else "")
+            text += (f" [{'#' * fill}{'-' * (self.WIDTH - fill)}] {self.done}/{self.expected} steps, "
+                     f"{elapsed:.0f} s{left}")
+        return text
 
-        self._bar = Progress(TextColumn("trainfit: traced method: {task.description}"), BarColumn(),
-                             MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TextColumn("elapsed,"),
-                             TimeRemainingColumn(), TextColumn("left"), console=Console(stderr=True), transient=True)
-        self._bar.start()
-        self._task = self._bar.add_task("tracing", total=None)
+    def _show(self) -> None:
+        if self.enabled():
+            sys.stderr.write("\r\x1b[2K" + self.line())
+            sys.stderr.flush()
+            self.shown = True
 
     def __call__(self, message: str) -> None:
-        if not self.enabled():
-            return
-        if self._bar is None:
-            self._start()
-        self._bar.update(self._task, description=message)
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+        self.stage = message
+        self._show()
 
     def steps(self, done: int, expected: int) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, completed=done, total=max(expected, done))
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+        self.done, self.expected = done, max(expected, done)
+        self._show()
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-        self._bar = self._task = None
+        if self.shown:
+            sys.stderr.write("\r\x1b[2K")
+            sys.stderr.flush()
+        self.__init__()  # type: ignore[misc]  # ready for the next trace
 
 
 #: what a command line passes as the traced method's ``progress`` option
