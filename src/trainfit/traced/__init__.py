@@ -9,6 +9,6 @@ size fitted as a polynomial in (batch, seq), and the peak of any shape evaluated
 
 Needs the ``measure`` extra to trace; a cached timeline is evaluated with numpy alone.
 """
-from .method import ACCEPTS, COMPONENTS, NAME, Timeline, Traced, timeline
+from .method import ACCEPTS, COMPONENTS, NAME, StderrProgress, Timeline, Traced, timeline
 
-__all__ = ["ACCEPTS", "COMPONENTS", "NAME", "Timeline", "Traced", "timeline"]
+__all__ = ["ACCEPTS", "COMPONENTS", "NAME", "StderrProgress", "Timeline", "Traced", "timeline"]

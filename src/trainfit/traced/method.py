@@ -133,9 +133,69 @@ def recipe_of(setup: TrainingSetup, task: Optional[str] = None) -> Any:
                   lora_targets=tuple(r.lora_targets) if r.lora_rank else ("q_proj", "v_proj"), task=task)
 
 
-def progress_to_stderr(message: str) -> None:
-    """Progress of a trace (it takes seconds to a minute, once), for a command line: one line each on stderr."""
-    print(f"trainfit: traced method: {message}", file=sys.stderr, flush=True)
+class StderrProgress:
+    """Progress of a trace for a command line (it takes seconds, once): one line on stderr, rewritten in place,
+    with the stage, a bar of the steps recorded out of those expected, the time spent and an estimate of the
+    time left (the mean time per step so far times the steps to go), cleared when the trace ends. Quiet unless
+    both stdout and stderr are terminals (output piped or redirected -- ``-o json | jq``, logs, CI -- stays
+    clean). Plain text, not rich: presentation libraries belong to the report layer and the faces.
+
+    The protocol a trace uses (any callable taking a line works; the two methods are optional): called with a
+    line when a stage starts; :meth:`steps` with (steps recorded, steps expected in all) after each step;
+    :meth:`close` when the trace ends."""
+
+    WIDTH = 24
+
+    def __init__(self) -> None:
+        self.stage = ""
+        self.done = 0
+        self.expected = 0
+        self.t0: Optional[float] = None
+        self.shown = False
+
+    @staticmethod
+    def enabled() -> bool:
+        return sys.stderr.isatty() and sys.stdout.isatty()
+
+    def line(self) -> str:
+        """The progress line as it is now."""
+        elapsed = time.perf_counter() - self.t0 if self.t0 is not None else 0.0
+        text = f"trainfit: traced method: {self.stage}"
+        if self.expected:
+            fill = int(self.WIDTH * min(self.done, self.expected) / self.expected)
+            left = (f", about {elapsed / self.done * (self.expected - self.done):.0f} s left"
+                    if self.done else "")
+            text += (f" [{'#' * fill}{'-' * (self.WIDTH - fill)}] {self.done}/{self.expected} steps, "
+                     f"{elapsed:.0f} s{left}")
+        return text
+
+    def _show(self) -> None:
+        if self.enabled():
+            sys.stderr.write("\r\x1b[2K" + self.line())
+            sys.stderr.flush()
+            self.shown = True
+
+    def __call__(self, message: str) -> None:
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+        self.stage = message
+        self._show()
+
+    def steps(self, done: int, expected: int) -> None:
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+        self.done, self.expected = done, max(expected, done)
+        self._show()
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[2K")
+            sys.stderr.flush()
+        self.__init__()  # type: ignore[misc]  # ready for the next trace
+
+
+#: what a command line passes as the traced method's ``progress`` option
+progress_to_stderr = StderrProgress()
 
 
 def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
@@ -155,7 +215,7 @@ def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
             return _MEMORY[key]
         stored = cache.load(key)
         if stored is not None:
-            tl = Timeline.from_json(stored["timeline"], str(cache.path_for(key)))
+            tl = Timeline.from_json(stored["timeline"], str(cache.stored_path(key)))
             _MEMORY[key] = tl
             return tl
     from ..measure._deps import require
@@ -163,14 +223,30 @@ def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
 
     require("torch")
     require("transformers")
+    meaning = cache.meaning_key(config, recipe.key(), {"s_max": S_MAX, "b_max": B_MAX}) if use_cache else None
+    if meaning is not None:  # the same model under another spelling of its config: traced already?
+        target = cache.resolve_alias(meaning)
+        stored = cache.load(target) if target is not None else None
+        if stored is not None:
+            cache.alias(key, target)
+            tl = Timeline.from_json(stored["timeline"], str(cache.path_for(target)))
+            _MEMORY[key] = tl
+            return tl
     say = progress or (lambda _m: None)
     say("tracing this model and recipe once (cached for later runs)")
-    regimes, report, facts = trace_timeline(config, recipe, progress=say)
+    try:
+        regimes, report, facts = trace_timeline(config, recipe, progress=say)
+    finally:
+        close = getattr(progress, "close", None)
+        if close is not None:
+            close()
     info = {"steps": report.steps, "seconds": round(report.seconds, 2), "depths": report.depths,
             "n_layers": report.n_layers, "blocks": report.plan, "trace_notes": report.notes,
             "b_max": B_MAX, "s_max": S_MAX, "versions": cache.versions(), **facts}
     tl = Timeline(regimes, info)
     path = cache.store(key, {"timeline": tl.to_json()}) if use_cache else None
+    if path is not None and meaning is not None:
+        cache.alias(meaning, key)
     tl.path = str(path) if path else None
     _MEMORY[key] = tl
     return tl
@@ -182,7 +258,7 @@ def is_traced(config: Any, recipe: Any) -> bool:
     from .trace import B_MAX, S_MAX
 
     key = cache.cache_key(config, recipe.key(), {"s_max": S_MAX, "b_max": B_MAX})
-    return key in _MEMORY or cache.path_for(key).is_file()
+    return key in _MEMORY or cache.stored_path(key) is not None
 
 
 # ----------------------------------------------------------------------------------------------- method
@@ -201,8 +277,9 @@ class Traced(MemoryMethod):
                "(batch, seq), then evaluated for any shape (equal to the measured method where the fit holds)")
     options = (MethodOption("cache", True, "traced: read and write the disk cache of fitted timelines."),
                MethodOption("task", None, "traced: clm | mlm | seq2seq, as the measured method's."),
-               MethodOption("progress", None, "traced: called with one line per step of a trace (it takes seconds "
-                            "to a minute, once).", cli_value=progress_to_stderr))
+               MethodOption("progress", None, "traced: called with a line per stage of a trace (it takes seconds, "
+                            "once); also its steps(done, expected) and close() where it has them (StderrProgress).",
+                            cli_value=progress_to_stderr))
     why_default = "trainfit does not hand-model this model type; traced from the model transformers builds"
     counts_inflight = True  # one GPU's step: no pipeline
     presentation = Presentation(details=("phase-peaks",))
@@ -293,4 +370,5 @@ class Traced(MemoryMethod):
                            total.reshape(shape))
 
 
-__all__ = ["ACCEPTS", "COMPONENTS", "NAME", "Timeline", "Traced", "progress_to_stderr", "recipe_of", "timeline"]
+__all__ = ["ACCEPTS", "COMPONENTS", "NAME", "StderrProgress", "Timeline", "Traced", "progress_to_stderr", "recipe_of",
+           "timeline"]

@@ -52,6 +52,10 @@ POINTS_PER_REGIME = 8
 COMMON_SHAPES = ((2, 1024), (4, 2048), (1, 4096), (3, 8192))
 #: the shapes at which a timeline extended from a few blocks is checked against the full model
 VERIFY_SHAPES = ((2, 1403), (1, 351))
+#: steps a progress bar expects (a prior, raised as a trace goes): charting and fitting one model (34 for a
+#: plain decoder such as OLMo 2, with the common-shape checks), and per regime, what one more unit adds (3)
+EXPECTED_CHART = 34
+EXPECTED_UNIT = 3
 
 
 class UntrustedFit(TrainfitError):
@@ -120,6 +124,19 @@ class TraceReport:
     n_layers: Optional[int] = None
     plan: Optional[str] = None
     notes: list[str] = field(default_factory=list)
+    #: called with (steps recorded, steps expected in all) after each step (a progress bar's time left)
+    on_step: Optional[Callable[[int, int], None]] = field(default=None, repr=False)
+    #: steps the trace expects to record in all (a prior, raised as stages start; see :data:`EXPECTED_CHART`)
+    expected: int = 0
+
+    def expect(self, more: int) -> None:
+        """The stage starting now expects ``more`` steps (beyond those recorded)."""
+        self.expected = max(self.expected, self.steps + more)
+        self.tick()
+
+    def tick(self) -> None:
+        if self.on_step is not None:
+            self.on_step(self.steps, max(self.expected, self.steps + 1))
 
 
 class Prober:
@@ -135,6 +152,7 @@ class Prober:
         if key not in self.traces:
             self.traces[key] = self.session.record(*key)
             self.report.steps += 1
+            self.report.tick()
         return self.traces[key]
 
     def sig(self, b: int, s: int) -> bytes:
@@ -575,16 +593,99 @@ def _check_common(pr: Prober, fits: Sequence[RegimeFit], table: PolyTable, s_max
 
 # ------------------------------------------------------------------------------------------------ trace
 
+#: environment variable: ``0`` records every step in this process, ``1`` always records the full-depth check
+#: steps in a worker process; unset, a worker runs where the machine has two cores or more and the model
+#: :data:`WORKER_MIN_BLOCKS` blocks or more (below that its interpreter's start costs more than it saves)
+WORKERS_ENV = "TRAINFIT_TRACE_WORKERS"
+WORKER_MIN_BLOCKS = 16
+
+
+def _config_blocks(config: Mapping[str, Any]) -> int:
+    """``num_hidden_layers`` of the config or of its text part (0 when it states none)."""
+    for part in (config, config.get("text_config")):
+        n = part.get("num_hidden_layers") if isinstance(part, Mapping) else None
+        if isinstance(n, int) and not isinstance(n, bool):
+            return n
+    return 0
+
+
+def _worker(config: Mapping[str, Any]) -> Any:
+    """A one-process pool (spawned: a fresh interpreter, no state forked from this one's torch) for the full-depth
+    steps, or None (see :data:`WORKERS_ENV`)."""
+    import os
+
+    raw = os.environ.get(WORKERS_ENV, "").strip()
+    if raw.isdigit():
+        on = int(raw) >= 1
+    else:
+        on = (os.cpu_count() or 1) >= 2 and _config_blocks(config) >= WORKER_MIN_BLOCKS
+    if not on:
+        return None
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    try:
+        return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    except (OSError, ValueError):  # pragma: no cover - no processes allowed here
+        return None
+
+
+def _full_windows(config: Mapping[str, Any], recipe: Recipe, build_seq: int,
+                  shapes: Sequence[tuple[int, int]], s_max: int) -> dict[tuple[int, int], Any]:
+    """The full model's steady-state steps at ``shapes`` (each length capped at ``s_max`` and at the model's
+    learned position table, as :func:`trace_timeline` caps them) as concrete windows (run in a worker process)."""
+    with TraceSession(config, recipe, build_seq=build_seq) as full:
+        limit = position_limit(full.built.model, full.built.config)
+        cap = min(s_max, limit) if limit is not None else s_max
+        return {(b, min(s, cap)): concrete_window(full.record(b, min(s, cap))) for b, s in shapes}
+
+
+def _stop(worker: Any) -> None:
+    """Stop the worker now, its running task too (its result is not needed)."""
+    for proc in list((getattr(worker, "_processes", None) or {}).values()):
+        proc.terminate()
+    worker.shutdown(wait=False, cancel_futures=True)
+
+
+def _collect(pending: Any, config: Mapping[str, Any], recipe: Recipe, build_seq: int,
+             shapes: Sequence[tuple[int, int]], report: TraceReport) -> dict[tuple[int, int], Any]:
+    """The worker's full-depth windows; recorded here instead when the worker could not run (a refusal of the
+    step itself is raised as it would be here)."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        out = pending.result()
+    except TrainfitError:
+        raise
+    except (BrokenProcessPool, OSError, EOFError, ImportError, RuntimeError):
+        out = _full_windows(config, recipe, build_seq, shapes, S_MAX)
+    report.steps += len(shapes)
+    report.tick()
+    return out
+
+
 def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_MAX,
                    progress: Optional[Callable[[str], None]] = None) -> tuple[list[Regime], TraceReport, dict]:
     """Trace ``config`` under ``recipe``: (the compiled regimes, how it went, facts about the model)."""
     t0 = time.perf_counter()
-    report = TraceReport()
-    say = progress or (lambda _m: None)
+    report = TraceReport(on_step=getattr(progress, "steps", None))
+    build_seq = S_MIN  # no position table enlarged: the model as its config describes it
+    worker = _worker(config)
+    # the full-depth check steps (a quarter of a trace) start at once in the worker -- its interpreter and model
+    # build overlap this process's -- and record while this process charts and fits the few-block models
+    pending = worker.submit(_full_windows, dict(config), recipe, build_seq, VERIFY_SHAPES, s_max) \
+        if worker is not None else None
+    try:
+        return _trace(config, recipe, s_max, report, progress or (lambda _m: None), build_seq, worker, pending, t0)
+    finally:
+        if worker is not None:
+            _stop(worker)
+
+
+def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceReport, say: Callable[[str], None],
+           build_seq: int, worker: Any, pending: Any, t0: float) -> tuple[list[Regime], TraceReport, dict]:
     table = PolyTable()
     facts: dict[str, Any] = {}
-    build_seq = S_MIN  # no position table enlarged: the model as its config describes it
-    checks = [(b, min(s, s_max)) for b, s in VERIFY_SHAPES]
     fits: list[RegimeFit] = []
     plan: Optional[RepeatPlan] = None
     wanted: dict[tuple[int, int], Any] = {}
@@ -603,11 +704,15 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
         report.n_layers = n_layers
         full_pr = Prober(full, report)
         if plan is None:
+            if worker is not None:
+                _stop(worker)  # traced at full depth here: no check steps to wait for
+                pending = None
             say(f"tracing all {n_layers or '?'} blocks")
+            report.expect(EXPECTED_CHART)
             report.depths = [n_layers or 0]
             fits = _discover(full_pr, table, s_max)
             _check_common(full_pr, fits, table, s_max)
-        else:
+        elif pending is None:
             wanted = {shape: concrete_window(full_pr.trace(*shape)) for shape in checks}
     pieces: list[list[Insertion]] = [[] for _ in fits]
     unit_static: list[Counter] = [Counter() for _ in fits]
@@ -618,12 +723,14 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
         d1, d2 = plan.depth(1), plan.depth(2)
         report.depths = [d1, d2, n_layers or 0]
         say(f"tracing {d1} and {d2} of {n_layers} blocks")
+        report.expect(EXPECTED_CHART + 4 * EXPECTED_UNIT + (len(checks) if pending is not None else 0))
         with TraceSession(config, recipe, keep=plan.keep(1), build_seq=build_seq) as s1:
             pr1 = Prober(s1, report)
             fits = _discover(pr1, table, s_max)
             _check_common(pr1, fits, table, s_max)
         copies = plan.units - 1
         try:
+            report.expect(EXPECTED_UNIT * len(fits) + (len(checks) if pending is not None else 0))
             with TraceSession(config, recipe, keep=plan.keep(2), build_seq=build_seq) as s2:
                 pr2 = Prober(s2, report)
                 pieces, unit_static = [], []
@@ -631,6 +738,10 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
                     pcs, ust = _unit_of(pr2, f, table)
                     pieces.append(pcs)
                     unit_static.append(ust)
+            if pending is not None:
+                say(f"checking against all {n_layers} blocks")
+                wanted = _collect(pending, config, recipe, build_seq, checks, report)
+                pending = None
             for (b, s), want in wanted.items():
                 i = _regime_of(fits, b, s)
                 if i is None or _predict(fits[i].window, pieces[i], copies, unit_static[i], table.polys, b, s) != want:
@@ -641,6 +752,7 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
             say("tracing at full depth")
             report.depths = [n_layers or 0]
             plan, copies = None, 0
+            report.expect(EXPECTED_CHART)
             with TraceSession(config, recipe, build_seq=build_seq) as full:
                 pr = Prober(full, report)
                 fits = _discover(pr, table, s_max)
@@ -660,4 +772,4 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
     return regimes, report, facts
 
 
-__all__ = ["B_MAX", "LADDER", "S_MAX", "TraceReport", "UntrustedFit", "trace_timeline", "v2"]
+__all__ = ["B_MAX", "LADDER", "S_MAX", "WORKERS_ENV", "TraceReport", "UntrustedFit", "trace_timeline", "v2"]
