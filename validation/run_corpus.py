@@ -47,10 +47,11 @@ def model_ref(model: str) -> str:
     return str(local) if local.suffix == ".json" and local.exists() else model
 
 
-def run_case(i: int, case: dict) -> dict:
+def run_case(i: int, case: dict, fields: tuple[str, ...] = FIELDS) -> dict:
+    """Measure case ``i`` (its ``fields`` and options) and the record the corpus files keep."""
     from trainfit.measure import measure
 
-    kw = {k: case[k] for k in (*FIELDS, *OPTIONS) if k in case}
+    kw = {k: case[k] for k in (*fields, *OPTIONS) if k in case}
     t = time.perf_counter()
     est = measure(model_ref(case["model"]), **kw)
     x = est.extra
@@ -61,6 +62,7 @@ def run_case(i: int, case: dict) -> dict:
             "first_step": x["first_step"], "sdpa_kernels": x["sdpa_kernels"], "n_params": x["n_params"],
             "n_trainable_params": x["n_trainable_params"], "param_dtype": x["param_dtype"],
             "notes": x["build_notes"], "versions": x["versions"], "method": est.method,
+            **({"host_bytes": x["host_bytes"]} if x.get("host_bytes") else {}),  # offloaded or paged state
             "seconds": round(time.perf_counter() - t, 1)}
 
 

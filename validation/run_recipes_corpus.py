@@ -10,30 +10,19 @@ object per line, as validation/run_corpus.py writes, plus ``host_bytes`` (paged 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
-from run_corpus import FIELDS, OPTIONS, corpus_main, load_cases, model_ref  # noqa: E402
+from run_corpus import FIELDS, corpus_main, load_cases  # noqa: E402
+from run_corpus import run_case as corpus_run_case  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RECIPE_FIELDS = FIELDS + ("optimizer_in_backward", "loss", "offload")
 
 
 def run_case(i: int, case: dict) -> dict:
-    from trainfit.measure import measure
-
-    kw = {k: case[k] for k in (*RECIPE_FIELDS, *OPTIONS) if k in case}
-    t = time.perf_counter()
-    est = measure(model_ref(case["model"]), **kw)
-    x = est.extra
-    return {**est.inputs, "index": i, "model": case["model"], "arch": x["arch"],
-            "peak_bytes": int(est.total_bytes), "peak_phase": x["peak_phase"],
-            "components": {k: int(v) for k, v in est.components.items()},
-            "tracker_breakdown": x["tracker_breakdown"], "phases": x["phases"], "static": x["static"],
-            "host_bytes": x.get("host_bytes", {}), "n_params": x["n_params"],
-            "n_trainable_params": x["n_trainable_params"], "param_dtype": x["param_dtype"],
-            "versions": {**x["versions"], **_bnb_version()}, "method": est.method,
-            "seconds": round(time.perf_counter() - t, 1)}
+    """The corpus record plus the host bytes (offload, paged state) and bitsandbytes' version."""
+    rec = corpus_run_case(i, case, RECIPE_FIELDS)
+    return {**rec, "versions": {**rec["versions"], **_bnb_version()}}
 
 
 def _bnb_version() -> dict:
