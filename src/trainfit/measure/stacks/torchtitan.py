@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from ...errors import TrainfitError
+from ...stacks import get_stack
 from ...training_setup import TrainingSetup
 from .._deps import require
 
@@ -53,8 +54,6 @@ HINTS = {"pp": "torchtitan's pipeline is not measured yet",
          "cp": "torchtitan's context parallelism is not measured yet", "zero": "torchtitan shards with FSDP2: --fsdp",
          "compile": "the measured step is eager", "lora_rank": "torchtitan trains every parameter",
          "accumulation": "torchtitan at this commit runs one micro-batch per step"}
-#: the Hugging Face model types whose config maps onto torchtitan's Llama ``ModelArgs``
-LLAMA_TYPES = ("llama",)
 #: train.py's default ``training.max_norm`` and the 8B toml's learning rate (values, not memory)
 MAX_NORM = 1.0
 LR = 3e-4
@@ -92,9 +91,10 @@ def model_args_of(config: Mapping[str, Any], seq_len: int) -> dict[str, Any]:
     config torchtitan's Llama cannot build (tied embeddings, biases, a head size other than dim / heads)."""
     c = dict(config or {})
     mt = c.get("model_type")
-    if mt not in LLAMA_TYPES:
+    llama_types = get_stack("torchtitan").model_types  # the types whose config maps onto its Llama ModelArgs
+    if mt not in llama_types:
         raise TrainfitError(f"--stack torchtitan measures torchtitan's Llama ({VERSION}); {mt!r} is not a Llama "
-                            f"config (accepted model types: {', '.join(LLAMA_TYPES)})")
+                            f"config (accepted model types: {', '.join(llama_types)})")
     dim, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
     kv = int(c.get("num_key_value_heads") or heads)
     if c.get("tie_word_embeddings", False):
