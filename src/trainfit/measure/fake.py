@@ -13,10 +13,11 @@ from ..errors import TrainfitError
 from ..families import FAMILIES
 from ._deps import require
 
-_DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "hidden_dropout_prob",
-                 "attention_probs_dropout_prob", "attention_dropout", "hidden_dropout", "dropout",
-                 "activation_dropout", "classifier_dropout", "resid_dropout", "embed_dropout", "mlp_dropout",
-                 "ffn_dropout", "emb_pdrop")
+#: the config keys of dropout probabilities a recipe without dropout sets to 0.0 (the traced cache reads them too)
+DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "hidden_dropout_prob",
+                "attention_probs_dropout_prob", "attention_dropout", "hidden_dropout", "dropout",
+                "activation_dropout", "classifier_dropout", "resid_dropout", "embed_dropout", "mlp_dropout",
+                "ffn_dropout", "emb_pdrop")
 
 TASKS = ("clm", "mlm", "seq2seq")
 
@@ -69,7 +70,7 @@ def prepare_config(cfg: Mapping[str, Any], *, seq: int, attn: str, dropout: bool
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise TrainfitError(f"transformers rejects this {model_type} config ({type(exc).__name__}: {first})") from None
     if not dropout:
-        for k in _DROPOUT_KEYS:
+        for k in DROPOUT_KEYS:
             if isinstance(getattr(config, k, None), (int, float)) and not isinstance(getattr(config, k), bool):
                 setattr(config, k, 0.0)
     config._attn_implementation = attn

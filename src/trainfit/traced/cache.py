@@ -123,9 +123,9 @@ def dropout_inert(obj: Any) -> bool:
     (:func:`trainfit.measure.fake.prepare_config`) sets every numeric dropout probability it knows to ``0.0``
     when dropout is off, so where each one is ``0.0`` already (or absent), both recipes build the same model
     and record the same step."""
-    from ..measure.fake import _DROPOUT_KEYS
+    from ..measure.fake import DROPOUT_KEYS
 
-    for k in _DROPOUT_KEYS:
+    for k in DROPOUT_KEYS:
         v = getattr(obj, k, None)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and not (isinstance(v, float) and repr(v) == "0.0"):
             return False
