@@ -50,7 +50,7 @@ def test_every_stack_has_rules_and_every_rule_its_source():
             assert "http" in src or ".py" in src, src  # a URL or the stack's source file
             for url in re.findall(r"https://github\.com/\S+/blob/(\S+?)/", src):
                 assert re.fullmatch(r"[0-9a-f]{40}|v\d+\.\d+\.\d+", url), src  # pinned to a commit or a tag
-    # the facts the issue names
+    # the facts the stacks' rule tables state
     assert not rules("hf").dims and {s.zero for s in rules("hf").sharding} == {0, 1, 2, 3}
     assert {s.mode for s in rules("megatron").sharding} == {"ddp", "distributed-optimizer"}
     assert all(s.without == ("pp",) for s in rules("deepspeed").sharding if s.zero >= 2)

@@ -8,7 +8,7 @@ Sources of the expected figures:
   unchanged on fake tensors with a fake process group and the CUDA emulation, rank 0's
   ``max_memory_allocated`` (torch 2.13);
 * max reserved 82.4 / 67.0 GiB: torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3 (real
-  H100s), the issue's 5 % target;
+  H100s), a 5 % target;
 * 63,616 B per token per block: torchtitan's op policy (parallelize_llama.py ``_save_list``, every odd mm of the
   block's seven saved) on Llama 3.1 8B: wq 4096 + wv 1024 + w1 14336 + w2 4096 outputs and the SDPA output 4096
   (bf16, 2 B each), the flash log-sum-exp 32 heads x 4 B, and the block input 4096 x 2 B.

@@ -40,7 +40,7 @@ def test_corpus_rows_have_source_settings_and_metric():
         # are the same samples); every layout multiplies out to the GPU count (checked on load as well)
         assert r["global_batch"] % r["dp"] == 0, r["id"]
         assert r["dp"] * r["tp"] * r["pp"] * r["cp"] == r["gpus"], r["id"]
-    # the coverage: >= 80 rows (with the 20 Megatron-LM rows), >= 4 device types, >= 3 stacks, dense
+    # the corpus's coverage: >= 80 rows (with the 20 Megatron-LM rows), >= 4 device types, >= 3 stacks, dense
     # and MoE, one node and many
     assert len(rows) + len(steptime_validation.runs()) >= 80
     assert {"a100", "h100", "h200", "b200"} <= {r["device"] for r in rows}
