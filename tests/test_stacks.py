@@ -185,3 +185,18 @@ def test_op_policy_under_sequence_parallelism_keeps_the_reduce_scatter_outputs()
     no_sp = 2 * (2048 + 512 + 7168 + 4096 + 2048) + 16 * 4 + 2 * 4096
     assert per_block(sequence_parallel=False) == no_sp
     assert per_block() == no_sp - 2 * 4096 + 2 * 2048 + 2 * (2 * 2048)  # sharded input; two reduce-scatter outputs
+
+
+def test_a_stack_that_trains_every_parameter_refuses_lora_in_one_line():
+    """torchtitan at 9dec370 has no LoRA (data/stacks.yaml ``peft: false``): the detailed method refuses it, so a
+    suggestion never proposes LoRA for it either."""
+    from trainfit.engine import estimate
+    from trainfit.errors import TrainfitError
+
+    with pytest.raises(TrainfitError, match=r"^stack 'torchtitan' trains every parameter .*use --stack hf"):
+        estimate("llama-3.1-8b", "h100", method="detailed", stack="torchtitan", lora_rank=16, dp=8, fsdp=True,
+                 batch=16, seq_len=8192)
+    est = estimate("llama-3.1-8b", "h100", stack="torchtitan", dp=8, fsdp=True, batch=16, seq_len=8192,
+                   checkpointing="selective")
+    assert est.feasible is False and est.suggestions
+    assert not any("lora_rank" in s.changes for s in est.suggestions)

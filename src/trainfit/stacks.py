@@ -53,6 +53,7 @@ class Stack(BaseModel):
     allocator: str
     behaviour: Behaviour
     model_types: tuple[str, ...] = ()  #: config model_types it implements (empty: every supported type)
+    peft: bool = True  #: whether it trains LoRA adapters (False: it trains every parameter)
     modelled_by: tuple[str, ...] = ()
     source: str
 
@@ -115,8 +116,12 @@ def modelled_by(method: str) -> tuple[str, ...]:
 
 
 def check_model(recipe: object, model_type: str, model: str) -> None:
-    """Refuse, in one line, a model the recipe's stack ships no implementation of."""
+    """Refuse, in one line, a model the recipe's stack ships no implementation of, or LoRA where it trains
+    every parameter."""
     st = stack_of(recipe)
+    if getattr(recipe, "lora", False) and not st.peft:
+        raise TrainfitError(f"stack {st.name!r} trains every parameter (no LoRA adapters at {st.version.split(' (')[0]}); "
+                            "use --stack hf for LoRA / QLoRA")
     if st.model_types and model_type not in st.model_types:
         raise TrainfitError(f"stack {st.name!r} implements model types {', '.join(st.model_types)}, not "
                             f"{model_type!r} ({model}); use --stack hf or one of its models")
