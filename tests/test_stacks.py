@@ -200,3 +200,35 @@ def test_a_stack_that_trains_every_parameter_refuses_lora_in_one_line():
                    checkpointing="selective")
     assert est.feasible is False and est.suggestions
     assert not any("lora_rank" in s.changes for s in est.suggestions)
+
+
+@pytest.mark.parametrize("field, value", [("optimizer", "adam8bit"), ("optimizer", "paged-adam8bit"),
+                                          ("zero", 3), ("offload", "optimizer"), ("loss", "chunked")])
+def test_a_value_the_stack_cannot_express_is_refused_in_one_line(field, value):
+    """torchtitan at 9dec370 builds Adam or AdamW only (train.py build_optimizers), shards with FSDP2 rather than
+    ZeRO stages, offloads parameters only (enable_cpu_offload) and computes its own loss (data/stacks.yaml
+    ``runs``)."""
+    from trainfit.engine import estimate
+    from trainfit.errors import TrainfitError
+
+    kw = {"dp": 2, "batch": 2} if field == "zero" else {}
+    with pytest.raises(TrainfitError, match=rf"^stack 'torchtitan' .*cannot run {field}=.*use --stack hf"):
+        estimate("llama-3.1-8b", "h100", method="detailed", stack="torchtitan", seq_len=2048,
+                 **{"batch": 1, **kw, field: value})
+
+
+def test_suggestions_under_a_stack_stay_inside_what_it_runs():
+    """A full fine-tune of Llama 3.1 8B on one H100 does not fit; under hf the cheap recipe changes (paged 8-bit
+    AdamW, optimizer offload) come first, under torchtitan none of them can be run, and more GPUs shard with FSDP
+    (its data parallelism), never a ZeRO stage."""
+    from trainfit.engine import estimate
+    from trainfit.stacks import get_stack
+
+    hf = estimate("llama-3.1-8b", "h100", batch=8, seq_len=2048, checkpointing="full")
+    assert any(s.changes.get("optimizer") == "paged-adam8bit" for s in hf.suggestions)
+    tt = estimate("llama-3.1-8b", "h100", batch=8, seq_len=2048, checkpointing="full", stack="torchtitan")
+    assert tt.feasible is False and tt.suggestions
+    stack = get_stack("torchtitan")
+    for s in tt.suggestions:
+        assert stack.allows(**{k: v for k, v in s.changes.items() if k in stack.runs}), s.changes
+    assert any(s.changes.get("fsdp") for s in tt.suggestions) and not any("zero" in s.changes for s in tt.suggestions)

@@ -10,7 +10,7 @@ entry in the data file.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
@@ -54,6 +54,8 @@ class Stack(BaseModel):
     behaviour: Behaviour
     model_types: tuple[str, ...] = ()  #: config model_types it implements (empty: every supported type)
     peft: bool = True  #: whether it trains LoRA adapters (False: it trains every parameter)
+    #: setup field -> the values the stack can express (a field not named: every value trainfit takes)
+    runs: dict[str, tuple[Any, ...]] = {}
     modelled_by: tuple[str, ...] = ()
     source: str
 
@@ -67,6 +69,29 @@ class Stack(BaseModel):
                              + (f"; missing {', '.join(missing)}" if missing else "")
                              + (f"; unknown {', '.join(extra)}" if extra else ""))
         return v
+
+    @field_validator("runs")
+    @classmethod
+    def _fields(cls, v: dict[str, tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
+        from .training_setup import FIELD_NAMES
+
+        unknown = [f for f in v if f not in FIELD_NAMES]
+        if unknown:
+            raise ValueError(f"runs names unknown setup fields: {', '.join(unknown)}")
+        return v
+
+    def cannot_run(self, flat: dict[str, Any]) -> Optional[str]:
+        """Why the stack cannot run a setup given as flat fields (``TrainingSetup.flat()``), or None."""
+        for name, allowed in self.runs.items():
+            if name in flat and flat[name] not in allowed:
+                shown = ", ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)
+                return (f"stack {self.name!r} ({self.version.split(' (')[0]}) cannot run {name}={flat[name]!r}; "
+                        f"it runs {name} {shown} (use --stack hf for the rest)")
+        return None
+
+    def allows(self, **fields: Any) -> bool:
+        """Whether every given field value is one the stack can express."""
+        return all(v in self.runs.get(k, (v,)) for k, v in fields.items())
 
 
 class _File(BaseModel):
@@ -115,10 +140,14 @@ def modelled_by(method: str) -> tuple[str, ...]:
     return tuple(n for n, s in stacks().items() if method in s.modelled_by)
 
 
-def check_model(recipe: object, model_type: str, model: str) -> None:
-    """Refuse, in one line, a model the recipe's stack ships no implementation of, or LoRA where it trains
-    every parameter."""
+def check_model(setup: Any) -> None:
+    """Refuse, in one line, a model the setup's stack ships no implementation of, LoRA where it trains every
+    parameter, or a field value the stack cannot express (its ``runs`` table)."""
+    recipe, model_type, model = setup.recipe, setup.model.arch.model_type, setup.model.name
     st = stack_of(recipe)
+    why = st.cannot_run(setup.flat())
+    if why:
+        raise TrainfitError(why)
     if getattr(recipe, "lora", False) and not st.peft:
         raise TrainfitError(f"stack {st.name!r} trains every parameter (no LoRA adapters at {st.version.split(' (')[0]}); "
                             "use --stack hf for LoRA / QLoRA")

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 from .errors import TrainfitError
 from .result import Estimate, Suggestion
 from .rules import quiet
+from .stacks import stack_of
 from .training_setup import TrainingSetup
 
 
@@ -62,10 +63,12 @@ def candidates(setup: TrainingSetup) -> list[tuple[str, dict[str, Any]]]:
     if device is not None and not device.scales_out:
         return out  # a phone, a laptop or a microcontroller: more of them is no advice
     noun = device.noun if device is not None else "GPU"
+    # fully sharded data parallelism as the stack expresses it: ZeRO-3, or FSDP where it has no ZeRO stages
+    shard, how = ({"zero": 3}, "ZeRO-3") if stack_of(r).allows(zero=3) else ({"fsdp": True}, "FSDP")
     for n in (2, 4, 8):  # more devices at the same global batch: the micro-batch splits across them
         dp = p.dp * n
-        out.append((f"{n}x more data-parallel {noun}s ({dp} in all) with ZeRO-3, micro-batch "
-                    f"{max(1, -(-setup.batch // (dp * setup.accumulation)))}", {"dp": dp, "zero": 3}))
+        out.append((f"{n}x more data-parallel {noun}s ({dp} in all) with {how}, micro-batch "
+                    f"{max(1, -(-setup.batch // (dp * setup.accumulation)))}", {"dp": dp, **shard}))
     for n in (2, 4, 8):
         if p.tp * n <= 8:
             out.append((f"tensor parallelism {p.tp * n}", {"tp": p.tp * n}))

@@ -97,7 +97,7 @@ class Detailed(MemoryMethod):
             raise TrainfitError(f"the detailed method does not model stack {r.stack!r} yet; modelled: "
                                 f"{', '.join(ACCEPTS['stack'])} (the measured method may run it)")
         check_accepts(setup, NAME, ACCEPTS)
-        check_model(r, setup.model.arch.model_type, setup.model.name)
+        check_model(setup)
         par = setup.parallel
         if r.loss != "model" and behaviour_of(r).loss != "shift-upcast":
             raise TrainfitError(f"--loss {r.loss} replaces transformers' loss; stack {r.stack!r} computes its own "
