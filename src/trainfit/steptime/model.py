@@ -527,9 +527,12 @@ def _data_parallel(ta: TimeArch, L: _Layout, blk: _Block, dev: Device, net: Netw
     copy_bytes = C.READ_WRITE * (C.FSDP_COPY_PASSES * blk_params * pb + blk_params * gb * rc.weight_grads)
     fsdp_copy = np.where(has_dp & (zero >= 3), m * Ls * memory_time(copy_bytes, dev), 0.0)
 
-    shard = np.where((zero >= 1) & has_dp, dp_dense, 1.0)
+    # ZeRO-1+ shards each weight's optimizer state over the ranks that replicate it: the dense weights over
+    # dp·ep ranks, the experts over dp (Megatron-Core's expert-data-parallel group)
+    sharded = (zero >= 1) & has_dp
+    shard_dense, shard_exp = np.where(sharded, dp_dense, 1.0), np.where(sharded, dp_exp, 1.0)
     moved = C.optimizer_bytes_per_param(rc.optimizer, pb, gb, rc.state_bytes, rc.master) + gb  # + the grad norm
-    optimizer_bytes = (train_dense + train_exp) / shard * moved
+    optimizer_bytes = (train_dense / shard_dense + train_exp / shard_exp) * moved
     return dict(dp_comm=dp_comm, optimizer=memory_time(optimizer_bytes, dev), fsdp_copy=fsdp_copy, reduce_ar=reduce_ar,
                 reduce_rs=reduce_rs, gather_p=gather_p, z3_mb=z3_mb, grads_bytes=grads_bytes,
                 optimizer_bytes=optimizer_bytes)
