@@ -27,7 +27,7 @@ from trainfit.refs import config_counts
 NAMED_MODELS = {  # the models trainfit ships configs for (docs/architectures.md, "Bundled configs"), by slug
     "llama-3.1-8b", "llama-3.1-70b", "llama-3.2-1b", "llama-3.2-3b", "mistral-7b", "qwen2.5-0.5b", "qwen2.5-7b",
     "gemma-2-2b", "gemma-2-9b", "phi-3-mini", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-base",
-    "bert-large", "mixtral-8x7b", "olmo-2-7b", "gemma-3-1b", "qwen3-30b-a3b",
+    "bert-large", "mixtral-8x7b", "olmo-2-7b", "gemma-3-1b", "qwen3-30b-a3b", "qwen3-235b-a22b",
 }
 
 

@@ -240,3 +240,30 @@ def test_flash1_kernel_is_half_as_fast_as_flash_attention_2():
     assert step_time_arrays(x, attention_kernel="flash1")["step"].reshape(-1)[0] == fa1.seconds
     with pytest.raises(TrainfitError, match="unknown attention kernel 'flash4'.*flash"):
         setup_step_time(s, attention_kernel="flash4")
+
+
+def test_fp8_recipes_cast_the_experts_operands():
+    """An fp8 recipe scales and casts every GEMM operand, the experts' grouped GEMMs included: Qwen3-30B-A3B
+    (128 experts, top-8, expert width 768, hidden 2048; every block MoE) on one H100 with one 4,096-token
+    sequence gives each expert 4096 x 8 / 128 = 256 tokens; forward, each expert's gate-up GEMM (256 x 1536 x
+    2048) and down GEMM (256 x 2048 x 768) reads its input and weight and writes them in fp8,
+    FP8_CAST_BYTES (5) bytes per element, at the H100's HBM bandwidth x efficiency."""
+    from dataclasses import replace
+
+    from trainfit.steptime import device_for, evaluate, network_for, time_arch, time_recipe
+    from trainfit.steptime.model import CKPT_CODES, _fp8_casts
+
+    s = TrainingSetup.build("qwen3-30b-a3b", "h100", batch=1, seq_len=4096, precision="fp8")
+    ta = time_arch(s.model)
+    rc = time_recipe(ta, s.model, s.recipe)
+    dev = device_for(s.hardware, s.recipe, rc.kernel)
+    net = network_for(s.hardware.spec)
+    lay = dict(tp=1, pp=1, dp=1, ep=1, cp=1, zero=0, ckpt=CKPT_CODES["none"], micro_batch=1, accumulation=1,
+               batch=1, seq_len=4096)
+    with_casts = evaluate(ta, dev, net, rc, lay)["detail_gemm_fwd"]
+    without = evaluate(ta, dev, net, replace(rc, fp8=False), lay)["detail_gemm_fwd"]
+    assert rc.fp8 and ta.moe_layers == ta.layers == 48
+    attention_casts = sum(_fp8_casts(4096.0, p.out_features, p.in_features, dev, rc)[0] for p in ta.attention)
+    expert_bytes = 128 * (256 * 2048 + 2048 * 1536) * 5 + 128 * (256 * 768 + 768 * 2048) * 5
+    expected = expert_bytes / (dev.hbm_bandwidth * dev.hbm_efficiency)
+    assert float(with_casts - without - attention_casts) == pytest.approx(expected, rel=1e-9)

@@ -140,3 +140,71 @@ def test_band_in_json_and_text():
     assert d["band"]["quantiles"] == list(QUANTILES) and d["band"]["rows"] == b.rows
     assert f"{st.seconds:.3g} s ({lo:.3g}-{hi:.3g})" in summary_line(st)
     assert band_fields("NVIDIA H100", st.seconds)["band_seconds"] == pytest.approx([lo, hi])
+
+
+# ------------------------------------------------------------------------------------------------ devices, MoE
+def test_four_device_types_and_moe_rows_are_predicted(results):
+    """The corpus predicts rows on A100, H100, H200 and B200, and MoE rows (expert parallelism) on H100 and B200."""
+    predicted = [x for x in results if x.ratio is not None]
+    assert {"a100", "h100", "h200", "b200"} <= {x.row.get("device", "a100") for x in predicted}
+    moe = [x for x in predicted if x.row.get("ep", 1) > 1]
+    assert {"h100", "b200"} <= {x.row["device"] for x in moe}
+    for x in moe:  # each resolves to a mixture-of-experts architecture, not a dense one
+        assert steptime_corpus.setup_of(x.row).model.shape.is_moe, x.id
+
+
+def test_megatron_expert_parallelism_is_carved_out_of_data_parallelism(results):
+    """Megatron-Bridge performance summary 26.04.01, Qwen3-30B-A3B on 16 DGX-H100 GPUs: DP 16, EP 16, MBS 1,
+    GBS 1024 (64 accumulation steps). Megatron-Core's 16 data-parallel ranks are one expert-parallel group of 16:
+    trainfit runs it as dp 1 x ep 16 on 16 devices, each rank with one 4,096-token sequence through the dense
+    layers and 16 x 4096 x 8 / 128 = 4,096 tokens per local expert."""
+    r = next(x.row for x in results if x.id == "megatron-bridge/h100/qwen3_30b_a3b/fp8")
+    assert (r["gpus"], r["dp"], r["ep"], r["micro_batch"], r["global_batch"]) == (16, 16, 16, 1, 1024)
+    assert steptime_corpus.trainfit_layout(r) == dict(tp=1, pp=1, cp=1, ep=16, dp=1)
+    s = steptime_corpus.setup_of(r)
+    assert s.parallel.world_size == 16 and s.micro_batch == 16 and s.accumulation == 64
+    st = setup_step_time(s, attention_kernel=steptime_corpus.attention_kernel_of(r))
+    assert st.devices == 16 and st.detail["tokens"] == pytest.approx(4096.0)
+    assert st.components["ep_comm"] > 0.0  # the dispatch and combine all-to-alls cross the two nodes
+    # a run whose expert parallelism also spans the tensor-parallel ranks is kept, with the reason
+    x = next(x for x in results if x.id == "megatron-bridge/h100/qwen3_235b_a22b/fp8")
+    assert x.ratio is None and "spans the tensor-parallel ranks" in x.reason
+
+
+def test_moe_flops_match_megatron_bridge_model_flops(results):
+    """Megatron-Bridge publishes tokens/s and model TFLOP/s per GPU for the same run: their ratio is its model
+    FLOPs per token. For Qwen3-30B-A3B (8 of 128 experts) and Qwen3-235B-A22B the step-time model's count
+    (every projection, the 8 experts a token visits, the router, the LM head, causal attention) agrees within
+    1.5 %: 206 / 8,960 and 619 / 27,136 = 23.0 and 22.8 GFLOP per token (26.04.01), 484 / 3,269 = 148 (25.11)."""
+    ids = ["megatron-bridge/h100/qwen3_30b_a3b/fp8", "megatron-bridge/b200/qwen3_30b_a3b/mxfp8",
+           "megatron-bridge-25.11/b200/qwen3_235b_a22b/fp8-mx"]
+    by = {x.id: x for x in results}
+    for i in ids:
+        r = by[i].row
+        st = setup_step_time(steptime_corpus.setup_of(r), attention_kernel=steptime_corpus.attention_kernel_of(r))
+        ours = st.tflops_per_device / st.tokens_per_second_per_device
+        published = r["also"]["model_tflops_per_gpu"] / r["value"]
+        assert ours == pytest.approx(published, rel=0.015), i
+
+
+def test_megatron_bridge_rows_within_20_percent(results):
+    """Rows the model reproduces within 20 % (Megatron-Bridge performance summary): the 25.11 DGX-B200 Llama 3
+    8B FP8 run (30,624 tokens/s per GPU) and Llama 3.1 405B on 128 B200s (661), the 26.04.01 DGX-H100 Llama 3
+    70B FP8 run (1,664) and Qwen3-30B-A3B on 16 H100s (8,960, MoE across two nodes)."""
+    by = {x.id: x for x in results}
+    for i, published in (("megatron-bridge-25.11/b200/llama3_8b/fp8-cs", 30624),
+                         ("megatron-bridge-25.11/b200/llama3.1_405b/fp8-cs", 661),
+                         ("megatron-bridge/h100/llama3_70b/fp8", 1664),
+                         ("megatron-bridge/h100/qwen3_30b_a3b/fp8", 8960)):
+        x = by[i]
+        assert x.row["value"] == published and abs(x.error) <= steptime_corpus.WITHIN, (i, x.error)
+
+
+def test_megatron_rows_run_transformer_engine_kernels():
+    """Megatron-Core with Transformer Engine: cuDNN fused attention and fused memory-bound kernels; a row of
+    another stack keeps its own (torchtitan: FlashAttention-2 through SDPA, eager unless compiled)."""
+    rows = {r["id"]: r for r in steptime_corpus.load_corpus()}
+    mb = rows["megatron-bridge-25.11/b200/llama3_8b/fp8-cs"]
+    assert steptime_corpus.attention_kernel_of(mb) == "cudnn" and steptime_corpus.setup_of(mb).recipe.compile
+    tt = rows["torchtitan/h100/llama3.1-8b/g8/FSDP"]
+    assert steptime_corpus.attention_kernel_of(tt) is None and not steptime_corpus.setup_of(tt).recipe.compile

@@ -46,6 +46,13 @@ WITHIN = 0.20
 #: the training-setup fields a row's stack settings map to (a row whose setting has no field is listed as not
 #: yet expressible): corpus key -> setup field
 STACK_FIELDS = {"compile": "compile"}
+#: what a stack runs that a row's settings do not name. Megatron-Core with Transformer Engine (every corpus row
+#: of stack ``megatron``; the Megatron-LM rows of 2021-22 are in validation/steptime.py): TE's
+#: DotProductAttention runs the cuDNN fused-attention backend on Hopper and Blackwell (TE docs, "Attention
+#: backends": FusedAttention preferred over FlashAttention-2 on sm90+), and the memory-bound ops are fused kernels
+#: (TE's LayerNorm/RMSNorm fused into the following GEMM's input, ``apply_rope_fusion``, ``bias_swiglu_fusion``,
+#: ``moe_permute_fusion`` in the performance recipes), the model's fused (``compile``) memory-bound ops
+STACK_DEFAULTS: dict[str, dict[str, Any]] = {"megatron": {"attention_kernel": "cudnn", "fused": True}}
 #: the device overrides a row's ``device_variant`` maps to (trainfit.refs.device keywords)
 DEVICE_FIELDS = ("memory", "hbm_bandwidth", "power_limit")
 
@@ -91,22 +98,49 @@ def not_expressible(r: dict[str, Any]) -> Optional[str]:
     """Why trainfit cannot express this run yet (None: it can)."""
     if r.get("compile") and STACK_FIELDS["compile"] not in FIELD_NAMES:
         return "torch.compile has no recipe field yet"
+    if r.get("mtp"):
+        return "multi-token prediction (DeepSeek-V3's MTP module) is not modelled"
     if r.get("async_tp"):
         return "async TP (forward TP collectives overlapped with the GEMMs) has no overlap setting yet"
     if "hf" in r["model"]:
         return f"no bundled architecture for {r['model']['hf']}"
+    if r["ep"] > 1 and r["dp"] % r["ep"]:
+        # Megatron-Core lets expert parallelism span tensor- (and context-) parallel ranks too (expert TP 1);
+        # trainfit's expert-parallel ranks are a factor of the data-parallel ones
+        return (f"EP {r['ep']} spans the tensor-parallel ranks (DP {r['dp']} x TP {r['tp']}); trainfit's expert "
+                "parallelism divides the data-parallel ranks")
     return None
+
+
+def trainfit_layout(r: dict[str, Any]) -> dict[str, int]:
+    """The row's layout in trainfit's terms. The corpus records the sources' convention (Megatron-Core,
+    torchtitan): ``dp x tp x pp x cp = gpus`` and expert parallelism carved out of the data-parallel ranks,
+    each rank running ``micro_batch`` sequences through the dense layers. trainfit's ``ep`` is a factor of
+    the world of its own (world = tp·pp·dp·cp·ep) and an expert-parallel group of ``ep`` ranks shares one
+    micro-batch of ``batch / (dp · accumulation)`` sequences (``b / ep`` per rank for the dense layers,
+    trainfit.steptime.model). The same run is then ``dp = dp_source / ep`` with ``ep`` ranks per group: the
+    dense weights are replicated over ``dp · ep`` ranks, the experts over ``dp``, and every rank runs the
+    source's micro-batch."""
+    ep = r["ep"]
+    return dict(tp=r["tp"], pp=r["pp"], cp=r["cp"], ep=ep, dp=r["dp"] // ep)
+
+
+def attention_kernel_of(r: dict[str, Any]) -> Optional[str]:
+    """The fused attention kernel the row ran when it is not FlashAttention-2: the row's own, else its stack's."""
+    return r.get("attention_kernel") or STACK_DEFAULTS.get(r["stack"], {}).get("attention_kernel")
 
 
 def setup_of(r: dict[str, Any]) -> TrainingSetup:
     extra: dict[str, Any] = {STACK_FIELDS[k]: True for k in STACK_FIELDS if r.get(k)}
+    if STACK_DEFAULTS.get(r["stack"], {}).get("fused"):
+        extra["compile"] = True  # fused memory-bound kernels, the time model's compiled ops
     variant = r.get("device_variant") or {}
     hardware = device(r["device"], **{k: variant[k] for k in DEVICE_FIELDS if k in variant})
     sharding = dict(fsdp=True, reshard_after_forward=r["zero"] == 3) if r.get("fsdp") else dict(zero=r["zero"])
     return TrainingSetup.build(
         model_of(r), hardware, batch=r["global_batch"], seq_len=r["seq"], accumulation=r["accumulation"],
         precision="fp8" if r.get("fp8") else r["precision"], optimizer="adamw", attention=r.get("attention", "auto"),
-        checkpointing=r["checkpointing"], tp=r["tp"], pp=r["pp"], dp=r["dp"], cp=r["cp"], ep=r["ep"],
+        checkpointing=r["checkpointing"], **trainfit_layout(r),
         sequence_parallel=r["stack"] == "megatron" and r["tp"] > 1, pp_schedule=r.get("pp_schedule", "1f1b"),
         pp_virtual=r.get("vp", 1), **sharding, **extra)
 
@@ -143,12 +177,12 @@ def predict_row(r: dict[str, Any]) -> Result:
         return Result(r, r["stack"], gen, reason=why)
     try:
         s = setup_of(r)
-        st = setup_step_time(s, attention_kernel=r.get("attention_kernel"))
+        st = setup_step_time(s, attention_kernel=attention_kernel_of(r))
     except TrainfitError as e:
         return Result(r, r["stack"], gen, reason=str(e))
-    if s.micro_batch != r["micro_batch"] or st.devices != r["gpus"]:
-        # e.g. Megatron carves expert parallelism out of data parallelism; trainfit's world is tp·pp·dp·cp·ep
-        return Result(r, r["stack"], gen, reason=f"trainfit's layout gives micro-batch {s.micro_batch} on "
+    per_rank = s.micro_batch / s.parallel.ep  # an expert-parallel group shares one micro-batch (trainfit_layout)
+    if per_rank != r["micro_batch"] or st.devices != r["gpus"]:
+        return Result(r, r["stack"], gen, reason=f"trainfit's layout gives micro-batch {per_rank:g} per rank on "
                       f"{st.devices} devices; the source ran {r['micro_batch']} on {r['gpus']}")
     pred = st.tokens_per_second_per_device if r["metric"] == "tokens_per_s_per_gpu" else st.tflops_per_device
     return Result(r, r["stack"], gen, predicted=pred, error=pred / r["value"] - 1.0,
@@ -289,6 +323,8 @@ def _settings(r: dict[str, Any]) -> str:
         bits.append("compile")
     if r.get("async_tp"):
         bits.append("async TP")
+    if r.get("mtp"):
+        bits.append("MTP")
     return ", ".join(bits)
 
 
@@ -371,13 +407,27 @@ def markdown(results: list[Result], band_rows: list[dict[str, Any]]) -> str:
               "work only). FULL_SHARD is FSDP with resharding (ZeRO-3), SHARD_GRAD_OP without (ZeRO-2); "
               "\"Activation Checkpointing True\" is full checkpointing. The source's micro-batching may accumulate "
               "uneven micro-batches; every row here has GBS = GPUs x MBS x GA.",
-              "* Megatron-Bridge (NeMo) 26.04.01: DGX-H100 and DGX-B200 rows only (GB200/GB300 are NVL72 racks); "
-              "almost all are fp8, predicted with the `fp8` precision (fp8 GEMMs, 16-bit attention).",
+              "* Megatron-Bridge (NeMo) 26.04.01, and the DGX-B200 table of its 25.11 container: DGX-H100 and "
+              "DGX-B200 rows only (GB200/GB300 are NVL72 racks); almost all are fp8, predicted with the `fp8` "
+              "precision (fp8 GEMMs, 16-bit attention). Megatron-Core with Transformer Engine runs cuDNN fused "
+              "attention and fused memory-bound kernels (`STACK_DEFAULTS`: the `cudnn` kernel of "
+              "`data/efficiency.yaml`, the model's fused ops). Its expert parallelism is carved out of the "
+              "data-parallel ranks (the source's DP counts every data-parallel rank); trainfit's `ep` is an axis of "
+              "its own, so a row runs as `dp = DP / EP` with `ep = EP`, every rank with the source's micro-batch "
+              "(`trainfit_layout`). A run whose EP spans tensor-parallel ranks has no trainfit layout yet.",
               "* Rows still outside 20 %, and what the model lacks for them: torchtitan's rowwise-scaled Float8 "
               "(timed as tensorwise; its scaling kernels are slower); torchtitan's CP 4 and 8 at 131k / 262k tokens "
               "(the published slowdown from CP 2 to CP 4 is 2.4x for twice the attention work: more than the "
-              "kernel's FLOPs); Megatron-Bridge's H100 fp8 runs (predicted too slow: Transformer Engine's fused "
-              "casts and userbuffer TP overlap are not modelled); llm-foundry's MPT-1B/3B on 256/512 H100s "
+              "kernel's FLOPs); Megatron-Bridge's MoE runs on one or a few B200 nodes (Qwen3-30B-A3B, "
+              "Qwen3-235B-A22B; predicted 1.2-3.4x too fast: Qwen3-30B-A3B on 8 B200s took about 0.44 s per "
+              "micro-batch of 1 (25.11) and 0.60 s per micro-batch of 4 (26.04), nearly the same for 4x the "
+              "tokens, which points at per-layer host work (the dropless dispatcher's device-to-host sync of the "
+              "tokens per expert, kernel launches) that the model does not count for MoE layers); DeepSeek-V3 on "
+              "256 B200s (predicted 2x too slow: its all-to-alls cross 4 nodes with one copy per chosen expert; "
+              "DeepEP's node-deduplicated dispatch and the all-to-all / compute overlap of the recipe are not "
+              "modelled; its architecture is approximated from the catalog, deepseek_v3 being a type trainfit "
+              "does not read: no MLA, no shared expert, its FLOPs per token 0.81 of Megatron-Bridge's count); "
+              "llm-foundry's MPT-1B/3B on 256/512 H100s "
               "(FlashAttention-2 runs that published no faster than the Triton-kernel runs on 64 GPUs); three "
               "llm-foundry A100 rows whose published MFU breaks the trend of their neighbours; DeepSpeed ZeRO-3 "
               "of 2021 (above).", ""]

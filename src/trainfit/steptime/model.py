@@ -121,6 +121,20 @@ def _f(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=float)
 
 
+def _fp8_casts(M: Any, N: Any, K: Any, dev: Device, rc: TimeRecipe, batch: Any = 1.0) -> tuple[Any, Any, Any]:
+    """(forward, input-gradient, weight-gradient) seconds of an fp8 recipe's casts around ``batch`` GEMMs of
+    ``M x N x K`` (input ``M x K``, weight ``K x N``): each operand scaled and cast to fp8 forward, the output
+    gradient cast and the weight transposed for the input gradient, the input and output gradient transposed for
+    the weight gradient (:data:`~constants.FP8_CAST_BYTES`, :data:`~constants.FP8_TRANSPOSE_BYTES`); 0 without fp8."""
+    if not rc.fp8:
+        return 0.0, 0.0, 0.0
+    cast = C.FP8_CAST_BYTES_COMPILED if rc.compiled else C.FP8_CAST_BYTES
+    fwd = memory_time(batch * (M * K + K * N) * cast, dev)
+    bx = memory_time(batch * (M * N * cast + K * N * C.FP8_TRANSPOSE_BYTES), dev)
+    bw = rc.weight_grads * memory_time(batch * (M * K + M * N) * C.FP8_TRANSPOSE_BYTES, dev)
+    return fwd, bx, bw
+
+
 def _projections(projs: tuple[Projection, ...], M: np.ndarray, t: np.ndarray, dev: Device, rc: TimeRecipe,
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(forward, input-gradient, weight-gradient) seconds of a block's projections on ``M`` tokens."""
@@ -135,11 +149,10 @@ def _projections(projs: tuple[Projection, ...], M: np.ndarray, t: np.ndarray, de
         if wg:
             bw = bw + wg * gemm_time(N, K, M, dev)
         if rc.fp8:  # scale and cast each operand to fp8, and the transposed copies Hopper's fp8 GEMMs need
-            cast = C.FP8_CAST_BYTES_COMPILED if rc.compiled else C.FP8_CAST_BYTES
-            fwd = fwd + memory_time((M * K + K * N) * cast, dev)
-            bx = bx + memory_time(M * N * cast + K * N * C.FP8_TRANSPOSE_BYTES, dev)
+            cf, cbx, cbw = _fp8_casts(M, N, K, dev, rc)
+            fwd, bx = fwd + cf, bx + cbx
             if wg:
-                bw = bw + wg * memory_time((M * K + M * N) * C.FP8_TRANSPOSE_BYTES, dev)
+                bw = bw + cbw
         if dq:  # QLoRA: the frozen weight is dequantised to the compute width before the forward and the
             # input-gradient GEMM (bitsandbytes dequantize_4bit: read the packed weight, write it in 16 bits)
             deq = memory_time(N * K * dq, dev)
@@ -330,6 +343,9 @@ def _moe_block(ta: TimeArch, L: _Layout, dev: Device, net: Network, rc: TimeReci
     ex_bx = gemm_time(per_expert, h, fused, dev, local) + gemm_time(per_expert, mi / t, h, dev, local)
     ex_bw = rc.weight_grads * (gemm_time(fused, h, per_expert, dev, local)
                                + gemm_time(h, mi / t, per_expert, dev, local))
+    for n_out, k_in in ((fused, h), (h, mi / t)):  # fp8 recipes cast the experts' operands too (the router stays 16-bit)
+        cf, cbx, cbw = _fp8_casts(per_expert, n_out, k_in, dev, rc, local)
+        ex_f, ex_bx, ex_bw = ex_f + cf, ex_bx + cbx, ex_bw + cbw
     if ta.shared_intermediate:
         shared = (Projection("gate", ta.hidden, ta.shared_intermediate, "col"),
                   Projection("up", ta.hidden, ta.shared_intermediate, "col"),
@@ -527,9 +543,12 @@ def _data_parallel(ta: TimeArch, L: _Layout, blk: _Block, dev: Device, net: Netw
     copy_bytes = C.READ_WRITE * (C.FSDP_COPY_PASSES * blk_params * pb + blk_params * gb * rc.weight_grads)
     fsdp_copy = np.where(has_dp & (zero >= 3), m * Ls * memory_time(copy_bytes, dev), 0.0)
 
-    shard = np.where((zero >= 1) & has_dp, dp_dense, 1.0)
+    # ZeRO-1+ shards each weight's optimizer state over the ranks that replicate it: the dense weights over
+    # dp·ep ranks, the experts over dp (Megatron-Core's expert-data-parallel group)
+    sharded = (zero >= 1) & has_dp
+    shard_dense, shard_exp = np.where(sharded, dp_dense, 1.0), np.where(sharded, dp_exp, 1.0)
     moved = C.optimizer_bytes_per_param(rc.optimizer, pb, gb, rc.state_bytes, rc.master) + gb  # + the grad norm
-    optimizer_bytes = (train_dense + train_exp) / shard * moved
+    optimizer_bytes = (train_dense / shard_dense + train_exp / shard_exp) * moved
     return dict(dp_comm=dp_comm, optimizer=memory_time(optimizer_bytes, dev), fsdp_copy=fsdp_copy, reduce_ar=reduce_ar,
                 reduce_rs=reduce_rs, gather_p=gather_p, z3_mb=z3_mb, grads_bytes=grads_bytes,
                 optimizer_bytes=optimizer_bytes)
