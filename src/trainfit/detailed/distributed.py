@@ -246,10 +246,10 @@ class ForwardRegions:
 @lru_cache(maxsize=256)
 def forward_regions(arch: Any, recipe: Any, par: Parallelism, stage: int = 0) -> ForwardRegions:
     """Split the forward walk's timeline (:func:`~.activations.walk`) by region."""
-    from .activations import walk
+    from .activations import replayed_tape
     from .graph import ZERO, pareto
 
-    tape = walk(arch, recipe, par, stage)
+    tape = replayed_tape(arch, recipe, par, stage)
     timeline = tape.timeline()
     by: dict[str, list[Any]] = {"embed": [], "blocks": [], "head": [], "loss": []}
     firsts: dict[str, int] = {}
