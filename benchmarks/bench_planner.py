@@ -59,7 +59,7 @@ def clear_caches() -> None:
     from trainfit.steptime import shapes
 
     for fn in (activations.activation_profile, activations._walked, states.state_bytes, states._unsharded,
-               inventory.param_tensors, distributed.forward_regions, distributed.rank_groups, distributed._low_precision,
+               inventory.param_tensors, distributed.forward_regions, states.rank_groups, distributed._low_precision,
                shapes.from_arch):
         fn.cache_clear()
 

@@ -34,7 +34,8 @@ from typing import Any
 from ..arch import ArchSpec
 from ..stacks import behaviour_of
 from ..training_setup import Parallelism, Recipe
-from .distributed import is_fsdp, rank_groups, walk_recipe
+from .distributed import is_fsdp, walk_recipe
+from .states import rank_groups
 from .overheads import ALLOCATOR_RESERVE_FRACTION, Overhead
 
 

@@ -179,34 +179,9 @@ def fsdp_groups(recipe: Any, par: Parallelism, tensors: list[Any], lora: list[tu
     return root, blocks, head_ug, embed_ug
 
 
-_RANK_GROUPS: dict[tuple[Any, ...], tuple[FsdpGroup, tuple[FsdpGroup, ...], int, int]] = {}
-_RANK_GROUPS_MAX = 4096
-
-
-def rank_groups(arch: Any, recipe: Any, par: Parallelism, stage: int = 0
-                ) -> tuple[FsdpGroup, tuple[FsdpGroup, ...], int, int]:
-    """:func:`fsdp_groups` of the tensors pipeline ``stage`` holds, cached by what they read (the precision's
-    widths, LoRA's rank and targets, dp, tp, ep, pp and the stage): a layout sweep meets the same sharding
-    under every checkpointing mode and schedule, and the allocator's pools read it again."""
-    key = (arch, recipe.precision, recipe.lora_rank, recipe.lora_targets, par.dp, par.tp, par.ep, par.pp, stage)
-    hit = _RANK_GROUPS.get(key)
-    if hit is None:
-        from .states import stage_tensors
-
-        tensors, lora = stage_tensors(arch, recipe, par, stage)
-        root, blocks, head_ug, embed_ug = fsdp_groups(recipe, par, tensors, lora)
-        if len(_RANK_GROUPS) >= _RANK_GROUPS_MAX:
-            _RANK_GROUPS.clear()
-        hit = _RANK_GROUPS[key] = (root, tuple(blocks), head_ug, embed_ug)
-    return hit
-
-
-rank_groups.cache_clear = _RANK_GROUPS.clear  # type: ignore[attr-defined]  # as the lru caches beside it
-
-
 def stack_groups(groups: list[tuple[FsdpGroup, tuple[FsdpGroup, ...], int, int]], which: np.ndarray
                  ) -> tuple[FsdpGroup, tuple[FsdpGroup, ...], np.ndarray, np.ndarray]:
-    """Per-sharding :func:`rank_groups` results as one with array fields: element ``i`` holds the bytes of
+    """Per-sharding :func:`~.states.rank_groups` results as one with array fields: element ``i`` holds the bytes of
     ``groups[which[i]]`` (float64, exact: byte counts below 2^53). The shardings share a model split, so
     they have the same blocks."""
     if len({len(g[1]) for g in groups}) != 1:

@@ -26,10 +26,10 @@ import numpy as np
 from ..arch import ArchSpec
 from ..training_setup import Parallelism, Recipe
 from .activations import activation_profile, walk_parallelism
-from .distributed import is_fsdp, rank_groups, stack_groups, walk_recipe
+from .distributed import is_fsdp, stack_groups, walk_recipe
 from .phases import (COMPONENTS, PHASES, PhaseResult, StepShape, busier_stage, comm_buffers, reported_stages,
                      stage_phases)
-from .states import StateBytes, state_bytes
+from .states import StateBytes, rank_groups, state_bytes
 
 #: Parallelism fields that change only the sharding of the model states and the communication buffers
 SHARDING_FIELDS = ("dp", "zero", "fsdp", "fsdp_prefetch", "ddp_bucket_view", "ddp_bucket_bytes", "zero_bucket_elems")

@@ -25,12 +25,12 @@ import numpy as np
 from ..arch import ArchSpec
 from .activations import ActivationProfile, activation_profile, walk_parallelism
 from .distributed import (ddp_bucket_bytes, ddp_bucket_label, forward_regions, fsdp_candidates, fsdp_compute_bytes,
-                          is_fsdp, rank_groups, walk_recipe)
+                          is_fsdp, walk_recipe)
 from .graph import Vec, ZERO, tok, vadd, vbytes, vsub
 from .inventory import block_linears
 from ..stacks import behaviour_of
 from ..training_setup import Parallelism, Recipe, TrainingSetup
-from .states import StateBytes, state_bytes
+from .states import StateBytes, rank_groups, state_bytes
 
 PHASES = ("forward", "backward", "optimizer")
 COMPONENTS = ("parameters", "buffers", "master_weights", "gradients", "optimizer_state", "optimizer_temporaries",
@@ -220,7 +220,7 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     ``st``'s fields, ``comm``'s values and ``accumulation`` may be arrays (one element per setup of a
     layout sweep; :mod:`trainfit.detailed.layouts`); ``par`` then supplies only what the sweep's
     elements share (the model split and the pipeline schedule). FSDP2 reads its groups of ``par``
-    (:func:`~.distributed.rank_groups`) unless ``groups`` gives them: a layout sweep passes the groups of its
+    (:func:`~.states.rank_groups`) unless ``groups`` gives them: a layout sweep passes the groups of its
     shardings as arrays (:func:`~.distributed.stack_groups`; ``par`` then supplies the model split, the
     resharding and the prefetch they share) with ``accumulation`` an array too."""
     sh = step_shape(par, micro_batch, seq_len)
