@@ -28,19 +28,26 @@ from trainfit.training_setup import STACKS, TrainingSetup
 MODEL = "llama-3.2-1b"  # a llama type: every stack runs it
 
 
-def _fsdp_rows() -> list[dict[str, Any]]:
-    """FSDP2 setups that share model splits but not their sharding: three data-parallel degrees, with and
-    without accumulation, both resharding modes, two prefetch depths, with and without a pipeline."""
+def _fsdp_rows(dps: tuple[int, ...] = (2, 4, 8), prefetch: tuple[int, ...] = (1, 2), pps: tuple[int, ...] = (1, 2),
+               **extra: Any) -> list[dict[str, Any]]:
+    """FSDP2 setups that share model splits but not their sharding: several data-parallel degrees, with and
+    without accumulation, both resharding modes, prefetch depths, with and without a pipeline."""
     rows = []
-    for dp, acc, raf, pre, pp in itertools.product((2, 4, 8), (1, 4), (True, False), (1, 2), (1, 2)):
+    for dp, acc, raf, pre, pp in itertools.product(dps, (1, 4), (True, False), prefetch, pps):
         rows.append(dict(batch=dp * acc * 2, seq_len=1024, precision="amp-bf16", optimizer="adamw", dp=dp, fsdp=True,
                          accumulation=acc, reshard_after_forward=raf, fsdp_prefetch=pre, pp=pp,
-                         checkpointing="none" if pp == 1 else "full"))
+                         checkpointing="none" if pp == 1 else "full", **extra))
     return rows
 
 
-def test_fsdp_layouts_as_arrays_equal_the_scalar_path_to_the_bit(monkeypatch: pytest.MonkeyPatch) -> None:
-    rows = _fsdp_rows()
+CASES = [(MODEL, _fsdp_rows()),  # dense, tied embeddings
+         (MODEL, _fsdp_rows((2, 4), (1,), (1,), lora_rank=16)),  # LoRA: adapters in the groups, frozen base
+         ("mixtral-8x7b", _fsdp_rows((2, 4), (1,), (1,), ep=2))]  # experts sharded by ep, then by FSDP2
+
+
+@pytest.mark.parametrize("model, rows", CASES, ids=["dense", "lora", "moe"])
+def test_fsdp_layouts_as_arrays_equal_the_scalar_path_to_the_bit(model: str, rows: list[dict[str, Any]],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     stacked: list[int] = []
     real = layouts.stack_groups
 
@@ -50,10 +57,11 @@ def test_fsdp_layouts_as_arrays_equal_the_scalar_path_to_the_bit(monkeypatch: py
 
     monkeypatch.setattr(layouts, "stack_groups", spy)
     cols = {k: np.asarray([r[k] for r in rows]) for k in rows[0]}
-    res = sweep(MODEL, "h100", method="detailed", **cols)
-    assert stacked and max(stacked) == 3  # the three data-parallel degrees of a split went through as one array
+    res = sweep(model, "h100", method="detailed", **cols)
+    # the data-parallel degrees of a split went through as one array
+    assert stacked and max(stacked) == len({r["dp"] for r in rows})
     for i, row in enumerate(rows):
-        one = estimate(MODEL, "h100", method="detailed", suggestions=False, **row)
+        one = estimate(model, "h100", method="detailed", suggestions=False, **row)
         assert res["total_bytes"][i] == one.total_bytes, row
         assert res["peak_allocated_bytes"][i] == one.extra["peak_allocated_bytes"], row
         for comp, b in one.components.items():
