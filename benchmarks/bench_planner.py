@@ -55,10 +55,11 @@ FRONTIER = dict(precision="bf16", zero=3, dp=8, checkpointing="selective", seq_l
 
 def clear_caches() -> None:
     """Forget every forward walk, tensor inventory and architecture view (not the resolved catalog names)."""
-    from trainfit.detailed import activations, layout, states
+    from trainfit.detailed import activations, distributed, inventory, states
     from trainfit.steptime import shapes
 
-    for fn in (activations.activation_profile, states.state_bytes, states._unsharded, layout.param_tensors,
+    for fn in (activations.activation_profile, activations._walked, states.state_bytes, states._unsharded,
+               inventory.param_tensors, distributed.forward_regions, states.rank_groups, distributed._low_precision,
                shapes.from_arch):
         fn.cache_clear()
 

@@ -192,6 +192,33 @@ def test_estimate_chart_is_a_png() -> None:
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+@pytest.mark.parametrize("stack, ext", [("hf", "yaml"), ("torchtitan", "toml"), ("megatron", "sh"),
+                                        ("deepspeed", "json")])
+def test_plan_view_downloads_the_launch_config_that_plan_emit_writes(stack: str, ext: str, tmp_path: Path) -> None:
+    """The free-mode plan's download is the chosen layout as its stack's own file: byte for byte what
+    `trainfit plan --emit FILE` writes for the same inputs, named with that kind's extension."""
+    from trainfit.planner import plan as layout_plan
+
+    # the command line passes its --reshard-after-forward default (True), which keeps FSDP's resharding modes only
+    args = dict(global_batch=16, seq_len=1024, stack=stack, reshard_after_forward=True)
+    p = layout_plan("llama-3.2-1b", "h100", 8, **args)
+    dl = views.launch_download(p)
+    assert dl is not None and stack in views.stack_options()
+    out = tmp_path / f"launch.{ext}"
+    r = runner.invoke(cli, ["plan", "llama-3.2-1b", "--hardware", "h100", "--gpus", "8", "--batch", "16", "--seq",
+                            "1024", "--stack", stack, "--emit", str(out)])
+    assert r.exit_code == 0, r.output
+    assert dl["data"] == out.read_bytes() and dl["filename"].endswith(f".{ext}")
+    assert dl["launcher"].split()[0] in r.output
+
+
+def test_plan_view_offers_no_download_when_nothing_fits() -> None:
+    from trainfit.planner import plan as layout_plan
+
+    p = layout_plan("llama-3.1-70b", "h100", 1, global_batch=1, seq_len=1024)
+    assert not p.top and views.launch_download(p) is None
+
+
 # --------------------------------------------------------------------------------------- notebook
 
 

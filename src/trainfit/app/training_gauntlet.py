@@ -120,6 +120,8 @@ def _(METHODS, mo, views):
                                  label="Memory method"),
         **views.free_controls(mo),  # the training setup's fields, as `trainfit estimate` offers them
         "gpus": mo.ui.number(start=1, stop=4096, step=1, value=8, label="Accelerators for the plan (N)"),
+        "stack": mo.ui.dropdown(views.stack_options(), value=views.stack_options()[0],
+                                label="Stack (the layouts it runs; its launch config)"),
     })
     return free, free_task
 
@@ -249,7 +251,7 @@ def _(TrainfitError, estimate_document, free, free_task, frontier_document, io, 
                  mo.hstack([free["model"], free["hardware"], free["method"]], justify="start", wrap=True),
                  mo.hstack([free[k] for k in _shown], justify="start", wrap=True)]
         if _is_plan:
-            _rows += [mo.hstack([free["gpus"]], justify="start"),
+            _rows += [mo.hstack([free["gpus"], free["stack"]], justify="start"),
                       mo.md("The planner searches tensor/pipeline/data parallelism, ZeRO stages, checkpointing "
                             "and micro-batching itself.")]
         _controls = mo.vstack(_rows)
@@ -264,9 +266,15 @@ def _(TrainfitError, estimate_document, free, free_task, frontier_document, io, 
             elif _is_plan:
                 _fields = views.setup_fields(_v, views.PLAN_FIELDS)
                 _pl = trainfit_plan(_v["model"], _v["hardware"], int(_v["gpus"]), global_batch=_fields.pop("batch"),
-                                    method=views.method_of(_v["method"]), **_fields)
+                                    method=views.method_of(_v["method"]), stack=_v["stack"], **_fields)
                 _parts = [mo.image(io.BytesIO(views.plot_plan_png(_pl)), style=_img)] if _pl.cloud is not None \
                     and _pl.cloud.size else []
+                _launch = views.launch_download(_pl)  # the chosen layout as `trainfit plan --emit FILE` writes it
+                if _launch is not None:
+                    _parts.append(mo.hstack([
+                        mo.download(data=_launch["data"], filename=_launch["filename"], mimetype=_launch["mimetype"],
+                                    label=f"Launch config ({_pl.stack}): {_launch['filename']}"),
+                        mo.md(f"then `{_launch['launcher']}`")], justify="start", wrap=True))
                 _result = mo.vstack(_parts + [mo.Html(f'<div data-testid="free-plan">'
                                                       f'{mo.md(to_markdown(plan_document(_pl))).text}</div>')])
             else:

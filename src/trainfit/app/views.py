@@ -13,6 +13,7 @@ test can read the displayed numbers back.
 from __future__ import annotations
 
 import html
+import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -282,3 +283,31 @@ def plot_plan_png(plan: Any, x: str = "time") -> bytes:
     buf = io.BytesIO()
     plan_figure(plan, x).savefig(buf, format="png", dpi=110)
     return buf.getvalue()
+
+
+#: file extension and MIME type of each launch-config kind (:class:`trainfit.planner.emit.LaunchConfig`)
+_LAUNCH_FILES = {"toml": ("toml", "application/toml"), "sh": ("sh", "text/x-shellscript"),
+                 "json": ("json", "application/json"), "yaml": ("yaml", "application/yaml")}
+
+
+def stack_options() -> list[str]:
+    """The stacks a plan can be made for (the training setup's ``stack`` choices), the default first."""
+    from ..training_setup import DEFAULTS, STACKS
+
+    return [DEFAULTS["stack"]] + [s for s in STACKS if s != DEFAULTS["stack"]]
+
+
+def launch_download(plan: Any) -> Optional[dict[str, Any]]:
+    """The plan's chosen layout as its stack's launch configuration, ready for ``mo.download``: ``data``
+    (the bytes ``trainfit plan --emit FILE`` writes), ``filename``, ``mimetype`` and the ``launcher`` line;
+    None when no layout fits (nothing to launch)."""
+    from ..planner.emit import launch_config
+
+    if not plan.top:
+        return None
+    cfg = launch_config(plan)
+    ext, mime = _LAUNCH_FILES[cfg.kind]
+    name = f"trainfit-{plan.stack}-{plan.model}-{plan.world_size}x{plan.hardware}".lower()
+    name = re.sub(r"[^a-z0-9.+-]+", "-", name).strip("-")
+    return {"data": cfg.text.encode("utf-8"), "filename": f"{name}.{ext}", "mimetype": mime,
+            "launcher": cfg.launcher}

@@ -812,7 +812,19 @@ def walk_parallelism(par: Parallelism) -> Parallelism:
 @lru_cache(maxsize=512)
 def activation_profile(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> ActivationProfile:
     """Walk one forward pass of ``arch`` under ``recipe`` split as ``par`` (pipeline ``stage``) and condense it."""
-    return _Walker(arch, recipe, par, stage).run()
+    return _walked(arch, recipe, par, stage)[0]
+
+
+@lru_cache(maxsize=8)
+def _walked(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> tuple[ActivationProfile, Tape]:
+    w = _Walker(arch, recipe, par, stage)
+    return w.run(), w.g
+
+
+def replayed_tape(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> Tape:
+    """The tape of the walk :func:`activation_profile` condenses (the same walk, not a second one: FSDP2 reads
+    its regions right after the profile). Shared: read it, do not extend it."""
+    return _walked(arch, recipe, par, stage)[1]
 
 
 def walk(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0, replay: bool = True) -> Tape:

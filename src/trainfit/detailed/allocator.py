@@ -34,9 +34,9 @@ from typing import Any
 from ..arch import ArchSpec
 from ..stacks import behaviour_of
 from ..training_setup import Parallelism, Recipe
-from .distributed import fsdp_groups, is_fsdp, walk_recipe
+from .distributed import is_fsdp, walk_recipe
+from .states import rank_groups
 from .overheads import ALLOCATOR_RESERVE_FRACTION, Overhead
-from .states import stage_tensors
 
 
 def reserve_terms(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, tokens: Any,
@@ -59,8 +59,7 @@ def reserve_terms(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, 
                             "the 16-bit logits' segment, freed before the loss backward, too small for its fp32 "
                             "gradients (CUDACachingAllocator: a block is reused only by a request it can hold)"))
     if is_fsdp(par) and beh.fsdp_streams:
-        tensors, lora = stage_tensors(arch, recipe, par, stage)
-        root, blocks, _, _ = fsdp_groups(recipe, par, tensors, lora)
+        root, blocks, _, _ = rank_groups(arch, recipe, par, stage)
         if "all-gather" in beh.fsdp_streams:
             big = max((g.all_gather for g in blocks), default=0)
             out.append(Overhead("all_gather_pool", float(root.all_gather + big),

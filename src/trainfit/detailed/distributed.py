@@ -12,9 +12,12 @@ against ``trainfit measure`` on a fake process group (``validation/multigpu-meas
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
+
+import numpy as np
 
 from ..training_setup import Parallelism
 from ..units import cuda_block_bytes as rounded
@@ -99,11 +102,15 @@ def walk_recipe(recipe: Any, par: Parallelism) -> Any:
     every parameter, LoRA adapters included (no autocast), so its activations are those of a pure bf16 step
     with bf16 adapters."""
     if is_fsdp(par) and recipe.autocast:
-        import dataclasses
-
-        low = "bf16" if recipe.precision == "amp-bf16" else "fp16"
-        return dataclasses.replace(recipe, precision=low, lora_dtype=low if recipe.lora else recipe.lora_dtype)
+        return _low_precision(recipe)
     return recipe
+
+
+@lru_cache(maxsize=256)
+def _low_precision(recipe: Any) -> Any:
+    """``recipe`` in FSDP's 16-bit compute precision (cached: building a recipe validates every field)."""
+    low = "bf16" if recipe.precision == "amp-bf16" else "fp16"
+    return dataclasses.replace(recipe, precision=low, lora_dtype=low if recipe.lora else recipe.lora_dtype)
 
 
 @dataclass(frozen=True)
@@ -172,6 +179,31 @@ def fsdp_groups(recipe: Any, par: Parallelism, tensors: list[Any], lora: list[tu
     return root, blocks, head_ug, embed_ug
 
 
+def stack_groups(groups: list[tuple[FsdpGroup, tuple[FsdpGroup, ...], int, int]], which: np.ndarray
+                 ) -> tuple[FsdpGroup, tuple[FsdpGroup, ...], np.ndarray, np.ndarray]:
+    """Per-sharding :func:`~.states.rank_groups` results as one with array fields: element ``i`` holds the bytes of
+    ``groups[which[i]]`` (float64, exact: byte counts below 2^53). The shardings share a model split, so
+    they have the same blocks."""
+    if len({len(g[1]) for g in groups}) != 1:
+        raise ValueError("stack_groups: the shardings hold different numbers of blocks")
+    fields = [f.name for f in dataclasses.fields(FsdpGroup)]
+
+    def arr(values: list[Any]) -> np.ndarray:
+        return np.asarray(values, dtype=np.float64)[which]
+
+    def stacked(gs: list[FsdpGroup]) -> FsdpGroup:
+        return FsdpGroup(**{f: arr([getattr(g, f) for g in gs]) for f in fields})
+
+    root = stacked([g[0] for g in groups])
+    blocks = tuple(stacked([g[1][j] for g in groups]) for j in range(len(groups[0][1])))
+    return root, blocks, arr([g[2] for g in groups]), arr([g[3] for g in groups])
+
+
+def _float(x: Any) -> Any:
+    """A byte count as a float, or the float array it is (a layout sweep stacks the groups of its shardings)."""
+    return np.asarray(x, dtype=np.float64) if isinstance(x, np.ndarray) else float(x)
+
+
 @dataclass(frozen=True)
 class ForwardRegions:
     """The forward walk's live bytes by where they occur (byte-vectors, see :mod:`.graph`): candidates in
@@ -189,10 +221,10 @@ class ForwardRegions:
 @lru_cache(maxsize=256)
 def forward_regions(arch: Any, recipe: Any, par: Parallelism, stage: int = 0) -> ForwardRegions:
     """Split the forward walk's timeline (:func:`~.activations.walk`) by region."""
-    from .activations import walk
+    from .activations import replayed_tape
     from .graph import ZERO, pareto
 
-    tape = walk(arch, recipe, par, stage)
+    tape = replayed_tape(arch, recipe, par, stage)
     timeline = tape.timeline()
     by: dict[str, list[Any]] = {"embed": [], "blocks": [], "head": [], "loss": []}
     firsts: dict[str, int] = {}
@@ -245,11 +277,15 @@ def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegion
     so the loss computed outside the model and its backward run without them (re-gathered when the gradient
     reaches the model's output); ``keep_last``, the last block not resharded after its forward (torchtitan's
     ``apply_fsdp``): its parameters stay gathered into the backward, which needs no all-gather for it.
+
+    A layout sweep passes groups with array fields (:func:`stack_groups`) and ``accumulating`` as an array:
+    every candidate is then an array over its elements (the named terms then keep zero terms too).
     """
     rank = _FsdpRank(root, tuple(blocks), bool(par.reshard_after_forward), max(int(par.fsdp_prefetch), 0),
                      root_reshard, keep_last)
     all_sharded = sum(g.sharded_grads for g in blocks)
-    acc = float(all_sharded + root.sharded_grads) if accumulating else 0.0
+    acc = _float(all_sharded + root.sharded_grads)
+    acc = np.where(accumulating, acc, 0.0) if isinstance(accumulating, np.ndarray) else (acc if accumulating else 0.0)
     out = _Candidates()
     _forward_candidates(out, rank, regions, nbytes, saved_total, acc)
     _backward_candidates(out, rank, arch, pr, nbytes, saved_total, residual_grad, head_ug, embed_ug, acc)
@@ -273,11 +309,27 @@ class _FsdpRank:
         if not (self.keep_last and self.raf and self.blocks):
             return {}
         return {BLOCK_GATHERED + f" (block {len(self.blocks) - 1}, not resharded after forward)":
-                float(self.blocks[-1].gathered)}
+                _float(self.blocks[-1].gathered)}
+
+    def big_index(self) -> Any:
+        """Index of the block with the most gathered bytes, the first of equals (an array of them where the
+        groups are arrays and the largest block differs element by element)."""
+        g = [b.gathered for b in self.blocks]
+        if not any(isinstance(x, np.ndarray) for x in g):
+            return g.index(max(g))
+        idx = np.argmax(np.stack(np.broadcast_arrays(*g)), axis=0)
+        return int(idx[0]) if idx.size and bool((idx == idx[0]).all()) else idx
+
+    def block_at(self, i: Any) -> FsdpGroup:
+        """Block ``i``, or element by element block ``i[k]`` for an array of indices."""
+        if not isinstance(i, np.ndarray):
+            return self.blocks[i]
+        return FsdpGroup(**{f.name: np.take_along_axis(np.stack(np.broadcast_arrays(
+            *[getattr(b, f.name) for b in self.blocks])), i[None], axis=0)[0] for f in dataclasses.fields(FsdpGroup)})
 
     @property
     def big(self) -> FsdpGroup:
-        return max(self.blocks, key=lambda g: g.gathered) if self.blocks else FsdpGroup(0, 0, 0, 0, 0)
+        return self.block_at(self.big_index()) if self.blocks else FsdpGroup(0, 0, 0, 0, 0)
 
     @property
     def first(self) -> FsdpGroup:
@@ -288,23 +340,27 @@ class _FsdpRank:
         return self.blocks[-1] if self.blocks else self.big
 
     def root_gathered(self) -> dict[str, float]:
-        return {ROOT_GATHERED: float(self.root.gathered)}
+        return {ROOT_GATHERED: _float(self.root.gathered)}
 
     def gathered_upto(self, i: int) -> dict[str, float]:
         """Gathered block parameters while block ``i`` computes (all earlier ones too without resharding)."""
         if not self.blocks:
             return {}
         if self.raf:
-            return {BLOCK_GATHERED + f" (block {i})": float(self.blocks[i].gathered)}
+            return {BLOCK_GATHERED + f" (block {i})": _float(self.block_at(i).gathered)}
         return {BLOCK_GATHERED + f" (blocks 0-{i}, kept until their backward)":
-                float(sum(g.gathered for g in self.blocks[:i + 1]))}
+                _float(sum(g.gathered for g in self.blocks[:i + 1]))}
 
     @staticmethod
-    def ag(what: str, nbytes_: float) -> dict[str, float]:
+    def ag(what: str, nbytes_: Any) -> dict[str, Any]:
+        if isinstance(nbytes_, np.ndarray):  # a zero term adds nothing to the sum
+            return {f"{ALL_GATHER} ({what})": _float(nbytes_)}
         return {f"{ALL_GATHER} ({what})": float(nbytes_)} if nbytes_ else {}
 
-    @staticmethod
-    def rs(what: str, g: FsdpGroup) -> dict[str, float]:
+    @classmethod
+    def rs(cls, what: str, g: FsdpGroup) -> dict[str, Any]:
+        if isinstance(g.reduce_scatter, np.ndarray):
+            return {f"{REDUCE_SCATTER} ({what})": _float(g.reduce_scatter)}
         return {f"{REDUCE_SCATTER} ({what})": float(g.reduce_scatter)} if g.reduce_scatter else {}
 
     def prefetch(self, i: int) -> dict[str, float]:
@@ -326,11 +382,11 @@ class _Candidates:
     bwd_terms: list[dict[str, float]] = field(default_factory=list)
 
     def forward(self, values: dict[str, Any], terms: dict[str, float]) -> None:
-        self.fwd.append({**values, "communication_buffers": float(sum(terms.values()))})
+        self.fwd.append({**values, "communication_buffers": _float(sum(terms.values()))})
         self.fwd_terms.append(terms)
 
     def backward(self, values: dict[str, Any], terms: dict[str, float]) -> None:
-        self.bwd.append({**values, "communication_buffers": float(sum(terms.values()))})
+        self.bwd.append({**values, "communication_buffers": _float(sum(terms.values()))})
         self.bwd_terms.append(terms)
 
 
@@ -349,12 +405,13 @@ def _forward_candidates(out: _Candidates, rank: _FsdpRank, regions: ForwardRegio
     (before the first and before the last block) that briefly hold two all-gather buffers."""
     blocks, big, first, last = rank.blocks, rank.big, rank.first, rank.last
     L, raf, ag, R = len(blocks), rank.raf, rank.ag, rank.root_gathered()
+    at_big = rank.big_index() if blocks else 0
     for v in regions.embed:
         out.forward({**_split(nbytes(v), saved_total), "gradients": acc},
                     {**R, **ag("root, until block 0 is gathered", rank.root.all_gather)})
     for v in regions.blocks:
         out.forward({**_split(nbytes(v), saved_total), "gradients": acc},
-                    {**R, **rank.gathered_upto(L - 1 if not raf else blocks.index(big)),
+                    {**R, **rank.gathered_upto(L - 1 if not raf else at_big),
                      **ag("the block computing", big.all_gather)})
     head_terms = {**R, **(rank.gathered_upto(L - 1) if not raf else rank.last_kept()),
                   **ag(f"block {L - 1}, freed when the forward ends", last.all_gather)}
@@ -382,9 +439,11 @@ def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, 
     and the first one, the embeddings' backward and the root's post-backward."""
     blocks, raf, rs, R = rank.blocks, rank.raf, rank.rs, rank.root_gathered()
     L = len(blocks)
-    sharded_after = [sum(g.sharded_grads for g in blocks[i + 1:]) for i in range(L)]
+    sharded_after: list[Any] = [0] * L  # the blocks after each one: whole byte counts, so any order sums exactly
+    for i in range(L - 2, -1, -1):
+        sharded_after[i] = sharded_after[i + 1] + blocks[i + 1].sharded_grads
     all_sharded = sum(g.sharded_grads for g in blocks)
-    held_head = float(head_ug + (embed_ug if arch.tie_word_embeddings else 0))
+    held_head = _float(head_ug + (embed_ug if arch.tie_word_embeddings else 0))
     head_loss = _vadd(pr.head_saved, pr.loss_saved)
     # the loss backward: every activation saved, the last block already being gathered again (or still
     # gathered, when kept); the root's parameters, unless it resharded after the forward
@@ -425,7 +484,7 @@ def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, 
                  {**R, **(rs("block 0", rank.first) if blocks else {})})
     # the root's post-backward: its parameters freed, its unsharded gradients copied for the reduce-scatter
     out.backward({"activations": 0.0 * saved_total, "temporaries": 0.0 * saved_total,
-                  "gradients": float(all_sharded + head_ug + embed_ug) + acc}, rs("root", rank.root))
+                  "gradients": _float(all_sharded + head_ug + embed_ug) + acc}, rs("root", rank.root))
 
 
 def _vadd(a: Any, b: Any) -> Any:

@@ -26,10 +26,10 @@ import numpy as np
 from ..arch import ArchSpec
 from ..training_setup import Parallelism, Recipe
 from .activations import activation_profile, walk_parallelism
-from .distributed import is_fsdp, walk_recipe
+from .distributed import is_fsdp, stack_groups, walk_recipe
 from .phases import (COMPONENTS, PHASES, PhaseResult, StepShape, busier_stage, comm_buffers, reported_stages,
                      stage_phases)
-from .states import StateBytes, state_bytes
+from .states import StateBytes, rank_groups, state_bytes
 
 #: Parallelism fields that change only the sharding of the model states and the communication buffers
 SHARDING_FIELDS = ("dp", "zero", "fsdp", "fsdp_prefetch", "ddp_bucket_view", "ddp_bucket_bytes", "zero_bucket_elems")
@@ -60,8 +60,8 @@ def layout_phases(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], w
     ``accumulation[i]`` micro-batches of ``micro_batch[i]`` samples of ``seq_len[i]`` tokens. With
     pipelining, the busier of the first and the last stage, element by element (as
     :func:`~trainfit.detailed.phases.compute_phases`). FSDP2 shardings walk their own recipe and place
-    their buffers moment by moment: one scalar layout per sharding and accumulation, batch and sequence
-    still as arrays."""
+    their buffers moment by moment: their groups (one scalar call per sharding, cached) are stacked into
+    arrays, and every FSDP2 element with the same prefetch depth (which shapes the candidates) runs at once."""
     which = np.asarray(which).reshape(-1)
     fsdp = np.asarray([is_fsdp(p) for p in pars])
     if not fsdp.any():
@@ -75,22 +75,33 @@ def layout_phases(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], w
         sel = np.flatnonzero(plain)
         parts.append((sel, _plain_phases(arch, recipe, [pars[k] for k in keep], remap[which[sel]], accumulation[sel],
                                          micro_batch[sel], seq_len[sel])))
-    for k in np.flatnonzero(fsdp):
-        for acc in np.unique(accumulation[which == k]):
-            sel = np.flatnonzero((which == k) & (accumulation == acc))
-            par = pars[k]
-            res = [_stage(arch, recipe, par, int(acc), stage, micro_batch[sel], seq_len[sel])
-                   for stage in reported_stages(par)]
-            parts.append((sel, res[0] if len(res) == 1 else busier_stage(res[0], res[1])))
+    ks = np.flatnonzero(fsdp)
+    for pre in sorted({pars[k].fsdp_prefetch for k in ks}):
+        keep = np.asarray([k for k in ks if pars[k].fsdp_prefetch == pre])
+        remap = np.full(len(pars), -1)
+        remap[keep] = np.arange(keep.size)
+        sel = np.flatnonzero(remap[which] >= 0)
+        sub = [pars[k] for k in keep]
+        res = [_fsdp_stage(arch, recipe, sub, remap[which[sel]], accumulation[sel], stage, micro_batch[sel],
+                           seq_len[sel]) for stage in reported_stages(sub[0])]
+        parts.append((sel, res[0] if len(res) == 1 else busier_stage(res[0], res[1])))
     return _scatter(parts, which.size)
 
 
-def _stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulation: int, stage: int, micro_batch: Any,
-           seq_len: Any) -> PhaseResult:
-    st = state_bytes(arch, recipe, par, stage)
-    pr = activation_profile(arch, walk_recipe(recipe, par), walk_parallelism(par), stage)
-    return stage_phases(arch, recipe, par, st, pr, comm_buffers(arch, recipe, par, st), accumulation, stage,
-                        micro_batch, seq_len)
+def _fsdp_stage(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], which: np.ndarray,
+                accumulation: np.ndarray, stage: int, micro_batch: np.ndarray, seq_len: np.ndarray) -> PhaseResult:
+    """Pipeline ``stage`` of FSDP2 elements: element ``i`` shards as ``pars[which[i]]`` (the shardings share
+    the model split and the prefetch depth). State bytes and FSDP2 groups per sharding, gathered into arrays;
+    FSDP2 keeps no persistent communication buffer (its buffers are placed by the candidates)."""
+    rep = pars[0]
+    sts = [state_bytes(arch, recipe, p, stage) for p in pars]
+    st = StateBytes(**{f: _gather([getattr(x, f) for x in sts], which) for f in _STATE_FIELDS})
+    per = [rank_groups(arch, recipe, p, stage) for p in pars]
+    groups = per[0] if len(per) == 1 else stack_groups(per, which)  # one sharding: its byte counts as numbers
+    pr = activation_profile(arch, walk_recipe(recipe, rep), walk_parallelism(rep), stage)
+    comm: dict[str, dict[str, Any]] = {ph: {} for ph in PHASES}
+    return stage_phases(arch, recipe, rep, st, pr, comm, np.asarray(accumulation), stage, micro_batch, seq_len,
+                        groups=groups)
 
 
 def _plain_phases(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], which: np.ndarray,

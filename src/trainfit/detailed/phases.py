@@ -25,12 +25,12 @@ import numpy as np
 from ..arch import ArchSpec
 from .activations import ActivationProfile, activation_profile, walk_parallelism
 from .distributed import (ddp_bucket_bytes, ddp_bucket_label, forward_regions, fsdp_candidates, fsdp_compute_bytes,
-                          fsdp_groups, is_fsdp, walk_recipe)
+                          is_fsdp, walk_recipe)
 from .graph import Vec, ZERO, tok, vadd, vbytes, vsub
 from .inventory import block_linears
 from ..stacks import behaviour_of
 from ..training_setup import Parallelism, Recipe, TrainingSetup
-from .states import StateBytes, stage_tensors, state_bytes
+from .states import StateBytes, rank_groups, state_bytes
 
 PHASES = ("forward", "backward", "optimizer")
 COMPONENTS = ("parameters", "buffers", "master_weights", "gradients", "optimizer_state", "optimizer_temporaries",
@@ -215,12 +215,14 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulatio
 
 def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, pr: ActivationProfile,
                  comm: dict[str, dict[str, Any]], accumulation: Any, stage: int, micro_batch: Any,
-                 seq_len: Any) -> PhaseResult:
+                 seq_len: Any, groups: Any = None) -> PhaseResult:
     """The phases of one pipeline stage from its state bytes, forward walk and communication buffers.
     ``st``'s fields, ``comm``'s values and ``accumulation`` may be arrays (one element per setup of a
     layout sweep; :mod:`trainfit.detailed.layouts`); ``par`` then supplies only what the sweep's
-    elements share (the model split and the pipeline schedule). FSDP2 takes one ``par`` and one
-    ``accumulation`` (micro-batch and sequence may still be arrays)."""
+    elements share (the model split and the pipeline schedule). FSDP2 reads its groups of ``par``
+    (:func:`~.states.rank_groups`) unless ``groups`` gives them: a layout sweep passes the groups of its
+    shardings as arrays (:func:`~.distributed.stack_groups`; ``par`` then supplies the model split, the
+    resharding and the prefetch they share) with ``accumulation`` an array too."""
     sh = step_shape(par, micro_batch, seq_len)
     B = sh.bytes
     opt_state = _num(st.opt_states + st.step_counters)
@@ -292,7 +294,7 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
                                    "temporaries": _num(st.largest_step_temp) + 0.0 * sh.tokens}))
     terms: tuple[list, list] = ([], [])
     if is_fsdp(par):
-        fwd_cands, bwd_cands, *terms = _fsdp(arch, recipe, par, stage, pr, B, saved_total, h_res, accumulation)
+        fwd_cands, bwd_cands, *terms = _fsdp(arch, recipe, par, stage, pr, B, saved_total, h_res, accumulation, groups)
     comm = {k: dict(v) for k, v in comm.items()}
     fwd = _select(fwd_cands)
     forward = {**base, "communication_buffers": _num(sum(comm["forward"].values())), **fwd}
@@ -322,13 +324,14 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
 
 
 def _fsdp(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, pr: ActivationProfile, B: Any,
-          saved_total: Any, h_res: float, accumulation: int) -> tuple[list, list]:
+          saved_total: Any, h_res: float, accumulation: Any, groups: Any = None) -> tuple[list, list]:
     """FSDP2's forward and backward candidates (:func:`~.distributed.fsdp_candidates`)."""
     wr = walk_recipe(recipe, par)
-    tensors, lora = stage_tensors(arch, recipe, par, stage)
-    root, blocks, head_ug, embed_ug = fsdp_groups(recipe, par, tensors, lora)
+    root, blocks, head_ug, embed_ug = rank_groups(arch, recipe, par, stage) if groups is None else groups
     beh = behaviour_of(recipe)
-    return fsdp_candidates(arch, par, pr, forward_regions(arch, wr, par, stage), root, blocks, head_ug, embed_ug, B,
+    # the walk reads only the model split: setups that differ in their sharding share its regions
+    return fsdp_candidates(arch, par, pr, forward_regions(arch, wr, walk_parallelism(par), stage), root, list(blocks),
+                           head_ug, embed_ug, B,
                            saved_total, B(tok(h_res * fsdp_compute_bytes(recipe))), accumulating=accumulation > 1,
                            root_reshard=beh.fsdp_root_reshard and par.pp == 1,
                            keep_last=beh.fsdp_keep_last_block and par.pp == 1)

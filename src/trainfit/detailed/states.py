@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from ..arch import ArchSpec
 from ..units import CUDA_BLOCK_BYTES, cuda_block_bytes as rounded
-from .distributed import fsdp_shard_numel, is_fsdp, local_rows, replicated_gradient_bytes
+from .distributed import FsdpGroup, fsdp_groups, fsdp_shard_numel, is_fsdp, local_rows, replicated_gradient_bytes
 from .inventory import ParamTensor, block_linears, param_tensors, stage_layers
 from ..training_setup import Parallelism, Recipe
 
@@ -104,6 +105,29 @@ def stage_tensors(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int =
     """The parameter tensors and LoRA adapters pipeline ``stage`` holds."""
     keep = _stage_filter(arch, par, stage)
     return [t for t in param_tensors(arch) if keep(t)], lora_tensors(arch, recipe, par, stage)
+
+
+_RANK_GROUPS: dict[tuple[Any, ...], tuple[FsdpGroup, tuple[FsdpGroup, ...], int, int]] = {}
+_RANK_GROUPS_MAX = 4096
+
+
+def rank_groups(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
+                ) -> tuple[FsdpGroup, tuple[FsdpGroup, ...], int, int]:
+    """:func:`fsdp_groups` of the tensors pipeline ``stage`` holds, cached by what they read (the precision's
+    widths, LoRA's rank and targets, dp, tp, ep, pp and the stage): a layout sweep meets the same sharding
+    under every checkpointing mode and schedule, and the allocator's pools read it again."""
+    key = (arch, recipe.precision, recipe.lora_rank, recipe.lora_targets, par.dp, par.tp, par.ep, par.pp, stage)
+    hit = _RANK_GROUPS.get(key)
+    if hit is None:
+        tensors, lora = stage_tensors(arch, recipe, par, stage)
+        root, blocks, head_ug, embed_ug = fsdp_groups(recipe, par, tensors, lora)
+        if len(_RANK_GROUPS) >= _RANK_GROUPS_MAX:
+            _RANK_GROUPS.clear()
+        hit = _RANK_GROUPS[key] = (root, tuple(blocks), head_ug, embed_ug)
+    return hit
+
+
+rank_groups.cache_clear = _RANK_GROUPS.clear  # type: ignore[attr-defined]  # as the lru caches beside it
 
 
 def lora_tensors(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> list[tuple[str, tuple[int, int]]]:

@@ -132,8 +132,9 @@ class _Index:
         self.pos = {k: {v: i for i, v in enumerate(vals)} for k, vals in self.cand.items()}
         self.mb = global_batch + 1
         tails = np.stack([space._col(k).astype(np.int64) for k in TAIL], axis=1)
-        self.tails = {tuple(int(v) for v in r): i for i, r in enumerate(np.unique(tails, axis=0))}
-        tail_code = np.asarray([self.tails[tuple(int(v) for v in r)] for r in tails], dtype=np.int64)
+        uniq, inverse = np.unique(tails, axis=0, return_inverse=True)  # each layout's code: no loop over layouts
+        self.tails = {tuple(int(v) for v in r): i for i, r in enumerate(uniq)}
+        tail_code = np.asarray(inverse, dtype=np.int64).reshape(-1)
         keys = (self._keys(space.tp, space.pp, space.ep, space.zero, space.ckpt, space.mb, vectorised=True)
                 * len(self.tails) + tail_code)
         self.order = np.argsort(keys, kind="stable")
