@@ -193,3 +193,19 @@ def test_cli_plan_takes_the_stack():
     assert d["stack"] == "deepspeed" and all(x["zero"] <= 1 or x["pp"] == 1 for x in d["top"] + d["rejected"])
     r = runner.invoke(app, ["plan", "llama-3.1-8b", "--gpus", "8", "--stack", "nemo"])
     assert r.exit_code == 1 and "stack" in r.output and r.output.strip().count("\n") == 0, r.output
+
+
+def test_the_command_line_searches_fsdp_with_and_without_resharding_like_the_api():
+    """The CLI's FSDP flag defaults to resharding; left at its default it must not restrict the search, so the
+    command and ``plan()`` search and rank the same layouts (``--no-reshard-after-forward`` keeps the
+    unresharded ones)."""
+    args = ["plan", "llama-3.1-8b", "--hardware", "h100", "--gpus", "8", "--batch", "64", "--seq", "2048",
+            "--stack", "torchtitan", "--method", "first-order", "-o", "json"]
+    api = plan("llama-3.1-8b", "h100", 8, global_batch=64, seq_len=2048, stack="torchtitan",
+               method="first-order").to_json()
+    cli = json.loads(runner.invoke(app, args).stdout)
+    assert cli["searched"] == api["searched"]
+    assert [x["step_time"] for x in cli["top"]] == [x["step_time"] for x in api["top"]]
+    only = json.loads(runner.invoke(app, args + ["--no-reshard-after-forward"]).stdout)
+    assert only["searched"] < cli["searched"]
+    assert all(x["reshard_after_forward"] is False for x in only["top"] if x["fsdp"])

@@ -155,6 +155,10 @@ def plan_command(
     from ..report.plan import plan_document
 
     fields = dict(setup_fields or {})
+    if fields.get("reshard_after_forward") is True:
+        # the flag's default, not a choice: the search tries FSDP with and without resharding (the
+        # --no-reshard-after-forward switch keeps it to the latter)
+        del fields["reshard_after_forward"]
     global_batch, seq = fields.pop("batch"), fields.pop("seq_len")
     opts = dict(global_batch=global_batch, seq_len=seq, precision=fields.pop("precision"),
                 optimizer=fields.pop("optimizer"), headroom=headroom, zero_stages=_numbers(_split(zero)),
