@@ -265,6 +265,9 @@ class Family:
     experts_activation: Literal["swiglu", "clamped-swiglu"] = "swiglu"
     #: transformers has no SDPA path for the type (``_supports_sdpa = False``): ``auto`` attention is eager
     eager_only: bool = False
+    #: under eager attention the model's materialised masks (batch x seq x seq in the embeddings' dtype: one per kind
+    #: of block its forward builds them for) are walked, alive from the embeddings to the last block
+    eager_masks: tuple[str, ...] = ()
     #: the rotary table holds head_dim/2 angles (``emb = freqs``, gpt-oss) and rotates the two halves of each head
     #: (``chunk``), instead of ``cat(freqs, freqs)`` and ``rotate_half``
     rope_half_table: bool = False
@@ -557,7 +560,7 @@ DEEPSEEK_V3 = Family(
             "norm_topk_prob": Key("norm_topk_prob", "bool"), "moe_layers": _deepseek_moe_layers,
             "q_lora_rank": _q_lora_rank, "kv_lora_rank": Key("kv_lora_rank"),
             "v_head_dim": Key("v_head_dim")},
-    router="sigmoid-group",
+    router="sigmoid-group", eager_masks=("full_attention",),
 )
 
 GPT_OSS = Family(
@@ -575,6 +578,8 @@ GPT_OSS = Family(
             "attention_sinks": True, "moe_layers": lambda r, f: tuple(range(f["num_layers"]))},
     layer_types_rule=_config_or(_alternating),
     router="topk-softmax", experts_activation="clamped-swiglu", eager_only=True, rope_half_table=True,
+    eager_masks=("full_attention", "sliding_attention"),  # GptOssModel builds both, whatever the blocks
+    norm_weight_before_cast=True,  # GptOssRMSNorm: (weight * x).to(dtype), as OLMo 2
 )
 
 # ---------------------------------------------------------------------------------------------

@@ -431,13 +431,15 @@ class _Walker:
                 return copy
             return out
         # eager / math: materialised scores
+        if a.attention_sinks:
+            return self.sink_attention(q, k, v, heads, kvh, qw, vw)
         if kvh != heads:  # repeat_kv / enable_gqa in math: expanded copies
             k = g.new(tok(qw), dt, k.rg, "k repeated")
             v = g.new(tok(qw), dt, v.rg, "v repeated")
         # views into a fused q|k|v output cannot be reshaped for the batched matmul without a copy:
         # the matmul saves the contiguous copy, not the fused storage
         q, k, v = (self.own(t, w, n) for t, w, n in ((q, qw, "q"), (k, qw if kvh != heads else kvw, "k"),
-                                                     (v, qw if kvh != heads else kvw, "v")))
+                                                     (v, qw if kvh != heads else vw, "v")))
         scores = g.new((0.0, 0.0, heads, 0.0), dt, True, "scores")
         if not selective:
             g.save(q)
@@ -469,13 +471,54 @@ class _Walker:
         if not selective:
             g.save(pc)
             g.save(v)
-        ctx = g.new(tok(qw), dt, True, "attention out (bhsd)")
+        ctx = g.new(tok(vw), dt, True, "attention out (bhsd)")
         g.use(pc, v)
-        out = g.new(tok(qw), dt, True, "attention out contiguous")
+        out = g.new(tok(vw), dt, True, "attention out contiguous")
         g.use(ctx)
         if selective:
             for t in (q, k, v):
                 g.save(t)
+        return out
+
+    def sink_attention(self, q: Tensor, k: Tensor, v: Tensor, heads: float, kvh: float, qw: float, vw: float) -> Tensor:
+        """gpt-oss's eager attention with sinks: the scores, scaled; each head's sink logit appended as one more
+        column (``cat``: batch x heads x seq x (seq + 1) in the promoted dtype, fp32 under autocast, where the sinks
+        are fp32 parameters); the row maximum subtracted (``max`` keeps its int64 indices); the softmax in that
+        dtype (output saved); the sink column dropped (a view the batched matmul reads as it is) and, under
+        autocast, cast to the values' dtype (a seq x seq copy the matmul saves)."""
+        g = self.g
+        dt = q.dtype
+        if kvh != heads:  # repeat_kv: expanded copies
+            k = g.new(tok(qw), dt, k.rg, "k repeated")
+            v = g.new(tok(vw), dt, v.rg, "v repeated")
+        per_score = (0.0, 0.0, heads, 0.0)
+        with_sink = (heads, 0.0, heads, 0.0)  # seq + 1 columns
+        scores = g.new(per_score, dt, True, "scores")
+        g.save(q)
+        g.save(k)
+        g.use(q, k)
+        scaled = g.new(per_score, dt, True, "scaled scores")
+        g.use(scores)
+        cdt = 4.0 if g.autocast else dt
+        combined = g.new(with_sink, cdt, True, "scores with sinks (cat)")
+        g.use(scaled)
+        idx = g.new(tok(heads), 8, False, "row max indices")
+        g.save(idx)
+        mx = g.new(tok(heads), cdt, True, "row max")
+        shifted = g.new(with_sink, cdt, True, "scores - max")
+        g.use(combined, mx)
+        probs = g.new(with_sink, cdt, True, "softmax (with sink)")
+        g.save(probs)
+        g.use(shifted)
+        if cdt != v.dtype:  # autocast: the fp32 probabilities cast to the values' dtype, saved by the matmul
+            pc = g.new(per_score, v.dtype, True, "probs without the sink, cast")
+            g.use(probs)
+            g.save(pc)
+        g.save(v)
+        ctx = g.new(tok(vw), dt if not g.autocast else 2.0, True, "attention out (bhsd)")
+        g.use(v)
+        out = g.new(tok(vw), ctx.dtype, True, "attention out contiguous")
+        g.use(ctx)
         return out
 
     def own(self, t: Tensor, width: float, name: str) -> Tensor:
@@ -640,7 +683,8 @@ class _Walker:
             m = g.mul(act, gu, "act*up")
             m.size = act.size
         d = g.new(tok(k * h), w, True, "experts down")
-        g.save(m)
+        if self.full:  # the grouped product saves its input for the (trainable) experts' gradient only
+            g.save(m)
         g.use(m)
         if a.expert_bias:
             bias = g.new(tok(k * h), self.p, self.full, "gathered down biases")
@@ -864,6 +908,11 @@ class _Walker:
                 g.hold(cos)
                 g.hold(sin)
                 tables[kind] = (cos, sin)
+        masks: dict[str, Tensor] = {}
+        if self.kernel == "eager":
+            g.region = "embed"
+            for kind in a.family.eager_masks:  # eager_mask: torch.where(bool mask, 0, min) as batch x 1 x seq x seq
+                masks[kind] = g.new((0.0, 0.0, 1.0, 0.0), self.p, False, f"eager mask {kind}")
         # Blocks of the same kind allocate alike: the first block and the last are walked op by op, and
         # so is the first block of each kind after the first; the others replay that block's totals (its
         # saved tensors, weight copies and output), which gives the same saved bytes and, since the last
@@ -876,6 +925,8 @@ class _Walker:
             kind = (a.is_moe_layer(i), ck, self.masked_window(i))
             if ck:
                 g.checkpoint_input(x)
+                if a.layer_types[i] in masks:  # the block's mask is an argument the checkpoint keeps too
+                    g.checkpoint_input(masks[a.layer_types[i]])
             rep = reps.get(kind)
             if rep is not None and self.replay and 0 < k < len(layers) - 1:
                 x = self._replay(rep, x)
@@ -892,6 +943,7 @@ class _Walker:
             marks.append((start, ck, None))
             if k > 0 and kind not in reps:
                 reps[kind] = self._stats(g.tensors[start:], x, x_in.saved)
+        g.use(*masks.values())  # the model's forward returns after the final norm: its masks go
         if last:
             self.head_and_loss(x)
             loss_bwd = g.notes["loss_backward"]
