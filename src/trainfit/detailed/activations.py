@@ -522,8 +522,9 @@ class _Walker:
         return out
 
     def own(self, t: Tensor, width: float, name: str) -> Tensor:
-        """``t`` itself, or a contiguous copy when ``t`` is a view into a wider (fused) storage."""
-        if t.size[0] <= width + 1e-9:
+        """``t`` itself, or a contiguous copy when ``t`` is a view into a wider (fused) storage or a split of one
+        (MLA's values: their batch and head strides cannot merge, so the batched matmul copies them)."""
+        if t.size[0] <= width + 1e-9 and t.base is None:
             return t
         c = self.g.new(tok(width), t.dtype, t.rg, f"{name} contiguous copy")
         self.g.use(t)
