@@ -561,6 +561,9 @@ DEEPSEEK_V3 = Family(
             "q_lora_rank": _q_lora_rank, "kv_lora_rank": Key("kv_lora_rank"),
             "v_head_dim": Key("v_head_dim")},
     router="sigmoid-group", eager_masks=("full_attention",),
+    tp_unmeasured=("DeepSeek-V3 under tensor parallelism is walked with its latent down-projections (q_a, kv_a) "
+                   "replicated, q_b, kv_b and the experts column-wise and o row-wise, not measured: the measured "
+                   "plan has no layout for latent attention"),
 )
 
 GPT_OSS = Family(
@@ -580,6 +583,8 @@ GPT_OSS = Family(
     router="topk-softmax", experts_activation="clamped-swiglu", eager_only=True, rope_half_table=True,
     eager_masks=("full_attention", "sliding_attention"),  # GptOssModel builds both, whatever the blocks
     norm_weight_before_cast=True,  # GptOssRMSNorm: (weight * x).to(dtype), as OLMo 2
+    tp_unmeasured=("gpt-oss under tensor parallelism is walked with heads and sinks split and the experts sharded "
+                   "as Mixtral's, not measured: the measured plan cannot split the sinks or the experts"),
 )
 
 # ---------------------------------------------------------------------------------------------
