@@ -523,7 +523,8 @@ class _Walker:
 
     def own(self, t: Tensor, width: float, name: str) -> Tensor:
         """``t`` itself, or a contiguous copy when ``t`` is a view into a wider (fused) storage or a split of one
-        (MLA's values: their batch and head strides cannot merge, so the batched matmul copies them)."""
+        (MLA's values: their batch and head strides cannot merge, so the batched matmul copies them; with a batch
+        of one they merge and the split itself is saved, which the walk, blind to the batch, does not follow)."""
         if t.size[0] <= width + 1e-9 and t.base is None:
             return t
         c = self.g.new(tok(width), t.dtype, t.rg, f"{name} contiguous copy")
