@@ -493,9 +493,11 @@ class _Walker:
             v = g.new(tok(vw), dt, v.rg, "v repeated")
         per_score = (0.0, 0.0, heads, 0.0)
         with_sink = (heads, 0.0, heads, 0.0)  # seq + 1 columns
-        scores = g.new(per_score, dt, True, "scores")
-        g.save(q)
-        g.save(k)
+        scores = g.new(per_score, dt, q.rg or k.rg, "scores")
+        if q.rg:  # each factor is kept for the other's gradient (a frozen k_proj on a frozen input: no k grad)
+            g.save(k)
+        if k.rg:
+            g.save(q)
         g.use(q, k)
         scaled = g.new(per_score, dt, True, "scaled scores")
         g.use(scores)
