@@ -512,8 +512,8 @@ QWEN3_MOE = Family(
 )
 
 def _deepseek_checks(r: ConfigReader) -> None:
-    experts, groups = r.int("n_routed_experts", minimum=0), r.opt_int("n_group") or 1
-    if experts and experts % groups:
+    experts, groups = r.int("n_routed_experts"), r.opt_int("n_group") or 1  # DeepseekV3MoE needs routed experts
+    if experts % groups:
         raise TrainfitError(f"{r.where}: n_routed_experts {experts} must be a multiple of n_group {groups} "
                             "(the router splits the experts into n_group equal groups)")
 
@@ -553,7 +553,7 @@ DEEPSEEK_V3 = Family(
     fields={**_ROTARY_FIELDS, "num_kv_heads": Same("num_heads"), "head_dim": _mla_head_dim,
             "o_bias": Key("attention_bias", "bool"),
             "rotary_fraction": lambda r, f: r.int("qk_rope_head_dim") / f["head_dim"],
-            "num_experts": Key("n_routed_experts", minimum=0), "experts_per_token": Key("num_experts_per_tok"),
+            "num_experts": Key("n_routed_experts"), "experts_per_token": Key("num_experts_per_tok"),
             "moe_intermediate_size": Key("moe_intermediate_size"),
             "shared_expert_intermediate_size": lambda r, f: r.int("moe_intermediate_size") * r.int(
                 "n_shared_experts", minimum=0),
