@@ -27,7 +27,8 @@ from trainfit.refs import config_counts
 NAMED_MODELS = {  # the models trainfit ships configs for (docs/architectures.md, "Bundled configs"), by slug
     "llama-3.1-8b", "llama-3.1-70b", "llama-3.2-1b", "llama-3.2-3b", "mistral-7b", "qwen2.5-0.5b", "qwen2.5-7b",
     "gemma-2-2b", "gemma-2-9b", "phi-3-mini", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-base",
-    "bert-large", "mixtral-8x7b", "olmo-2-7b", "gemma-3-1b", "qwen3-30b-a3b", "qwen3-235b-a22b",
+    "bert-large", "mixtral-8x7b", "olmo-2-7b", "gemma-3-1b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3",
+    "gpt-oss-20b", "gpt-oss-120b",
 }
 
 
@@ -63,12 +64,12 @@ def test_catalog_config_fields_point_at_bundled_files():
     linked = {m.slug: m.config for m in Models if m.config}
     assert linked == {s: s for s in ("bert-base", "bert-large", "gpt2-small", "gpt2-xl", "llama-3.1-8b",
                                      "llama-3.1-70b", "mixtral-8x7b", "deepseek-v3")}
-    # DeepSeek-V3's type is answered by the traced method (no ArchSpec): its layers, width and exact count
-    # (data/config_parameters.yaml) against the catalog's; the catalog's heads (56) are the seed's figure,
-    # the config has 128 query heads
+    # DeepSeek-V3: its layers, width and exact count (data/config_parameters.yaml, and the ArchSpec's) against the
+    # catalog's; the catalog's heads (56) are the seed's figure, the config has 128 query heads
     ds, cfg = Models.get("deepseek-v3"), load_config("deepseek-v3")
     assert (cfg["num_hidden_layers"], cfg["hidden_size"]) == (ds.layers, ds.hidden_dim)
-    assert config_counts()["deepseek-v3"] == pytest.approx(ds.parameters, rel=0.001)
+    assert config_counts()["deepseek-v3"] == resolve_arch("deepseek-v3").parameters == pytest.approx(ds.parameters,
+                                                                                                  rel=0.001)
     for slug, config in linked.items():
         if slug == "deepseek-v3":
             continue

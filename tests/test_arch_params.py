@@ -110,6 +110,19 @@ SMALL: list[tuple[str, dict[str, Any]]] = [
     ("qwen3_moe", {**T, "num_hidden_layers": 4, "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
                    "moe_intermediate_size": 24, "decoder_sparse_step": 2, "mlp_only_layers": [3],
                    "attention_bias": True, "tie_word_embeddings": True}),
+    ("deepseek_v3", {**T, "num_hidden_layers": 3, "first_k_dense_replace": 1, "moe_intermediate_size": 24,
+                     "n_routed_experts": 4, "n_group": 2, "topk_group": 1, "num_experts_per_tok": 2, "q_lora_rank": 32,
+                     "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 16}),
+    # no query compression (an explicit null), biases, two shared experts, tied embeddings, every block dense but one
+    ("deepseek_v3", {**T, "num_hidden_layers": 3, "first_k_dense_replace": 2, "moe_intermediate_size": 24,
+                     "n_routed_experts": 4, "n_group": 2, "topk_group": 1, "num_experts_per_tok": 2, "q_lora_rank": None,
+                     "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 16,
+                     "attention_bias": True, "n_shared_experts": 2, "tie_word_embeddings": True}),
+    ("gpt_oss", {**T, "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
+                 "sliding_window": 8}),
+    ("gpt_oss", {**T, "num_hidden_layers": 3, "num_key_value_heads": 1, "head_dim": 32, "num_local_experts": 2,
+                 "num_experts_per_tok": 1, "attention_bias": False, "tie_word_embeddings": True,
+                 "layer_types": ["full_attention", "full_attention", "sliding_attention"]}),
 ]
 
 

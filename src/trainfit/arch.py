@@ -128,6 +128,14 @@ class ArchSpec:
     norm_topk_prob: bool = False  #: top-k routing weights renormalised to sum 1
     router_jitter_noise: float = 0.0  #: multiplicative input jitter in training (mixtral)
     moe_layers: tuple[int, ...] = ()  #: indices of blocks whose MLP is the sparse MoE block
+    expert_bias: bool = False  #: biases on every routed expert's gate_up and down projections (gpt_oss)
+
+    # --- multi-head latent attention (DeepSeek-V2/V3; 0 for every other type). ``head_dim`` is then the q.k width
+    # (qk_nope_head_dim + qk_rope_head_dim), ``rotary_fraction`` the rotated share of it
+    q_lora_rank: int = 0  #: width of the compressed query (q_a_proj -> q_a_layernorm -> q_b_proj); 0: one q_proj
+    kv_lora_rank: int = 0  #: width of the compressed key/value latent (kv_a_proj_with_mqa, kv_b_proj); 0: no MLA
+    v_head_dim: int = 0  #: value features per head when they differ from head_dim (MLA); 0: head_dim
+    attention_sinks: bool = False  #: one learned sink logit per query head in every block (gpt_oss ``sinks``)
 
     #: per block, ``full_attention`` or ``sliding_attention`` (window ``sliding_window`` tokens), following
     #: transformers (a config's own ``layer_types`` where the type reads it, else the type's rule)
@@ -162,6 +170,21 @@ class ArchSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek): keys and values expanded from a compressed latent."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def value_head_dim(self) -> int:
+        """Value (and attention output) features per head: ``v_head_dim`` under MLA, else ``head_dim``."""
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def qk_rope_dim(self) -> int:
+        """Rotated features per head (the share ``rotary_fraction`` of head_dim)."""
+        return round(self.head_dim * self.rotary_fraction)
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0 and bool(self.moe_layers)
 
@@ -181,6 +204,17 @@ class ArchSpec:
             return 0
         return self.q_size + self.kv_size if self.family.qk_norm_whole_projection else 2 * self.head_dim
 
+    def _mla_counts(self) -> tuple[int, int]:
+        """(projections, latent norms) of one multi-head latent attention block (transformers' DeepseekV3Attention:
+        q_a_proj, q_a_layernorm, q_b_proj or one q_proj; kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj; o_proj;
+        ``attention_bias`` on q_a, kv_a and o)."""
+        h, H, qk, v = self.hidden_size, self.num_heads, self.head_dim, self.value_head_dim
+        qr, kvr, rope = self.q_lora_rank, self.kv_lora_rank, self.qk_rope_dim
+        b = self.o_bias
+        q = (h * qr + (qr if b else 0) + qr * H * qk) if qr else h * H * qk
+        kv = h * (kvr + rope) + ((kvr + rope) if b else 0) + kvr * H * (qk - rope + v)
+        return q + kv + H * v * h + (h if b else 0), (qr + kvr) if self.norm_affine else 0
+
     def _layer_counts(self, index: int) -> dict[str, int]:
         h = self.hidden_size
         q, kv = self.q_size, self.kv_size
@@ -188,11 +222,17 @@ class ArchSpec:
                + h * kv + (kv if self.k_bias else 0)
                + h * kv + (kv if self.v_bias else 0)
                + q * h + (h if self.o_bias else 0))
+        latent_norms = 0
+        if self.mla:
+            att, latent_norms = self._mla_counts()
+        if self.attention_sinks:
+            att += self.num_heads
         counts = dict.fromkeys(PARAM_GROUPS, 0)
         counts["attention"] = att
-        counts["norms"] = self.norms_per_layer * self._norm(h) + self._qk_norm_count()
+        counts["norms"] = self.norms_per_layer * self._norm(h) + self._qk_norm_count() + latent_norms
         if self.is_moe_layer(index):
-            counts["experts"] = self.num_experts * 3 * h * self.moe_intermediate_size
+            mi = self.moe_intermediate_size
+            counts["experts"] = self.num_experts * (3 * h * mi + ((2 * mi + h) if self.expert_bias else 0))
             counts["router"] = (self.num_experts * (h + (1 if self.router_bias else 0))
                                 + (h if self.shared_expert_gate else 0))
             counts["shared_experts"] = 3 * h * self.shared_expert_intermediate_size

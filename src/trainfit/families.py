@@ -254,6 +254,23 @@ class Family:
     #: mask). Gemma 3's windows (512 tokens for 1B, 1024 above) are shorter than training sequences; shorter
     #: sequences (no mask) are over-estimated by the repeated keys and values
     sliding_layers_masked: bool = False
+    #: how the MoE router picks experts: ``softmax`` (Mixtral, Qwen-MoE: softmax over all experts in fp32, top-k),
+    #: ``sigmoid-group`` (DeepSeek-V3: an fp32 router weight on an fp32 copy of the input, sigmoid scores, a fp32
+    #: score-correction buffer, group-limited top-k, renormalised and scaled weights) or ``topk-softmax`` (gpt-oss:
+    #: a biased router in the compute dtype, top-k of the logits, softmax over those k)
+    router: Literal["softmax", "sigmoid-group", "topk-softmax"] = "softmax"
+    #: the routed experts' activation: ``swiglu`` (act(gate) * up on the concatenated gate|up output) or
+    #: ``clamped-swiglu`` (gpt-oss: interleaved gate/up columns clamped at ``swiglu_limit``, ``gate *
+    #: sigmoid(alpha * gate) * (up + 1)``, biases added to both expert projections)
+    experts_activation: Literal["swiglu", "clamped-swiglu"] = "swiglu"
+    #: transformers has no SDPA path for the type (``_supports_sdpa = False``): ``auto`` attention is eager
+    eager_only: bool = False
+    #: under eager attention the model's materialised masks (batch x seq x seq in the embeddings' dtype: one per kind
+    #: of block its forward builds them for) are walked, alive from the embeddings to the last block
+    eager_masks: tuple[str, ...] = ()
+    #: the rotary table holds head_dim/2 angles (``emb = freqs``, gpt-oss) and rotates the two halves of each head
+    #: (``chunk``), instead of ``cat(freqs, freqs)`` and ``rotate_half``
+    rope_half_table: bool = False
     #: why tensor parallelism (with sequence parallelism, when ``tp_unmeasured_with_sp_only``) of this type is walked
     #: but not measured; the detailed estimate says so in its notes ("" when measured or not needed)
     tp_unmeasured: str = ""
@@ -494,6 +511,82 @@ QWEN3_MOE = Family(
     layer_types_rule=_window_everywhere,
 )
 
+def _deepseek_checks(r: ConfigReader) -> None:
+    experts, groups = r.int("n_routed_experts"), r.opt_int("n_group") or 1  # DeepseekV3MoE needs routed experts
+    if experts % groups:
+        raise TrainfitError(f"{r.where}: n_routed_experts {experts} must be a multiple of n_group {groups} "
+                            "(the router splits the experts into n_group equal groups)")
+
+
+def _mla_head_dim(r: ConfigReader, f: dict[str, Any]) -> int:
+    """The q.k width of multi-head latent attention: the un-rotated and the rotated features of a head."""
+    return r.int("qk_nope_head_dim", minimum=0) + r.int("qk_rope_head_dim")
+
+
+def _deepseek_moe_layers(r: ConfigReader, f: dict[str, Any]) -> tuple[int, ...]:
+    """Blocks from ``first_k_dense_replace`` on have the MoE MLP (DeepseekV3DecoderLayer), the first ones a dense one."""
+    first = r.int("first_k_dense_replace", minimum=0)
+    return tuple(range(first, f["num_layers"])) if f["num_experts"] else ()
+
+
+def _q_lora_rank(r: ConfigReader, f: dict[str, Any]) -> int:
+    """``q_lora_rank``: an explicit null means one uncompressed q_proj (DeepSeek-V2-Lite); absent, the default."""
+    if "q_lora_rank" in r.cfg and r.cfg["q_lora_rank"] is None:
+        return 0
+    return r.int("q_lora_rank")
+
+
+DEEPSEEK_V3 = Family(
+    "deepseek_v3", "DeepseekV3ForCausalLM",
+    defaults={**_ROTARY_DEFAULTS, "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+              "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+              "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256, "kv_lora_rank": 512,
+              "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8,
+              "topk_group": 4, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "norm_topk_prob": True,
+              "hidden_act": "silu", "max_position_embeddings": 4096, "tie_word_embeddings": False,
+              "attention_bias": False},
+    aliases={"n_routed_experts": "num_local_experts"},
+    checks=(_deepseek_checks,),
+    # multi-head latent attention: every query head gets its own key and value expanded from the latent, so the
+    # kernel sees num_heads key/value heads of head_dim (q.k) and v_head_dim (values) features; attention_bias
+    # puts a bias on q_a_proj, kv_a_proj_with_mqa and o_proj (o_bias carries it)
+    fields={**_ROTARY_FIELDS, "num_kv_heads": Same("num_heads"), "head_dim": _mla_head_dim,
+            "o_bias": Key("attention_bias", "bool"),
+            "rotary_fraction": lambda r, f: r.int("qk_rope_head_dim") / f["head_dim"],
+            "num_experts": Key("n_routed_experts"), "experts_per_token": Key("num_experts_per_tok"),
+            "moe_intermediate_size": Key("moe_intermediate_size"),
+            "shared_expert_intermediate_size": lambda r, f: r.int("moe_intermediate_size") * r.int(
+                "n_shared_experts", minimum=0),
+            "norm_topk_prob": Key("norm_topk_prob", "bool"), "moe_layers": _deepseek_moe_layers,
+            "q_lora_rank": _q_lora_rank, "kv_lora_rank": Key("kv_lora_rank"),
+            "v_head_dim": Key("v_head_dim")},
+    router="sigmoid-group", eager_masks=("full_attention",),
+    tp_unmeasured=("DeepSeek-V3 under tensor parallelism is walked with its latent down-projections (q_a, kv_a) "
+                   "replicated, q_b, kv_b and the experts column-wise and o row-wise, not measured: the measured "
+                   "plan has no layout for latent attention"),
+)
+
+GPT_OSS = Family(
+    "gpt_oss", "GptOssForCausalLM",
+    defaults={**_ROTARY_DEFAULTS, "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880,
+              "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+              "num_local_experts": 128, "num_experts_per_tok": 4, "sliding_window": 128, "hidden_act": "silu",
+              "max_position_embeddings": 131072, "tie_word_embeddings": False, "attention_bias": True},
+    aliases={"num_local_experts": "num_experts"},
+    # every block: q/k/v/o with biases and one learned sink per head, then the MoE MLP (a biased router, experts
+    # with biases whose inner width is intermediate_size); sliding and full blocks alternate
+    fields={**_ROTARY_FIELDS, **_all_bias("attention_bias"), "sliding_window": Key("sliding_window", "opt_int"),
+            "num_experts": Key("num_local_experts"), "experts_per_token": Key("num_experts_per_tok"),
+            "moe_intermediate_size": Same("intermediate_size"), "router_bias": True, "expert_bias": True,
+            "attention_sinks": True, "moe_layers": lambda r, f: tuple(range(f["num_layers"]))},
+    layer_types_rule=_config_or(_alternating),
+    router="topk-softmax", experts_activation="clamped-swiglu", eager_only=True, rope_half_table=True,
+    eager_masks=("full_attention", "sliding_attention"),  # GptOssModel builds both, whatever the blocks
+    norm_weight_before_cast=True,  # GptOssRMSNorm: (weight * x).to(dtype), as OLMo 2
+    tp_unmeasured=("gpt-oss under tensor parallelism is walked with heads and sinks split and the experts sharded "
+                   "as Mixtral's, not measured: the measured plan cannot split the sinks or the experts"),
+)
+
 # ---------------------------------------------------------------------------------------------
 # Learned-position and LayerNorm types
 
@@ -645,6 +738,7 @@ ROBERTA = Family(
 #: every supported type, in the order error messages list them
 FAMILIES: Mapping[str, Family] = MappingProxyType({f.model_type: f for f in (
     LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA, GEMMA2, PHI3, GPT2, GPT_NEOX, OPT, BERT, ROBERTA, MIXTRAL, QWEN2_MOE, OLMO2, GEMMA3_TEXT, QWEN3_MOE,
+    DEEPSEEK_V3, GPT_OSS,
 )})
 
 __all__ = ["DEFAULT_MODULE_NAMES", "FAMILIES", "ConfigReader", "Family", "Key", "Same", "split_heads"]

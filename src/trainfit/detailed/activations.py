@@ -48,6 +48,11 @@ def attention_kernel(arch: ArchSpec, recipe: Recipe) -> str:
         return "mem-efficient"
     if arch.attn_logit_softcapping is not None:
         return "eager"  # SDPA cannot soft-cap the scores: transformers runs Gemma-2 with eager attention
+    if arch.family.eager_only:
+        return "eager"  # no SDPA path in transformers (gpt-oss's sinks): its default, eager
+    if arch.mla and (arch.value_head_dim != arch.head_dim or arch.head_dim > 256):
+        # flash needs equal q/k/v head dims; memory-efficient takes MLA's narrower values (multiples of 8)
+        return "mem-efficient" if not (arch.head_dim % 8 or arch.value_head_dim % 8) else "math"
     if sixteen and arch.head_dim <= 256:
         return "flash"
     if arch.num_kv_heads != arch.num_heads and behaviour_of(recipe).gqa != "repeat-kv":
@@ -233,6 +238,8 @@ class _Walker:
     # ---------------------------------------------------------------- blocks
     def attention(self, y: Tensor, index: int, cos: Tensor | None, sin: Tensor | None) -> Tensor:
         a, r, tpd = self.a, self.r, self.tp
+        if a.mla:
+            return self.latent_attention(y, index, cos, sin)
         lins = {lin.role: lin for lin in block_linears(a, index)}
         targets = r.lora_targets if r.lora else ()
         heads = a.num_heads / tpd
@@ -253,7 +260,8 @@ class _Walker:
             q = self.norm(q, "q_norm", rows=1.0 if whole else heads)
             k = self.norm(k, "k_norm", rows=1.0 if whole else kvh)
         if cos is not None and a.rotary_fraction > 0:
-            rope = self.rope_complex if self.beh.rope == "complex" else self.rope
+            rope = (self.rope_complex if self.beh.rope == "complex" else self.rope_pairs if a.family.rope_half_table
+                    else self.rope)
             q, k = rope(q, qw, cos, sin), rope(k, kvw, cos, sin)
         out = self.core_attention(q, k, v, heads, kvh, qw, kvw, self.masked_window(index))
         L = lins["o"]
@@ -281,6 +289,66 @@ class _Walker:
             out = full
         return out
 
+    def rope_pairs(self, src: Tensor, width: float, cos: Tensor, sin: Tensor) -> Tensor:
+        """Rotation of feature pairs with the halves computed apart and concatenated: DeepSeek-V3's
+        ``apply_rotary_pos_emb_interleave`` (even/odd features) and gpt-oss's ``_apply_rotary_emb`` (first/second
+        half): ``cat(x1*cos - x2*sin, x2*cos + x1*sin)``. Six half-width products and sums, one full-width output;
+        the products save only cos/sin (slices of the tables, no grad)."""
+        g = self.g
+        dt = max(src.dtype, cos.dtype)
+        half = width / 2
+        a = g.new(tok(half), dt, src.rg, "x1*cos")
+        g.use(src)
+        b = g.new(tok(half), dt, src.rg, "x2*sin")
+        g.use(src)
+        first = g.new(tok(half), dt, src.rg, "x1*cos-x2*sin")
+        g.use(a, b)
+        c = g.new(tok(half), dt, src.rg, "x2*cos")
+        g.use(src)
+        d = g.new(tok(half), dt, src.rg, "x1*sin")
+        g.use(src)
+        second = g.new(tok(half), dt, src.rg, "x2*cos+x1*sin")
+        g.use(c, d)
+        out = g.new(tok(width), dt, src.rg, "rotated (cat)")
+        g.use(first, second)
+        if src.rg:
+            g.save(cos)
+            g.save(sin)
+        return out
+
+    def latent_attention(self, y: Tensor, index: int, cos: Tensor | None, sin: Tensor | None) -> Tensor:
+        """Multi-head latent attention as transformers' DeepseekV3Attention runs it: the query from its latent
+        (q_a_proj, RMSNorm, q_b_proj) split into un-rotated and rotated features; one latent and one rotated key
+        for all heads (kv_a_proj_with_mqa, split); the latent normed and expanded per head (kv_b_proj) into the
+        un-rotated keys and the values (a split: the values stay a view of kv_b_proj's output); the key assembled
+        in a new tensor, the query concatenated; SDPA on num_heads heads with v_head_dim value features."""
+        a, g, tpd = self.a, self.g, self.tp
+        lins = {lin.role: lin for lin in block_linears(a, index)}
+        targets = self.r.lora_targets if self.r.lora else ()
+        heads = a.num_heads / tpd
+        qk, vd, rope = a.head_dim, a.value_head_dim, a.qk_rope_dim
+        y = self.gather_sequence(y, a.hidden_size)
+
+        def lin(x: Tensor, role: str) -> Tensor:
+            L = lins[role]
+            return self.linear(x, f"{index}.{role}", L.in_features, L.out_features, L.tp, L.module,
+                               lora=L.module in targets)
+
+        q = lin(self.norm(lin(y, "q_a"), "q_a_layernorm"), "q_b") if a.q_lora_rank else lin(y, "q")
+        ckv = lin(y, "kv_a")
+        latent = self.norm(g.view(ckv, a.kv_lora_rank, "kv latent"), "kv_a_layernorm")
+        q_rot, k_rot = g.view(q, heads * rope, "q rotated part"), g.view(ckv, rope, "k rotated part")
+        if cos is not None:
+            q_rot, k_rot = self.rope_pairs(q_rot, heads * rope, cos, sin), self.rope_pairs(k_rot, rope, cos, sin)
+        query = g.new(tok(heads * qk), max(q.dtype, q_rot.dtype), True, "query (cat)")
+        g.use(q, q_rot)
+        kv = lin(latent, "kv_b")
+        key = g.new(tok(heads * qk), kv.dtype, True, "key (k_nope | k_rot)")  # new_empty, then two copy_
+        g.use(kv, k_rot)
+        value = g.view(kv, heads * vd, "value")
+        out = self.core_attention(query, key, value, heads, heads, heads * qk, heads * qk, vw=heads * vd)
+        return lin(out, "o")
+
     def rope_complex(self, src: Tensor, width: float, cos: Tensor, sin: Tensor) -> Tensor:
         """torchtitan's ``apply_rotary_emb``: ``view_as_complex(x.float()) * freqs_cis`` (complex64), then
         ``view_as_real(...).type_as(x)``: two fp32 temporaries; the product saves only ``freqs_cis`` (a buffer)."""
@@ -301,8 +369,11 @@ class _Walker:
                 and self.r.attention == "auto" and self.kernel != "eager")
 
     def core_attention(self, q: Tensor, k: Tensor, v: Tensor, heads: float, kvh: float, qw: float, kvw: float,
-                       masked: bool = False) -> Tensor:
+                       masked: bool = False, vw: Optional[float] = None) -> Tensor:
+        """The attention kernel on this rank's q, k, v (``qw``/``kvw`` features per token; values and output ``vw``,
+        by default ``qw``)."""
         a, r, g = self.a, self.r, self.g
+        vw = qw if vw is None else vw
         p_attn = self.p_drop(a.attention_dropout)
         # Korthikanti et al.'s selective recomputation: the attention core is recomputed (a stack's op policy
         # instead checkpoints the whole block, see op_policy)
@@ -341,7 +412,7 @@ class _Walker:
             # SDPA turns the boolean mask into an additive bias of q's dtype, saved by the kernel: one per block
             g.save(g.new((0.0, 0.0, 1.0, 0.0), dt, False, "window mask as bias"))
         if self.kernel in ("flash", "mem-efficient") or masked:
-            out = g.new(tok(qw), dt, True, "attention out")
+            out = g.new(tok(vw), dt, True, "attention out")
             lse = g.new(tok(heads), 4, False, "logsumexp")
             for t in (q, k, v):
                 g.save(t)
@@ -360,13 +431,15 @@ class _Walker:
                 return copy
             return out
         # eager / math: materialised scores
+        if a.attention_sinks:
+            return self.sink_attention(q, k, v, heads, kvh, qw, vw)
         if kvh != heads:  # repeat_kv / enable_gqa in math: expanded copies
             k = g.new(tok(qw), dt, k.rg, "k repeated")
             v = g.new(tok(qw), dt, v.rg, "v repeated")
         # views into a fused q|k|v output cannot be reshaped for the batched matmul without a copy:
         # the matmul saves the contiguous copy, not the fused storage
         q, k, v = (self.own(t, w, n) for t, w, n in ((q, qw, "q"), (k, qw if kvh != heads else kvw, "k"),
-                                                     (v, qw if kvh != heads else kvw, "v")))
+                                                     (v, qw if kvh != heads else vw, "v")))
         scores = g.new((0.0, 0.0, heads, 0.0), dt, True, "scores")
         if not selective:
             g.save(q)
@@ -398,18 +471,63 @@ class _Walker:
         if not selective:
             g.save(pc)
             g.save(v)
-        ctx = g.new(tok(qw), dt, True, "attention out (bhsd)")
+        ctx = g.new(tok(vw), dt, True, "attention out (bhsd)")
         g.use(pc, v)
-        out = g.new(tok(qw), dt, True, "attention out contiguous")
+        out = g.new(tok(vw), dt, True, "attention out contiguous")
         g.use(ctx)
         if selective:
             for t in (q, k, v):
                 g.save(t)
         return out
 
+    def sink_attention(self, q: Tensor, k: Tensor, v: Tensor, heads: float, kvh: float, qw: float, vw: float) -> Tensor:
+        """gpt-oss's eager attention with sinks: the scores, scaled; each head's sink logit appended as one more
+        column (``cat``: batch x heads x seq x (seq + 1) in the promoted dtype, fp32 under autocast, where the sinks
+        are fp32 parameters); the row maximum subtracted (``max`` keeps its int64 indices); the softmax in that
+        dtype (output saved); the sink column dropped (a view the batched matmul reads as it is) and, under
+        autocast, cast to the values' dtype (a seq x seq copy the matmul saves)."""
+        g = self.g
+        dt = q.dtype
+        if kvh != heads:  # repeat_kv: expanded copies
+            k = g.new(tok(qw), dt, k.rg, "k repeated")
+            v = g.new(tok(vw), dt, v.rg, "v repeated")
+        per_score = (0.0, 0.0, heads, 0.0)
+        with_sink = (heads, 0.0, heads, 0.0)  # seq + 1 columns
+        scores = g.new(per_score, dt, q.rg or k.rg, "scores")
+        if q.rg:  # each factor is kept for the other's gradient (a frozen k_proj on a frozen input: no k grad)
+            g.save(k)
+        if k.rg:
+            g.save(q)
+        g.use(q, k)
+        scaled = g.new(per_score, dt, True, "scaled scores")
+        g.use(scores)
+        cdt = 4.0 if g.autocast else dt
+        combined = g.new(with_sink, cdt, True, "scores with sinks (cat)")
+        g.use(scaled)
+        idx = g.new(tok(heads), 8, False, "row max indices")
+        g.save(idx)
+        mx = g.new(tok(heads), cdt, True, "row max")
+        shifted = g.new(with_sink, cdt, True, "scores - max")
+        g.use(combined, mx)
+        probs = g.new(with_sink, cdt, True, "softmax (with sink)")
+        g.save(probs)
+        g.use(shifted)
+        if cdt != v.dtype:  # autocast: the fp32 probabilities cast to the values' dtype, saved by the matmul
+            pc = g.new(per_score, v.dtype, True, "probs without the sink, cast")
+            g.use(probs)
+            g.save(pc)
+        g.save(v)
+        ctx = g.new(tok(vw), dt if not g.autocast else 2.0, True, "attention out (bhsd)")
+        g.use(v)
+        out = g.new(tok(vw), ctx.dtype, True, "attention out contiguous")
+        g.use(ctx)
+        return out
+
     def own(self, t: Tensor, width: float, name: str) -> Tensor:
-        """``t`` itself, or a contiguous copy when ``t`` is a view into a wider (fused) storage."""
-        if t.size[0] <= width + 1e-9:
+        """``t`` itself, or a contiguous copy when ``t`` is a view into a wider (fused) storage or a split of one
+        (MLA's values: their batch and head strides cannot merge, so the batched matmul copies them; with a batch
+        of one they merge and the split itself is saved, which the walk, blind to the batch, does not follow)."""
+        if t.size[0] <= width + 1e-9 and t.base is None:
             return t
         c = self.g.new(tok(width), t.dtype, t.rg, f"{name} contiguous copy")
         self.g.use(t)
@@ -449,6 +567,8 @@ class _Walker:
         token copy through its expert (gathered input, gate/up, activation, product, down, routing weight)."""
         a, r, g = self.a, self.r, self.g
         E, k, mi, h = a.num_experts, a.experts_per_token, a.moe_intermediate_size, a.hidden_size
+        if a.family.router != "softmax" or a.family.experts_activation != "swiglu":
+            return self.moe_own_router(y, index)
         logits = self.linear(y, f"{index}.router", h, E, "", "gate")
         probs = g.unary_saving_output(g.cast(logits, 4), "router softmax")
         g.use(probs)
@@ -488,6 +608,102 @@ class _Walker:
             sd = self.linear(g.mul(self.activation(sg), su), f"{index}.shared.down", si, h, "row", "down_proj")
             gate = g.unary_saving_output(self.linear(y, f"{index}.shared.gate1", h, 1, ""), "sigmoid")
             out = g.add(out, g.mul(sd, gate))
+        return out
+
+    def moe_own_router(self, y: Tensor, index: int) -> Tensor:
+        """The MoE blocks of DeepSeek-V3 and gpt-oss, as transformers 5 runs them with its grouped-matmul experts
+        (``grouped_mm_experts_forward``): the family's router, the routed token copies sorted by expert, the two
+        grouped products (with gathered per-copy biases for gpt-oss), the family's activation, the routing weights,
+        the copies put back in token order and summed; DeepSeek-V3 then adds its shared experts (a plain gated MLP
+        of moe_intermediate_size x n_shared_experts, no gate)."""
+        a, r, g = self.a, self.r, self.g
+        E, k, mi, h = a.num_experts, a.experts_per_token, a.moe_intermediate_size, a.hidden_size
+        fam = a.family
+        w = self.w
+        if fam.router == "sigmoid-group":
+            # DeepseekV3TopkRouter: F.linear(x.float(), weight.float()) (an fp32 weight; autocast runs it in 16
+            # bit), sigmoid scores (output saved), the group-limited choice (no gradient: nothing kept), the chosen
+            # scores gathered (int64 indices saved), renormalised and scaled
+            if g.autocast:
+                logits = self.linear(y, f"{index}.router", h, E, "", "gate")
+            else:
+                logits = g.matmul_weight(g.cast(y, 4), f"{index}.router", h * E, E, self.full, 4)
+            scores = g.unary_saving_output(logits, "router sigmoid")
+            choice = g.new(tok(E), scores.dtype, scores.rg, "scores + correction bias")
+            g.use(scores)
+            masked = g.new(tok(E), scores.dtype, scores.rg, "group-masked scores")
+            g.use(choice, masked)
+            idx = g.new(tok(k), 8, False, "top-k indices")
+            g.save(idx)
+            wts = g.new(tok(k), scores.dtype, True, "top-k scores")
+            g.use(scores)
+            if a.norm_topk_prob:
+                den = g.new(tok(1), scores.dtype, True, "sum of top-k scores")
+                g.save(den)
+                g.save(wts)  # divided in place: the division's backward reads both
+            wts = g.mul(wts, None, "scaled routing weights")
+        else:
+            # GptOssTopKRouter: a biased linear in the compute dtype, top-k of the logits (indices saved), softmax
+            # over those k in their dtype (output saved)
+            logits = self.linear(y, f"{index}.router", h, E, "", "gate")
+            idx = g.new(tok(k), 8, False, "top-k indices")
+            g.save(idx)
+            top = g.new(tok(k), logits.dtype, logits.rg, "top-k logits")
+            g.use(logits)
+            wts = g.unary_saving_output(top, "router softmax")
+        # grouped_mm_experts_forward: sort the k copies by expert (perm), gather the inputs (indices saved)
+        order = g.new(tok(2 * k), 8, False, "sorted expert ids, permutation")
+        g.save(order)
+        gathered = g.new(tok(k * h), y.dtype, y.rg, "routed tokens")
+        g.use(y)
+        sw = g.new(tok(k), wts.dtype, wts.rg, "routing weights (sorted)")
+        g.use(wts)
+        if self.full:
+            g.save(gathered)
+        gu = g.new(tok(k * 2 * mi / self.tp), w, True, "experts gate_up")
+        g.use(gathered)
+        if a.expert_bias:
+            bias = g.new(tok(k * 2 * mi / self.tp), self.p, self.full, "gathered gate_up biases")
+            g.use(bias)  # added in place; the gather keeps only the expert ids (saved above)
+        if fam.experts_activation == "clamped-swiglu":
+            # gate_up[..., ::2] and [..., 1::2] clamped (each clamp saves its input view: the gate_up output),
+            # gate * sigmoid(gate * alpha) and (up + 1) * glu (each product saves both factors)
+            n = tok(k * mi / self.tp)
+            if gu.rg:
+                g.save(gu)
+            gate = g.new(n, w, True, "clamped gate")
+            up = g.new(n, w, True, "clamped up")
+            g.use(gu)
+            ga = g.new(n, w, True, "gate*alpha")
+            g.use(gate)
+            sig = g.unary_saving_output(ga, "sigmoid")
+            glu = g.mul(gate, sig, "glu")
+            up1 = g.new(n, w, True, "up+1")
+            g.use(up)
+            m = g.mul(up1, glu, "(up+1)*glu")
+        else:
+            act = g.unary_saving_input(gu, a.activation)
+            act.size = tok(k * mi / self.tp)
+            m = g.mul(act, gu, "act*up")
+            m.size = act.size
+        d = g.new(tok(k * h), w, True, "experts down")
+        if self.full:  # the grouped product saves its input for the (trainable) experts' gradient only
+            g.save(m)
+        g.use(m)
+        if a.expert_bias:
+            bias = g.new(tok(k * h), self.p, self.full, "gathered down biases")
+            g.use(bias)
+        weighted = g.mul(d, sw, "weighted")
+        back = g.new(tok(k * h), weighted.dtype, True, "copies in token order")
+        g.use(weighted)
+        out = g.new(tok(h), y.dtype, True, "moe out")
+        g.use(back)
+        if a.shared_expert_intermediate_size:
+            si = a.shared_expert_intermediate_size
+            sg = self.linear(y, f"{index}.shared.gate", h, si, "col", "gate_proj")
+            su = self.linear(y, f"{index}.shared.up", h, si, "col", "up_proj")
+            sd = self.linear(g.mul(self.activation(sg), su), f"{index}.shared.down", si, h, "row", "down_proj")
+            out = g.add(out, sd, "routed + shared")
         return out
 
     def block(self, x: Tensor, index: int, cos, sin) -> Tensor:
@@ -688,7 +904,7 @@ class _Walker:
         tables: dict[str, tuple[Tensor, ...]] = {}
         if a.position_embedding == "rotary":
             g.region = "embed"
-            d = a.head_dim * a.rotary_fraction
+            d = a.head_dim * a.rotary_fraction / (2 if a.family.rope_half_table else 1)
             # one cos/sin pair, or one per kind of block the model has (gemma3_text: global and local bases)
             for kind in (dict.fromkeys(a.layer_types) if a.family.rope_per_layer_type else ("",)):
                 cos = g.new(pos(d), self.p, False, f"rotary cos {kind}".strip())
@@ -696,6 +912,11 @@ class _Walker:
                 g.hold(cos)
                 g.hold(sin)
                 tables[kind] = (cos, sin)
+        masks: dict[str, Tensor] = {}
+        if self.kernel == "eager":
+            g.region = "embed"
+            for kind in a.family.eager_masks:  # eager_mask: torch.where(bool mask, 0, min) as batch x 1 x seq x seq
+                masks[kind] = g.new((0.0, 0.0, 1.0, 0.0), self.p, False, f"eager mask {kind}")
         # Blocks of the same kind allocate alike: the first block and the last are walked op by op, and
         # so is the first block of each kind after the first; the others replay that block's totals (its
         # saved tensors, weight copies and output), which gives the same saved bytes and, since the last
@@ -708,6 +929,8 @@ class _Walker:
             kind = (a.is_moe_layer(i), ck, self.masked_window(i))
             if ck:
                 g.checkpoint_input(x)
+                if a.layer_types[i] in masks:  # the block's mask is an argument the checkpoint keeps too
+                    g.checkpoint_input(masks[a.layer_types[i]])
             rep = reps.get(kind)
             if rep is not None and self.replay and 0 < k < len(layers) - 1:
                 x = self._replay(rep, x)
@@ -724,6 +947,7 @@ class _Walker:
             marks.append((start, ck, None))
             if k > 0 and kind not in reps:
                 reps[kind] = self._stats(g.tensors[start:], x, x_in.saved)
+        g.use(*masks.values())  # the model's forward returns after the final norm: its masks go
         if last:
             self.head_and_loss(x)
             loss_bwd = g.notes["loss_backward"]

@@ -54,6 +54,9 @@ class Tensor:
     saved: bool = False  #: kept for backward
     would_save: bool = False  #: saved by an op inside a checkpointed region (recomputed in backward)
     held: bool = False  #: alive until the forward ends (autocast weight cache, outputs held by the caller)
+    #: the tensor whose storage this one views (a split or a slice: no allocation of its own); saving or using
+    #: the view keeps the base alive
+    base: Optional["Tensor"] = None
 
     @property
     def bytes(self) -> Vec:
@@ -95,14 +98,26 @@ class Tape:
         self.tensors.append(x)
         return x
 
+    def view(self, base: Tensor, width: float, name: str = "") -> Tensor:
+        """A view of ``width`` features per token into ``base`` (``torch.split``, a slice): no new memory; saving or
+        using it acts on ``base``'s storage."""
+        while base.base is not None:
+            base = base.base
+        return Tensor(tok(width), base.dtype, base.rg, name or f"{base.name} view", self.region, self.t, self.t,
+                      base=base)
+
     def use(self, *xs: Optional[Tensor]) -> None:
         for x in xs:
             if x is not None:
                 x.last = max(x.last, self.t)
+                if x.base is not None:
+                    x.base.last = max(x.base.last, self.t)
 
     def save(self, x: Optional[Tensor]) -> None:
         if x is None:
             return
+        if x.base is not None:
+            x = x.base
         if self.checkpointing:
             x.would_save = True
         else:

@@ -32,6 +32,7 @@ class ParamTensor:
     module: str = ""
     tp: str = ""
     expert: bool = False
+    fp32: bool = False  #: kept in fp32 whatever the precision (DeepSeek-V3's router weight)
 
     @property
     def numel(self) -> int:
@@ -50,20 +51,33 @@ class Linear:
     in_features: int
     out_features: int
     bias: bool
-    tp: str  # "col" (output split) or "row" (input split)
+    tp: str  # "col" (output split), "row" (input split) or "" (replicated: MLA's down-projections to the latents)
 
 
 def block_linears(arch: ArchSpec, index: int) -> list[Linear]:
     """The attention and (dense) MLP projections of block ``index``, in forward order."""
     h, q, kv, i = arch.hidden_size, arch.q_size, arch.kv_size, arch.intermediate_size
     out: list[Linear] = []
-    if arch.fused_qkv:
+    if arch.mla:
+        # transformers' DeepseekV3Attention: the query from a compressed latent (or one q_proj), the keys and values
+        # from one shared latent plus a rotated key (kv_a_proj_with_mqa), expanded per head by kv_b_proj
+        H, qk, v, rope = arch.num_heads, arch.head_dim, arch.value_head_dim, arch.qk_rope_dim
+        qr, kvr, b = arch.q_lora_rank, arch.kv_lora_rank, arch.o_bias
+        if qr:
+            out += [Linear("q_a", "q_a_proj", h, qr, b, ""), Linear("q_b", "q_b_proj", qr, H * qk, False, "col")]
+        else:
+            out.append(Linear("q", module_name(arch, "q"), h, H * qk, False, "col"))
+        out += [Linear("kv_a", "kv_a_proj_with_mqa", h, kvr + rope, b, ""),
+                Linear("kv_b", "kv_b_proj", kvr, H * (qk - rope + v), False, "col"),
+                Linear("o", module_name(arch, "o"), H * v, h, b, "row")]
+    elif arch.fused_qkv:
         out.append(Linear("qkv", module_name(arch, "qkv"), h, q + 2 * kv, arch.q_bias, "col"))
     else:
         out += [Linear("q", module_name(arch, "q"), h, q, arch.q_bias, "col"),
                 Linear("k", module_name(arch, "k"), h, kv, arch.k_bias, "col"),
                 Linear("v", module_name(arch, "v"), h, kv, arch.v_bias, "col")]
-    out.append(Linear("o", module_name(arch, "o"), q, h, arch.o_bias, "row"))
+    if not arch.mla:
+        out.append(Linear("o", module_name(arch, "o"), q, h, arch.o_bias, "row"))
     if arch.is_moe_layer(index):
         return out
     if arch.mlp_gated:
@@ -108,8 +122,14 @@ def param_tensors(arch: ArchSpec) -> tuple[ParamTensor, ...]:
             whole = arch.family.qk_norm_whole_projection
             out += [ParamTensor(f"layers.{li}.q_norm.weight", (arch.q_size if whole else arch.head_dim,), "norms", li),
                     ParamTensor(f"layers.{li}.k_norm.weight", (arch.kv_size if whole else arch.head_dim,), "norms", li)]
+        if arch.mla:
+            if arch.q_lora_rank:
+                out += _norm_tensors(arch, f"layers.{li}.q_a_layernorm", li, arch.q_lora_rank)
+            out += _norm_tensors(arch, f"layers.{li}.kv_a_layernorm", li, arch.kv_lora_rank)
+        if arch.attention_sinks:
+            out.append(ParamTensor(f"layers.{li}.sinks", (arch.num_heads,), "attention", li, tp="col"))
         for lin in block_linears(arch, li):
-            group = "attention" if lin.role in ("q", "k", "v", "o", "qkv") else "mlp"
+            group = "attention" if lin.role in ("q", "k", "v", "o", "qkv", "q_a", "q_b", "kv_a", "kv_b") else "mlp"
             out.append(ParamTensor(f"layers.{li}.{lin.role}.weight", (lin.out_features, lin.in_features), group, li,
                                    lin.module, lin.tp))
             if lin.bias:
@@ -117,11 +137,16 @@ def param_tensors(arch: ArchSpec) -> tuple[ParamTensor, ...]:
                                        "col" if lin.tp == "col" else ""))
         if arch.is_moe_layer(li):
             E, mi = arch.num_experts, arch.moe_intermediate_size
-            out.append(ParamTensor(f"layers.{li}.router.weight", (E, h), "router", li, "gate"))
+            fp32_router = arch.family.router == "sigmoid-group"  # DeepseekV3TopkRouter's weight is made fp32
+            out.append(ParamTensor(f"layers.{li}.router.weight", (E, h), "router", li, "gate", fp32=fp32_router))
             if arch.router_bias:
                 out.append(ParamTensor(f"layers.{li}.router.bias", (E,), "router", li, "gate"))
             out += [ParamTensor(f"layers.{li}.experts.gate_up_proj", (E, 2 * mi, h), "experts", li, "experts", "col", True),
                     ParamTensor(f"layers.{li}.experts.down_proj", (E, h, mi), "experts", li, "experts", "row", True)]
+            if arch.expert_bias:
+                out += [ParamTensor(f"layers.{li}.experts.gate_up_proj_bias", (E, 2 * mi), "experts", li, "experts",
+                                    "col", True),
+                        ParamTensor(f"layers.{li}.experts.down_proj_bias", (E, h), "experts", li, "experts", "", True)]
             si = arch.shared_expert_intermediate_size
             if si:
                 out += [ParamTensor(f"layers.{li}.shared_expert.{n}.weight", shp, "shared_experts", li, n, tp)

@@ -234,7 +234,7 @@ def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage:
             quantised += quantised_bytes(n, recipe.qlora)
             items.append((t.shape, n, 0.0, False))
             continue
-        items.append((t.shape, n, pb, not frozen_base))
+        items.append((t.shape, n, 4.0 if t.fp32 else pb, not frozen_base))
     lora_b = {"fp32": 4, "bf16": 2, "fp16": 2}[recipe.lora_dtype]
     for _, shape in lora:
         unsharded.append(shape[0] * shape[1])
@@ -374,6 +374,8 @@ def model_buffers(arch: ArchSpec, recipe: Recipe) -> int:
         out += 2 * rounded(4 * arch.head_dim * arch.rotary_fraction / 2)
     if arch.embedding_scale:
         out += rounded(recipe.param_bytes)
+    if arch.family.router == "sigmoid-group":  # DeepSeek-V3: an fp32 e_score_correction_bias per MoE block
+        out += len(arch.moe_layers) * rounded(4 * arch.num_experts)
     if arch.token_type_vocab_size:
         out += 2 * rounded(8 * arch.max_position_embeddings)
     return out

@@ -83,7 +83,7 @@ def from_arch(arch: ArchSpec) -> TimeArch:
     dense_index = next((i for i in range(arch.num_layers) if not arch.is_moe_layer(i)), None)
     moe_index = next((i for i in range(arch.num_layers) if arch.is_moe_layer(i)), None)
     conv = lambda lins: tuple(Projection(x.role, x.in_features, x.out_features, x.tp, x.module) for x in lins)
-    attn_roles = {"q", "k", "v", "qkv", "o"}
+    attn_roles = {"q", "k", "v", "qkv", "o", "q_a", "q_b", "kv_a", "kv_b"}  # MLA: latent projections too
     if dense_index is not None:
         dense = conv(block_linears(arch, dense_index))
     else:
