@@ -113,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, model, fields in cases():
         if (a.only and f"megatron-{name}" not in a.only) or f"megatron-{name}" in a.skip:
             continue
-        r = row(f"megatron-{name}", model, fields)
+        try:
+            r = row(f"megatron-{name}", model, fields)
+        except Exception as exc:  # noqa: BLE001 - report the case and go on with the others
+            print(f"megatron-{name}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", flush=True)
+            continue
         rows: dict[str, dict[str, Any]] = {}
         if a.out.exists():  # read again before each write: other stacks' runs may write the same file
             for line in a.out.read_text().splitlines():

@@ -23,7 +23,7 @@ The step is Megatron-LM's ``train_step`` for one micro-batch: ``zero_grad_buffer
 What trainfit adds to run it without a GPU, and nothing else (each a shim, undone on exit):
 ``torch.cuda`` device, stream, event, seed and sync calls; a torch-function mode that maps ``device='cuda'``
 and ``.cuda()`` to the CPU, makes ``Tensor.type()`` report ``torch.cuda.*`` and answers ``item()`` on a fake
-tensor (1.0 for a norm, 0 / False for an overflow flag); megatron's RNG tracker ``fork`` (no RNG state on fake
+tensor (the integer it was made from, else 1.0 for a norm, 0 / False for an overflow flag); megatron's RNG tracker ``fork`` (no RNG state on fake
 tensors); ``all_gather_object`` (every rank holds the same parameter groups); the local multi-tensor L2 norm
 (``clip_grads.l2_norm_impl``, which would build a real tensor from fake ones) by a stacked norm; fake kernels
 for the coalesced c10d collectives; ``Module.bfloat16`` in ``Float16Module`` casting fake parameters by hand;
@@ -257,6 +257,8 @@ def _cuda_mode(torch: Any) -> Any:
             return torch.device("cpu")
         return d
 
+    numbers: dict[int, Any] = {}
+
     class CudaOnCpu(TorchFunctionMode):
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = dict(kwargs or {})
@@ -264,7 +266,14 @@ def _cuda_mode(torch: Any) -> Any:
                 kwargs["device"] = cpu(kwargs["device"])
             if func is torch.Tensor.item:
                 t = args[0]
+                known = numbers.get(t.untyped_storage()._cdata)  # made from a Python number (an enum's value)
+                if known is not None and not t.is_floating_point():
+                    return known
                 return 1.0 if t.is_floating_point() else (False if t.dtype == torch.bool else 0)
+            if func is torch.tensor and args and _number(args[0]) is not None:
+                out = func(*args, **kwargs)
+                numbers[out.untyped_storage()._cdata] = _number(args[0])  # kept by views and detached copies
+                return out
             if func is torch.Tensor.cuda:
                 return args[0]
             if func is torch.Tensor.type and len(args) == 1 and not kwargs:
@@ -274,6 +283,14 @@ def _cuda_mode(torch: Any) -> Any:
             return func(*args, **kwargs)
 
     return CudaOnCpu()
+
+
+def _number(data: Any) -> Any:
+    """The integer ``torch.tensor([x])`` holds (how megatron passes an enum through a checkpoint), else None;
+    a float or a scalar tensor (Adam's step count, updated in place) is not remembered."""
+    if isinstance(data, list) and len(data) == 1 and isinstance(data[0], int) and not isinstance(data[0], bool):
+        return data[0]
+    return None
 
 
 def _cast_bf16(torch: Any) -> Any:
@@ -318,6 +335,10 @@ def shims(torch: Any) -> Iterator[None]:
          lambda self, name=None: contextlib.nullcontext()),
         ("megatron.core.optimizer.clip_grads.l2_norm_impl", l2norm),
         ("torch.distributed.all_gather_object", gather_object),
+        # megatron/core/transformer/utils.py get_default_causal_mask, on the CPU: a recomputed attention
+        # (selective recompute, in backward) runs outside the torch-function mode that maps device="cuda"
+        ("megatron.core.fusions.fused_softmax.get_default_causal_mask",
+         lambda sq: torch.triu(torch.ones(sq, sq, device="cpu"), diagonal=1).bool()),
     ]
     _fake_coalesced_collectives(torch)
     with contextlib.ExitStack() as es:
