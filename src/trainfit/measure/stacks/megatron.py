@@ -425,6 +425,9 @@ def _label_state(tracker: Any, model: Any, opt: Any) -> dict[str, int]:
         for attr in ("shard_fp32_from_float16_groups", "fp32_from_float16_groups", "shard_fp32_groups"):
             for group in getattr(o, attr, None) or []:
                 masters += [t for t in group if t is not None]
+    # fp32 parameters' shards (distributed optimizer, fp32) are views of the parameter buffer, not copies
+    own = {t.untyped_storage()._cdata for t in params + pbufs}
+    masters = [t for t in masters if t.untyped_storage()._cdata not in own]
     states = [v for o in _torch_optimizers(opt) for st in o.state.values() for v in st.values()
               if hasattr(v, "untyped_storage")]
     tracker.relabel(params + pbufs, "parameter")
