@@ -127,3 +127,35 @@ def test_recompute_and_the_distributed_optimizer_lower_the_peak():
     assert by[base + "full"] < by[base + "sel"] < by[base + "none"]
     assert by["megatron-small-dp2-distopt-bf16-none"] < by["megatron-small-dp2-ddp-bf16-none"]
     assert by["megatron-small-tp2-bf16-none"] < by["megatron-small-1gpu-bf16-none"]
+
+
+# ------------------------------------------------------------------------------ the byte counts, from the source
+def _model_of(row: dict):
+    from trainfit.detailed import stacks_megatron as sm
+    from trainfit.training_setup import setup_of
+
+    f = row["fields"]
+    shape = sm.GptShape.of(setup_of(row["model"], stack="megatron", **f).model.config)
+    tp, dp = f.get("tp", 1), f.get("dp", 1)
+    b, s, bf16 = f["batch"] // dp, f["seq_len"], f.get("precision") == "amp-bf16"
+    ck = f.get("checkpointing", "none")
+    mode = {"none": "none", "selective": "selective", "full": "full", "every-k": "block"}[ck]
+    k = -(-shape.layers // f.get("checkpoint_every", 1)) if ck == "every-k" else 0
+    state = sm.state_bytes(shape, tp=tp, dp=dp, distributed_optimizer=f.get("zero", 0) == 1, bf16=bf16)
+    start = state.total + sm.persistent_bytes(shape, b, s, tp=tp, bf16=bf16)
+    return state, start, sm.saved_bytes(shape, b, s, tp=tp, bf16=bf16, recompute=mode, recompute_layers=k)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["case"] for r in ROWS])
+def test_state_and_saved_activations_match_the_measured_step_to_the_byte(row):
+    """trainfit.detailed.stacks_megatron against megatron's own step: the memory at the forward's start (parameters,
+    main_grad buffer, master weights, Adam state, the attention's global buffer, the rotary cache, the inputs) and
+    what the forward leaves for the backward, for every recompute mode, precision and layout of the corpus."""
+    state, start, saved = _model_of(row)
+    fw = row["phases"]["forward"]
+    assert start == fw["start_bytes"]
+    assert saved == fw["end_bytes"] - fw["start_bytes"]
+    if row["fields"].get("precision") == "amp-bf16":  # raw nbytes (the row) vs 512-byte blocks, one per tensor
+        n_tensors = 6 * row["n_layers"] + 3 if "n_layers" in row else None
+        slack = state.master - row["static"]["master_bytes"]
+        assert 0 <= slack < 512 * (n_tensors or 6 * 32 + 3)
