@@ -159,3 +159,23 @@ def test_state_and_saved_activations_match_the_measured_step_to_the_byte(row):
         n_tensors = 6 * row["n_layers"] + 3 if "n_layers" in row else None
         slack = state.master - row["static"]["master_bytes"]
         assert 0 <= slack < 512 * (n_tensors or 6 * 32 + 3)
+
+
+NO_RECOMPUTE_BF16 = [r for r in ROWS if r["fields"].get("precision") == "amp-bf16"
+                     and r["fields"].get("checkpointing", "none") == "none"]
+
+
+@pytest.mark.parametrize("row", NO_RECOMPUTE_BF16, ids=[r["case"] for r in NO_RECOMPUTE_BF16])
+def test_forward_and_backward_peaks_without_recompute_match_to_the_byte(row):
+    """The four moments of stacks_megatron.peak_over_saved_bytes (last layer's softmax, the loss, the first
+    layer's softmax backward, the loss backward) against each phase's measured peak: GQA and MHA shapes, one GPU,
+    DDP, the distributed optimizer, TP 2 (the loss sets the forward peak there and without GQA)."""
+    from trainfit.detailed import stacks_megatron as sm
+    from trainfit.training_setup import setup_of
+
+    _, start, saved = _model_of(row)
+    f = row["fields"]
+    shape = sm.GptShape.of(setup_of(row["model"], stack="megatron", **f).model.config)
+    over = sm.peak_over_saved_bytes(shape, f["batch"] // f.get("dp", 1), f["seq_len"], tp=f.get("tp", 1))
+    for phase in ("forward", "backward"):
+        assert start + saved + over[phase] == row["phases"][phase]["peak_bytes"], phase

@@ -194,5 +194,31 @@ def saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, bf16: bool, recompu
     return layers + head_saved_bytes(shape, b, s, tp=tp, bf16=bf16) + BLOCK
 
 
+def peak_over_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int) -> dict[str, Any]:
+    """bf16 without recompute: what each phase's peak adds to the forward's end (static + persistent + saved), at
+    the four moments that can set it (from the measured step's live tensors at its peaks):
+
+    * ``forward``: the larger of the last layer's softmax (its saved tensors up to the scores, the bf16 scores,
+      their fp32 upcast, the fp32 softmax and its bf16 cast, the QKV output, k before ``repeat_interleave`` and
+      three ``(b·a, s, d)`` temporaries of q/k; the rest of the layer and the head not yet made) and the loss (the
+      bf16 logits beside their fp32 copy, the output layer's input once more, labels and ``logits_max``);
+    * ``backward``: the larger of the first layer's softmax backward (that layer's tensors up to the softmax, two
+      fp32 score-sized gradients, the residual gradient) and the loss backward (the bf16 gradient of the logits).
+    """
+    z = _sizes(shape, b, s, tp, True)
+    T = b * s
+    layer = layer_saved_bytes(shape, b, s, tp=tp, bf16=True, recompute="none")
+    head = head_saved_bytes(shape, b, s, tp=tp, bf16=True)
+    v = z["heads"] if z["gqa"] else z["qkv"]
+    pre = z["norm"] + z["hidden"] + z["rope"] + 2 * z["heads"] + v + z["mask"]
+    own = layer + head + BLOCK  # the forward's end holds these; a moment inside the last layer does not
+    qkv = z["qkv"] if z["gqa"] else 0 * T  # without GQA the QKV output is already kept (v views it)
+    softmax = (pre + 2 * z["probs32"] + 2 * z["probs"] + qkv + z["groups"] + 3 * z["heads"]) - own
+    logits = rounded(T * (shape.vocab // tp) * 2)
+    loss = logits + z["hidden"] + 3 * rounded(T * 8) + rounded(T * 4) - BLOCK
+    softmax_bwd = (pre + 3 * z["probs32"] + z["hidden"] + 2 * BLOCK) - own
+    return {"forward": np.maximum(softmax, loss), "backward": np.maximum(softmax_bwd, logits + BLOCK)}
+
+
 __all__ = ["GptShape", "MegatronState", "buffer_layout", "core_attention_saved", "head_saved_bytes",
-           "layer_saved_bytes", "persistent_bytes", "rounded", "saved_bytes", "state_bytes"]
+           "layer_saved_bytes", "peak_over_saved_bytes", "persistent_bytes", "rounded", "saved_bytes", "state_bytes"]
