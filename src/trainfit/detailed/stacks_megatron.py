@@ -2,9 +2,10 @@
 activations each layer saves, read from its source and checked to the byte against ``trainfit measure --stack
 megatron`` (``validation/stacks-measured.jsonl``, ``tests/test_stacks_megatron.py``).
 
-Not yet a memory method: the step's peak adds the working set of the op running at the peak (the last layer's
-softmax, the loss, the first layer's softmax backward, a recomputed layer), which this module does not model yet;
-the detailed method refuses ``--stack megatron`` until it does (docs/stacks.md). Everything here is a pure function
+The detailed method reads it for a stack whose behaviour says ``step: megatron-gpt`` (data/stacks.yaml): each
+phase's peak is the state, the persistent buffers, what the forward has saved and the working set of the op
+running at the peak (the last layer's softmax or the loss in the forward; the first layer's softmax backward or the
+loss backward; the optimizer's foreach temporaries). Everything here is a pure function
 of the model's shape and the step; ``b`` (micro-batch per rank) and ``s`` (sequence) may be numpy arrays. Sizes in
 bytes, each allocation rounded up to the CUDA caching allocator's 512-byte block.
 
@@ -63,6 +64,13 @@ class GptShape:
                    ffn=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
                    tied=bool(config.get("tie_word_embeddings", False)))
 
+    @classmethod
+    def of_arch(cls, arch: Any) -> "GptShape":
+        """From trainfit's :class:`~trainfit.arch.ArchSpec` of a Llama config."""
+        return cls(hidden=arch.hidden_size, layers=arch.num_layers, heads=arch.num_heads, groups=arch.num_kv_heads,
+                   head_dim=arch.head_dim, ffn=arch.intermediate_size, vocab=arch.vocab_size,
+                   tied=arch.tie_word_embeddings)
+
     def param_sizes(self, tp: int) -> list[int]:
         """Elements of each local parameter tensor in ``GPTModel.parameters()`` order: the embedding; per layer
         input norm, linear_proj, linear_qkv, pre-MLP norm, fc1 (gate and up), fc2; the final norm; the output
@@ -102,6 +110,8 @@ class MegatronState:
     main_grad: float  #: the fp32 main_grad buffer
     master: float  #: fp32 master weights (bf16 only): every parameter, or the rank's shard
     adam: float  #: Adam's two fp32 states and one step counter per optimizer tensor
+    copies: float = 0.0  #: one fp32 copy of every optimizer tensor (a foreach AdamW step's temporaries)
+    largest: float = 0.0  #: the largest optimizer tensor in fp32 (a fused step's temporary)
 
     @property
     def total(self) -> float:
@@ -123,7 +133,69 @@ def state_bytes(shape: GptShape, *, tp: int, dp: int, distributed_optimizer: boo
     copies = sum(rounded(n * 4) for n in pieces)
     master = copies if bf16 else 0  # fp32 parameters (or their shard views) are their own master weights
     adam = 2 * copies + BLOCK * len(pieces)
-    return MegatronState(params=float(params), main_grad=float(main_grad), master=float(master), adam=float(adam))
+    return MegatronState(params=float(params), main_grad=float(main_grad), master=float(master), adam=float(adam),
+                         copies=float(copies), largest=float(rounded(max(pieces) * 4)) if pieces else 0.0)
+
+
+def optimizer_temporaries(state: MegatronState, opt_impl: str) -> float:
+    """The optimizer step's peak over its start (measured: torch's foreach AdamW holds one fp32 copy of every
+    tensor it steps at once; the fused one the largest tensor's, plus a 512-byte block)."""
+    return state.copies if opt_impl == "foreach" else state.largest + BLOCK
+
+
+#: the setup fields megatron's step, as modelled, expresses (others keep their defaults; docs/stacks.md)
+ACCEPTS: dict[str, Any] = {
+    "batch": None, "seq_len": None, "precision": ("amp-bf16", "fp32"), "optimizer": ("adamw", "adam"),
+    "opt_impl": ("foreach", "fused"), "checkpointing": ("none", "selective", "full", "every-k"),
+    "checkpoint_every": None, "attention": ("auto",), "dropout": None, "stack": None, "dp": None, "zero": (0, 1),
+    "tp": None, "sequence_parallel": None, "tp_plan": None,
+}
+
+
+def check(setup: Any) -> None:
+    """Refuse, in one line, what the megatron model does not cover (as the measured step refuses it)."""
+    from ..errors import TrainfitError
+    from ..method import check_accepts
+
+    check_accepts(setup, "detailed (--stack megatron)", ACCEPTS)
+    p = setup.parallel
+    if setup.accumulation > 1:
+        raise TrainfitError("the detailed method models megatron's step for one micro-batch (--accum 1)")
+    if p.tp > 1 and (p.sequence_parallel or p.tp_plan != "megatron"):
+        raise TrainfitError("megatron's tensor parallelism with the local layer spec runs without sequence "
+                            "parallelism: give --tp-plan megatron --no-sequence-parallel")
+    if p.zero == 1 and p.dp == 1:
+        raise TrainfitError("--zero 1 (megatron's distributed optimizer) shards over the data-parallel ranks: give "
+                            "--dp > 1")
+
+
+def recompute_of(checkpointing: str, checkpoint_every: int, layers: int) -> tuple[str, int]:
+    """(recompute mode, layers recomputed) for trainfit's --checkpointing: none, selective, full (uniform, every
+    layer), every-k -> block with ceil(L / K) layers (trainfit.measure.stacks.megatron maps them the same way)."""
+    if checkpointing == "every-k":
+        return "block", -(-layers // max(1, checkpoint_every))
+    return checkpointing, 0
+
+
+def phase_bytes(shape: GptShape, recipe: Any, tp: int, dp: int, zero: int, b: Any, s: Any) -> dict[str, dict[str, Any]]:
+    """Each phase's peak, by component (bytes; ``b``, ``s`` scalars or arrays): the state, the persistent
+    buffers and inputs, and in forward and backward the saved activations with the working set of the op at the
+    peak (``activations``), in the optimizer step its temporaries."""
+    bf16 = recipe.precision == "amp-bf16"
+    mode, k = recompute_of(recipe.checkpointing, recipe.checkpoint_every, shape.layers)
+    st = state_bytes(shape, tp=tp, dp=dp, distributed_optimizer=zero == 1, bf16=bf16)
+    T = b * s
+    inputs = 2 * rounded(T * 8) + rounded(s * 8)
+    buffers = persistent_bytes(shape, b, s, tp=tp, bf16=bf16) - inputs
+    saved = saved_bytes(shape, b, s, tp=tp, bf16=bf16, recompute=mode, recompute_layers=k)
+    over = peak_over_saved_bytes(shape, b, s, tp=tp, recompute=mode, bf16=bf16, recompute_layers=k)
+    base = {"parameters": st.params, "gradients": st.main_grad, "master_weights": st.master,
+            "optimizer_state": st.adam, "buffers": buffers, "inputs": inputs}
+    zero_ = 0 * T
+    return {"forward": {**base, "activations": saved + over["forward"], "optimizer_temporaries": zero_},
+            "backward": {**base, "activations": saved + over["backward"], "optimizer_temporaries": zero_},
+            "optimizer": {**base, "activations": zero_,
+                          "optimizer_temporaries": optimizer_temporaries(st, recipe.opt_impl) + zero_}}
 
 
 def _sizes(shape: GptShape, b: Any, s: Any, tp: int, bf16: bool) -> dict[str, Any]:
@@ -194,7 +266,8 @@ def saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, bf16: bool, recompu
     return layers + head_saved_bytes(shape, b, s, tp=tp, bf16=bf16) + BLOCK
 
 
-def peak_over_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int) -> dict[str, Any]:
+def peak_over_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, recompute: str = "none", bf16: bool = True,
+                          recompute_layers: int = 0) -> dict[str, Any]:
     """bf16 without recompute: what each phase's peak adds to the forward's end (static + persistent + saved), at
     the four moments that can set it (from the measured step's live tensors at its peaks):
 
@@ -205,20 +278,42 @@ def peak_over_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int) -> dict[s
     * ``backward``: the larger of the first layer's softmax backward (that layer's tensors up to the softmax, two
       fp32 score-sized gradients, the residual gradient) and the loss backward (the bf16 gradient of the logits).
     """
-    z = _sizes(shape, b, s, tp, True)
+    if recompute == "block":  # the last layers run without recompute: their moments are the ones above
+        recompute = "full" if recompute_layers >= shape.layers else "none"
+    z = _sizes(shape, b, s, tp, bf16)
     T = b * s
-    layer = layer_saved_bytes(shape, b, s, tp=tp, bf16=True, recompute="none")
-    head = head_saved_bytes(shape, b, s, tp=tp, bf16=True)
-    v = z["heads"] if z["gqa"] else z["qkv"]
-    pre = z["norm"] + z["hidden"] + z["rope"] + 2 * z["heads"] + v + z["mask"]
-    own = layer + head + BLOCK  # the forward's end holds these; a moment inside the last layer does not
-    qkv = z["qkv"] if z["gqa"] else 0 * T  # without GQA the QKV output is already kept (v views it)
-    softmax = (pre + 2 * z["probs32"] + 2 * z["probs"] + qkv + z["groups"] + 3 * z["heads"]) - own
-    logits = rounded(T * (shape.vocab // tp) * 2)
-    loss = logits + z["hidden"] + 3 * rounded(T * 8) + rounded(T * 4) - BLOCK
-    softmax_bwd = (pre + 3 * z["probs32"] + z["hidden"] + 2 * BLOCK) - own
-    return {"forward": np.maximum(softmax, loss), "backward": np.maximum(softmax_bwd, logits + BLOCK)}
+    layer = layer_saved_bytes(shape, b, s, tp=tp, bf16=bf16, recompute=recompute)
+    head = head_saved_bytes(shape, b, s, tp=tp, bf16=bf16)
+    embed = (rounded(T) + rounded(T * 8)) if tp > 1 else 0 * T  # the embedding's, alive from the first layer on
+    gqa = 1 if z["gqa"] else 0
+    A, G, H, S4, S2 = z["heads"], z["groups"], z["hidden"], z["probs32"], z["probs"]
+    # fp32: the logits are already fp32 (no bf16 copy beside the upcast, no cast of the gradient)
+    logits = rounded(T * (shape.vocab // tp) * 2) if bf16 else 0 * T
+    loss = logits + (H if bf16 else 0) + 3 * rounded(T * 8) + rounded(T * 4) - BLOCK
+    loss_bwd = logits + BLOCK  # the bf16 gradient of the logits beside the fp32 one it is cast from
+    # tied embeddings: the output layer's bf16 weight gradient waits for the embedding's own (one AccumulateGrad,
+    # whose hook adds the sum into main_grad) until the end of the backward
+    tied = rounded(shape.vocab // tp * shape.hidden * 2) if shape.tied else 0
+    if recompute == "none":
+        own = layer + head - embed + BLOCK  # held at the forward's end, not yet at a moment inside the last layer
+        v = A if gqa else z["qkv"]
+        pre = z["norm"] + H + z["rope"] + 2 * A + v + z["mask"]
+        softmax = pre + 2 * S4 + 2 * S2 + gqa * z["qkv"] + G + 3 * A - own
+        softmax_bwd = pre + 3 * S4 + H + 2 * BLOCK - own
+    elif recompute == "selective":
+        own = layer + head - embed + BLOCK
+        pre = z["norm"] + H + z["rope"] + A + G + z["qkv"] + BLOCK
+        softmax = pre + 2 * S4 + 2 * S2 + 2 * A + 3 * gqa * A + z["mask"] - own
+        softmax_bwd = pre + 3 * A + gqa * A + z["mask"] + 3 * S4 + H + 2 * BLOCK - own
+    else:  # full: the last layer's forward without grad; its recomputation with grad in the backward
+        own = head - embed + BLOCK
+        pre = z["norm"] + H + z["rope"] + 2 * A + (A if gqa else z["qkv"]) + z["mask"]
+        softmax = 2 * S2 + 2 * S4 + H + z["qkv"] + G + A + 3 * gqa * A + z["mask"] - own
+        softmax_bwd = pre + 3 * S4 + H + 2 * BLOCK + gqa * (z["qkv"] + G + A) - own
+    if not bf16:  # measured: a fourth fp32 score-sized tensor at the softmax backward (no cast to bf16 between)
+        softmax_bwd = softmax_bwd + S4
+    return {"forward": np.maximum(softmax, loss), "backward": np.maximum(softmax_bwd + tied, loss_bwd)}
 
 
-__all__ = ["GptShape", "MegatronState", "buffer_layout", "core_attention_saved", "head_saved_bytes",
+__all__ = ["ACCEPTS", "GptShape", "MegatronState", "check", "optimizer_temporaries", "phase_bytes", "recompute_of", "buffer_layout", "core_attention_saved", "head_saved_bytes",
            "layer_saved_bytes", "peak_over_saved_bytes", "persistent_bytes", "rounded", "saved_bytes", "state_bytes"]
