@@ -326,7 +326,7 @@ def _estimate_megatron(setup: TrainingSetup, *, warmup: int, semantics: str, t0:
             raise
         except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError, KeyError,
                 AttributeError, IndexError) as exc:
-            raise step_error("megatron GPTModel", exc) from exc
+            raise step_error("megatron GPTModel", exc) from None
     step, first = run.tracker.steps[-1], run.tracker.steps[0]
     peak = step.peak
     distributed = run.world_size > 1
