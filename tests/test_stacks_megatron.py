@@ -181,6 +181,12 @@ def test_forward_and_backward_peaks_without_recompute_match_to_the_byte(row):
 
 
 # --------------------------------------------------------------------------- the detailed method, --stack megatron
+#: the cases whose peak the model gives to the byte (docs/stacks.md)
+EXACT = {r["case"] for r in ROWS if not (r["fields"].get("checkpointing") == "every-k"
+                                         or (r["fields"].get("checkpointing") == "full"
+                                             and (r["fields"].get("tp", 1) > 1 or r["fields"].get("precision") == "fp32")))}
+
+
 def _detailed_error(row: dict) -> float:
     from trainfit.engine import estimate
 
@@ -192,9 +198,12 @@ def _detailed_error(row: dict) -> float:
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["case"] for r in ROWS])
 def test_detailed_matches_megatrons_measured_step(row):
-    """Within 2 % of every measured step (the bf16 steps without recompute, with selective recompute and with full
-    recompute on one tensor-parallel rank to the byte; TP with recompute, block recompute and fp32 with full
-    recompute within 0.1-1.7 %, the working sets there are counted as on one rank, docs/stacks.md)."""
+    """Within 2 % of every measured step: 28 of the 35 to the byte (bf16 without recompute and with selective
+    recompute, full recompute on one tensor-parallel rank, fp32 without recompute); TP 2 with full recompute, block
+    recompute and fp32 with full recompute within 0.09-1.7 % (docs/stacks.md says which working sets differ)."""
+    if row["case"] in EXACT:
+        assert _detailed_error(row) == 0.0
+        return
     assert abs(_detailed_error(row)) < 0.02
 
 

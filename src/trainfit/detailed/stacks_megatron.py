@@ -303,7 +303,7 @@ def peak_over_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, recompute
     elif recompute == "selective":
         own = layer + head - embed + BLOCK
         pre = z["norm"] + H + z["rope"] + A + G + z["qkv"] + BLOCK
-        softmax = pre + 2 * S4 + 2 * S2 + 2 * A + 3 * gqa * A + z["mask"] - own
+        softmax = pre + 2 * S4 + 2 * S2 + 2 * H + 3 * gqa * A + z["mask"] - own  # two T·h tensors in flight
         softmax_bwd = pre + 3 * A + gqa * A + z["mask"] + 3 * S4 + H + 2 * BLOCK - own
     else:  # full: the last layer's forward without grad; its recomputation with grad in the backward
         own = head - embed + BLOCK
