@@ -58,6 +58,8 @@ def layer_saved_tensors(arch: ArchSpec, recipe: Recipe, par: Parallelism,
 
 def explain(arch: ArchSpec, setup: TrainingSetup, res: PhaseResult, overheads: list[Overhead]) -> list[Line]:
     """One :class:`Line` per component of the peak phase, then the overheads."""
+    if stack_of(setup.recipe).behaviour.step == "megatron-gpt":
+        return _explain_megatron(setup, res, overheads)
     st, pr, sh = res.states, res.profile, res.shape
     recipe, par = setup.recipe, setup.parallel
     phase = res.peak_phase if isinstance(res.peak_phase, str) else "forward"
@@ -138,3 +140,35 @@ def explain(arch: ArchSpec, setup: TrainingSetup, res: PhaseResult, overheads: l
     for o in overheads:
         add(Line(o.name, float(o.bytes), o.formula, o.assumption))
     return lines
+
+
+#: what each component of a megatron-core step is (trainfit.detailed.stacks_megatron), and its source
+_MEGATRON_LINES = {
+    "parameters": ("bf16 parameters (Float16Module; one contiguous buffer with the distributed optimizer, 64-element "
+                   "aligned, padded to lcm(dp, 128)) or fp32", "distributed/param_and_grad_buffer.py, "
+                   "optimizer/param_layout.py"),
+    "gradients": ("the fp32 main_grad buffer of every local parameter, alive for the whole run",
+                  "distributed/param_and_grad_buffer.py (grad_reduce_in_fp32)"),
+    "master_weights": ("fp32 master copies: every bf16 parameter, or the pieces in this rank's 1/dp of the buffer",
+                       "optimizer/optimizer.py, optimizer/distrib_optimizer.py"),
+    "optimizer_state": ("Adam's exp_avg and exp_avg_sq (fp32) of every master copy, one step counter each",
+                        "torch.optim.AdamW, as megatron uses it without Transformer Engine or Apex"),
+    "buffers": ("the attention's global memory buffer (b x heads x s^2, compute dtype) and the cached rotary "
+                "frequencies", "parallel_state.get_global_memory_buffer, rotary_pos_embedding.py"),
+    "inputs": ("token ids, labels and position ids (int64)", "the step's batch"),
+    "activations": ("saved by the layers for the backward (norm fp32 upcasts, q/k/v copies, causal mask, fp32 and "
+                    "bf16 softmax, SwiGLU; by recompute mode) plus the working set of the op at the peak (last "
+                    "layer's softmax, the loss, the first layer's softmax backward, the loss backward)",
+                    "trainfit.detailed.stacks_megatron, checked against megatron-core's own step on fake tensors "
+                    "(validation/stacks-measured.jsonl)"),
+    "optimizer_temporaries": ("one fp32 copy of every stepped tensor (foreach AdamW), or the largest (fused)",
+                              "torch.optim.adamw _multi_tensor_adamw / _fused_adamw"),
+}
+
+
+def _explain_megatron(setup: TrainingSetup, res: PhaseResult, overheads: list[Overhead]) -> list[Line]:
+    """The components of a megatron-core step at its peak phase (``step: megatron-gpt``), then the overheads."""
+    phase = res.peak_phase if isinstance(res.peak_phase, str) else "forward"
+    lines = [Line(c, float(b), f"{_MEGATRON_LINES[c][0]} ({phase} peak)", "megatron-core 0.19.2: "
+                  + _MEGATRON_LINES[c][1]) for c, b in res.phases[phase].items() if c in _MEGATRON_LINES and b]
+    return lines + [Line(o.name, float(o.bytes), o.formula, o.assumption) for o in overheads]

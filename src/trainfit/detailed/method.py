@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import TrainfitError
 from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
 from ..result import Estimate
-from ..stacks import behaviour_of, check_model, modelled_by
+from ..stacks import behaviour_of, check_model, get_stack, modelled_by
 from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, PRECISIONS, TrainingSetup
 from .allocator import reserve_terms
@@ -29,8 +29,14 @@ TRAINING_PRECISIONS = tuple(p for p, spec in PRECISIONS.items() if spec.trainabl
 #: every field is modelled; precision only as a training recipe, and partial training through LoRA
 #: not ``compile``: compiled graphs save fewer activations (torchtitan: 82.4 -> 77.0 GiB), not modelled here
 #: the stacks it models are those whose registry entry names it (data/stacks.yaml ``modelled_by``)
+#: stacks modelled over every layout the method takes; a stack whose step is another program's (megatron-core's
+#: GPTModel: ``step: megatron-gpt``) is modelled for the slice its own model covers (its module's ``check``), so it
+#: is estimated when asked for but not offered to searches over layouts (the planner counts it as hf, as it says)
+MODELLED_STACKS: tuple[str, ...] = modelled_by(NAME)
 ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n not in ("trainable_fraction", "compile")},
-                           "precision": TRAINING_PRECISIONS, "stack": modelled_by(NAME), "loss": ("model", "chunked"),
+                           "precision": TRAINING_PRECISIONS,
+                           "stack": tuple(s for s in MODELLED_STACKS if get_stack(s).behaviour.step == "pytorch"),
+                           "loss": ("model", "chunked"),
                            "offload": ("none", "optimizer")}
 
 
@@ -93,11 +99,15 @@ class Detailed(MemoryMethod):
         if not r.spec.trainable:
             raise TrainfitError(f"precision {r.precision!r} is not a training recipe of the detailed method; "
                                 f"accepted: {', '.join(TRAINING_PRECISIONS)}")
-        if r.stack not in ACCEPTS["stack"]:
+        if r.stack not in MODELLED_STACKS:
             raise TrainfitError(f"the detailed method does not model stack {r.stack!r} yet; modelled: "
-                                f"{', '.join(ACCEPTS['stack'])} (the measured method may run it)")
-        check_accepts(setup, NAME, ACCEPTS)
+                                f"{', '.join(MODELLED_STACKS)} (the measured method may run it)")
+        check_accepts(setup, NAME, {**ACCEPTS, "stack": MODELLED_STACKS})
         check_model(setup)
+        if behaviour_of(r).step == "megatron-gpt":  # megatron-core's own step: what its model covers
+            from . import stacks_megatron
+
+            stacks_megatron.check(setup)
         par = setup.parallel
         if r.loss != "model" and behaviour_of(r).loss != "shift-upcast":
             raise TrainfitError(f"--loss {r.loss} replaces transformers' loss; stack {r.stack!r} computes its own "

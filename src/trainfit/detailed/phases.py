@@ -207,10 +207,36 @@ def busier_stage(first: PhaseResult, last: PhaseResult) -> PhaseResult:
 
 def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulation: int, stage: int,
                    micro_batch: Any, seq_len: Any) -> PhaseResult:
+    if behaviour_of(recipe).step == "megatron-gpt":
+        return megatron_stage(arch, recipe, par, micro_batch, seq_len)
     st = state_bytes(arch, recipe, par, stage)
     pr = activation_profile(arch, walk_recipe(recipe, par), walk_parallelism(par), stage)
     comm = comm_buffers(arch, recipe, par, st)
     return stage_phases(arch, recipe, par, st, pr, comm, accumulation, stage, micro_batch, seq_len)
+
+
+def megatron_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batch: Any, seq_len: Any) -> PhaseResult:
+    """A stack whose step is megatron-core's GPTModel (behaviour ``step: megatron-gpt``): each phase from
+    :func:`trainfit.detailed.stacks_megatron.phase_bytes` (its buffers, saved tensors and peak moments); the
+    state and activation walks are kept for what the method reports beside the peak (parameter counts)."""
+    from . import stacks_megatron
+
+    sh = step_shape(par, micro_batch, seq_len)
+    by = stacks_megatron.phase_bytes(stacks_megatron.GptShape.of_arch(arch), recipe, par.tp, par.dp, par.zero,
+                                     micro_batch, seq_len)
+    phases = {p: {c: _num(by[p].get(c, 0.0) + 0 * sh.tokens) for c in COMPONENTS} for p in PHASES}
+    peaks = {p: sum(phases[p].values()) for p in PHASES}
+    if _is_array(*peaks.values()):
+        stacked = np.stack(np.broadcast_arrays(*[peaks[p] for p in PHASES]))
+        code = np.argmax(stacked, axis=0)
+        peak, phase = stacked.max(axis=0), code
+    else:
+        phase = max(PHASES, key=lambda p: peaks[p])
+        peak = peaks[phase]
+    st = state_bytes(arch, recipe, par, 0)
+    pr = activation_profile(arch, walk_recipe(recipe, par), walk_parallelism(par), 0)
+    return PhaseResult(phases=phases, peaks=peaks, peak=peak, peak_phase=phase, states=st, profile=pr, shape=sh,
+                       comm={p: {} for p in PHASES})
 
 
 def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, pr: ActivationProfile,

@@ -36,7 +36,7 @@ ACCEPTS: dict[str, Any] = {
     "attention": ("auto", "eager"), "dropout": None, "lora_rank": None, "lora_targets": None,
     "tp": None, "sequence_parallel": None, "tp_plan": ("dtensor",), "loss_parallel": None, "dp": None, "fsdp": None,
     "reshard_after_forward": None, "fsdp_prefetch": (1,), "ddp_bucket_view": None, "ddp_bucket_bytes": None,
-    "pp": None, "pp_schedule": ("1f1b", "gpipe"), "pp_stage": None, "stack": ("hf", "torchtitan"),
+    "pp": None, "pp_schedule": ("1f1b", "gpipe"), "pp_stage": None, "stack": ("hf", "torchtitan", "megatron"),
 }
 #: optimizers measured on one device only (their libraries' multi-GPU paths are not run on a fake process group)
 SINGLE_DEVICE_OPTIMIZERS = ("adafactor", "lion", "adam8bit", "paged-adam8bit")
@@ -99,6 +99,10 @@ class Measured(MemoryMethod):
             from .stacks import torchtitan
 
             torchtitan.check(setup)  # what torchtitan's own step can express
+        elif setup.recipe.stack == "megatron":
+            from .stacks import megatron
+
+            megatron.check(setup)  # what megatron-core's own step can express
         else:
             check_accepts(setup, NAME, ACCEPTS, HINTS)
             r = setup.recipe
@@ -136,6 +140,8 @@ class Measured(MemoryMethod):
         warmup = whole(warmup, "warmup", 0)
         if setup.recipe.stack == "torchtitan":
             return _estimate_torchtitan(setup, warmup=warmup, semantics=semantics, t0=t0)
+        if setup.recipe.stack == "megatron":
+            return _estimate_megatron(setup, warmup=warmup, semantics=semantics, t0=t0)
         from .distributed import is_distributed
 
         if is_distributed(setup):
@@ -304,6 +310,53 @@ def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t
         notes.append(f"peak reserved {run.reserved['peak_reserved_bytes'] / 2**30:.2f} GiB (torch.cuda."
                      "max_memory_reserved): the caching allocator replayed with one pool per stream (FSDP2's "
                      "copy-in and reduce-scatter streams apart); the fit is judged on the allocated peak")
+    return Estimate.of(NAME, setup, total_bytes=float(peak.total), components=components, inputs=inputs_echo,
+                       notes=notes, extra=extra)
+
+
+def _estimate_megatron(setup: TrainingSetup, *, warmup: int, semantics: str, t0: float) -> Estimate:
+    """megatron-core's own step (:mod:`.stacks.megatron`): rank 0 of its data x tensor parallel job."""
+    torch = require("torch")
+    from .stacks import megatron
+
+    with quiet(), quiet_fake_kernels():
+        try:
+            run = megatron.measure_rank(setup, warmup=warmup, cuda=semantics == "cuda")
+        except TrainfitError:
+            raise
+        except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError, KeyError,
+                AttributeError, IndexError) as exc:
+            raise step_error("megatron GPTModel", exc) from None
+    step, first = run.tracker.steps[-1], run.tracker.steps[0]
+    peak = step.peak
+    distributed = run.world_size > 1
+    components = components_of(peak.by_category, distributed=distributed)
+    mesh = dict(run.mesh)
+    inputs_echo = setup.as_dict()
+    inputs_echo.update(task="clm", warmup=warmup, semantics=semantics, attn_implementation="megatron-local", rank=0,
+                       mesh=mesh)
+    extra = {
+        **step_summary(step, first),
+        "static": {**run.static, "grad_bytes_end_of_backward": step.phases["backward"].end.by_category["gradient"]},
+        "world_size": run.world_size, "rank": 0, "mesh": mesh,
+        "stack": {"name": "megatron", "version": megatron.VERSION, "layer_spec": "local",
+                  "recompute": run.recompute, "mixed_precision": run.mixed_precision,
+                  "distributed_optimizer": run.distributed_optimizer},
+        "peak_allocated_bytes": int(peak.total), "fit_judged_on": "peak_allocated_bytes",
+        "sdpa_kernels": dict(run.emulation.sdpa.counts),
+        "arch": "gpt (megatron-core GPTModel, local spec)", "n_params": run.n_params,
+        "n_trainable_params": run.n_params, "param_dtype": run.param_dtype, "build_notes": [],
+        "timings_s": {"total": round(time.perf_counter() - t0, 2)},
+        "versions": {"torch": torch.__version__, "megatron-core": megatron.PINNED},
+    }
+    where = (f"rank 0 of {run.world_size} (dp {mesh['dp']} x tp {mesh['tp']}) on a fake process group; "
+             if distributed else "one GPU; ")
+    what = ("peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
+            "excludes CUDA context, library workspaces, kernel scratch, fragmentation and NCCL's own buffers"
+            if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run")
+    notes = [f"{megatron.VERSION}'s own GPTModel (local layer spec), DDP, "
+             + ("distributed optimizer" if run.distributed_optimizer else "mixed-precision optimizer")
+             + f", recompute ({run.recompute}) and vocab-parallel loss, stepped on fake tensors", where + what]
     return Estimate.of(NAME, setup, total_bytes=float(peak.total), components=components, inputs=inputs_echo,
                        notes=notes, extra=extra)
 
