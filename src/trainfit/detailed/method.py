@@ -30,7 +30,7 @@ TRAINING_PRECISIONS = tuple(p for p, spec in PRECISIONS.items() if spec.trainabl
 #: not ``compile``: compiled graphs save fewer activations (torchtitan: 82.4 -> 77.0 GiB), not modelled here
 #: the stacks it models are those whose registry entry names it (data/stacks.yaml ``modelled_by``)
 ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n not in ("trainable_fraction", "compile")},
-                           "precision": TRAINING_PRECISIONS, "stack": modelled_by(NAME), "loss": ("model", "chunked"),
+                           "precision": TRAINING_PRECISIONS, "stack": modelled_by(NAME), "loss": ("model", "chunked", "fused-linear"),
                            "offload": ("none", "optimizer")}
 
 
@@ -105,6 +105,9 @@ class Detailed(MemoryMethod):
         if r.loss != "model" and (setup.model.arch.task != "causal_lm" or par.tp > 1 or par.cp > 1):
             raise TrainfitError(f"--loss {r.loss} is modelled for a causal LM on unsplit logits; got a "
                                 f"{setup.model.arch.task} model with --tp {par.tp} --cp {par.cp} (accepted: --loss model)")
+        if r.loss == "fused-linear" and par.fsdp:
+            raise TrainfitError("--loss fused-linear is modelled without --fsdp (FSDP2's gathered head weight is not "
+                                "walked with it); accepted with --fsdp: --loss model, chunked")
         if r.offload != "none" and r.optimizer_in_backward:
             raise TrainfitError("--offload optimizer steps on the CPU after the backward; --optimizer-in-backward steps "
                                 "on the device during it: choose one")

@@ -32,7 +32,7 @@ TASKS = ("clm", "mlm", "seq2seq")
 ACCEPTS: dict[str, Any] = {
     "batch": None, "seq_len": None, "accumulation": None, "precision": ("fp32", "amp-bf16", "bf16"),
     "optimizer": ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "lion", "adam8bit", "paged-adam8bit"),
-    "optimizer_in_backward": None, "loss": ("model", "chunked"), "opt_impl": None, "checkpointing": ("none", "full"),
+    "optimizer_in_backward": None, "loss": ("model", "chunked", "fused-linear"), "opt_impl": None, "checkpointing": ("none", "full"),
     "attention": ("auto", "eager"), "dropout": None, "lora_rank": None, "lora_targets": None,
     "tp": None, "sequence_parallel": None, "tp_plan": ("dtensor",), "loss_parallel": None, "dp": None, "fsdp": None,
     "reshard_after_forward": None, "fsdp_prefetch": (1,), "ddp_bucket_view": None, "ddp_bucket_bytes": None,
