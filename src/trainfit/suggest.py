@@ -45,6 +45,9 @@ def candidates(setup: TrainingSetup) -> list[tuple[str, dict[str, Any]]]:
                     {"optimizer_in_backward": True}))
     if r.loss == "model":
         out.append(("chunked cross-entropy (torchtune: 8 chunks, no whole fp32 logits)", {"loss": "chunked"}))
+    if r.loss in ("model", "chunked"):
+        out.append(("fused linear cross-entropy (Liger: logits one chunk at a time, no logits kept)",
+                    {"loss": "fused-linear"}))
     if r.offload == "none" and r.optimizer != "none" and not r.optimizer_in_backward:
         out.append(("optimizer state and step on the CPU (DeepSpeed ZeRO-Offload; needs host RAM)",
                     {"offload": "optimizer"}))
