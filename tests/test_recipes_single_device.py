@@ -158,7 +158,7 @@ def test_detailed_refuses_what_it_does_not_model(field, value):
         Detailed().check(TrainingSetup.build(arch_from_config(TINY), None, **{field: value}))
 
 
-def test_measured_refuses_offload():
+def test_measured_refuses_optimizer_offload():
     from trainfit.measure import Measured
 
     with pytest.raises(TrainfitError, match="offload"):
@@ -241,3 +241,20 @@ def test_measured_fused_linear_step_matches_the_detailed_method(kw):
 def test_fused_linear_is_refused_with_fsdp():
     with pytest.raises(TrainfitError, match="fused-linear"):
         Detailed().check(TrainingSetup.build(arch_from_config(TINY), None, batch=2, seq_len=128, dp=2, fsdp=True, loss="fused-linear"))
+
+
+def test_measured_activation_offload_moves_saved_tensors_to_the_host():
+    """--offload activations (save_on_cpu's hooks): the forward ends holding no saved activations on the device
+    (start and end of the forward equal within the loss scalar's block), and every byte the step saved for backward
+    is counted on the host (activations plus the saved weights: save_on_cpu packs every saved tensor)."""
+    pytest.importorskip("transformers")
+    from trainfit.measure import measure
+
+    plain = measure(TINY, batch=2, seq_len=256, precision="bf16")
+    off = measure(TINY, batch=2, seq_len=256, precision="bf16", offload="activations")
+    fwd = off.extra["phases"]["forward"]
+    assert fwd["end_bytes"] - fwd["start_bytes"] <= 512
+    saved = plain.extra["phases"]["forward"]["end_bytes"] - plain.extra["phases"]["forward"]["start_bytes"]
+    host = off.extra["host_bytes"]["offloaded_activations"]
+    assert host > 0.95 * saved
+    assert off.total_bytes < plain.total_bytes

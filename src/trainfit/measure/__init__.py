@@ -37,6 +37,7 @@ ACCEPTS: dict[str, Any] = {
     "tp": None, "sequence_parallel": None, "tp_plan": ("dtensor",), "loss_parallel": None, "dp": None, "fsdp": None,
     "reshard_after_forward": None, "fsdp_prefetch": (1,), "ddp_bucket_view": None, "ddp_bucket_bytes": None,
     "pp": None, "pp_schedule": ("1f1b", "gpipe"), "pp_stage": None, "stack": ("hf", "torchtitan"),
+    "offload": ("none", "activations"),
 }
 #: optimizers measured on one device only (their libraries' multi-GPU paths are not run on a fake process group)
 SINGLE_DEVICE_OPTIMIZERS = ("adafactor", "lion", "adam8bit", "paged-adam8bit")
@@ -103,6 +104,7 @@ class Measured(MemoryMethod):
             check_accepts(setup, NAME, ACCEPTS, HINTS)
             r = setup.recipe
             single = {"optimizer_in_backward": r.optimizer_in_backward, "loss": r.loss != "model",
+                      "offload": r.offload != "none",
                       "optimizer": r.optimizer in SINGLE_DEVICE_OPTIMIZERS}
             if setup.parallel.world_size > 1 and any(single.values()):
                 name = next(k for k, v in single.items() if v)
@@ -180,7 +182,9 @@ class Measured(MemoryMethod):
             "arch": built.model_type, "n_params": n_params, "n_trainable_params": n_trainable,
             "param_dtype": param_dtype, "build_notes": built.notes,
             # paged optimizer state (bitsandbytes' cudaMallocManaged buffers): outside the allocated peak
-            "host_bytes": {"paged_optimizer_state": sum(getattr(opt, "paged_bytes", ()))},
+            "host_bytes": {"paged_optimizer_state": sum(getattr(opt, "paged_bytes", ())),
+                           # --offload activations: the peak of the saved tensors' host copies
+                           **({"offloaded_activations": session.host.peak} if session.host is not None else {})},
             "timings_s": {"build": round(t_build, 2), "total": round(elapsed, 2)},
             "versions": {"torch": torch.__version__, "transformers": require("transformers").__version__},
         }
