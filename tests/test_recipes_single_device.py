@@ -22,7 +22,7 @@ from setups import states
 ROOT = Path(__file__).resolve().parent.parent
 VALIDATION = ROOT / "validation"
 MEASURED = VALIDATION / "corpus-recipes-measured.jsonl"
-SETUP_KEYS = ("batch", "seq_len", "precision", "optimizer", "opt_impl", "checkpointing", "lora_rank", "lora_targets", "loss",
+SETUP_KEYS = ("batch", "seq_len", "precision", "optimizer", "opt_impl", "checkpointing", "lora_rank", "lora_targets", "loss", "offload",
               "attention", "dropout", "optimizer_in_backward")
 TINY = dict(model_type="llama", hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=512, vocab_size=1000, max_position_embeddings=512)
