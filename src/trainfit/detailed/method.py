@@ -16,7 +16,7 @@ from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
 from ..result import Estimate
 from ..stacks import behaviour_of, check_model, modelled_by
 from ..sweep import SetupArrays, SweepOutput
-from ..training_setup import FIELD_NAMES, PRECISIONS, TrainingSetup
+from ..training_setup import FIELD_NAMES, FIELDS, PRECISIONS, TrainingSetup
 from .allocator import reserve_terms
 from .explain import explain as explain_lines
 from .layouts import PER_ELEMENT, SHARDING_FIELDS, layout_phases, sharding_groups
@@ -32,6 +32,23 @@ TRAINING_PRECISIONS = tuple(p for p, spec in PRECISIONS.items() if spec.trainabl
 ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n not in ("trainable_fraction", "compile")},
                            "precision": TRAINING_PRECISIONS, "stack": modelled_by(NAME), "loss": ("model", "chunked", "fused-linear"),
                            "offload": ("none", "optimizer")}
+
+
+def lora_precision_notes(setup: TrainingSetup) -> list[str]:
+    """What a LoRA run holds its frozen base and its adapters in, and whether the precision was the default; with an
+    fp32 base, how PEFT/TRL users run it (the base loaded in bf16; PEFT 0.21.2 keeps the adapters fp32:
+    ``get_peft_model(..., autocast_adapter_dtype=True)``, tests/test_lora_defaults.py)."""
+    r = setup.recipe
+    if not r.lora:
+        return []
+    default = FIELDS["precision"].default
+    base = "nf4/int8-quantised" if r.qlora else f"{int(r.param_bytes * 8)}-bit"
+    line = (f"LoRA: frozen base weights {base}, adapters {r.lora_dtype} (precision {r.precision}"
+            f"{', the default' if r.precision == default else ''})")
+    if not r.qlora and r.param_bytes == 4:
+        line += ("; PEFT/TRL users load the base in bf16 (--precision bf16: half the base weights' bytes; "
+                 "PEFT keeps the adapters fp32)")
+    return [line]
 
 
 #: platforms whose PyTorch SDPA has the flash and memory-efficient kernels "auto" picks from (CUDA; ROCm's
@@ -143,6 +160,7 @@ class Detailed(MemoryMethod):
         if effective(setup) is not setup:
             notes.append(f"attention auto runs the math kernel on {platform} (no fused flash kernel): the scores are "
                          "materialised, an upper bound where the platform fuses attention")
+        notes.extend(lora_precision_notes(setup))
         pp = setup.parallel.pp
         if pp > 1:
             notes.append(f"pipeline: stage {int(res.stage)} of {pp} reported" + (
