@@ -258,3 +258,4 @@ def test_measured_activation_offload_moves_saved_tensors_to_the_host():
     host = off.extra["host_bytes"]["offloaded_activations"]
     assert host > 0.95 * saved
     assert off.total_bytes < plain.total_bytes
+    assert any("activation offload" in n and "host RAM" in n for n in off.notes)

@@ -192,6 +192,11 @@ class Measured(MemoryMethod):
             "peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
             "excludes CUDA context, library workspaces, kernel scratch, fragmentation, multi-GPU buffers"
             if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run"]
+        offloaded = extra["host_bytes"].get("offloaded_activations", 0)
+        if offloaded:
+            notes.append(f"activation offload (save_on_cpu): {offloaded / 1e9:.3f} GB of saved tensors in pinned host "
+                         "RAM at the peak (every save, weights saved for the backward included), not in the allocated "
+                         "peak")
         paged = extra["host_bytes"]["paged_optimizer_state"]
         if paged:
             notes.append(f"paged optimizer state: {paged / 1e9:.3f} GB in CUDA unified memory (host RAM, paged onto "
