@@ -259,3 +259,17 @@ def test_measured_activation_offload_moves_saved_tensors_to_the_host():
     assert host > 0.95 * saved
     assert off.total_bytes < plain.total_bytes
     assert any("activation offload" in n and "host RAM" in n for n in off.notes)
+
+
+def test_measured_activation_offload_corpus():
+    """validation/corpus-offload-measured.jsonl (`trainfit measure --offload activations`): every case leaves no saved
+    tensor on the device after the forward (its end is its start but for the loss scalar), and its host copies are
+    reported; the device peak is then in the backward (a node's unpacked copies) or the optimizer step."""
+    rows = [json.loads(line) for line in (VALIDATION / "corpus-offload-measured.jsonl").read_text().splitlines()
+            if line.strip()]
+    assert len(rows) == 6
+    for r in rows:
+        fwd = r["phases"]["forward"]
+        assert r["offload"] == "activations" and fwd["end_bytes"] - fwd["start_bytes"] <= 512, r["index"]
+        assert r["host_bytes"]["offloaded_activations"] > 0
+        assert r["peak_phase"] in ("backward", "optimizer")
