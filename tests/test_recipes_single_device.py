@@ -22,7 +22,7 @@ from setups import states
 ROOT = Path(__file__).resolve().parent.parent
 VALIDATION = ROOT / "validation"
 MEASURED = VALIDATION / "corpus-recipes-measured.jsonl"
-SETUP_KEYS = ("batch", "seq_len", "precision", "optimizer", "opt_impl", "checkpointing", "lora_rank", "lora_targets", "loss",
+SETUP_KEYS = ("batch", "seq_len", "precision", "optimizer", "opt_impl", "checkpointing", "lora_rank", "lora_targets", "loss", "offload",
               "attention", "dropout", "optimizer_in_backward")
 TINY = dict(model_type="llama", hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=512, vocab_size=1000, max_position_embeddings=512)
@@ -49,6 +49,7 @@ def test_detailed_matches_the_measured_recipes():
     rows = _rows()
     assert len(rows) >= 12
     assert {r["optimizer"] for r in rows} >= {"adafactor", "lion", "adam8bit", "paged-adam8bit", "adamw"}
+    assert {r["loss"] for r in rows} >= {"model", "chunked", "fused-linear"}
     assert any(r["optimizer_in_backward"] for r in rows)
     errors = []
     for r in rows:
@@ -151,13 +152,13 @@ def test_optimizer_offload_moves_state_and_master_weights_to_the_host():
     assert b.extra["peak_allocated_bytes"] < a.extra["peak_allocated_bytes"]
 
 
-@pytest.mark.parametrize("field,value", [("offload", "params"), ("offload", "activations"), ("loss", "fused-linear")])
+@pytest.mark.parametrize("field,value", [("offload", "params"), ("offload", "activations")])
 def test_detailed_refuses_what_it_does_not_model(field, value):
     with pytest.raises(TrainfitError, match=field):
         Detailed().check(TrainingSetup.build(arch_from_config(TINY), None, **{field: value}))
 
 
-def test_measured_refuses_offload():
+def test_measured_refuses_optimizer_offload():
     from trainfit.measure import Measured
 
     with pytest.raises(TrainfitError, match="offload"):
@@ -191,3 +192,84 @@ def test_measured_runs_the_recipes_on_one_device_only():
     for kw in ({"optimizer": "lion"}, {"optimizer_in_backward": True}, {"loss": "chunked"}):
         with pytest.raises(TrainfitError, match="one device only"):
             Measured().check(TrainingSetup.build("gpt2-small", None, batch=2, seq_len=128, dp=2, **kw))
+
+
+def test_fused_linear_chunk_rows_follow_liger():
+    """Liger's fused_linear_cross_entropy_forward: inc_factor = cdiv(V, H), chunk_size =
+    next_power_of_2(cdiv(BT, inc_factor)) (src/liger_kernel/ops/fused_linear_cross_entropy.py at ead96b6; its
+    comment's example: BT = 4096*4, V = 32000, H = 4096 -> chunk 2048). The measured re-implementation and the
+    detailed method's vectorised rows agree."""
+    from trainfit.detailed.activations import fused_chunk_rows
+    from trainfit.measure.losses import fused_linear_chunk_rows
+
+    assert fused_linear_chunk_rows(4096 * 4, 32000, 4096) == 2048
+    assert fused_linear_chunk_rows(512, 50257, 768) == 8  # GPT-2: ceil(50257 / 768) = 66, ceil(512 / 66) = 8
+    for bt, v, h in ((4096 * 4, 32000, 4096), (1000, 128256, 4096), (3, 100, 50), (1, 32000, 512), (777, 151936, 896)):
+        inc = -(-v // h)
+        assert fused_chunk_rows(bt, inc) == min(fused_linear_chunk_rows(bt, v, h), bt)
+    import numpy as np
+
+    assert list(fused_chunk_rows(np.array([512.0, 4096.0 * 4]), 8.0)) == [64.0, 2048.0]
+
+
+def test_fused_linear_keeps_no_logits():
+    """The fused loss never holds the whole logits: on Llama-3.1-8B (128,256-token vocabulary) at 8 x 4096 tokens it
+    needs gigabytes less than the model's own loss and the chunked one."""
+    s = TrainingSetup.build("llama-3.1-8b", None, batch=8, seq_len=4096, precision="bf16", checkpointing="full")
+    peaks = {loss: Detailed().estimate(s.replace(loss=loss), overheads=False).extra["peak_allocated_bytes"]
+             for loss in ("model", "chunked", "fused-linear")}
+    logits_fp32 = 8 * 4096 * 128256 * 4
+    assert peaks["fused-linear"] < peaks["chunked"] < peaks["model"]
+    assert peaks["model"] - peaks["fused-linear"] > logits_fp32
+
+
+@pytest.mark.parametrize("kw", [{"precision": "bf16"}, {"precision": "amp-bf16", "lora_rank": 8},
+                                {"precision": "bf16", "lora_rank": 8}])
+def test_measured_fused_linear_step_matches_the_detailed_method(kw):
+    """A measured step (the PyTorch re-implementation of Liger's fused linear cross-entropy) of a tiny Llama whose
+    8,000-token head makes the loss the peak, against the detailed method."""
+    pytest.importorskip("transformers")
+    from trainfit.measure import measure
+
+    cfg = {**TINY, "vocab_size": 8000}
+    est = measure(cfg, batch=2, seq_len=256, loss="fused-linear", **kw)
+    setup = TrainingSetup.build(arch_from_config(cfg), None, batch=2, seq_len=256, loss="fused-linear", **kw)
+    peak = Detailed().estimate(setup, overheads=False).extra["peak_allocated_bytes"]
+    assert math.isclose(peak, est.total_bytes, rel_tol=0.005), (peak, est.total_bytes)
+
+
+def test_fused_linear_is_refused_with_fsdp():
+    with pytest.raises(TrainfitError, match="fused-linear"):
+        Detailed().check(TrainingSetup.build(arch_from_config(TINY), None, batch=2, seq_len=128, dp=2, fsdp=True, loss="fused-linear"))
+
+
+def test_measured_activation_offload_moves_saved_tensors_to_the_host():
+    """--offload activations (save_on_cpu's hooks): the forward ends holding no saved activations on the device
+    (start and end of the forward equal within the loss scalar's block), and every byte the step saved for backward
+    is counted on the host (activations plus the saved weights: save_on_cpu packs every saved tensor)."""
+    pytest.importorskip("transformers")
+    from trainfit.measure import measure
+
+    plain = measure(TINY, batch=2, seq_len=256, precision="bf16")
+    off = measure(TINY, batch=2, seq_len=256, precision="bf16", offload="activations")
+    fwd = off.extra["phases"]["forward"]
+    assert fwd["end_bytes"] - fwd["start_bytes"] <= 512
+    saved = plain.extra["phases"]["forward"]["end_bytes"] - plain.extra["phases"]["forward"]["start_bytes"]
+    host = off.extra["host_bytes"]["offloaded_activations"]
+    assert host > 0.95 * saved
+    assert off.total_bytes < plain.total_bytes
+    assert any("activation offload" in n and "host RAM" in n for n in off.notes)
+
+
+def test_measured_activation_offload_corpus():
+    """validation/corpus-offload-measured.jsonl (`trainfit measure --offload activations`): every case leaves no saved
+    tensor on the device after the forward (its end is its start but for the loss scalar), and its host copies are
+    reported; the device peak is then in the backward (a node's unpacked copies) or the optimizer step."""
+    rows = [json.loads(line) for line in (VALIDATION / "corpus-offload-measured.jsonl").read_text().splitlines()
+            if line.strip()]
+    assert len(rows) == 6
+    for r in rows:
+        fwd = r["phases"]["forward"]
+        assert r["offload"] == "activations" and fwd["end_bytes"] - fwd["start_bytes"] <= 512, r["index"]
+        assert r["host_bytes"]["offloaded_activations"] > 0
+        assert r["peak_phase"] in ("backward", "optimizer")

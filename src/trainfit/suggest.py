@@ -36,6 +36,8 @@ def candidates(setup: TrainingSetup) -> list[tuple[str, dict[str, Any]]]:
     if r.precision == "amp-bf16" and not r.lora:
         out.append(("bf16 weights, gradients and optimizer state instead of fp32 under autocast",
                     {"precision": "bf16"}))
+    if r.lora and not r.qlora and r.precision in ("amp-bf16", "fp32", "tf32"):
+        out.append(("the frozen base in bf16, as PEFT/TRL load it (adapters stay fp32)", {"precision": "bf16"}))
     if r.optimizer in ("adam", "adamw"):
         out.append(("8-bit AdamW (bitsandbytes AdamW8bit)", {"optimizer": "adam8bit"}))
     if r.optimizer in ("adam", "adamw", "adam8bit"):
@@ -46,6 +48,9 @@ def candidates(setup: TrainingSetup) -> list[tuple[str, dict[str, Any]]]:
                     {"optimizer_in_backward": True}))
     if r.loss == "model":
         out.append(("chunked cross-entropy (torchtune: 8 chunks, no whole fp32 logits)", {"loss": "chunked"}))
+    if r.loss in ("model", "chunked"):
+        out.append(("fused linear cross-entropy (Liger: logits one chunk at a time, no logits kept)",
+                    {"loss": "fused-linear"}))
     if r.offload == "none" and r.optimizer != "none" and not r.optimizer_in_backward:
         out.append(("optimizer state and step on the CPU (DeepSpeed ZeRO-Offload; needs host RAM)",
                     {"offload": "optimizer"}))

@@ -25,7 +25,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional
+from typing import Any, Optional
+
+import numpy as np
 
 from ..arch import ArchSpec
 from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd, vscale
@@ -88,6 +90,12 @@ class ActivationProfile:
     logits_grad: Vec = ZERO  #: the logits' gradient as the head's backward receives it (after the loss backward)
     #: chunked loss: the working set of the output projection's backward (None: the model's own loss)
     head_backward: Optional[Vec] = None
+    #: fused linear cross-entropy (Liger): the forward's moments inside a chunk, each (live bytes-vector without the
+    #: chunk, bytes per chunk row, ceil(V / H)); the chunk's rows are a power of two (:func:`fused_chunk_rows`)
+    loss_chunks: tuple[tuple[Vec, float, float], ...] = ()
+    #: fused linear cross-entropy: the final RMSNorm's backward working set, the backward's first moment once the
+    #: loss's backward has only returned its saved gradients (ZERO: not a moment of its own)
+    final_norm_backward: Vec = ZERO
 
 
 @dataclass(frozen=True)
@@ -806,6 +814,9 @@ class _Walker:
         if a.embedding_dim != a.hidden_size:
             x = self.linear(x, "project_out", a.hidden_size, a.embedding_dim, "")
         x = self.gather_sequence(x, a.embedding_dim)
+        if a.task == "causal_lm" and self.r.loss == "fused-linear" and self.vocab_split == 1:
+            self.fused_linear_loss(x, held)
+            return
         logits = self.linear(x, "lm_head", a.embedding_dim, a.vocab_size, "col", frozen=not self.full)
         if self.vocab_split < self.tp:
             # DTensor without loss parallelism: the vocabulary-sharded logits are all-gathered (gathered along
@@ -890,6 +901,53 @@ class _Walker:
         g.notes["loss_backward"] = bwd
         g.notes["logits_grad"] = logits.bytes
 
+    def fused_linear_loss(self, x: Tensor, held: Optional[Tensor]) -> None:
+        """Liger's fused linear cross-entropy (src/liger_kernel/ops/fused_linear_cross_entropy.py; measured with
+        its PyTorch re-implementation in trainfit.measure.losses): the input's gradient (the input's dtype) and the
+        weight's (its dtype, when trained) are allocated first, filled chunk by chunk during the forward and saved
+        for the backward, which only returns them; the logits exist one chunk at a time (overwritten by their
+        gradient). The moments inside a chunk depend on its rows, a power of two: kept as ``loss_chunks``."""
+        a, g = self.a, self.g
+        g.region = "loss"
+        E, V = a.embedding_dim, a.vocab_size
+        VE = float(V * E)
+        trainable = self.full
+        amp = g.autocast
+        cb = self.w  # the logits' dtype (the matmul's output)
+        padded = g.new(tok(1), 8, False, "padded labels")  # LigerForCausalLMLoss keeps it referenced
+        target = g.new(tok(1), 8, False, "shifted labels")
+        gi = g.new(tok(E), x.dtype, False, "input gradient (filled in forward)")
+        g.save(gi)
+        if trainable:
+            g.save(g.new(const(VE), self.p, False, "weight gradient (filled in forward)"))
+        loss_1d = g.new(tok(1), 4, False, "per-token loss")
+        mask = g.new(tok(1), 1, False, "target mask")
+        mark = g.t
+        xcast = 2.0 if (amp and x.dtype != 2) else 0.0  # autocast's 16-bit copy of the input chunk
+        w16 = 2.0 * VE if amp else 0.0  # autocast's 16-bit copy of the weight (W.t() is a view: never cached)
+        # a trained weight's copy for g @ W is cached from the first chunk on (a leaf that requires grad)
+        cached = w16 if (trainable and (V + E - 1) // E >= 2) else 0.0
+        # (const bytes, bytes per chunk row): chunk @ W.T; grad_input[chunk] = g @ W; the weight gradient
+        moments = [(w16 + cached, V * cb + E * xcast), (w16, V * cb + E * cb)]
+        if trainable:
+            if amp and self.p == 4:
+                moments.append((cached, V * cb + E * xcast))  # addmm(out_dtype=float32, out=grad_weight)
+            else:
+                moments.append((VE * cb + (VE * 4 if cb != 4 else 0.0), V * cb))  # mm(g.T, chunk).float()
+        if amp and trainable:
+            g.hold(g.weight_copy("lm_head", VE, True))
+        g.use(padded, target, loss_1d, mask, x)
+        if held is not None:
+            g.use(held)
+        self.fused_moments = (mark, tuple(moments), float((V + E - 1) // E))
+        if a.final_norm and a.norm_kind == "rmsnorm":
+            # HF RMSNorm's backward on the returned input gradient: the incoming gradient (its dtype), the gradient
+            # of the weight product, its fp32 cast and the two fp32 branches (x * rsqrt and pow) at once: 20
+            # bytes per element whatever the residual dtype (measured: validation/corpus-recipes-measured.jsonl)
+            g.notes["final_norm_backward"] = tok(20.0 * E)
+        g.notes["loss_backward"] = ZERO
+        g.notes["logits_grad"] = ZERO
+
     def run(self) -> ActivationProfile:
         a, r, g = self.a, self.r, self.g
         layers = list(stage_layers(a.num_layers, self.par.pp, self.stage))
@@ -962,6 +1020,11 @@ class _Walker:
         timeline = g.timeline()
         # a checkpoint input is marked saved when its region starts: recount it in the region before
         cands = pareto(timeline)
+        chunks: tuple[tuple[Vec, float, float], ...] = ()
+        fused = getattr(self, "fused_moments", None)
+        if fused is not None and last:
+            mark, moments, inc = fused
+            chunks = tuple((vadd(timeline[mark], const(c)), row, inc) for c, row in moments)
         saved_total = g.saved_bytes()
         wc = ZERO
         wcs = ZERO
@@ -983,7 +1046,9 @@ class _Walker:
                                  loss_backward=loss_bwd, weight_copies=wc, weight_copies_saved=wcs,
                                  per_layer_weight_copies=per_layer_wc, pieces=pieces,
                                  logits_grad=g.notes.get("logits_grad", ZERO),
-                                 head_backward=g.notes.get("head_backward") if last else None)
+                                 head_backward=g.notes.get("head_backward") if last else None,
+                                 loss_chunks=chunks,
+                                 final_norm_backward=g.notes.get("final_norm_backward", ZERO) if last else ZERO)
 
     def _layer_profiles(self, layers: list[int], marks: list[tuple[int, bool, Optional[_BlockStats]]]
                         ) -> tuple[list[LayerProfile], Vec]:
@@ -1016,6 +1081,14 @@ class _Walker:
                     if t.held and t.size[0] == 0 and t.size[3]:
                         per_layer_wc = vadd(per_layer_wc, t.bytes)
         return lay, per_layer_wc
+
+
+def fused_chunk_rows(tokens: Any, inc: float) -> Any:
+    """Rows of the first (largest) chunk of Liger's fused linear cross-entropy for ``tokens`` local tokens
+    (scalar or array): ``min(next_power_of_2(ceil(tokens / inc)), tokens)``, ``inc = ceil(V / H)``."""
+    m = np.maximum(np.ceil(np.asarray(tokens, dtype=float) / inc), 1.0)
+    rows = np.minimum(np.exp2(np.ceil(np.log2(m))), tokens)
+    return float(rows) if np.ndim(rows) == 0 else rows
 
 
 #: the only :class:`Parallelism` fields the forward walk reads (a field the walk starts reading must be

@@ -16,7 +16,7 @@ from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
 from ..result import Estimate
 from ..stacks import behaviour_of, check_model, get_stack, modelled_by
 from ..sweep import SetupArrays, SweepOutput
-from ..training_setup import FIELD_NAMES, PRECISIONS, TrainingSetup
+from ..training_setup import FIELD_NAMES, FIELDS, PRECISIONS, TrainingSetup
 from .allocator import reserve_terms
 from .explain import explain as explain_lines
 from .layouts import PER_ELEMENT, SHARDING_FIELDS, layout_phases, sharding_groups
@@ -36,8 +36,25 @@ MODELLED_STACKS: tuple[str, ...] = modelled_by(NAME)
 ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n not in ("trainable_fraction", "compile")},
                            "precision": TRAINING_PRECISIONS,
                            "stack": tuple(s for s in MODELLED_STACKS if get_stack(s).behaviour.step == "pytorch"),
-                           "loss": ("model", "chunked"),
+                           "loss": ("model", "chunked", "fused-linear"),
                            "offload": ("none", "optimizer")}
+
+
+def lora_precision_notes(setup: TrainingSetup) -> list[str]:
+    """What a LoRA run holds its frozen base and its adapters in, and whether the precision was the default; with an
+    fp32 base, how PEFT/TRL users run it (the base loaded in bf16; PEFT 0.21.2 keeps the adapters fp32:
+    ``get_peft_model(..., autocast_adapter_dtype=True)``, tests/test_lora_defaults.py)."""
+    r = setup.recipe
+    if not r.lora:
+        return []
+    default = FIELDS["precision"].default
+    base = "nf4/int8-quantised" if r.qlora else f"{int(r.param_bytes * 8)}-bit"
+    line = (f"LoRA: frozen base weights {base}, adapters {r.lora_dtype} (precision {r.precision}"
+            f"{', the default' if r.precision == default else ''})")
+    if not r.qlora and r.param_bytes == 4:
+        line += ("; PEFT/TRL users load the base in bf16 (--precision bf16: half the base weights' bytes; "
+                 "PEFT keeps the adapters fp32)")
+    return [line]
 
 
 #: platforms whose PyTorch SDPA has the flash and memory-efficient kernels "auto" picks from (CUDA; ROCm's
@@ -115,6 +132,9 @@ class Detailed(MemoryMethod):
         if r.loss != "model" and (setup.model.arch.task != "causal_lm" or par.tp > 1 or par.cp > 1):
             raise TrainfitError(f"--loss {r.loss} is modelled for a causal LM on unsplit logits; got a "
                                 f"{setup.model.arch.task} model with --tp {par.tp} --cp {par.cp} (accepted: --loss model)")
+        if r.loss == "fused-linear" and par.fsdp:
+            raise TrainfitError("--loss fused-linear is modelled without --fsdp (FSDP2's gathered head weight is not "
+                                "walked with it); accepted with --fsdp: --loss model, chunked")
         if r.offload != "none" and r.optimizer_in_backward:
             raise TrainfitError("--offload optimizer steps on the CPU after the backward; --optimizer-in-backward steps "
                                 "on the device during it: choose one")
@@ -150,6 +170,7 @@ class Detailed(MemoryMethod):
         if effective(setup) is not setup:
             notes.append(f"attention auto runs the math kernel on {platform} (no fused flash kernel): the scores are "
                          "materialised, an upper bound where the platform fuses attention")
+        notes.extend(lora_precision_notes(setup))
         pp = setup.parallel.pp
         if pp > 1:
             notes.append(f"pipeline: stage {int(res.stage)} of {pp} reported" + (

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import ArchSpec
-from .activations import ActivationProfile, activation_profile, walk_parallelism
+from .activations import ActivationProfile, activation_profile, fused_chunk_rows, walk_parallelism
 from .distributed import (ddp_bucket_bytes, ddp_bucket_label, forward_regions, fsdp_candidates, fsdp_compute_bytes,
                           is_fsdp, walk_recipe)
 from .graph import Vec, ZERO, tok, vadd, vbytes, vsub
@@ -289,9 +289,20 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
             live = B(v)
             into.append(keep({"gradients": held, "activations": _min(live, saved_total) + extra_inflight,
                               "temporaries": live - _min(live, saved_total)}))
+        for v, row, inc in pr.loss_chunks:
+            # fused linear cross-entropy: a moment inside the first (largest) chunk
+            live = B(v) + fused_chunk_rows(sh.tokens, inc) * row
+            into.append(keep({"gradients": held, "activations": _min(live, saved_total) + extra_inflight,
+                              "temporaries": live - _min(live, saved_total)}))
         # backward: the loss backward first
         bwd_cands.append(keep({"activations": saved_total + extra_inflight, "temporaries": B(pr.loss_backward),
                                "gradients": held}))
+        if pr.final_norm_backward != ZERO:
+            # fused linear cross-entropy: its backward returns the saved gradients; the head's weight gradient is
+            # then the parameter's (a tied one waits for the embeddings'), the final norm's backward running
+            bwd_cands.append(keep({"activations": B(vsub(pr.saved_total, pr.loss_saved)) + extra_inflight,
+                                   "temporaries": B(pr.final_norm_backward) + tied,
+                                   "gradients": _pick(grads_present, g_all, g_head)}))
         if pr.head_backward is not None:
             # chunked loss: every chunk's log-softmax freed, the output projection's backward running
             bwd_cands.append(keep({"activations": B(vsub(pr.saved_total, pr.loss_saved)) + extra_inflight,

@@ -32,11 +32,12 @@ TASKS = ("clm", "mlm", "seq2seq")
 ACCEPTS: dict[str, Any] = {
     "batch": None, "seq_len": None, "accumulation": None, "precision": ("fp32", "amp-bf16", "bf16"),
     "optimizer": ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "lion", "adam8bit", "paged-adam8bit"),
-    "optimizer_in_backward": None, "loss": ("model", "chunked"), "opt_impl": None, "checkpointing": ("none", "full"),
+    "optimizer_in_backward": None, "loss": ("model", "chunked", "fused-linear"), "opt_impl": None, "checkpointing": ("none", "full"),
     "attention": ("auto", "eager"), "dropout": None, "lora_rank": None, "lora_targets": None,
     "tp": None, "sequence_parallel": None, "tp_plan": ("dtensor",), "loss_parallel": None, "dp": None, "fsdp": None,
     "reshard_after_forward": None, "fsdp_prefetch": (1,), "ddp_bucket_view": None, "ddp_bucket_bytes": None,
     "pp": None, "pp_schedule": ("1f1b", "gpipe"), "pp_stage": None, "stack": ("hf", "torchtitan", "megatron"),
+    "offload": ("none", "activations"),
 }
 #: optimizers measured on one device only (their libraries' multi-GPU paths are not run on a fake process group)
 SINGLE_DEVICE_OPTIMIZERS = ("adafactor", "lion", "adam8bit", "paged-adam8bit")
@@ -107,6 +108,7 @@ class Measured(MemoryMethod):
             check_accepts(setup, NAME, ACCEPTS, HINTS)
             r = setup.recipe
             single = {"optimizer_in_backward": r.optimizer_in_backward, "loss": r.loss != "model",
+                      "offload": r.offload != "none",
                       "optimizer": r.optimizer in SINGLE_DEVICE_OPTIMIZERS}
             if setup.parallel.world_size > 1 and any(single.values()):
                 name = next(k for k, v in single.items() if v)
@@ -186,7 +188,9 @@ class Measured(MemoryMethod):
             "arch": built.model_type, "n_params": n_params, "n_trainable_params": n_trainable,
             "param_dtype": param_dtype, "build_notes": built.notes,
             # paged optimizer state (bitsandbytes' cudaMallocManaged buffers): outside the allocated peak
-            "host_bytes": {"paged_optimizer_state": sum(getattr(opt, "paged_bytes", ()))},
+            "host_bytes": {"paged_optimizer_state": sum(getattr(opt, "paged_bytes", ())),
+                           # --offload activations: the peak of the saved tensors' host copies
+                           **({"offloaded_activations": session.host.peak} if session.host is not None else {})},
             "timings_s": {"build": round(t_build, 2), "total": round(elapsed, 2)},
             "versions": {"torch": torch.__version__, "transformers": require("transformers").__version__},
         }
@@ -194,6 +198,11 @@ class Measured(MemoryMethod):
             "peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
             "excludes CUDA context, library workspaces, kernel scratch, fragmentation, multi-GPU buffers"
             if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run"]
+        offloaded = extra["host_bytes"].get("offloaded_activations", 0)
+        if offloaded:
+            notes.append(f"activation offload (save_on_cpu): {offloaded / 1e9:.3f} GB of saved tensors in pinned host "
+                         "RAM at the peak (every save, weights saved for the backward included), not in the allocated "
+                         "peak")
         paged = extra["host_bytes"]["paged_optimizer_state"]
         if paged:
             notes.append(f"paged optimizer state: {paged / 1e9:.3f} GB in CUDA unified memory (host RAM, paged onto "

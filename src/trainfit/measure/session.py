@@ -89,11 +89,58 @@ def make_optimizer(params: list[Any], optimizer: str, opt_impl: str, in_backward
     return torch.optim.SGD(params, lr=1e-3, momentum=0.9, **impl)
 
 
+class HostCopies:
+    """Host (pinned CPU) memory of activations offloaded by saved-tensor hooks: the bytes alive and their peak."""
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+
+    def add(self, n: int) -> None:
+        self.live += n
+        self.peak = max(self.peak, self.live)
+
+    def drop(self, n: int) -> None:
+        self.live -= n
+
+
+class _HostCopy:
+    """What ``save_on_cpu``'s pack hook keeps: a host tensor of the saved tensor's size and dtype. On fake tensors it
+    is stood in for by its size (the tracker counts device memory; the host bytes are counted in ``host``)."""
+
+    __slots__ = ("device", "size", "dtype", "nbytes", "host", "__weakref__")
+
+    def __init__(self, t: Any, host: HostCopies) -> None:
+        self.device, self.size, self.dtype = t.device, t.size(), t.dtype
+        self.nbytes = t.numel() * t.element_size()
+        self.host = host
+        host.add(self.nbytes)
+
+    def __del__(self) -> None:
+        self.host.drop(self.nbytes)
+
+
+def offload_activations(host: HostCopies) -> Any:
+    """``torch.autograd.graph.save_on_cpu(pin_memory=True)``: every tensor autograd saves in the forward is copied
+    to (pinned) host memory by the pack hook, and copied back to a fresh device tensor each time the backward
+    unpacks it (``empty(size)`` then ``copy_``; ``.to(device)``). The host copies are counted in ``host``."""
+    torch = require("torch")
+
+    def pack(t: Any) -> Any:
+        return _HostCopy(t, host)
+
+    def unpack(packed: Any) -> Any:
+        return torch.empty(packed.size, dtype=packed.dtype, device=packed.device)
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
 def train_step(model: Any, inputs: dict[str, Any], opt: Any, tracker: Any, task: str, autocast: Optional[Any],
-               loss: str = "model") -> None:
+               loss: str = "model", host: Optional[HostCopies] = None) -> None:
     """One step, each phase (forward, backward, optimizer) recorded by ``tracker``; ``autocast`` is the
     autocast dtype (:func:`autocast_dtype`) or None. Outputs other than the loss are dropped at once.
-    ``loss``: the model's own, or one of :mod:`.losses` computed from its last hidden state."""
+    ``loss``: the model's own, or one of :mod:`.losses` computed from its last hidden state. ``host``: the
+    forward runs under :func:`offload_activations` (``--offload activations``), its host copies counted there."""
     torch = require("torch")
     tracker.new_step()
     holder: dict[str, Any] = {}
@@ -108,7 +155,7 @@ def train_step(model: Any, inputs: dict[str, Any], opt: Any, tracker: Any, task:
     else:
         def forward() -> Any:
             return model(**kwargs).loss
-    with tracker.phase("forward"):
+    with tracker.phase("forward"), (offload_activations(host) if host is not None else contextlib.nullcontext()):
         if autocast is not None:
             with torch.autocast("cpu", dtype=autocast):
                 holder["loss"] = forward()
@@ -168,13 +215,13 @@ def run_steps(model: Any, inputs: dict[str, Any], opt: Any, *, task: str, precis
 
 
 def warm_and_measure(model: Any, inputs: dict[str, Any], opt: Any, tracker: Any, emulation: Any, *, task: str,
-                     autocast: Any, warmup: int, loss: str = "model") -> None:
+                     autocast: Any, warmup: int, loss: str = "model", host: Optional[HostCopies] = None) -> None:
     """``warmup`` warm-up steps and the measured one (:func:`train_step`) in :func:`stepping`, each after a
     full garbage collection (what a step leaves to the cyclic collector is freed before the next)."""
     with stepping(tracker, emulation), _optimizer_stand_ins(opt):
         for _ in range(warmup + 1):
             gc.collect()
-            train_step(model, inputs, opt, tracker, task, autocast, loss)
+            train_step(model, inputs, opt, tracker, task, autocast, loss, host)
 
 
 def _optimizer_stand_ins(opt: Any) -> Any:
@@ -236,6 +283,8 @@ class FakeStepSession:
         if self.loss != "model" and self.built.task != "clm":
             raise TrainfitError(f"--loss {self.loss} replaces a causal LM's loss; this {self.built.model_type} "
                                 f"step is {self.built.task} (accepted: --loss model)")
+        #: host copies of the saved activations (``--offload activations``), or None
+        self.host: Optional[HostCopies] = HostCopies() if getattr(recipe, "offload", "none") == "activations" else None
         self.fake_mode: Any = None
         self.tracker: Any = None
         self.emulation: Any = None
@@ -279,7 +328,7 @@ class FakeStepSession:
 
     def step(self, inputs: dict[str, Any], opt: Any) -> None:
         """One training step of the model (:func:`train_step`)."""
-        train_step(self.model, inputs, opt, self.tracker, self.built.task, self.autocast, self.loss)
+        train_step(self.model, inputs, opt, self.tracker, self.built.task, self.autocast, self.loss, self.host)
 
     def run(self, inputs: dict[str, Any], opt: Any, warmup: int) -> Any:
         """``warmup`` warm-up steps and the measured one under the tracker (made here if not yet, counting
@@ -287,7 +336,7 @@ class FakeStepSession:
         if self.tracker is None:
             self.track(self.model, *inputs.values())
         warm_and_measure(self.model, inputs, opt, self.tracker, self.emulation, task=self.built.task,
-                         autocast=self.autocast, warmup=warmup, loss=self.loss)
+                         autocast=self.autocast, warmup=warmup, loss=self.loss, host=self.host)
         return self.tracker
 
     def error(self, exc: BaseException) -> TrainfitError:
@@ -295,5 +344,5 @@ class FakeStepSession:
         return step_error(self.built.model_type, exc)
 
 
-__all__ = ["ATTN_IMPLEMENTATION", "FakeStepSession", "STEP_ERRORS", "StepRecipe", "autocast_dtype", "make_optimizer",
+__all__ = ["ATTN_IMPLEMENTATION", "FakeStepSession", "HostCopies", "offload_activations", "STEP_ERRORS", "StepRecipe", "autocast_dtype", "make_optimizer",
            "new_tracker", "quiet_fake_kernels", "run_steps", "step_error", "stepping", "train_step", "warm_and_measure"]
