@@ -114,10 +114,10 @@ def check(setup: TrainingSetup) -> None:
     """Refuse, in one line, what the measured DeepSpeed step cannot run."""
     from ...method import check_accepts
 
-    check_accepts(setup, f"measured (--stack deepspeed, deepspeed {MEASURED_VERSION})", ACCEPTS, HINTS)
     if setup.parallel.zero not in (1, 2, 3):
         raise TrainfitError("--stack deepspeed runs DeepSpeed's ZeRO optimizer: give --zero 1, 2 or 3 (stage 0, its "
                             "plain data parallelism, is not measured)")
+    check_accepts(setup, f"measured (--stack deepspeed, deepspeed {MEASURED_VERSION})", ACCEPTS, HINTS)
     if setup.accumulation > 1:
         raise TrainfitError("the measured DeepSpeed step runs one micro-batch per step (gradient_accumulation_steps 1)")
     if "hidden_size" not in (setup.model.config or {}):
