@@ -115,7 +115,7 @@ def test_commands_share_the_setup_options_with_the_setups_defaults(command):
 
 def test_every_setup_field_has_a_flag_or_is_a_library_constant():
     without = {n for n, f in FIELDS.items() if not f.metadata.get("flag")}
-    assert without == {"ddp_bucket_bytes", "zero_bucket_elems"}
+    assert without == {"ddp_bucket_bytes"}
 
 
 def test_the_setup_reference_documents_every_field():

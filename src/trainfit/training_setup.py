@@ -279,7 +279,7 @@ class Parallelism:
     ddp_bucket_bytes: float = field(default=25 * 2**20, metadata=_meta(
         "number", None, "DDP gradient bucket (bucket_cap_mb = 25 MiB), bytes."))
     zero_bucket_elems: float = field(default=5e8, metadata=_meta(
-        "number", None, "DeepSpeed ZeRO-1/2 reduce and all-gather bucket, elements."))
+        "number", "--zero-bucket", "DeepSpeed ZeRO-1/2 reduce and all-gather bucket, elements."))
 
     def __post_init__(self) -> None:
         _validate_fields(self)

@@ -36,7 +36,7 @@ ACCEPTS: dict[str, Any] = {
     "attention": ("auto", "eager"), "dropout": None, "lora_rank": None, "lora_targets": None,
     "tp": None, "sequence_parallel": None, "tp_plan": ("dtensor",), "loss_parallel": None, "dp": None, "fsdp": None,
     "reshard_after_forward": None, "fsdp_prefetch": (1,), "ddp_bucket_view": None, "ddp_bucket_bytes": None,
-    "pp": None, "pp_schedule": ("1f1b", "gpipe"), "pp_stage": None, "stack": ("hf", "torchtitan", "megatron"),
+    "pp": None, "pp_schedule": ("1f1b", "gpipe"), "pp_stage": None, "stack": ("hf", "torchtitan", "megatron", "deepspeed"),
     "offload": ("none", "activations"),
 }
 #: optimizers measured on one device only (their libraries' multi-GPU paths are not run on a fake process group)
@@ -104,6 +104,10 @@ class Measured(MemoryMethod):
             from .stacks import megatron
 
             megatron.check(setup)  # what megatron-core's own step can express
+        elif setup.recipe.stack == "deepspeed":
+            from .stacks import deepspeed
+
+            deepspeed.check(setup)  # what DeepSpeed's engine, as measured, can express
         else:
             check_accepts(setup, NAME, ACCEPTS, HINTS)
             r = setup.recipe
@@ -144,6 +148,8 @@ class Measured(MemoryMethod):
             return _estimate_torchtitan(setup, warmup=warmup, semantics=semantics, t0=t0)
         if setup.recipe.stack == "megatron":
             return _estimate_megatron(setup, warmup=warmup, semantics=semantics, t0=t0)
+        if setup.recipe.stack == "deepspeed":
+            return _estimate_deepspeed(setup, warmup=warmup, semantics=semantics, t0=t0)
         from .distributed import is_distributed
 
         if is_distributed(setup):
@@ -366,6 +372,56 @@ def _estimate_megatron(setup: TrainingSetup, *, warmup: int, semantics: str, t0:
     notes = [f"{megatron.VERSION}'s own GPTModel (local layer spec), DDP, "
              + ("distributed optimizer" if run.distributed_optimizer else "mixed-precision optimizer")
              + f", recompute ({run.recompute}) and vocab-parallel loss, stepped on fake tensors", where + what]
+    return Estimate.of(NAME, setup, total_bytes=float(peak.total), components=components, inputs=inputs_echo,
+                       notes=notes, extra=extra)
+
+
+def _estimate_deepspeed(setup: TrainingSetup, *, warmup: int, semantics: str, t0: float) -> Estimate:
+    """DeepSpeed's ZeRO engine around the transformers model (:mod:`.stacks.deepspeed`): rank 0 of ``--dp``."""
+    torch = require("torch")
+    require("transformers")
+    from .stacks import deepspeed
+
+    with quiet(), quiet_fake_kernels():
+        try:
+            run = deepspeed.measure_rank(setup, warmup=warmup, cuda=semantics == "cuda")
+        except TrainfitError:
+            raise
+        except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError, KeyError,
+                AttributeError, IndexError) as exc:
+            raise step_error(f"deepspeed {setup.model.config.get('model_type')}", exc) from None
+    step, first = run.tracker.steps[-1], run.tracker.steps[0]
+    peak = step.peak
+    distributed = run.world_size > 1
+    components = components_of(peak.by_category, distributed=distributed)
+    start = step.phases["forward"].start.by_category
+    inputs_echo = setup.as_dict()
+    inputs_echo.update(task=run.built.task, warmup=warmup, semantics=semantics,
+                       attn_implementation=ATTN_IMPLEMENTATION[setup.recipe.attention], rank=0,
+                       mesh={"dp": run.world_size})
+    extra = {
+        **step_summary(step, first),
+        "static": {"param_bytes": start["parameter"], "optimizer_state_bytes": start["optstate"],
+                   "grad_bytes_end_of_backward": step.phases["backward"].end.by_category["gradient"]},
+        "world_size": run.world_size, "rank": 0, "mesh": {"dp": run.world_size},
+        "stack": {"name": "deepspeed", "version": run.version, "zero_optimization": run.zero,
+                  "optimizer": run.optimizer, "accelerator": run.accelerator,
+                  "bf16": setup.recipe.precision == "amp-bf16"},
+        "peak_allocated_bytes": int(peak.total), "fit_judged_on": "peak_allocated_bytes",
+        "sdpa_kernels": dict(run.emulation.sdpa.counts),
+        "arch": run.built.model_type, "n_params": run.n_params, "n_trainable_params": run.n_params,
+        "param_dtype": run.param_dtype, "build_notes": run.built.notes,
+        "timings_s": {"total": round(time.perf_counter() - t0, 2)},
+        "versions": {"torch": torch.__version__, "transformers": require("transformers").__version__,
+                     "deepspeed": run.version},
+    }
+    what = ("peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
+            "excludes CUDA context, library workspaces, kernel scratch, fragmentation and NCCL's own buffers"
+            if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run")
+    notes = list(run.built.notes) + [
+        f"DeepSpeed {run.version}'s ZeRO-{setup.parallel.zero} engine around the transformers model, stepped on fake "
+        f"tensors ({run.optimizer}; {run.accelerator})",
+        f"rank 0 of {run.world_size} on a fake process group; " + what]
     return Estimate.of(NAME, setup, total_bytes=float(peak.total), components=components, inputs=inputs_echo,
                        notes=notes, extra=extra)
 

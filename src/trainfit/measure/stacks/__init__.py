@@ -2,8 +2,8 @@
 
 ``hf`` (transformers + PyTorch) is the measurement of :mod:`trainfit.measure`; ``torchtitan`` runs torchtitan's
 own code, vendored at a pinned commit (:mod:`.torchtitan`, :mod:`trainfit.stacks_code.torchtitan_9dec370`);
-``megatron`` runs megatron-core 0.19.2's GPTModel (local layer spec) with its DDP and optimizers (:mod:`.megatron`).
-DeepSpeed is not built under fake tensors yet (docs/measure.md says what is known to run).
+``megatron`` runs megatron-core 0.19.2's GPTModel (local layer spec) with its DDP and optimizers (:mod:`.megatron`);
+``deepspeed`` runs the installed DeepSpeed's ZeRO engine around a transformers model (:mod:`.deepspeed`).
 Nothing here imports torch: each stack's runner imports it when it runs.
 """
 from __future__ import annotations
@@ -15,10 +15,10 @@ MEASURED_STACKS: dict[str, str] = {
     "hf": "transformers + PyTorch (the versions installed)",
     "torchtitan": "torchtitan commit 9dec370 (2024-12-26), vendored",
     "megatron": "megatron-core 0.19.2 (installed separately), local layer spec",
+    "deepspeed": "DeepSpeed's ZeRO 1-3 engine (the version installed; 0.18.4 measured) around transformers",
 }
-#: what is known of running a stack the measured method does not run yet, one clause each
+#: what is known of running a stack the measured method does not run yet, one clause each (none left)
 NOT_MEASURED: dict[str, str] = {
-    "deepspeed": "its ZeRO engine around a transformers model is not stepped on fake tensors",
 }
 
 
