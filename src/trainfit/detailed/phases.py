@@ -56,7 +56,11 @@ def inflight_microbatches(par: Parallelism, accumulation: Any, stage: int = 0) -
     """Micro-batches whose activations pipeline ``stage`` holds at once: 1F1B keeps ``pp - stage`` on
     stage ``stage`` (``pp`` on the first, one on the last; fewer if the step has fewer micro-batches);
     the interleaved schedule ``pp·(1 + (pp-1)/(pp·v))`` on the first stage (Narayanan et al. 2021;
-    Korthikanti et al. 2022 §4.2.3); GPipe all of them. ``accumulation`` may be an array."""
+    Korthikanti et al. 2022 §4.2.3); GPipe all of them. ``accumulation`` may be an array.
+
+    The phases of an interleaved step count its in-flight chunks one by one in torch's order instead
+    (:func:`interleaved_scenarios`): the same on the first stage when the micro-batches are a multiple of
+    ``pp`` (as Megatron-LM requires), more when they are not."""
     p, m = par.pp, accumulation
     if p == 1:
         return 1.0
@@ -65,6 +69,96 @@ def inflight_microbatches(par: Parallelism, accumulation: Any, stage: int = 0) -
     if par.pp_schedule == "interleaved":
         return p * (1.0 + (p - 1) / (p * par.pp_virtual)) if stage == 0 else 1.0
     return np.minimum(float(p - stage), m) if _is_array(m) else float(min(p - stage, m))
+
+
+def interleaved_order(pp: int, rank: int, microbatches: int, virtual: int) -> list[tuple[str, int]]:
+    """The work of pipeline ``rank`` under interleaved 1F1B, as (``"F"`` or ``"B"``, local chunk), idle slots
+    left out: torch.distributed.pipelining's ScheduleInterleaved1F1B (torch 2.13, ``schedules.py``:
+    ``_get_warmup_ops`` and ``_get_1f1b_rank_ops``). The micro-batches run in rounds of
+    ``microbatches_per_round = m // max(1, m // pp)``; ``min((v - 1)·mpr + 2·(pp - 1 - rank), m·v)`` warm-up
+    forwards, chunk ``(op // mpr) mod v`` (depth first), then one forward and one backward in turn, the
+    backwards from the last chunk down (``v - 1 - ((op - warm-up) // mpr) mod v``), then the remaining backwards."""
+    m, v = int(microbatches), int(virtual)
+    mpr = m // max(1, m // pp)
+    warm = min((v - 1) * mpr + 2 * (pp - 1 - rank), m * v)
+    total = m * v
+
+    def bwd(op: int) -> int:
+        return v - 1 - ((op - warm) // mpr) % v
+
+    out = [("F", (op // mpr) % v) for op in range(warm)]
+    for op in range(warm, total):
+        out += [("F", (op // mpr) % v), ("B", bwd(op))]
+    out += [("B", bwd(op)) for op in range(total, total + warm)]
+    return out
+
+
+def chunk_saved(arch: ArchSpec, par: Parallelism, pr: ActivationProfile, stage: int) -> list[Vec]:
+    """What one micro-batch of each chunk of pipeline rank ``stage`` saves for backward (byte-vectors), under
+    the interleaved schedule: its blocks' (an even split of the blocks over ``pp·v`` virtual stages, virtual
+    stages ``stage, stage + pp, ...``), plus the embeddings on virtual stage 0 and the final norm, head and loss
+    on the last. They add up to the stage's ``saved_total``."""
+    from .inventory import stage_layers
+
+    v = max(int(par.pp_virtual), 1)
+    n = par.pp * v
+    out: list[Vec] = []
+    at = 0
+    for vs in range(stage, n, par.pp):
+        vec = ZERO
+        for _ in stage_layers(arch.num_layers, n, vs):
+            if pr.layers:
+                vec = vadd(vec, pr.layers[min(at, len(pr.layers) - 1)].saved)
+            at += 1
+        if vs == 0:
+            vec = vadd(vec, pr.embed_saved)
+        if vs == n - 1:
+            vec = vadd(vec, vadd(pr.head_saved, pr.loss_saved))
+        out.append(vec)
+    rest = pr.saved_total
+    for vec in out:
+        rest = vsub(rest, vec)
+    out[0] = vadd(out[0], rest)  # anything the walk saves outside the blocks, embeddings and head
+    return out
+
+
+def _interleaved_moments(chunks: list[Vec], par: Parallelism, m: int, stage: int) -> tuple[Vec, list[Vec]]:
+    """Activations saved on the rank (byte-vectors) as each backward starts: at the first one, and at the
+    later ones (their pareto set)."""
+    from .graph import pareto
+
+    counts = [0] * len(chunks)
+    moments: list[Vec] = []
+    for kind, c in interleaved_order(par.pp, stage, m, len(chunks)):
+        if kind == "F":
+            counts[c] += 1
+            continue
+        live = ZERO
+        for k, n in enumerate(counts):
+            live = vadd(live, tuple(x * n for x in chunks[k]))
+        moments.append(live)
+        counts[c] -= 1
+    return moments[0], list(pareto(moments[1:])) if len(moments) > 1 else []
+
+
+def interleaved_scenarios(arch: ArchSpec, par: Parallelism, pr: ActivationProfile, accumulation: Any, stage: int,
+                          B: Any, saved_total: Any) -> list[tuple[Any, Any, Any]]:
+    """(bytes saved by the other in-flight chunk micro-batches, gradients present, whether the moment occurs)
+    at each backward's start under the interleaved schedule (:func:`interleaved_order`), counted chunk by
+    chunk (:func:`chunk_saved`): the walk's own micro-batch is the rest. ``accumulation`` may be an array."""
+    chunks = chunk_saved(arch, par, pr, stage)
+    if not _is_array(accumulation):
+        first, later = _interleaved_moments(chunks, par, int(accumulation), stage)
+        return [(B(first) - saved_total, False, True)] + [(B(v) - saved_total, True, True) for v in later]
+    ms = np.asarray(accumulation)
+    per = {int(u): _interleaved_moments(chunks, par, int(u), stage) for u in np.unique(ms)}
+    first = sum(np.where(ms == u, B(f), 0.0) for u, (f, _) in per.items()) - saved_total
+    out = [(first, False, True)]
+    for j in range(max(len(lat) for _, lat in per.values())):
+        extra = sum(np.where(ms == u, B(lat[min(j, len(lat) - 1)]) if lat else 0.0, 0.0) for u, (_, lat) in per.items())
+        occurs = np.isin(ms, [u for u, (_, lat) in per.items() if lat])
+        out.append((extra - saved_total, True, occurs))
+    return out
 
 
 def step_scenarios(par: Parallelism, accumulation: Any, stage: int = 0) -> list[tuple[Any, Any, Any]]:
@@ -247,10 +341,13 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     h_res = arch.hidden_size / (par.tp if par.sequence_parallel and par.tp > 1 else 1)
     fwd_cands: list[dict[str, Any]] = []
     bwd_cands: list[dict[str, Any]] = []
-    for inflight, grads_present, occurs in step_scenarios(par, accumulation, stage):
+    if par.pp > 1 and par.pp_schedule == "interleaved":
+        scenarios = interleaved_scenarios(arch, par, pr, accumulation, stage, B, saved_total)
+    else:
+        scenarios = [((inflight - 1.0) * saved_total, g, o) for inflight, g, o in step_scenarios(par, accumulation, stage)]
+    for extra_inflight, grads_present, occurs in scenarios:
         if occurs is False:
             continue
-        extra_inflight = (inflight - 1.0) * saved_total
         # a moment that occurs only for some elements of a sweep weighs nothing for the others
         keep = (lambda c: c) if occurs is True else (lambda c: {k: np.where(occurs, v, 0.0) for k, v in c.items()})
         held = _pick(grads_present, g_all, 0.0)

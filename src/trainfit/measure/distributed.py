@@ -66,6 +66,7 @@ class Layout:
     stage: int = 0  #: pipeline stage measured (0 = first)
     microbatches: int = 1  #: pipeline micro-batches (the setup's accumulation)
     schedule: str = "1f1b"
+    virtual: int = 1  #: model chunks per pipeline rank (the interleaved schedule's virtual stages)
     fsdp: bool = False
     reshard_after_forward: bool = True
     ddp_bucket_view: bool = False
@@ -107,6 +108,8 @@ class Layout:
             out.update(sequence_parallel=self.sequence_parallel, loss_parallel=self.loss_parallel)
         if self.pp > 1:
             out.update(pp_stage=self.stage, pp_schedule=self.schedule, microbatches=self.microbatches)
+            if self.schedule == "interleaved":
+                out["pp_virtual"] = self.virtual
         return out
 
 
@@ -121,23 +124,40 @@ def layouts_of(setup: TrainingSetup) -> list[Layout]:
     p, r = setup.parallel, setup.recipe
     if p.fsdp and p.dp == 1:
         raise TrainfitError("--fsdp shards over the data-parallel ranks: give --dp > 1 (on one GPU, leave --fsdp out)")
-    if p.pp > 1 and (p.dp > 1 or p.tp > 1):
-        raise TrainfitError("the measured method runs a pipeline stage on its own: --pp with --dp or --tp is not "
-                            "measured (the estimate models it)")
-    if p.pp > 1 and p.pp_schedule not in ("1f1b", "gpipe"):
-        raise TrainfitError(f"the measured method runs the 1f1b and gpipe pipeline schedules, not {p.pp_schedule!r}")
+    if p.pp > 1 and p.fsdp:
+        raise TrainfitError("the measured method runs a pipeline stage with DDP (--dp) or tensor parallelism (--tp), "
+                            "not with FSDP (the estimate models it)")
+    if p.pp > 1 and p.pp_schedule not in ("1f1b", "gpipe", "interleaved"):
+        raise TrainfitError(f"the measured method runs the 1f1b, interleaved and gpipe pipeline schedules, not "
+                            f"{p.pp_schedule!r}")
+    virtual = p.pp_virtual if p.pp > 1 and p.pp_schedule == "interleaved" else 1
+    if virtual > 1:
+        arch = setup.model.arch
+        if arch is not None and arch.num_layers < p.pp * virtual:
+            raise TrainfitError(f"the interleaved schedule gives each of pp x pp_virtual = {p.pp * virtual} virtual "
+                                f"stages a block: the model has {arch.num_layers}")
+        rounds = max(1, setup.accumulation // p.pp)
+        if setup.accumulation % rounds:
+            raise TrainfitError(f"the interleaved schedule (torch.distributed.pipelining) runs the micro-batches in "
+                                f"rounds of pp: --accum {setup.accumulation} must be a multiple of {rounds}")
+    if p.pp > 1 and p.dp > 1 and p.ddp_bucket_view:
+        raise TrainfitError("the measured pipeline stage runs DDP without --ddp-bucket-view")
     if setup.accumulation > 1 and p.pp == 1:
         raise TrainfitError("the measured method runs one micro-batch per step (accumulation 1) except in a "
                             "pipeline, where --accum is the number of micro-batches")
     if p.tp > 1 and p.dp > 1 and not p.fsdp:
         raise TrainfitError("the measured method combines tensor parallelism with FSDP (--fsdp), not with DDP")
+    if p.pp > 1 and p.tp > 1 and p.dp > 1:
+        raise TrainfitError("the measured method runs a pipeline stage with DDP (--dp) or tensor parallelism (--tp), "
+                            "not with both")
     if r.lora and (p.tp > 1 or p.pp > 1):
         raise TrainfitError("the measured method runs LoRA with data parallelism (DDP or FSDP) only, not with "
                             "--tp or --pp")
     if p.tp > 1 and p.sequence_parallel and setup.seq_len % p.tp:
         raise TrainfitError(f"sequence parallelism splits the sequence over tp: seq_len {setup.seq_len} must be a "
                             f"multiple of tp {p.tp}")
-    base = dict(dp=p.dp, tp=p.tp, pp=p.pp, microbatches=setup.accumulation, schedule=p.pp_schedule, fsdp=p.fsdp,
+    base = dict(dp=p.dp, tp=p.tp, pp=p.pp, microbatches=setup.accumulation, schedule=p.pp_schedule, virtual=virtual,
+                fsdp=p.fsdp,
                 reshard_after_forward=p.reshard_after_forward, ddp_bucket_view=p.ddp_bucket_view,
                 ddp_bucket_bytes=p.ddp_bucket_bytes, sequence_parallel=p.sequence_parallel,
                 loss_parallel=p.loss_parallel, fsdp_mixed_precision=p.fsdp and r.precision == "amp-bf16")
@@ -283,13 +303,19 @@ def apply_tp(model: Any, config: Any, mesh: Any, layout: Layout, seq_len: int) -
         if n % tp:
             raise TrainfitError(f"tensor parallelism splits {what} over tp: {what} {n} is not a multiple of tp {tp}")
     seq = Shard(1) if layout.sp else Replicate()
-    tied = model.lm_head.weight is base.embed_tokens.weight
-    top = {"model.embed_tokens": pm.RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
-           "lm_head": pm.ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1) if layout.loss_parallel
-                                         else Replicate(), use_local_output=not layout.loss_parallel)}
-    if layout.sp:
+    # a pipeline stage may hold neither the embeddings nor the final norm and the head (stage_model)
+    head, embed = getattr(model, "lm_head", None), base.embed_tokens
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    top = {}
+    if embed is not None:
+        top["model.embed_tokens"] = pm.RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if head is not None:
+        top["lm_head"] = pm.ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1) if layout.loss_parallel
+                                            else Replicate(), use_local_output=not layout.loss_parallel)
+    if layout.sp and not isinstance(base.norm, require("torch").nn.Identity):
         top["model.norm"] = pm.SequenceParallel()
-    pm.parallelize_module(model, mesh, top)
+    if top:
+        pm.parallelize_module(model, mesh, top)
     for block in blocks:
         plan = {roles[r]: pm.ColwiseParallel() for r in ("q", "k", "v", "gate", "up")}
         plan[roles["o"]] = pm.RowwiseParallel(output_layouts=seq)
@@ -338,20 +364,33 @@ def apply_fsdp(model: Any, blocks: Any, mesh: Any, layout: Layout) -> None:
     fsdp.fully_shard(model, mesh=dp_mesh, mp_policy=mp)
 
 
-def stage_model(model: Any, arch: Any, layout: Layout) -> tuple[Any, list[int]]:
-    """Cut ``model`` down to pipeline stage ``layout.stage``; returns it and the blocks it keeps."""
-    torch = require("torch")
+def chunk_layers(num_layers: int, layout: Layout) -> list[tuple[int, list[int]]]:
+    """(virtual stage, blocks) of each model chunk pipeline rank ``layout.stage`` holds, in order: one chunk,
+    or with the interleaved schedule ``virtual`` chunks, virtual stages ``stage, stage + pp, ...``
+    (torch.distributed.pipelining's loop placement), each an even split of the blocks over ``pp x virtual``
+    stages (Megatron's, the remainder on the first)."""
     from ..detailed.inventory import stage_layers
+
+    n = layout.pp * layout.virtual
+    return [(s, list(stage_layers(num_layers, n, s))) for s in range(layout.stage, n, layout.pp)]
+
+
+def stage_model(model: Any, arch: Any, layout: Layout) -> tuple[Any, list[int]]:
+    """Cut ``model`` down to pipeline rank ``layout.stage`` (every chunk it holds); returns it and the blocks
+    it keeps. The embeddings stay on the rank holding virtual stage 0, the final norm and the head on the
+    one holding the last."""
+    torch = require("torch")
 
     if arch is None or arch.position_embedding != "rotary" or arch.embedding_scale or arch.task != "causal_lm":
         raise TrainfitError("the measured pipeline stage needs a rotary causal decoder without embedding scaling "
                             "(Llama, Mistral, Qwen2 ...)")
     base = _base_model(model)
-    keep = list(stage_layers(arch.num_layers, layout.pp, layout.stage))
+    chunks = chunk_layers(arch.num_layers, layout)
+    keep = [i for _, layers in chunks for i in layers]
     base.layers = torch.nn.ModuleList([base.layers[i] for i in keep])
-    if layout.stage > 0:
+    if chunks[0][0] > 0:
         base.embed_tokens = None
-    if layout.stage < layout.pp - 1:
+    if chunks[-1][0] < layout.pp * layout.virtual - 1:
         base.norm = torch.nn.Identity()
         model.lm_head = None
     return model, keep
@@ -496,39 +535,121 @@ def schedule_order(kind: str, pp: int, stage: int, m: int) -> list[tuple[str, in
     return order
 
 
-def run_pipeline_steps(model: Any, layout: Layout, run: StepRun, hidden: Callable[[], Any],
-                       make_opt: Callable[[Any], Any], tracker: Any, emulation: Any, warmup: int) -> None:
-    """``warmup`` + 1 optimizer steps of one pipeline stage, its micro-batches in the schedule's order.
+def rank_order(layout: Layout) -> list[tuple[str, int, int]]:
+    """The order in which pipeline rank ``layout.stage`` runs its work: (``"F"`` or ``"B"``, micro-batch,
+    local chunk). 1F1B and GPipe: :func:`schedule_order` on the one chunk. Interleaved 1F1B: the order
+    ``torch.distributed.pipelining.ScheduleInterleaved1F1B`` computes for the rank (its own
+    ``_calculate_single_rank_operations``: ``(virtual - 1) x microbatches_per_round + 2 (pp - 1 - rank)``
+    warm-up forwards, depth first, then one forward and one backward in turn), idle slots left out."""
+    if layout.schedule != "interleaved":
+        return [(k, i, 0) for k, i in schedule_order(layout.schedule, layout.pp, layout.stage, layout.microbatches)]
+    sched = _private("torch.distributed.pipelining's ScheduleInterleaved1F1B", lambda: importlib.import_module(
+        "torch.distributed.pipelining.schedules").ScheduleInterleaved1F1B._calculate_single_rank_operations)
+    from types import SimpleNamespace
 
-    Every micro-batch reads the same input tensors (``run.inputs``: token ids on the first stage, labels
-    on the last). ``hidden()`` makes the activation a later stage receives (a fresh buffer that requires
+    m, pp = layout.microbatches, layout.pp
+    rounds = max(1, m // pp)
+    state = SimpleNamespace(n_local_stages=layout.virtual, microbatches_per_round=m // rounds, pp_group_size=pp,
+                            _n_microbatches=m)
+    out = []
+    for a in sched(state, layout.stage):
+        if a is None:
+            continue
+        kind = str(a.computation_type.value)
+        if kind not in ("F", "B"):
+            raise TrainfitError(f"torch's interleaved 1F1B schedule has an action {kind!r} the measurement does not run")
+        out.append((kind, int(a.microbatch_index), int(a.stage_index) // pp))
+    return out
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One model chunk of a pipeline rank: its virtual stage, its blocks, whether it embeds the tokens (virtual
+    stage 0) and whether it ends in the final norm, the head and the loss (the last virtual stage)."""
+
+    stage: int
+    blocks: Any  #: nn.ModuleList of the chunk's blocks
+    first: bool
+    last: bool
+
+
+def model_chunks(model: Any, layout: Layout, num_layers: int) -> list[Chunk]:
+    """The chunks of a model cut by :func:`stage_model` (its blocks in chunk order)."""
+    torch = require("torch")
+    base = _base_model(model)
+    out, at = [], 0
+    n = layout.pp * layout.virtual
+    for vs, layers in chunk_layers(num_layers, layout):
+        out.append(Chunk(vs, torch.nn.ModuleList(list(base.layers)[at:at + len(layers)]), vs == 0, vs == n - 1))
+        at += len(layers)
+    return out
+
+
+@contextlib.contextmanager
+def running_chunk(model: Any, chunk: Chunk) -> Iterator[None]:
+    """The model's blocks (and final norm) as chunk ``chunk`` runs them: its own blocks only, the final norm
+    only on the last chunk. Restored on exit (the parameters never change owner)."""
+    torch = require("torch")
+    base = _base_model(model)
+    layers, norm = base.layers, base.norm
+    try:
+        base.layers = chunk.blocks
+        if not chunk.last:
+            base.norm = torch.nn.Identity()
+        yield
+    finally:
+        base.layers, base.norm = layers, norm
+
+
+def run_pipeline_steps(model: Any, layout: Layout, run: StepRun, hidden: Callable[[], Any],
+                       make_opt: Callable[[Any], Any], tracker: Any, emulation: Any, warmup: int,
+                       chunks: Optional[list[Chunk]] = None, fake: bool = True) -> None:
+    """``warmup`` + 1 optimizer steps of one pipeline rank, its micro-batches in the schedule's order
+    (:func:`rank_order`), each forward and backward on one of its ``chunks`` (one without interleaving).
+
+    Every micro-batch reads the same input tensors (``run.inputs``: token ids on the first chunk, labels
+    on the last). ``hidden()`` makes the activation a later chunk receives (a fresh buffer that requires
     grad), kept until that micro-batch's backward, whose input gradient is then sent and freed; a
-    non-last stage's backward starts from a received gradient buffer the size of its output. The loss of
-    each micro-batch is divided by their number. Phases: "forward" until the first backward starts (the
-    in-flight micro-batches all exist), "backward" from there to the last backward, "optimizer" the step.
+    non-last chunk's backward starts from a received gradient buffer the size of its output. The loss of
+    each micro-batch is divided by their number. With DDP (``layout.ddp``; wrapped here, under the
+    tracker), as torch.distributed.pipelining runs it: the gradients accumulate without synchronisation until the
+    step's last backward, which the reducer is prepared for (its buckets filled and all-reduced); the
+    model itself is called, since a stage's forward is not the wrapped model's. Phases: "forward" until the
+    first backward starts (the in-flight micro-batches all exist), "backward" from there to the last
+    backward, "optimizer" the step.
     """
     torch = require("torch")
-    first, last = layout.stage == 0, layout.stage == layout.pp - 1
+    if chunks is None:
+        n = layout.pp * layout.virtual
+        chunks = [Chunk(layout.stage, None, layout.stage == 0, layout.stage == n - 1)]
     m = layout.microbatches
-    order = schedule_order(layout.schedule, layout.pp, layout.stage, m)
-    split = next(k for k, (kind, _) in enumerate(order) if kind == "B")
+    ddp = None
+    order = rank_order(layout)
+    split = next(k for k, (kind, _, _) in enumerate(order) if kind == "B")
+    last_b = max(k for k, (kind, _, _) in enumerate(order) if kind == "B")
     opt = make_opt(model)
     ids, labels = run.inputs["input_ids"], run.inputs["labels"]
+    extra = {k: v for k, v in run.inputs.items() if k == "position_ids"}
 
-    def forward(i: int, live: dict[int, Any]) -> None:
-        x = None if first else hidden()
+    def forward(i: int, c: int, live: dict[Any, Any]) -> None:
+        ch = chunks[c]
+        x = None if ch.first else hidden()
         ctx = torch.autocast("cpu", dtype=run.autocast) if run.autocast is not None else contextlib.nullcontext()
-        kw = {"input_ids": ids} if first else {"inputs_embeds": x}
-        with ctx:
-            if last:
+        kw = {"input_ids": ids} if ch.first else {"inputs_embeds": x}
+        kw.update(extra)
+        with ctx, (running_chunk(model, ch) if ch.blocks is not None else contextlib.nullcontext()):
+            if ch.last:
                 out = model(**kw, labels=labels, use_cache=False).loss / m
             else:
                 out = model.model(**kw, use_cache=False).last_hidden_state
-        live[i] = (x, out)
+        live[(i, c)] = (x, out)
 
-    def backward(i: int, live: dict[int, Any]) -> None:
-        x, out = live.pop(i)
-        if last:
+    def backward(i: int, c: int, live: dict[Any, Any], sync: bool) -> None:
+        x, out = live.pop((i, c))
+        if sync:  # the step's last backward: DDP reduces the accumulated gradients
+            find = importlib.import_module("torch.nn.parallel.distributed")._find_tensors
+            ddp.reducer.prepare_for_backward(list(find(out)))
+        if chunks[c].last:
             out.backward()
         else:
             grad = torch.empty_like(out)  # the gradient received from the next stage
@@ -539,21 +660,31 @@ def run_pipeline_steps(model: Any, layout: Layout, run: StepRun, hidden: Callabl
             x.grad = None  # sent to the previous stage, then freed
         del x
 
+    def do(k: int, live: dict[Any, Any]) -> None:
+        kind, i, c = order[k]
+        if kind == "F":
+            forward(i, c, live)
+        else:
+            backward(i, c, live, ddp is not None and k == last_b)
+
     from .session import stepping
 
-    with stepping(tracker, emulation):
+    with stepping(tracker, emulation), run.loss_context():
+        if layout.ddp:
+            ddp = wrap_ddp(model, layout, fake=fake)
+            tracker.pin_live("activation", "ddp bucket")
         for step in range(warmup + 1):
             gc.collect()
             if step == warmup:
                 relabel_states(tracker, model, opt)
             tracker.new_step()
-            live: dict[int, Any] = {}
+            live: dict[Any, Any] = {}
             with tracker.phase("forward"):
-                for _, i in order[:split]:
-                    forward(i, live)
+                for k in range(split):
+                    do(k, live)
             with tracker.phase("backward"):
-                for kind, i in order[split:]:
-                    (forward if kind == "F" else backward)(i, live)
+                for k in range(split, len(order)):
+                    do(k, live)
             with tracker.phase("optimizer"):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
@@ -573,16 +704,19 @@ def run_rank_steps(model: Any, layout: Layout, setup: TrainingSetup, built: Any,
     def make_opt(m: Any) -> Any:
         return make_optimizer([p for p in m.parameters() if p.requires_grad], r.optimizer, r.opt_impl)
 
-    if layout.pp > 1:
-        dtype = next(iter(model.parameters())).dtype
-        shape = (setup.micro_batch, setup.seq_len, built.config.hidden_size)
-        new = torch.empty if fake else torch.randn  # what the previous stage sends
-        run_pipeline_steps(model, layout, StepRun(inputs, built.task, autocast),
-                           lambda: new(shape, dtype=dtype).requires_grad_(), make_opt, tracker, emulation, warmup)
-        return
     loss_ctx = contextlib.nullcontext
     if layout.loss_parallel and layout.tp > 1:
         loss_ctx = importlib.import_module("torch.distributed.tensor.parallel").loss_parallel
+    if layout.pp > 1:
+        dtype = next(iter(model.parameters())).dtype
+        seq = setup.seq_len // layout.tp if layout.sp else setup.seq_len  # sequence-parallel: this rank's shard
+        shape = (setup.micro_batch, seq, built.config.hidden_size)
+        new = torch.empty if fake else torch.randn  # what the previous stage sends
+        chunks = model_chunks(model, layout, built.config.num_hidden_layers)
+        run_pipeline_steps(model, layout, StepRun(inputs, built.task, autocast, loss_ctx),
+                           lambda: new(shape, dtype=dtype).requires_grad_(), make_opt, tracker, emulation, warmup,
+                           chunks=chunks, fake=fake)
+        return
     run_parallel_steps(model, StepRun(inputs, built.task, autocast, loss_ctx), make_opt, tracker, emulation, layout,
                        warmup, fake=fake)
 
