@@ -122,6 +122,9 @@ def test_one_f_one_b_order():
     (dict(pp=2, dp=2, tp=2, fsdp=True), "pipeline stage with DDP"),
     (dict(pp=2, pp_schedule="interleaved", pp_virtual=2), "pp x pp_virtual = 4 virtual stages a block: the model has 2"),
     (dict(pp=2, dp=2, ddp_bucket_view=True), "pipeline stage runs DDP without --ddp-bucket-view"),
+    (dict(cp=2, precision="fp32"), "ring attention on the flash kernel"),
+    (dict(cp=2, dp=2, precision="bf16"), "context parallelism on its own"),
+    (dict(cp=4, seq_len=36, precision="bf16"), "seq_len 36 must be a multiple of 8"),
     (dict(tp=2, lora_rank=4), "LoRA with data parallelism"),
     (dict(ep=2), "ep 2 needs a mixture-of-experts model; llama is dense"),  # rules.py
     (dict(fsdp=True), "give --dp > 1"),
@@ -192,3 +195,13 @@ def test_a_pipeline_stage_with_ddp_keeps_its_buckets():
     assert est.extra["world_size"] == 4 and est.extra["mesh"] == {"pp": 2, "dp": 2, "tp": 1}
     assert est.extra["layout"]["data_parallel"] == "ddp"
     assert est.components["communication_buffers"] == est.extra["static"]["ddp_bucket_bytes"] > 0
+
+
+def test_context_parallel_shards_the_sequence():
+    """PyTorch's context_parallel on a fake group of 2: the token buffers sharded, ring attention on flash."""
+    cp = measure(UNTIED, batch=2, seq_len=64, cp=2, precision="bf16")
+    one = measure(UNTIED, batch=2, seq_len=64, precision="bf16")
+    assert cp.extra["mesh"] == {"pp": 1, "dp": 1, "tp": 1, "cp": 2} and cp.extra["world_size"] == 2
+    assert cp.extra["sdpa_kernels"] == {"flash": 4}  # 2 blocks x (warm-up + measured step)
+    assert cp.extra["static"]["param_bytes"] == one.extra["static"]["param_bytes"]  # nothing sharded but the sequence
+    assert cp.components["activations"] < 0.75 * one.components["activations"]

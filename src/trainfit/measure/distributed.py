@@ -63,6 +63,7 @@ class Layout:
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    cp: int = 1  #: context parallel: the sequence sharded over cp ranks, ring attention (PyTorch's context_parallel)
     stage: int = 0  #: pipeline stage measured (0 = first)
     microbatches: int = 1  #: pipeline micro-batches (the setup's accumulation)
     schedule: str = "1f1b"
@@ -77,7 +78,12 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def group_size(self) -> int:
+        """Ranks in the (fake) process group one pipeline stage runs on."""
+        return self.dp * self.tp * self.cp
 
     @property
     def ddp(self) -> bool:
@@ -89,12 +95,12 @@ class Layout:
 
     @property
     def rank(self) -> int:
-        """The global rank measured: the first rank of its stage (ranks: tp innermost, then dp, pp outermost)."""
-        return self.stage * self.dp * self.tp
+        """The global rank measured: the first rank of its stage (ranks: tp innermost, then cp, dp, pp outermost)."""
+        return self.stage * self.group_size
 
     @property
     def mesh(self) -> dict[str, int]:
-        return {"pp": self.pp, "dp": self.dp, "tp": self.tp}
+        return {"pp": self.pp, "dp": self.dp, "tp": self.tp, **({"cp": self.cp} if self.cp > 1 else {})}
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"world_size": self.world_size, "rank": self.rank, "mesh": self.mesh,
@@ -106,6 +112,8 @@ class Layout:
             out.update(ddp_bucket_view=self.ddp_bucket_view, ddp_bucket_bytes=self.ddp_bucket_bytes)
         if self.tp > 1:
             out.update(sequence_parallel=self.sequence_parallel, loss_parallel=self.loss_parallel)
+        if self.cp > 1:
+            out.update(context_parallel="ring attention (all-gather rotation, head-tail load balancing)")
         if self.pp > 1:
             out.update(pp_stage=self.stage, pp_schedule=self.schedule, microbatches=self.microbatches)
             if self.schedule == "interleaved":
@@ -122,6 +130,15 @@ def layouts_of(setup: TrainingSetup) -> list[Layout]:
     """The layout(s) to measure: one, or with ``pp_stage`` -1 the first and the last pipeline stage.
     Raises a one-line TrainfitError for a combination the measurement does not run."""
     p, r = setup.parallel, setup.recipe
+    if p.cp > 1 and (p.dp > 1 or p.tp > 1 or p.pp > 1):
+        raise TrainfitError("the measured method runs context parallelism on its own: --cp with --dp, --tp or --pp "
+                            "is not measured (the estimate models it)")
+    if p.cp > 1 and (r.precision == "fp32" or setup.recipe.attention == "eager"):
+        raise TrainfitError("the measured context parallelism runs PyTorch's ring attention on the flash kernel: "
+                            "precision bf16 or amp-bf16 with SDPA attention (not fp32, not --attn eager)")
+    if p.cp > 1 and (setup.seq_len % (2 * p.cp)):
+        raise TrainfitError(f"context parallelism with head-tail load balancing splits the sequence in 2 x cp "
+                            f"chunks: seq_len {setup.seq_len} must be a multiple of {2 * p.cp}")
     if p.fsdp and p.dp == 1:
         raise TrainfitError("--fsdp shards over the data-parallel ranks: give --dp > 1 (on one GPU, leave --fsdp out)")
     if p.pp > 1 and p.fsdp:
@@ -156,7 +173,7 @@ def layouts_of(setup: TrainingSetup) -> list[Layout]:
     if p.tp > 1 and p.sequence_parallel and setup.seq_len % p.tp:
         raise TrainfitError(f"sequence parallelism splits the sequence over tp: seq_len {setup.seq_len} must be a "
                             f"multiple of tp {p.tp}")
-    base = dict(dp=p.dp, tp=p.tp, pp=p.pp, microbatches=setup.accumulation, schedule=p.pp_schedule, virtual=virtual,
+    base = dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, microbatches=setup.accumulation, schedule=p.pp_schedule, virtual=virtual,
                 fsdp=p.fsdp,
                 reshard_after_forward=p.reshard_after_forward, ddp_bucket_view=p.ddp_bucket_view,
                 ddp_bucket_bytes=p.ddp_bucket_bytes, sequence_parallel=p.sequence_parallel,
@@ -242,10 +259,10 @@ def block_list(model: Any, num_layers: int) -> Any:
 
 
 def build_mesh(layout: Layout) -> Any:
-    """The ``(dp, tp)`` device mesh on the CPU (dimensions of degree 1 left out)."""
+    """The ``(dp, cp, tp)`` device mesh on the CPU (dimensions of degree 1 left out)."""
     device_mesh = _private("torch.distributed.device_mesh", lambda: importlib.import_module(
         "torch.distributed.device_mesh"))
-    dims = [(n, d) for n, d in (("dp", layout.dp), ("tp", layout.tp)) if d > 1] or [("dp", 1)]
+    dims = [(n, d) for n, d in (("dp", layout.dp), ("cp", layout.cp), ("tp", layout.tp)) if d > 1] or [("dp", 1)]
     return device_mesh.init_device_mesh("cpu", tuple(d for _, d in dims), mesh_dim_names=tuple(n for n, _ in dims))
 
 
@@ -457,6 +474,22 @@ def wrap_ddp(model: Any, layout: Layout, *, fake: bool) -> Any:
         ddp.reducer = _NoRebuild(ddp.reducer)
         ddp.register_comm_hook(None, _fake_allreduce_hook())
     return ddp
+
+
+@contextlib.contextmanager
+def context_parallel_step(mesh: Any, buffers: list[Any]) -> Iterator[None]:
+    """PyTorch's ``context_parallel`` over ``mesh`` (torchtitan's use): the sequence buffers (token ids, labels,
+    positions: ``(batch, seq)``) sharded in place along the sequence with head-tail load balancing, and SDPA
+    replaced by ring attention (all-gather rotation of k and v), entered inside the CUDA emulation so that it
+    wraps the emulated SDPA (which then picks the flash kernel as CUDA would)."""
+    torch = require("torch")
+    cp = _private("torch.distributed.tensor.experimental.context_parallel", lambda: importlib.import_module(
+        "torch.distributed.tensor.experimental").context_parallel)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if not hasattr(sdpa, "__name__"):  # context_parallel patches the function by its name
+        sdpa.__name__ = "scaled_dot_product_attention"
+    with cp(mesh, buffers=buffers, buffer_seq_dims=[1] * len(buffers), no_restore_buffers=set(buffers)):
+        yield
 
 
 # ---------------------------------------------------------------------------------------------
@@ -691,7 +724,7 @@ def run_pipeline_steps(model: Any, layout: Layout, run: StepRun, hidden: Callabl
 
 
 def run_rank_steps(model: Any, layout: Layout, setup: TrainingSetup, built: Any, inputs: dict[str, Any], tracker: Any,
-                   emulation: Any, warmup: int, *, fake: bool) -> None:
+                   emulation: Any, warmup: int, *, fake: bool, mesh: Any = None) -> None:
     """Run this rank's warm-up and measured steps of ``setup`` (its pipeline stage, or its data/tensor-parallel
     step) under ``tracker``: on fake tensors (``fake``), or for real on a process group."""
     from .session import autocast_dtype, make_optimizer
@@ -707,6 +740,9 @@ def run_rank_steps(model: Any, layout: Layout, setup: TrainingSetup, built: Any,
     loss_ctx = contextlib.nullcontext
     if layout.loss_parallel and layout.tp > 1:
         loss_ctx = importlib.import_module("torch.distributed.tensor.parallel").loss_parallel
+    if layout.cp > 1:
+        cp_mesh = mesh["cp"] if mesh.ndim > 1 else mesh
+        loss_ctx = lambda: context_parallel_step(cp_mesh, [v for v in inputs.values() if v.dim() == 2])  # noqa: E731
     if layout.pp > 1:
         dtype = next(iter(model.parameters())).dtype
         seq = setup.seq_len // layout.tp if layout.sp else setup.seq_len  # sequence-parallel: this rank's shard
@@ -749,7 +785,7 @@ def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str],
                               distributed=True)
     built = session.built
     n_params, n_trainable = count_params(session.model)
-    group = fake_process_group(layout.dp * layout.tp) if layout.dp * layout.tp > 1 or layout.fsdp \
+    group = fake_process_group(layout.group_size) if layout.group_size > 1 or layout.fsdp \
         else contextlib.nullcontext()
     with group:
         mesh, keep = parallelise(session, setup, layout)
@@ -761,8 +797,12 @@ def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str],
             if layout.tp > 1:
                 # the embeddings' output is sequence-sharded: give the rotary tables the whole sequence
                 inputs["position_ids"] = torch.arange(setup.seq_len).unsqueeze(0)
+            if layout.cp > 1:
+                # every sequence buffer is sharded in place (context_parallel): the positions too
+                inputs["position_ids"] = torch.arange(setup.seq_len).unsqueeze(0).expand(setup.micro_batch, -1).clone()
             tracker = session.track(model, *inputs.values())
-            run_rank_steps(model, layout, setup, built, inputs, tracker, session.emulation, warmup, fake=True)
+            run_rank_steps(model, layout, setup, built, inputs, tracker, session.emulation, warmup, fake=True,
+                           mesh=mesh)
     return RankMeasurement(layout=layout, tracker=tracker, emulation=session.emulation, built=built,
                            n_params=n_params, n_trainable=n_trainable, param_dtype=param_dtype, stage_layers=keep)
 
@@ -775,7 +815,7 @@ def parallelise(session: FakeStepSession, setup: TrainingSetup, layout: Layout) 
     keep = None
     if layout.pp > 1:
         session.model, keep = stage_model(session.model, setup.model.arch, layout)
-    mesh = build_mesh(layout) if layout.tp > 1 or layout.fsdp else None
+    mesh = build_mesh(layout) if layout.tp > 1 or layout.fsdp or layout.cp > 1 else None
     if layout.tp > 1:
         apply_tp(session.model, built.config, mesh["tp"] if mesh.ndim > 1 else mesh, layout, setup.seq_len)
     if layout.fsdp:
