@@ -93,20 +93,27 @@ def interleaved_order(pp: int, rank: int, microbatches: int, virtual: int) -> li
     return out
 
 
-def chunk_saved(arch: ArchSpec, par: Parallelism, pr: ActivationProfile, stage: int) -> list[Vec]:
-    """What one micro-batch of each chunk of pipeline rank ``stage`` saves for backward (byte-vectors), under
-    the interleaved schedule: its blocks' (an even split of the blocks over ``pp·v`` virtual stages, virtual
-    stages ``stage, stage + pp, ...``), plus the embeddings on virtual stage 0 and the final norm, head and loss
-    on the last. They add up to the stage's ``saved_total``."""
+def chunk_layers_of(arch: ArchSpec, par: Parallelism, stage: int) -> list[tuple[int, int]]:
+    """(virtual stage, blocks) of each chunk pipeline rank ``stage`` holds under the interleaved schedule:
+    virtual stages ``stage, stage + pp, ...`` (torch.distributed.pipelining's loop placement), each an even
+    split of the blocks over ``pp·v`` virtual stages (the remainder on the first)."""
     from .inventory import stage_layers
 
     v = max(int(par.pp_virtual), 1)
     n = par.pp * v
+    return [(vs, len(stage_layers(arch.num_layers, n, vs))) for vs in range(stage, n, par.pp)]
+
+
+def chunk_saved(arch: ArchSpec, par: Parallelism, pr: ActivationProfile, stage: int) -> list[Vec]:
+    """What one micro-batch of each chunk of pipeline rank ``stage`` saves for backward (byte-vectors), under
+    the interleaved schedule: its blocks' (:func:`chunk_layers_of`), plus the embeddings on virtual stage 0
+    and the final norm, head and loss on the last. They add up to the stage's ``saved_total``."""
+    n = par.pp * max(int(par.pp_virtual), 1)
     out: list[Vec] = []
     at = 0
-    for vs in range(stage, n, par.pp):
+    for vs, count in chunk_layers_of(arch, par, stage):
         vec = ZERO
-        for _ in stage_layers(arch.num_layers, n, vs):
+        for _ in range(count):
             if pr.layers:
                 vec = vadd(vec, pr.layers[min(at, len(pr.layers) - 1)].saved)
             at += 1
@@ -122,43 +129,121 @@ def chunk_saved(arch: ArchSpec, par: Parallelism, pr: ActivationProfile, stage: 
     return out
 
 
-def _interleaved_moments(chunks: list[Vec], par: Parallelism, m: int, stage: int) -> tuple[Vec, list[Vec]]:
-    """Activations saved on the rank (byte-vectors) as each backward starts: at the first one, and at the
-    later ones (their pareto set)."""
-    from .graph import pareto
+@dataclass(frozen=True)
+class _Moment:
+    """A backward's start on an interleaved pipeline rank: chunk micro-batches in flight per chunk (the one
+    starting included), the chunk starting, the chunks backwarded before, whether forwards ran since the
+    previous backward, and whether it is the rank's first backward."""
 
-    counts = [0] * len(chunks)
-    moments: list[Vec] = []
-    for kind, c in interleaved_order(par.pp, stage, m, len(chunks)):
+    counts: tuple[int, ...]
+    chunk: int
+    done: frozenset
+    forwards: bool
+    first: bool
+
+
+def interleaved_moments(par: Parallelism, m: int, stage: int) -> list[_Moment]:
+    """The distinct moments at which a backward starts on rank ``stage`` (:func:`interleaved_order`)."""
+    v = max(int(par.pp_virtual), 1)
+    counts = [0] * v
+    done: set[int] = set()
+    out: list[_Moment] = []
+    seen = set()
+    fwd = False
+    for kind, c in interleaved_order(par.pp, stage, m, v):
         if kind == "F":
             counts[c] += 1
+            fwd = True
             continue
-        live = ZERO
-        for k, n in enumerate(counts):
-            live = vadd(live, tuple(x * n for x in chunks[k]))
-        moments.append(live)
+        mo = _Moment(tuple(counts), c, frozenset(done), fwd, not out and not seen)
+        if (mo.counts, c, mo.done, fwd) not in seen:
+            seen.add((mo.counts, c, mo.done, fwd))
+            out.append(mo)
         counts[c] -= 1
-    return moments[0], list(pareto(moments[1:])) if len(moments) > 1 else []
-
-
-def interleaved_scenarios(arch: ArchSpec, par: Parallelism, pr: ActivationProfile, accumulation: Any, stage: int,
-                          B: Any, saved_total: Any) -> list[tuple[Any, Any, Any]]:
-    """(bytes saved by the other in-flight chunk micro-batches, gradients present, whether the moment occurs)
-    at each backward's start under the interleaved schedule (:func:`interleaved_order`), counted chunk by
-    chunk (:func:`chunk_saved`): the walk's own micro-batch is the rest. ``accumulation`` may be an array."""
-    chunks = chunk_saved(arch, par, pr, stage)
-    if not _is_array(accumulation):
-        first, later = _interleaved_moments(chunks, par, int(accumulation), stage)
-        return [(B(first) - saved_total, False, True)] + [(B(v) - saved_total, True, True) for v in later]
-    ms = np.asarray(accumulation)
-    per = {int(u): _interleaved_moments(chunks, par, int(u), stage) for u in np.unique(ms)}
-    first = sum(np.where(ms == u, B(f), 0.0) for u, (f, _) in per.items()) - saved_total
-    out = [(first, False, True)]
-    for j in range(max(len(lat) for _, lat in per.values())):
-        extra = sum(np.where(ms == u, B(lat[min(j, len(lat) - 1)]) if lat else 0.0, 0.0) for u, (_, lat) in per.items())
-        occurs = np.isin(ms, [u for u, (_, lat) in per.items() if lat])
-        out.append((extra - saved_total, True, occurs))
+        done.add(c)
+        fwd = False
     return out
+
+
+def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, pr: ActivationProfile,
+                            accumulation: Any, stage: int, B: Any, saved_total: Any, h_res: float,
+                            first_op_grad: float, fwd_cands: list, bwd_cands: list) -> None:
+    """Forward and backward candidates of an interleaved 1F1B rank, chunk by chunk: at each backward's start
+    (:func:`interleaved_moments`) the saved activations of every in-flight chunk micro-batch
+    (:func:`chunk_saved`), the working set of the chunk starting (the loss backward on the last virtual
+    stage, its last and its first block, the embeddings' backward on virtual stage 0) and the gradients of
+    the chunks backwarded so far. The forwards before the first backward are the forward phase; those of the
+    steady state belong to the backward phase, as the measurement counts them. ``accumulation`` may be an
+    array (each distinct value's moments weigh only for its elements)."""
+    in_bwd = recipe.optimizer_in_backward
+    chunks = chunk_saved(arch, par, pr, stage)
+    layout = chunk_layers_of(arch, par, stage)
+    n = par.pp * max(int(par.pp_virtual), 1)
+    n_layers = max(len(pr.layers), 1)
+    g_layers = 0.0 if in_bwd else _num(st.grads - st.grads_head - st.grads_embed)
+    # the embedding group's gradients are the embeddings' on the first rank, the (untied) head's on the last
+    g_emb_all = 0.0 if in_bwd or stage != 0 else _num(st.grads_embed)
+    g_head = 0.0 if in_bwd else _num(st.grads_head) + (_num(st.grads_embed) if stage != 0 else 0.0)
+    starts, at = [], 0
+    for _, count in layout:
+        starts.append(at)
+        at += count
+
+    def layer(i: int) -> Any:
+        return pr.layers[min(max(i, 0), len(pr.layers) - 1)] if pr.layers else None
+
+    def g_chunk(k: int) -> Any:
+        vs, count = layout[k]
+        return (g_layers * count / n_layers + (g_emb_all if vs == 0 else 0.0) + (g_head if vs == n - 1 else 0.0))
+
+    head_loss = vadd(pr.head_saved, pr.loss_saved)
+    values = [int(accumulation)] if not _is_array(accumulation) else [int(u) for u in np.unique(accumulation)]
+    for u in values:
+        occurs: Any = True if not _is_array(accumulation) else (np.asarray(accumulation) == u)
+        keep = (lambda c: c) if occurs is True else (lambda c, o=occurs: {k: np.where(o, v, 0.0) for k, v in c.items()})
+        for mo in interleaved_moments(par, u, stage):
+            c = mo.chunk
+            vs, count = layout[c]
+            live = ZERO
+            for k, cnt in enumerate(mo.counts):
+                live = vadd(live, tuple(x * cnt for x in chunks[k]))
+            L = B(live)
+            held = sum((g_chunk(k) for k in mo.done if k != c), 0.0)
+            own = g_chunk(c) if c in mo.done else None
+            # forwards: the walk's peaks, the other in-flight chunk micro-batches beside them
+            if mo.first or mo.forwards:
+                into = fwd_cands if mo.first else bwd_cands
+                for v in pr.forward_candidates:
+                    x = B(v)
+                    into.append(keep({"gradients": held + (own or 0.0),
+                                      "activations": _min(x, saved_total) + L - saved_total,
+                                      "temporaries": x - _min(x, saved_total)}))
+            last_lp, first_lp = layer(starts[c] + count - 1), layer(starts[c])
+            if vs == n - 1:
+                # the loss backward, then (chunked loss) the head's
+                g = held + (own if own is not None else 0.0)
+                bwd_cands.append(keep({"activations": L, "temporaries": B(pr.loss_backward), "gradients": g}))
+                if pr.head_backward is not None:
+                    bwd_cands.append(keep({"activations": L - B(pr.loss_saved), "temporaries": B(pr.head_backward),
+                                           "gradients": g}))
+            consumed = head_loss if vs == n - 1 else ZERO
+            if last_lp is not None:
+                # the chunk's last block: everything in flight but its head, the block's working set
+                g = held + (own if own is not None else (g_head if vs == n - 1 else 0.0) + first_op_grad)
+                bwd_cands.append(keep({"activations": B(vadd(vsub(live, consumed), last_lp.recompute)),
+                                       "temporaries": B(last_lp.transient_bwd), "gradients": g}))
+                # its first block: the rest of the chunk's micro-batch consumed
+                rest = vadd(pr.embed_saved if vs == 0 else ZERO, first_lp.saved)
+                g = held + (own if own is not None else
+                            (g_head if vs == n - 1 else 0.0) + g_layers * (count - 1) / n_layers + first_op_grad)
+                bwd_cands.append(keep({"activations": B(vadd(vadd(vsub(live, chunks[c]), rest), first_lp.recompute)),
+                                       "temporaries": B(first_lp.transient_bwd), "gradients": g}))
+            if vs == 0:
+                # the embeddings' backward: the embedding gradient built from the incoming gradient
+                g = held + (own if own is not None else g_chunk(c) - g_emb_all)
+                bwd_cands.append(keep({"activations": B(vadd(vsub(live, chunks[c]), pr.embed_saved)),
+                                       "temporaries": B(tok(h_res * recipe.param_bytes)) + g_emb_all,
+                                       "gradients": 0.0 if in_bwd else g}))
 
 
 def step_scenarios(par: Parallelism, accumulation: Any, stage: int = 0) -> list[tuple[Any, Any, Any]]:
@@ -341,13 +426,14 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     h_res = arch.hidden_size / (par.tp if par.sequence_parallel and par.tp > 1 else 1)
     fwd_cands: list[dict[str, Any]] = []
     bwd_cands: list[dict[str, Any]] = []
-    if par.pp > 1 and par.pp_schedule == "interleaved":
-        scenarios = interleaved_scenarios(arch, par, pr, accumulation, stage, B, saved_total)
-    else:
-        scenarios = [((inflight - 1.0) * saved_total, g, o) for inflight, g, o in step_scenarios(par, accumulation, stage)]
-    for extra_inflight, grads_present, occurs in scenarios:
+    interleaved = par.pp > 1 and par.pp_schedule == "interleaved"
+    if interleaved:
+        _interleaved_candidates(arch, recipe, par, st, pr, accumulation, stage, B, saved_total, h_res, first_op_grad,
+                                fwd_cands, bwd_cands)
+    for inflight, grads_present, occurs in ([] if interleaved else step_scenarios(par, accumulation, stage)):
         if occurs is False:
             continue
+        extra_inflight = (inflight - 1.0) * saved_total
         # a moment that occurs only for some elements of a sweep weighs nothing for the others
         keep = (lambda c: c) if occurs is True else (lambda c: {k: np.where(occurs, v, 0.0) for k, v in c.items()})
         held = _pick(grads_present, g_all, 0.0)

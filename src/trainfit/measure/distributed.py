@@ -789,7 +789,8 @@ def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str],
         else contextlib.nullcontext()
     with group:
         mesh, keep = parallelise(session, setup, layout)
-        fake_mode = session.make_fake(materialize=mesh is not None)
+        # only a parallelised (DTensor) model needs to_empty, which would untie tied embeddings of a plain one
+        fake_mode = session.make_fake(materialize=layout.tp > 1 or layout.fsdp)
         model = session.model
         param_dtype = str(next(iter(model.parameters())).dtype).replace("torch.", "")
         with fake_mode, eager_dtensor():
