@@ -67,7 +67,7 @@ def test_phases_chain_and_the_step_is_steady():
     (dict(lora_rank=-1), "lora_rank must be >= 0"),
     (dict(task="speech"), "unknown task"),
     (dict(tp=2), "tensor-parallel .* need a decoder with embed_tokens"),
-    (dict(cp=2), "measured method cannot express cp=2 \\(context parallelism is not measured"),
+    (dict(cp=2, dp=2, batch=2), "runs context parallelism on its own"),
     (dict(dp=2, zero=2, batch=2), "measured method cannot express zero=2 \\(it runs PyTorch's data parallelism"),
     (dict(accumulation=2, batch=2), "one micro-batch per step"),
     (dict(attention="flash"), "unknown attention for the measured method 'flash'"),

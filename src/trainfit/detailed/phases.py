@@ -215,7 +215,7 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
                 into = fwd_cands if mo.first else bwd_cands
                 for v in pr.forward_candidates:
                     x = B(v)
-                    into.append(keep({"gradients": held + (own or 0.0),
+                    into.append(keep({"gradients": held + (own if own is not None else 0.0),
                                       "activations": _min(x, saved_total) + L - saved_total,
                                       "temporaries": x - _min(x, saved_total)}))
             last_lp, first_lp = layer(starts[c] + count - 1), layer(starts[c])

@@ -133,6 +133,9 @@ def layouts_of(setup: TrainingSetup) -> list[Layout]:
     if p.cp > 1 and (p.dp > 1 or p.tp > 1 or p.pp > 1):
         raise TrainfitError("the measured method runs context parallelism on its own: --cp with --dp, --tp or --pp "
                             "is not measured (the estimate models it)")
+    if p.cp > 1 and setup.model.arch is not None and setup.model.arch.task != "causal_lm":
+        raise TrainfitError("the measured context parallelism runs causal decoders (ring attention is causal here); "
+                            f"this model's task is {setup.model.arch.task}")
     if p.cp > 1 and (r.precision == "fp32" or setup.recipe.attention == "eager"):
         raise TrainfitError("the measured context parallelism runs PyTorch's ring attention on the flash kernel: "
                             "precision bf16 or amp-bf16 with SDPA attention (not fp32, not --attn eager)")
