@@ -197,6 +197,10 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
         return (g_layers * count / n_layers + (g_emb_all if vs == 0 else 0.0) + (g_head if vs == n - 1 else 0.0))
 
     head_loss = vadd(pr.head_saved, pr.loss_saved)
+    # autocast keeps a forward's 16-bit weight copies until that forward returns: a chunk's forward holds its own
+    # blocks' (at most the largest chunk's share), the stage walk's forward all of the stage's
+    unsaved_wc = B(vsub(pr.weight_copies, pr.weight_copies_saved))
+    wc_others = unsaved_wc * (1.0 - max(count for _, count in layout) / n_layers)
     values = [int(accumulation)] if not _is_array(accumulation) else [int(u) for u in np.unique(accumulation)]
     for u in values:
         occurs: Any = True if not _is_array(accumulation) else (np.asarray(accumulation) == u)
@@ -215,6 +219,7 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
                 into = fwd_cands if mo.first else bwd_cands
                 for v in pr.forward_candidates:
                     x = B(v)
+                    x = x - _min(x, wc_others)
                     into.append(keep({"gradients": held + (own if own is not None else 0.0),
                                       "activations": _min(x, saved_total) + L - saved_total,
                                       "temporaries": x - _min(x, saved_total)}))
