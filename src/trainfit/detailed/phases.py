@@ -26,7 +26,7 @@ from ..arch import ArchSpec
 from .activations import ActivationProfile, activation_profile, walk_parallelism
 from .distributed import (ddp_bucket_bytes, ddp_bucket_label, forward_regions, fsdp_candidates, fsdp_compute_bytes,
                           fsdp_groups, is_fsdp, walk_recipe)
-from .graph import Vec, ZERO, tok, vadd, vbytes, vsub
+from .graph import Vec, ZERO, pos, tok, vadd, vbytes, vsub
 from .inventory import block_linears
 from ..stacks import behaviour_of
 from ..training_setup import Parallelism, Recipe, TrainingSetup
@@ -104,28 +104,34 @@ def chunk_layers_of(arch: ArchSpec, par: Parallelism, stage: int) -> list[tuple[
     return [(vs, len(stage_layers(arch.num_layers, n, vs))) for vs in range(stage, n, par.pp)]
 
 
-def chunk_saved(arch: ArchSpec, par: Parallelism, pr: ActivationProfile, stage: int) -> list[Vec]:
+def chunk_saved(arch: ArchSpec, par: Parallelism, pr: ActivationProfile, stage: int, io: Vec = ZERO,
+                tables: Vec = ZERO) -> list[Vec]:
     """What one micro-batch of each chunk of pipeline rank ``stage`` saves for backward (byte-vectors), under
-    the interleaved schedule: its blocks' (:func:`chunk_layers_of`), plus the embeddings on virtual stage 0
-    and the final norm, head and loss on the last. They add up to the stage's ``saved_total``."""
-    n = par.pp * max(int(par.pp_virtual), 1)
+    the interleaved schedule: its blocks' (:func:`chunk_layers_of`); the rank's first chunk what the walk
+    saves before its blocks (the embeddings on rank 0, the received activation elsewhere) and the last its
+    head and loss; every other chunk the activation it receives (``io``: kept until that micro-batch's
+    backward) and the rotary tables its own forward makes (``tables``; the walk counts them once, before the
+    blocks). A block's saved bytes hold its output (saved by the next block, or kept as the stage's output), so
+    a chunk's output is among its blocks'. Anything else the walk saves goes to the first chunk."""
     out: list[Vec] = []
     at = 0
-    for vs, count in chunk_layers_of(arch, par, stage):
+    layout = chunk_layers_of(arch, par, stage)
+    blocks = ZERO
+    for _, count in layout:
         vec = ZERO
         for _ in range(count):
             if pr.layers:
                 vec = vadd(vec, pr.layers[min(at, len(pr.layers) - 1)].saved)
             at += 1
-        if vs == 0:
-            vec = vadd(vec, pr.embed_saved)
-        if vs == n - 1:
-            vec = vadd(vec, vadd(pr.head_saved, pr.loss_saved))
+        blocks = vadd(blocks, vec)
         out.append(vec)
-    rest = pr.saved_total
-    for vec in out:
-        rest = vsub(rest, vec)
-    out[0] = vadd(out[0], rest)  # anything the walk saves outside the blocks, embeddings and head
+    ends = vadd(pr.embed_saved, vadd(pr.head_saved, pr.loss_saved))
+    rest = vsub(vsub(pr.saved_total, blocks), ends)
+    last = len(out) - 1
+    for k in range(len(out)):
+        out[k] = vadd(out[k], vadd(pr.embed_saved, rest) if k == 0 else vadd(io, tables))
+        if k == last:
+            out[k] = vadd(out[k], vadd(pr.head_saved, pr.loss_saved))
     return out
 
 
@@ -176,7 +182,16 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
     steady state belong to the backward phase, as the measurement counts them. ``accumulation`` may be an
     array (each distinct value's moments weigh only for its elements)."""
     in_bwd = recipe.optimizer_in_backward
-    chunks = chunk_saved(arch, par, pr, stage)
+    # the activation a chunk receives or sends: the residual stream (this rank's sequence shard with sequence
+    # parallelism) in the parameters' width, as the walk's own stage input and output
+    io = tok(h_res * recipe.param_bytes)
+    # each chunk's forward makes (and its blocks save) its own rotary cos/sin tables (the walk's: one pair per
+    # kind of block, positions x rotary width, in the parameters' width)
+    tables = ZERO
+    if arch.position_embedding == "rotary":
+        kinds = len(dict.fromkeys(arch.layer_types)) if arch.family.rope_per_layer_type else 1
+        tables = pos(2.0 * kinds * arch.head_dim * arch.rotary_fraction * recipe.param_bytes)
+    chunks = chunk_saved(arch, par, pr, stage, io, tables)
     layout = chunk_layers_of(arch, par, stage)
     n = par.pp * max(int(par.pp_virtual), 1)
     n_layers = max(len(pr.layers), 1)
@@ -231,6 +246,10 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
                 if pr.head_backward is not None:
                     bwd_cands.append(keep({"activations": L - B(pr.loss_saved), "temporaries": B(pr.head_backward),
                                            "gradients": g}))
+            if vs != n - 1:
+                # a chunk's backward starts from the gradient received for its output (and sends one back)
+                bwd_cands.append(keep({"activations": L, "temporaries": B(tok(2 * h_res * recipe.compute_bytes)),
+                                       "gradients": held + (own if own is not None else 0.0)}))
             consumed = head_loss if vs == n - 1 else ZERO
             if last_lp is not None:
                 # the chunk's last block: everything in flight but its head, the block's working set
