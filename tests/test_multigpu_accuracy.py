@@ -61,7 +61,7 @@ def test_the_corpus_covers_the_layouts(rows, runner):
     assert {r["pp_virtual"] for r in interleaved} >= {2, 3} and {r["layout"]["pp_stage"] for r in interleaved} >= {0, 1, 3}
     assert {r["cp"] for r in rows} >= {2, 4, 8}
     fsdp_dp = {r["dp"] for r in rows if r["fsdp"] and r["tp"] == 1}
-    assert min(fsdp_dp) == 2 and max(fsdp_dp) == 64
+    assert min(fsdp_dp) == 2 and max(fsdp_dp) == 128
     assert {r["tp"] for r in rows if r["tp"] > 1} >= {2, 4, 8}
     assert {r["layout"]["pp_stage"] for r in rows if r["pp"] > 1} >= {0, 1, 3, 7}  # first and last stages
     assert any(r["fsdp"] and r["precision"] == "amp-bf16" for r in rows)  # FSDP mixed precision
