@@ -9,7 +9,8 @@ Each case is rank 0 of an N-GPU step (or one pipeline stage) on a fake process g
 peak (``components``, trainfit's names, and ``tracker_breakdown``, the tracker's categories including
 gathered parameters, all-gather and reduce-scatter buffers and DDP buckets), the phases, the layout, the
 SDPA kernels, parameter counts and versions. Sizes are bytes. The output is written atomically, only when
-every case succeeded. About 4 minutes on 2 CPU cores (nothing is allocated for real: fake tensors).
+every case succeeded. About an hour on 2 shared CPU cores (nothing is allocated for real: fake tensors; the pipeline
+ranks with many micro-batches and the 7-8B ranks take minutes each).
 """
 from __future__ import annotations
 
