@@ -23,7 +23,13 @@ How a layout is built (the conventions people run, which the detailed method mod
   turn, then the cool-down backwards; GPipe: every forward, then every backward) over ``accumulation``
   micro-batches. Received activations and gradients are fresh buffers, as Megatron-LM's point-to-point
   communication allocates them; ``torch.distributed.pipelining``'s own schedules cannot run on fake
-  tensors (they read values while warming up their point-to-point links).
+  tensors (they read values while warming up their point-to-point links). Interleaved 1F1B: the rank's
+  chunks (virtual stages ``rank, rank + pp, ...``) in the order ``ScheduleInterleaved1F1B`` computes for
+  it, each forward with that chunk's blocks swapped in. With DDP, gradients accumulate unsynchronised
+  until the step's last backward (as ``PipelineStage`` runs DDP); with tensor parallelism, the plan on the
+  modules the stage holds;
+* **context parallel**: PyTorch's ``context_parallel`` on a ``cp`` mesh (token ids, labels and positions
+  sharded in place, head-tail load balancing; SDPA replaced by ring attention around the emulated SDPA).
 
 The model is parallelised on the ``meta`` device, outside ``FakeTensorMode`` (inside it the mesh code
 fails), then ``to_empty`` gives it fake CPU tensors. DTensor keeps its sharding-propagation and
@@ -827,6 +833,7 @@ def parallelise(session: FakeStepSession, setup: TrainingSetup, layout: Layout) 
     return mesh, keep
 
 
-__all__ = ["Layout", "RankMeasurement", "StepRun", "apply_fsdp", "apply_tp", "block_list", "build_mesh", "eager_dtensor",
-           "fake_process_group", "is_distributed", "layouts_of", "materialize", "measure_layout", "parallelise",
-           "run_parallel_steps", "run_pipeline_steps", "schedule_order", "stage_model", "wrap_ddp"]
+__all__ = ["Chunk", "Layout", "RankMeasurement", "StepRun", "apply_fsdp", "apply_tp", "block_list", "build_mesh",
+           "chunk_layers", "context_parallel_step", "eager_dtensor", "fake_process_group", "is_distributed",
+           "layouts_of", "materialize", "measure_layout", "model_chunks", "parallelise", "rank_order",
+           "run_parallel_steps", "run_pipeline_steps", "running_chunk", "schedule_order", "stage_model", "wrap_ddp"]
