@@ -59,7 +59,7 @@ def inflight_microbatches(par: Parallelism, accumulation: Any, stage: int = 0) -
     Korthikanti et al. 2022 §4.2.3); GPipe all of them. ``accumulation`` may be an array.
 
     The phases of an interleaved step count its in-flight chunks one by one in torch's order instead
-    (:func:`interleaved_scenarios`): the same on the first stage when the micro-batches are a multiple of
+    (:func:`interleaved_moments`): the same on the first stage when the micro-batches are a multiple of
     ``pp`` (as Megatron-LM requires), more when they are not."""
     p, m = par.pp, accumulation
     if p == 1:
