@@ -64,7 +64,11 @@ def test_tensor_and_sequence_and_context_parallel_shrink_activations():
     sp = saved(LLAMA, precision="bf16", tp=4, sequence_parallel=True)
     cp = saved(LLAMA, precision="bf16", cp=2)
     assert sp < tp < base
-    assert cp == pytest.approx(base / 2, rel=0.01)
+    # half the tokens, plus the copy ring attention's head-major output takes before the output projection: one
+    # q-width bf16 tensor per block (measured: validation/multigpu-measured.jsonl, the context-parallel cases)
+    sh = shape_of(make_setup(LLAMA, precision="bf16", cp=2))
+    copies = LLAMA.num_layers * sh.tokens * LLAMA.num_heads * LLAMA.head_dim * 2
+    assert cp == pytest.approx(base / 2 + copies, rel=0.01)
 
 
 def test_pipeline_in_flight_microbatches():

@@ -21,6 +21,8 @@ LLAMA = {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2, "num
          "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 1024, "max_position_embeddings": 256,
          "tie_word_embeddings": True}
 UNTIED = {**LLAMA, "tie_word_embeddings": False}
+#: four blocks: two chunks of one block on each of two pipeline ranks under the interleaved schedule
+DEEP = {**UNTIED, "num_hidden_layers": 4}
 
 REAL_CASES = [
     ("fsdp4-mixed-precision-tied", LLAMA, dict(batch=8, seq_len=64, dp=4, fsdp=True, precision="amp-bf16")),
@@ -33,6 +35,12 @@ REAL_CASES = [
     ("fsdp2xtp2", UNTIED, dict(batch=4, seq_len=64, dp=2, tp=2, fsdp=True, precision="amp-bf16")),
     ("pp2-first-stage", UNTIED, dict(batch=4, seq_len=64, pp=2, accumulation=4, pp_stage=0, precision="fp32")),
     ("pp2-last-stage", UNTIED, dict(batch=4, seq_len=64, pp=2, accumulation=4, pp_stage=1, precision="fp32")),
+    ("pp2-interleaved-first-stage", DEEP, dict(batch=4, seq_len=64, pp=2, pp_schedule="interleaved", pp_virtual=2,
+                                              accumulation=4, pp_stage=0, precision="fp32")),
+    ("pp2xddp2-first-stage", UNTIED, dict(batch=8, seq_len=64, pp=2, dp=2, accumulation=2, pp_stage=0,
+                                          precision="fp32")),
+    ("pp2xtp2-last-stage", UNTIED, dict(batch=4, seq_len=64, pp=2, tp=2, accumulation=2, pp_stage=1,
+                                        precision="fp32")),
 ]
 
 
@@ -110,8 +118,13 @@ def test_one_f_one_b_order():
     (dict(tp=3, sequence_parallel=False), "tp 3 must divide the 4 attention heads of llama"),  # rules.py
     (dict(tp=2, seq_len=33), "seq_len 33 must be a multiple of tp 2"),
     (dict(tp=2, dp=2), "combines tensor parallelism with FSDP"),
-    (dict(pp=2, dp=2), "pipeline stage on its own"),
-    (dict(pp=2, pp_schedule="interleaved"), "unknown pp_schedule for the measured method 'interleaved'; accepted: 1f1b, gpipe"),
+    (dict(pp=2, dp=2, fsdp=True), "pipeline stage with DDP"),
+    (dict(pp=2, dp=2, tp=2, fsdp=True), "pipeline stage with DDP"),
+    (dict(pp=2, pp_schedule="interleaved", pp_virtual=2), "pp x pp_virtual = 4 virtual stages a block: the model has 2"),
+    (dict(pp=2, dp=2, ddp_bucket_view=True), "pipeline stage runs DDP without --ddp-bucket-view"),
+    (dict(cp=2, precision="fp32"), "ring attention on the flash kernel"),
+    (dict(cp=2, dp=2, precision="bf16"), "context parallelism on its own"),
+    (dict(cp=4, seq_len=36, precision="bf16"), "seq_len 36 must be a multiple of 8"),
     (dict(tp=2, lora_rank=4), "LoRA with data parallelism"),
     (dict(ep=2), "ep 2 needs a mixture-of-experts model; llama is dense"),  # rules.py
     (dict(fsdp=True), "give --dp > 1"),
@@ -141,3 +154,54 @@ def test_the_cli_measures_a_rank(tmp_path):
     data = json.loads(r.output)
     assert data["world_size"] == data["inputs"]["world_size"] == 4 and data["mesh"] == {"pp": 1, "dp": 4, "tp": 1}
     assert data["layout"]["reshard_after_forward"] is False and data["components"]["communication_buffers"] > 0
+
+
+def test_interleaved_order_is_torchs():
+    """The measurement runs torch.distributed.pipelining's own interleaved order; the detailed method's
+    closed form (trainfit.detailed.phases.interleaved_order) is the same, rank by rank."""
+    from trainfit.detailed.phases import interleaved_order
+    from trainfit.measure.distributed import Layout, rank_order
+
+    for pp, v, m in ((2, 2, 4), (4, 2, 8), (4, 3, 6), (2, 4, 8), (8, 2, 16), (4, 2, 3)):
+        for r in range(pp):
+            order = rank_order(Layout(pp=pp, stage=r, microbatches=m, schedule="interleaved", virtual=v))
+            assert [(k, c) for k, _, c in order] == interleaved_order(pp, r, m, v), (pp, v, m, r)
+            assert sorted(order) == sorted((k, i, c) for k in "FB" for i in range(m) for c in range(v))
+    # Narayanan et al. 2021 / Korthikanti et al. 2022: the first rank holds pp (1 + (pp - 1) / (pp v)) micro-batches'
+    # worth of its layers at its first backward: 11 chunks of half a stage for pp 4, v 2
+    order = interleaved_order(4, 0, 8, 2)
+    assert order.index(("B", 1)) == 11
+
+
+def test_interleaved_rounds_are_refused_in_one_line():
+    with pytest.raises(TrainfitError, match="--accum 5 must be a multiple of 2") as exc:
+        measure(DEEP, batch=5, seq_len=32, pp=2, pp_schedule="interleaved", pp_virtual=2, accumulation=5)
+    assert "\n" not in str(exc.value)
+
+
+def test_interleaved_ranks_hold_every_pp_th_chunk():
+    first = measure(DEEP, batch=4, seq_len=32, pp=2, pp_schedule="interleaved", pp_virtual=2, accumulation=4, pp_stage=0)
+    last = measure(DEEP, batch=4, seq_len=32, pp=2, pp_schedule="interleaved", pp_virtual=2, accumulation=4, pp_stage=1)
+    plain = measure(DEEP, batch=4, seq_len=32, pp=2, accumulation=4, pp_stage=0)
+    assert first.extra["stage_layers"] == [0, 2] and last.extra["stage_layers"] == [1, 3]
+    assert plain.extra["stage_layers"] == [0, 1] and first.extra["layout"]["pp_virtual"] == 2
+    # the same parameters, more activations in flight (2.5 stage micro-batches against 2)
+    assert first.extra["static"]["param_bytes"] == plain.extra["static"]["param_bytes"]
+    assert first.components["activations"] > plain.components["activations"]
+
+
+def test_a_pipeline_stage_with_ddp_keeps_its_buckets():
+    est = measure(UNTIED, batch=8, seq_len=32, pp=2, dp=2, accumulation=2, pp_stage=0, precision="fp32")
+    assert est.extra["world_size"] == 4 and est.extra["mesh"] == {"pp": 2, "dp": 2, "tp": 1}
+    assert est.extra["layout"]["data_parallel"] == "ddp"
+    assert est.components["communication_buffers"] == est.extra["static"]["ddp_bucket_bytes"] > 0
+
+
+def test_context_parallel_shards_the_sequence():
+    """PyTorch's context_parallel on a fake group of 2: the token buffers sharded, ring attention on flash."""
+    cp = measure(UNTIED, batch=2, seq_len=64, cp=2, precision="bf16")
+    one = measure(UNTIED, batch=2, seq_len=64, precision="bf16")
+    assert cp.extra["mesh"] == {"pp": 1, "dp": 1, "tp": 1, "cp": 2} and cp.extra["world_size"] == 2
+    assert cp.extra["sdpa_kernels"] == {"flash": 4}  # 2 blocks x (warm-up + measured step)
+    assert cp.extra["static"]["param_bytes"] == one.extra["static"]["param_bytes"]  # nothing sharded but the sequence
+    assert cp.components["activations"] < 0.75 * one.components["activations"]

@@ -19,6 +19,9 @@ from validation.corpus import case_arch, case_setup, parallel_kind, read_jsonl
 
 VALIDATION = Path(__file__).resolve().parents[1] / "validation"
 CORPUS = VALIDATION / "multigpu-measured.jsonl"
+#: the layout families of the corpus (validation.corpus.parallel_kind)
+KINDS = ["ddp", "fsdp", "fsdp (no reshard)", "tp", "fsdp x tp", "pipeline", "pipeline (interleaved)", "pipeline x ddp",
+         "pipeline x tp", "cp"]
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +55,13 @@ def test_the_corpus_covers_the_layouts(rows, runner):
     assert len(rows) == len(cases) >= 40 and [r["index"] for r in rows] == list(range(len(cases)))
     assert len({r["arch"] for r in rows}) >= 4
     kinds = Counter(parallel_kind(r) for r in rows)
-    assert set(kinds) == {"ddp", "fsdp", "fsdp (no reshard)", "tp", "fsdp x tp", "pipeline"}, kinds
+    assert set(kinds) == set(KINDS), kinds
+    assert min(kinds[k] for k in ("pipeline (interleaved)", "pipeline x ddp", "pipeline x tp", "cp")) >= 4, kinds
+    interleaved = [r for r in rows if r["pp_schedule"] == "interleaved"]
+    assert {r["pp_virtual"] for r in interleaved} >= {2, 3} and {r["layout"]["pp_stage"] for r in interleaved} >= {0, 1, 3}
+    assert {r["cp"] for r in rows} >= {2, 4, 8}
     fsdp_dp = {r["dp"] for r in rows if r["fsdp"] and r["tp"] == 1}
-    assert min(fsdp_dp) == 2 and max(fsdp_dp) == 64
+    assert min(fsdp_dp) == 2 and max(fsdp_dp) == 128
     assert {r["tp"] for r in rows if r["tp"] > 1} >= {2, 4, 8}
     assert {r["layout"]["pp_stage"] for r in rows if r["pp"] > 1} >= {0, 1, 3, 7}  # first and last stages
     assert any(r["fsdp"] and r["precision"] == "amp-bf16" for r in rows)  # FSDP mixed precision
@@ -64,7 +71,8 @@ def test_the_corpus_covers_the_layouts(rows, runner):
     assert any(r["loss_parallel"] for r in rows) and any(not r["sequence_parallel"] for r in rows if r["tp"] > 1)
     for r in rows:  # each line is one rank's measurement whose breakdown adds up to its peak
         assert r["method"] == "measured" and sum(r["components"].values()) == r["peak_bytes"] > 0
-        assert r["world_size"] == r["dp"] * r["tp"] * r["pp"] and r["mesh"] == {"pp": r["pp"], "dp": r["dp"], "tp": r["tp"]}
+        mesh = {"pp": r["pp"], "dp": r["dp"], "tp": r["tp"], **({"cp": r["cp"]} if r["cp"] > 1 else {})}
+        assert r["world_size"] == r["dp"] * r["tp"] * r["pp"] * r["cp"] and r["mesh"] == mesh
 
 
 def test_detailed_meets_the_multi_gpu_targets(results):
@@ -74,7 +82,7 @@ def test_detailed_meets_the_multi_gpu_targets(results):
     assert errs.max() <= 0.02, (results[worst][0]["index"], errs.max())
 
 
-@pytest.mark.parametrize("kind", ["ddp", "fsdp", "fsdp (no reshard)", "tp", "fsdp x tp", "pipeline"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_every_parallelism_within_two_percent(results, kind):
     errs = [abs(float(r.peak) - c["peak_bytes"]) / c["peak_bytes"] for c, _, r in results if parallel_kind(c) == kind]
     assert errs and max(errs) <= 0.02 and np.median(errs) <= 0.005, (kind, max(errs))

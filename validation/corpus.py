@@ -77,8 +77,14 @@ def single_gpu(case: dict[str, Any]) -> bool:
 
 def parallel_kind(case: dict[str, Any]) -> str:
     """The parallelism a multi-GPU case exercises; the report and the tests group errors by it."""
+    if case.get("cp", 1) > 1:
+        return "cp"
     if case["pp"] > 1:
-        return "pipeline"
+        if case["dp"] > 1:
+            return "pipeline x ddp"
+        if case["tp"] > 1:
+            return "pipeline x tp"
+        return "pipeline (interleaved)" if case.get("pp_schedule") == "interleaved" else "pipeline"
     if case["tp"] > 1 and case["dp"] > 1:
         return "fsdp x tp"
     if case["tp"] > 1:

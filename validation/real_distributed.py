@@ -138,12 +138,13 @@ def _worker(rank: int, world: int, init: str, cfg: dict, fields: dict, warmup: i
 def real_rank_peaks(cfg: Mapping[str, Any], fields: Mapping[str, Any], *, warmup: int = 1,
                     timeout_s: float = 300.0) -> RankPeaks:
     """Rank 0's peaks of the layout ``fields`` describes, run for real on ``world_size`` gloo CPU processes
-    (a pipeline stage, which exchanges nothing here, runs in this process: ``pp_stage`` picks it)."""
+    (a pipeline stage, which exchanges nothing here, runs in this process: ``pp_stage`` picks it; with DDP or
+    tensor parallelism, its ``dp x tp`` ranks run as processes)."""
     from trainfit.training_setup import TrainingSetup
 
     setup = TrainingSetup.build(dict(cfg), **fields)
     world = setup.parallel.dp * setup.parallel.tp
-    if setup.parallel.pp > 1:
+    if setup.parallel.pp > 1 and world == 1:
         return run_rank(cfg, fields, warmup, stage=max(setup.parallel.pp_stage, 0))
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)

@@ -9,7 +9,8 @@ Each case is rank 0 of an N-GPU step (or one pipeline stage) on a fake process g
 peak (``components``, trainfit's names, and ``tracker_breakdown``, the tracker's categories including
 gathered parameters, all-gather and reduce-scatter buffers and DDP buckets), the phases, the layout, the
 SDPA kernels, parameter counts and versions. Sizes are bytes. The output is written atomically, only when
-every case succeeded. About 4 minutes on 2 CPU cores (nothing is allocated for real: fake tensors).
+every case succeeded. About an hour on 2 shared CPU cores (nothing is allocated for real: fake tensors; the pipeline
+ranks with many micro-batches and the 7-8B ranks take minutes each).
 """
 from __future__ import annotations
 
@@ -50,7 +51,9 @@ def describe(row: dict) -> str:
     lay = row["layout"]
     parts = [f"dp{row['dp']}" + ("-fsdp" if row["fsdp"] else "-ddp" if row["dp"] > 1 else "") if row["dp"] > 1 else "",
              f"tp{row['tp']}" + ("" if row["sequence_parallel"] else "-nosp") if row["tp"] > 1 else "",
-             f"pp{row['pp']}/s{lay.get('pp_stage')}" if row["pp"] > 1 else ""]
+             f"pp{row['pp']}/s{lay.get('pp_stage')}" + (f"/v{row['pp_virtual']}" if row["pp_schedule"] == "interleaved"
+                                                        else "") if row["pp"] > 1 else "",
+             f"cp{row['cp']}" if row.get("cp", 1) > 1 else ""]
     return " ".join(p for p in parts if p)
 
 

@@ -431,9 +431,12 @@ class _Walker:
             if self.op_policy:  # the SDPA op's outputs are in the policy's save list
                 g.keep(out)
                 g.keep(lse)
-            if self.kernel == "flash" and not masked and self.a.family.rope_by_cat and self.beh.rope == "rotate-half":
+            head_major = self.a.family.rope_by_cat and self.beh.rope == "rotate-half"
+            if self.kernel == "flash" and not masked and (head_major or self.par.cp > 1):
                 # flash allocates its output like q; a head-major q (rotary applied with torch.cat) gives a
-                # head-major output, so `transpose(1, 2).contiguous()` copies it before the output projection
+                # head-major output, so `transpose(1, 2).contiguous()` copies it before the output projection.
+                # Context parallel: ring attention merges the steps' outputs head-major, then casts (torch 2.13
+                # _context_parallel/_attention.py, _SDPAMerger): the same copy
                 copy = g.new(tok(qw), dt, True, "attention out contiguous")
                 g.use(out)
                 return copy

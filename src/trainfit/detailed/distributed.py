@@ -33,10 +33,13 @@ def ddp_bucket_bytes(st: Any) -> float:
     return float(st.trainable_params)
 
 
-def replicated_gradient_bytes(arch: Any, par: Parallelism, tensors: list[Any], param_bytes: float) -> int:
+def replicated_gradient_bytes(arch: Any, par: Parallelism, tensors: list[Any], param_bytes: float,
+                              stage: int = 0) -> int:
     """Gradient bytes beyond the sharded ones on this rank: with DTensor tensor parallelism and an untied,
-    trainable embedding held here, the whole table minus its vocabulary shard."""
-    if par.tp <= 1 or par.tp_plan != "dtensor" or arch.tie_word_embeddings:
+    trainable embedding held here, the whole table minus its vocabulary shard. A tied embedding adds its gradient
+    into the head's sharded one, unless a pipeline puts the head on another stage: the first stage's embedding is
+    then untied (the last stage's tied tensor is the column-wise head, its gradient sharded)."""
+    if par.tp <= 1 or par.tp_plan != "dtensor" or (arch.tie_word_embeddings and (par.pp == 1 or stage != 0)):
         return 0
     out = 0
     for t in tensors:

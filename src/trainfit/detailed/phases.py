@@ -25,8 +25,8 @@ import numpy as np
 from ..arch import ArchSpec
 from .activations import ActivationProfile, activation_profile, fused_chunk_rows, walk_parallelism
 from .distributed import (ddp_bucket_bytes, ddp_bucket_label, forward_regions, fsdp_candidates, fsdp_compute_bytes,
-                          is_fsdp, walk_recipe)
-from .graph import Vec, ZERO, tok, vadd, vbytes, vsub
+                          fsdp_groups, is_fsdp, walk_recipe)
+from .graph import Vec, ZERO, pos, tok, vadd, vbytes, vsub
 from .inventory import block_linears
 from ..stacks import behaviour_of
 from ..training_setup import Parallelism, Recipe, TrainingSetup
@@ -56,7 +56,11 @@ def inflight_microbatches(par: Parallelism, accumulation: Any, stage: int = 0) -
     """Micro-batches whose activations pipeline ``stage`` holds at once: 1F1B keeps ``pp - stage`` on
     stage ``stage`` (``pp`` on the first, one on the last; fewer if the step has fewer micro-batches);
     the interleaved schedule ``pp·(1 + (pp-1)/(pp·v))`` on the first stage (Narayanan et al. 2021;
-    Korthikanti et al. 2022 §4.2.3); GPipe all of them. ``accumulation`` may be an array."""
+    Korthikanti et al. 2022 §4.2.3); GPipe all of them. ``accumulation`` may be an array.
+
+    The phases of an interleaved step count its in-flight chunks one by one in torch's order instead
+    (:func:`interleaved_moments`): the same on the first stage when the micro-batches are a multiple of
+    ``pp`` (as Megatron-LM requires), more when they are not."""
     p, m = par.pp, accumulation
     if p == 1:
         return 1.0
@@ -65,6 +69,205 @@ def inflight_microbatches(par: Parallelism, accumulation: Any, stage: int = 0) -
     if par.pp_schedule == "interleaved":
         return p * (1.0 + (p - 1) / (p * par.pp_virtual)) if stage == 0 else 1.0
     return np.minimum(float(p - stage), m) if _is_array(m) else float(min(p - stage, m))
+
+
+def interleaved_order(pp: int, rank: int, microbatches: int, virtual: int) -> list[tuple[str, int]]:
+    """The work of pipeline ``rank`` under interleaved 1F1B, as (``"F"`` or ``"B"``, local chunk), idle slots
+    left out: torch.distributed.pipelining's ScheduleInterleaved1F1B (torch 2.13, ``schedules.py``:
+    ``_get_warmup_ops`` and ``_get_1f1b_rank_ops``). The micro-batches run in rounds of
+    ``microbatches_per_round = m // max(1, m // pp)``; ``min((v - 1)·mpr + 2·(pp - 1 - rank), m·v)`` warm-up
+    forwards, chunk ``(op // mpr) mod v`` (depth first), then one forward and one backward in turn, the
+    backwards from the last chunk down (``v - 1 - ((op - warm-up) // mpr) mod v``), then the remaining backwards."""
+    m, v = int(microbatches), int(virtual)
+    mpr = m // max(1, m // pp)
+    warm = min((v - 1) * mpr + 2 * (pp - 1 - rank), m * v)
+    total = m * v
+
+    def bwd(op: int) -> int:
+        return v - 1 - ((op - warm) // mpr) % v
+
+    out = [("F", (op // mpr) % v) for op in range(warm)]
+    for op in range(warm, total):
+        out += [("F", (op // mpr) % v), ("B", bwd(op))]
+    out += [("B", bwd(op)) for op in range(total, total + warm)]
+    return out
+
+
+def chunk_layers_of(arch: ArchSpec, par: Parallelism, stage: int) -> list[tuple[int, int]]:
+    """(virtual stage, blocks) of each chunk pipeline rank ``stage`` holds under the interleaved schedule:
+    virtual stages ``stage, stage + pp, ...`` (torch.distributed.pipelining's loop placement), each an even
+    split of the blocks over ``pp·v`` virtual stages (the remainder on the first)."""
+    from .inventory import stage_layers
+
+    v = max(int(par.pp_virtual), 1)
+    n = par.pp * v
+    return [(vs, len(stage_layers(arch.num_layers, n, vs))) for vs in range(stage, n, par.pp)]
+
+
+def chunk_saved(arch: ArchSpec, par: Parallelism, pr: ActivationProfile, stage: int, io: Vec = ZERO,
+                tables: Vec = ZERO) -> list[Vec]:
+    """What one micro-batch of each chunk of pipeline rank ``stage`` saves for backward (byte-vectors), under
+    the interleaved schedule: its blocks' (:func:`chunk_layers_of`); the rank's first chunk what the walk
+    saves before its blocks (the embeddings on rank 0, the received activation elsewhere) and the last its
+    head and loss; every other chunk the activation it receives (``io``: kept until that micro-batch's
+    backward) and the rotary tables its own forward makes (``tables``; the walk counts them once, before the
+    blocks). A block's saved bytes hold its output (saved by the next block, or kept as the stage's output), so
+    a chunk's output is among its blocks'. Anything else the walk saves goes to the first chunk."""
+    out: list[Vec] = []
+    at = 0
+    layout = chunk_layers_of(arch, par, stage)
+    blocks = ZERO
+    for _, count in layout:
+        vec = ZERO
+        for _ in range(count):
+            if pr.layers:
+                vec = vadd(vec, pr.layers[min(at, len(pr.layers) - 1)].saved)
+            at += 1
+        blocks = vadd(blocks, vec)
+        out.append(vec)
+    ends = vadd(pr.embed_saved, vadd(pr.head_saved, pr.loss_saved))
+    rest = vsub(vsub(pr.saved_total, blocks), ends)
+    last = len(out) - 1
+    for k in range(len(out)):
+        out[k] = vadd(out[k], vadd(pr.embed_saved, rest) if k == 0 else vadd(io, tables))
+        if k == last:
+            out[k] = vadd(out[k], vadd(pr.head_saved, pr.loss_saved))
+    return out
+
+
+@dataclass(frozen=True)
+class _Moment:
+    """A backward's start on an interleaved pipeline rank: chunk micro-batches in flight per chunk (the one
+    starting included), the chunk starting, the chunks backwarded before, whether forwards ran since the
+    previous backward, and whether it is the rank's first backward."""
+
+    counts: tuple[int, ...]
+    chunk: int
+    done: frozenset
+    forwards: bool
+    first: bool
+
+
+def interleaved_moments(par: Parallelism, m: int, stage: int) -> list[_Moment]:
+    """The distinct moments at which a backward starts on rank ``stage`` (:func:`interleaved_order`)."""
+    v = max(int(par.pp_virtual), 1)
+    counts = [0] * v
+    done: set[int] = set()
+    out: list[_Moment] = []
+    seen = set()
+    fwd = False
+    for kind, c in interleaved_order(par.pp, stage, m, v):
+        if kind == "F":
+            counts[c] += 1
+            fwd = True
+            continue
+        mo = _Moment(tuple(counts), c, frozenset(done), fwd, not out and not seen)
+        if (mo.counts, c, mo.done, fwd) not in seen:
+            seen.add((mo.counts, c, mo.done, fwd))
+            out.append(mo)
+        counts[c] -= 1
+        done.add(c)
+        fwd = False
+    return out
+
+
+def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, pr: ActivationProfile,
+                            accumulation: Any, stage: int, B: Any, saved_total: Any, h_res: float,
+                            first_op_grad: float, fwd_cands: list, bwd_cands: list) -> None:
+    """Forward and backward candidates of an interleaved 1F1B rank, chunk by chunk: at each backward's start
+    (:func:`interleaved_moments`) the saved activations of every in-flight chunk micro-batch
+    (:func:`chunk_saved`), the working set of the chunk starting (the loss backward on the last virtual
+    stage, its last and its first block, the embeddings' backward on virtual stage 0) and the gradients of
+    the chunks backwarded so far. The forwards before the first backward are the forward phase; those of the
+    steady state belong to the backward phase, as the measurement counts them. ``accumulation`` may be an
+    array (each distinct value's moments weigh only for its elements)."""
+    in_bwd = recipe.optimizer_in_backward
+    # the activation a chunk receives or sends: the residual stream (this rank's sequence shard with sequence
+    # parallelism) in the parameters' width, as the walk's own stage input and output
+    io = tok(h_res * recipe.param_bytes)
+    # each chunk's forward makes (and its blocks save) its own rotary cos/sin tables (the walk's: one pair per
+    # kind of block, positions x rotary width, in the parameters' width)
+    tables = ZERO
+    if arch.position_embedding == "rotary":
+        kinds = len(dict.fromkeys(arch.layer_types)) if arch.family.rope_per_layer_type else 1
+        tables = pos(2.0 * kinds * arch.head_dim * arch.rotary_fraction * recipe.param_bytes)
+    chunks = chunk_saved(arch, par, pr, stage, io, tables)
+    layout = chunk_layers_of(arch, par, stage)
+    n = par.pp * max(int(par.pp_virtual), 1)
+    n_layers = max(len(pr.layers), 1)
+    g_layers = 0.0 if in_bwd else _num(st.grads - st.grads_head - st.grads_embed)
+    # the embedding group's gradients are the embeddings' on the first rank, the (untied) head's on the last
+    g_emb_all = 0.0 if in_bwd or stage != 0 else _num(st.grads_embed)
+    g_head = 0.0 if in_bwd else _num(st.grads_head) + (_num(st.grads_embed) if stage != 0 else 0.0)
+    starts, at = [], 0
+    for _, count in layout:
+        starts.append(at)
+        at += count
+
+    def layer(i: int) -> Any:
+        return pr.layers[min(max(i, 0), len(pr.layers) - 1)] if pr.layers else None
+
+    def g_chunk(k: int) -> Any:
+        vs, count = layout[k]
+        return (g_layers * count / n_layers + (g_emb_all if vs == 0 else 0.0) + (g_head if vs == n - 1 else 0.0))
+
+    head_loss = vadd(pr.head_saved, pr.loss_saved)
+    # autocast keeps a forward's 16-bit weight copies until that forward returns: a chunk's forward holds its own
+    # blocks' (at most the largest chunk's share), the stage walk's forward all of the stage's
+    unsaved_wc = B(vsub(pr.weight_copies, pr.weight_copies_saved))
+    wc_others = unsaved_wc * (1.0 - max(count for _, count in layout) / n_layers)
+    values = [int(accumulation)] if not _is_array(accumulation) else [int(u) for u in np.unique(accumulation)]
+    for u in values:
+        occurs: Any = True if not _is_array(accumulation) else (np.asarray(accumulation) == u)
+        keep = (lambda c: c) if occurs is True else (lambda c, o=occurs: {k: np.where(o, v, 0.0) for k, v in c.items()})
+        for mo in interleaved_moments(par, u, stage):
+            c = mo.chunk
+            vs, count = layout[c]
+            live = ZERO
+            for k, cnt in enumerate(mo.counts):
+                live = vadd(live, tuple(x * cnt for x in chunks[k]))
+            L = B(live)
+            held = sum((g_chunk(k) for k in mo.done if k != c), 0.0)
+            own = g_chunk(c) if c in mo.done else None
+            # forwards: the walk's peaks, the other in-flight chunk micro-batches beside them
+            if mo.first or mo.forwards:
+                into = fwd_cands if mo.first else bwd_cands
+                for v in pr.forward_candidates:
+                    x = B(v)
+                    x = x - _min(x, wc_others)
+                    into.append(keep({"gradients": held + (own if own is not None else 0.0),
+                                      "activations": _min(x, saved_total) + L - saved_total,
+                                      "temporaries": x - _min(x, saved_total)}))
+            last_lp, first_lp = layer(starts[c] + count - 1), layer(starts[c])
+            if vs == n - 1:
+                # the loss backward, then (chunked loss) the head's
+                g = held + (own if own is not None else 0.0)
+                bwd_cands.append(keep({"activations": L, "temporaries": B(pr.loss_backward), "gradients": g}))
+                if pr.head_backward is not None:
+                    bwd_cands.append(keep({"activations": L - B(pr.loss_saved), "temporaries": B(pr.head_backward),
+                                           "gradients": g}))
+            if vs != n - 1:
+                # a chunk's backward starts from the gradient received for its output (and sends one back)
+                bwd_cands.append(keep({"activations": L, "temporaries": B(tok(2 * h_res * recipe.compute_bytes)),
+                                       "gradients": held + (own if own is not None else 0.0)}))
+            consumed = head_loss if vs == n - 1 else ZERO
+            if last_lp is not None:
+                # the chunk's last block: everything in flight but its head, the block's working set
+                g = held + (own if own is not None else (g_head if vs == n - 1 else 0.0) + first_op_grad)
+                bwd_cands.append(keep({"activations": B(vadd(vsub(live, consumed), last_lp.recompute)),
+                                       "temporaries": B(last_lp.transient_bwd), "gradients": g}))
+                # its first block: the rest of the chunk's micro-batch consumed
+                rest = vadd(pr.embed_saved if vs == 0 else ZERO, first_lp.saved)
+                g = held + (own if own is not None else
+                            (g_head if vs == n - 1 else 0.0) + g_layers * (count - 1) / n_layers + first_op_grad)
+                bwd_cands.append(keep({"activations": B(vadd(vadd(vsub(live, chunks[c]), rest), first_lp.recompute)),
+                                       "temporaries": B(first_lp.transient_bwd), "gradients": g}))
+            if vs == 0:
+                # the embeddings' backward: the embedding gradient built from the incoming gradient
+                g = held + (own if own is not None else g_chunk(c) - g_emb_all)
+                bwd_cands.append(keep({"activations": B(vadd(vsub(live, chunks[c]), pr.embed_saved)),
+                                       "temporaries": B(tok(h_res * recipe.param_bytes)) + g_emb_all,
+                                       "gradients": 0.0 if in_bwd else g}))
 
 
 def step_scenarios(par: Parallelism, accumulation: Any, stage: int = 0) -> list[tuple[Any, Any, Any]]:
@@ -275,7 +478,11 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     h_res = arch.hidden_size / (par.tp if par.sequence_parallel and par.tp > 1 else 1)
     fwd_cands: list[dict[str, Any]] = []
     bwd_cands: list[dict[str, Any]] = []
-    for inflight, grads_present, occurs in step_scenarios(par, accumulation, stage):
+    interleaved = par.pp > 1 and par.pp_schedule == "interleaved"
+    if interleaved:
+        _interleaved_candidates(arch, recipe, par, st, pr, accumulation, stage, B, saved_total, h_res, first_op_grad,
+                                fwd_cands, bwd_cands)
+    for inflight, grads_present, occurs in ([] if interleaved else step_scenarios(par, accumulation, stage)):
         if occurs is False:
             continue
         extra_inflight = (inflight - 1.0) * saved_total

@@ -278,7 +278,7 @@ def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage:
     master = sum(stored(n, 4) for _, n, b in train if b < 4) if recipe.master_weights else 0
     grads = train_b  # backward fills .grad for every trainable tensor, whatever the optimizer
     if not frozen_base and not fsdp:
-        extra = replicated_gradient_bytes(arch, par, tensors, pb)
+        extra = replicated_gradient_bytes(arch, par, tensors, pb, stage)
         grads += extra
         grads_part["embed"] += extra
     fp32g = sum(stored(n, 4) for _, n, _ in train) if recipe.fp32_grads else 0

@@ -23,7 +23,13 @@ How a layout is built (the conventions people run, which the detailed method mod
   turn, then the cool-down backwards; GPipe: every forward, then every backward) over ``accumulation``
   micro-batches. Received activations and gradients are fresh buffers, as Megatron-LM's point-to-point
   communication allocates them; ``torch.distributed.pipelining``'s own schedules cannot run on fake
-  tensors (they read values while warming up their point-to-point links).
+  tensors (they read values while warming up their point-to-point links). Interleaved 1F1B: the rank's
+  chunks (virtual stages ``rank, rank + pp, ...``) in the order ``ScheduleInterleaved1F1B`` computes for
+  it, each forward with that chunk's blocks swapped in. With DDP, gradients accumulate unsynchronised
+  until the step's last backward (as ``PipelineStage`` runs DDP); with tensor parallelism, the plan on the
+  modules the stage holds;
+* **context parallel**: PyTorch's ``context_parallel`` on a ``cp`` mesh (token ids, labels and positions
+  sharded in place, head-tail load balancing; SDPA replaced by ring attention around the emulated SDPA).
 
 The model is parallelised on the ``meta`` device, outside ``FakeTensorMode`` (inside it the mesh code
 fails), then ``to_empty`` gives it fake CPU tensors. DTensor keeps its sharding-propagation and
@@ -63,9 +69,11 @@ class Layout:
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    cp: int = 1  #: context parallel: the sequence sharded over cp ranks, ring attention (PyTorch's context_parallel)
     stage: int = 0  #: pipeline stage measured (0 = first)
     microbatches: int = 1  #: pipeline micro-batches (the setup's accumulation)
     schedule: str = "1f1b"
+    virtual: int = 1  #: model chunks per pipeline rank (the interleaved schedule's virtual stages)
     fsdp: bool = False
     reshard_after_forward: bool = True
     ddp_bucket_view: bool = False
@@ -76,7 +84,12 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def group_size(self) -> int:
+        """Ranks in the (fake) process group one pipeline stage runs on."""
+        return self.dp * self.tp * self.cp
 
     @property
     def ddp(self) -> bool:
@@ -88,12 +101,12 @@ class Layout:
 
     @property
     def rank(self) -> int:
-        """The global rank measured: the first rank of its stage (ranks: tp innermost, then dp, pp outermost)."""
-        return self.stage * self.dp * self.tp
+        """The global rank measured: the first rank of its stage (ranks: tp innermost, then cp, dp, pp outermost)."""
+        return self.stage * self.group_size
 
     @property
     def mesh(self) -> dict[str, int]:
-        return {"pp": self.pp, "dp": self.dp, "tp": self.tp}
+        return {"pp": self.pp, "dp": self.dp, "tp": self.tp, **({"cp": self.cp} if self.cp > 1 else {})}
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"world_size": self.world_size, "rank": self.rank, "mesh": self.mesh,
@@ -105,8 +118,12 @@ class Layout:
             out.update(ddp_bucket_view=self.ddp_bucket_view, ddp_bucket_bytes=self.ddp_bucket_bytes)
         if self.tp > 1:
             out.update(sequence_parallel=self.sequence_parallel, loss_parallel=self.loss_parallel)
+        if self.cp > 1:
+            out.update(context_parallel="ring attention (all-gather rotation, head-tail load balancing)")
         if self.pp > 1:
             out.update(pp_stage=self.stage, pp_schedule=self.schedule, microbatches=self.microbatches)
+            if self.schedule == "interleaved":
+                out["pp_virtual"] = self.virtual
         return out
 
 
@@ -119,25 +136,54 @@ def layouts_of(setup: TrainingSetup) -> list[Layout]:
     """The layout(s) to measure: one, or with ``pp_stage`` -1 the first and the last pipeline stage.
     Raises a one-line TrainfitError for a combination the measurement does not run."""
     p, r = setup.parallel, setup.recipe
+    if p.cp > 1 and (p.dp > 1 or p.tp > 1 or p.pp > 1):
+        raise TrainfitError("the measured method runs context parallelism on its own: --cp with --dp, --tp or --pp "
+                            "is not measured (the estimate models it)")
+    if p.cp > 1 and setup.model.arch is not None and setup.model.arch.task != "causal_lm":
+        raise TrainfitError("the measured context parallelism runs causal decoders (ring attention is causal here); "
+                            f"this model's task is {setup.model.arch.task}")
+    if p.cp > 1 and (r.precision == "fp32" or setup.recipe.attention == "eager"):
+        raise TrainfitError("the measured context parallelism runs PyTorch's ring attention on the flash kernel: "
+                            "precision bf16 or amp-bf16 with SDPA attention (not fp32, not --attn eager)")
+    if p.cp > 1 and (setup.seq_len % (2 * p.cp)):
+        raise TrainfitError(f"context parallelism with head-tail load balancing splits the sequence in 2 x cp "
+                            f"chunks: seq_len {setup.seq_len} must be a multiple of {2 * p.cp}")
     if p.fsdp and p.dp == 1:
         raise TrainfitError("--fsdp shards over the data-parallel ranks: give --dp > 1 (on one GPU, leave --fsdp out)")
-    if p.pp > 1 and (p.dp > 1 or p.tp > 1):
-        raise TrainfitError("the measured method runs a pipeline stage on its own: --pp with --dp or --tp is not "
-                            "measured (the estimate models it)")
-    if p.pp > 1 and p.pp_schedule not in ("1f1b", "gpipe"):
-        raise TrainfitError(f"the measured method runs the 1f1b and gpipe pipeline schedules, not {p.pp_schedule!r}")
+    if p.pp > 1 and p.fsdp:
+        raise TrainfitError("the measured method runs a pipeline stage with DDP (--dp) or tensor parallelism (--tp), "
+                            "not with FSDP (the estimate models it)")
+    if p.pp > 1 and p.pp_schedule not in ("1f1b", "gpipe", "interleaved"):
+        raise TrainfitError(f"the measured method runs the 1f1b, interleaved and gpipe pipeline schedules, not "
+                            f"{p.pp_schedule!r}")
+    virtual = p.pp_virtual if p.pp > 1 and p.pp_schedule == "interleaved" else 1
+    if virtual > 1:
+        arch = setup.model.arch
+        if arch is not None and arch.num_layers < p.pp * virtual:
+            raise TrainfitError(f"the interleaved schedule gives each of pp x pp_virtual = {p.pp * virtual} virtual "
+                                f"stages a block: the model has {arch.num_layers}")
+        rounds = max(1, setup.accumulation // p.pp)
+        if setup.accumulation % rounds:
+            raise TrainfitError(f"the interleaved schedule (torch.distributed.pipelining) runs the micro-batches in "
+                                f"rounds of pp: --accum {setup.accumulation} must be a multiple of {rounds}")
+    if p.pp > 1 and p.dp > 1 and p.ddp_bucket_view:
+        raise TrainfitError("the measured pipeline stage runs DDP without --ddp-bucket-view")
     if setup.accumulation > 1 and p.pp == 1:
         raise TrainfitError("the measured method runs one micro-batch per step (accumulation 1) except in a "
                             "pipeline, where --accum is the number of micro-batches")
     if p.tp > 1 and p.dp > 1 and not p.fsdp:
         raise TrainfitError("the measured method combines tensor parallelism with FSDP (--fsdp), not with DDP")
+    if p.pp > 1 and p.tp > 1 and p.dp > 1:
+        raise TrainfitError("the measured method runs a pipeline stage with DDP (--dp) or tensor parallelism (--tp), "
+                            "not with both")
     if r.lora and (p.tp > 1 or p.pp > 1):
         raise TrainfitError("the measured method runs LoRA with data parallelism (DDP or FSDP) only, not with "
                             "--tp or --pp")
     if p.tp > 1 and p.sequence_parallel and setup.seq_len % p.tp:
         raise TrainfitError(f"sequence parallelism splits the sequence over tp: seq_len {setup.seq_len} must be a "
                             f"multiple of tp {p.tp}")
-    base = dict(dp=p.dp, tp=p.tp, pp=p.pp, microbatches=setup.accumulation, schedule=p.pp_schedule, fsdp=p.fsdp,
+    base = dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, microbatches=setup.accumulation, schedule=p.pp_schedule, virtual=virtual,
+                fsdp=p.fsdp,
                 reshard_after_forward=p.reshard_after_forward, ddp_bucket_view=p.ddp_bucket_view,
                 ddp_bucket_bytes=p.ddp_bucket_bytes, sequence_parallel=p.sequence_parallel,
                 loss_parallel=p.loss_parallel, fsdp_mixed_precision=p.fsdp and r.precision == "amp-bf16")
@@ -222,10 +268,10 @@ def block_list(model: Any, num_layers: int) -> Any:
 
 
 def build_mesh(layout: Layout) -> Any:
-    """The ``(dp, tp)`` device mesh on the CPU (dimensions of degree 1 left out)."""
+    """The ``(dp, cp, tp)`` device mesh on the CPU (dimensions of degree 1 left out)."""
     device_mesh = _private("torch.distributed.device_mesh", lambda: importlib.import_module(
         "torch.distributed.device_mesh"))
-    dims = [(n, d) for n, d in (("dp", layout.dp), ("tp", layout.tp)) if d > 1] or [("dp", 1)]
+    dims = [(n, d) for n, d in (("dp", layout.dp), ("cp", layout.cp), ("tp", layout.tp)) if d > 1] or [("dp", 1)]
     return device_mesh.init_device_mesh("cpu", tuple(d for _, d in dims), mesh_dim_names=tuple(n for n, _ in dims))
 
 
@@ -283,13 +329,19 @@ def apply_tp(model: Any, config: Any, mesh: Any, layout: Layout, seq_len: int) -
         if n % tp:
             raise TrainfitError(f"tensor parallelism splits {what} over tp: {what} {n} is not a multiple of tp {tp}")
     seq = Shard(1) if layout.sp else Replicate()
-    tied = model.lm_head.weight is base.embed_tokens.weight
-    top = {"model.embed_tokens": pm.RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
-           "lm_head": pm.ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1) if layout.loss_parallel
-                                         else Replicate(), use_local_output=not layout.loss_parallel)}
-    if layout.sp:
+    # a pipeline stage may hold neither the embeddings nor the final norm and the head (stage_model)
+    head, embed = getattr(model, "lm_head", None), base.embed_tokens
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    top = {}
+    if embed is not None:
+        top["model.embed_tokens"] = pm.RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if head is not None:
+        top["lm_head"] = pm.ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1) if layout.loss_parallel
+                                            else Replicate(), use_local_output=not layout.loss_parallel)
+    if layout.sp and not isinstance(base.norm, require("torch").nn.Identity):
         top["model.norm"] = pm.SequenceParallel()
-    pm.parallelize_module(model, mesh, top)
+    if top:
+        pm.parallelize_module(model, mesh, top)
     for block in blocks:
         plan = {roles[r]: pm.ColwiseParallel() for r in ("q", "k", "v", "gate", "up")}
         plan[roles["o"]] = pm.RowwiseParallel(output_layouts=seq)
@@ -338,20 +390,33 @@ def apply_fsdp(model: Any, blocks: Any, mesh: Any, layout: Layout) -> None:
     fsdp.fully_shard(model, mesh=dp_mesh, mp_policy=mp)
 
 
-def stage_model(model: Any, arch: Any, layout: Layout) -> tuple[Any, list[int]]:
-    """Cut ``model`` down to pipeline stage ``layout.stage``; returns it and the blocks it keeps."""
-    torch = require("torch")
+def chunk_layers(num_layers: int, layout: Layout) -> list[tuple[int, list[int]]]:
+    """(virtual stage, blocks) of each model chunk pipeline rank ``layout.stage`` holds, in order: one chunk,
+    or with the interleaved schedule ``virtual`` chunks, virtual stages ``stage, stage + pp, ...``
+    (torch.distributed.pipelining's loop placement), each an even split of the blocks over ``pp x virtual``
+    stages (Megatron's, the remainder on the first)."""
     from ..detailed.inventory import stage_layers
+
+    n = layout.pp * layout.virtual
+    return [(s, list(stage_layers(num_layers, n, s))) for s in range(layout.stage, n, layout.pp)]
+
+
+def stage_model(model: Any, arch: Any, layout: Layout) -> tuple[Any, list[int]]:
+    """Cut ``model`` down to pipeline rank ``layout.stage`` (every chunk it holds); returns it and the blocks
+    it keeps. The embeddings stay on the rank holding virtual stage 0, the final norm and the head on the
+    one holding the last."""
+    torch = require("torch")
 
     if arch is None or arch.position_embedding != "rotary" or arch.embedding_scale or arch.task != "causal_lm":
         raise TrainfitError("the measured pipeline stage needs a rotary causal decoder without embedding scaling "
                             "(Llama, Mistral, Qwen2 ...)")
     base = _base_model(model)
-    keep = list(stage_layers(arch.num_layers, layout.pp, layout.stage))
+    chunks = chunk_layers(arch.num_layers, layout)
+    keep = [i for _, layers in chunks for i in layers]
     base.layers = torch.nn.ModuleList([base.layers[i] for i in keep])
-    if layout.stage > 0:
+    if chunks[0][0] > 0:
         base.embed_tokens = None
-    if layout.stage < layout.pp - 1:
+    if chunks[-1][0] < layout.pp * layout.virtual - 1:
         base.norm = torch.nn.Identity()
         model.lm_head = None
     return model, keep
@@ -418,6 +483,22 @@ def wrap_ddp(model: Any, layout: Layout, *, fake: bool) -> Any:
         ddp.reducer = _NoRebuild(ddp.reducer)
         ddp.register_comm_hook(None, _fake_allreduce_hook())
     return ddp
+
+
+@contextlib.contextmanager
+def context_parallel_step(mesh: Any, buffers: list[Any]) -> Iterator[None]:
+    """PyTorch's ``context_parallel`` over ``mesh`` (torchtitan's use): the sequence buffers (token ids, labels,
+    positions: ``(batch, seq)``) sharded in place along the sequence with head-tail load balancing, and SDPA
+    replaced by ring attention (all-gather rotation of k and v), entered inside the CUDA emulation so that it
+    wraps the emulated SDPA (which then picks the flash kernel as CUDA would)."""
+    torch = require("torch")
+    cp = _private("torch.distributed.tensor.experimental.context_parallel", lambda: importlib.import_module(
+        "torch.distributed.tensor.experimental").context_parallel)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if not hasattr(sdpa, "__name__"):  # context_parallel patches the function by its name
+        sdpa.__name__ = "scaled_dot_product_attention"
+    with cp(mesh, buffers=buffers, buffer_seq_dims=[1] * len(buffers), no_restore_buffers=set(buffers)):
+        yield
 
 
 # ---------------------------------------------------------------------------------------------
@@ -496,39 +577,121 @@ def schedule_order(kind: str, pp: int, stage: int, m: int) -> list[tuple[str, in
     return order
 
 
-def run_pipeline_steps(model: Any, layout: Layout, run: StepRun, hidden: Callable[[], Any],
-                       make_opt: Callable[[Any], Any], tracker: Any, emulation: Any, warmup: int) -> None:
-    """``warmup`` + 1 optimizer steps of one pipeline stage, its micro-batches in the schedule's order.
+def rank_order(layout: Layout) -> list[tuple[str, int, int]]:
+    """The order in which pipeline rank ``layout.stage`` runs its work: (``"F"`` or ``"B"``, micro-batch,
+    local chunk). 1F1B and GPipe: :func:`schedule_order` on the one chunk. Interleaved 1F1B: the order
+    ``torch.distributed.pipelining.ScheduleInterleaved1F1B`` computes for the rank (its own
+    ``_calculate_single_rank_operations``: ``(virtual - 1) x microbatches_per_round + 2 (pp - 1 - rank)``
+    warm-up forwards, depth first, then one forward and one backward in turn), idle slots left out."""
+    if layout.schedule != "interleaved":
+        return [(k, i, 0) for k, i in schedule_order(layout.schedule, layout.pp, layout.stage, layout.microbatches)]
+    sched = _private("torch.distributed.pipelining's ScheduleInterleaved1F1B", lambda: importlib.import_module(
+        "torch.distributed.pipelining.schedules").ScheduleInterleaved1F1B._calculate_single_rank_operations)
+    from types import SimpleNamespace
 
-    Every micro-batch reads the same input tensors (``run.inputs``: token ids on the first stage, labels
-    on the last). ``hidden()`` makes the activation a later stage receives (a fresh buffer that requires
+    m, pp = layout.microbatches, layout.pp
+    rounds = max(1, m // pp)
+    state = SimpleNamespace(n_local_stages=layout.virtual, microbatches_per_round=m // rounds, pp_group_size=pp,
+                            _n_microbatches=m)
+    out = []
+    for a in sched(state, layout.stage):
+        if a is None:
+            continue
+        kind = str(a.computation_type.value)
+        if kind not in ("F", "B"):
+            raise TrainfitError(f"torch's interleaved 1F1B schedule has an action {kind!r} the measurement does not run")
+        out.append((kind, int(a.microbatch_index), int(a.stage_index) // pp))
+    return out
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One model chunk of a pipeline rank: its virtual stage, its blocks, whether it embeds the tokens (virtual
+    stage 0) and whether it ends in the final norm, the head and the loss (the last virtual stage)."""
+
+    stage: int
+    blocks: Any  #: nn.ModuleList of the chunk's blocks
+    first: bool
+    last: bool
+
+
+def model_chunks(model: Any, layout: Layout, num_layers: int) -> list[Chunk]:
+    """The chunks of a model cut by :func:`stage_model` (its blocks in chunk order)."""
+    torch = require("torch")
+    base = _base_model(model)
+    out, at = [], 0
+    n = layout.pp * layout.virtual
+    for vs, layers in chunk_layers(num_layers, layout):
+        out.append(Chunk(vs, torch.nn.ModuleList(list(base.layers)[at:at + len(layers)]), vs == 0, vs == n - 1))
+        at += len(layers)
+    return out
+
+
+@contextlib.contextmanager
+def running_chunk(model: Any, chunk: Chunk) -> Iterator[None]:
+    """The model's blocks (and final norm) as chunk ``chunk`` runs them: its own blocks only, the final norm
+    only on the last chunk. Restored on exit (the parameters never change owner)."""
+    torch = require("torch")
+    base = _base_model(model)
+    layers, norm = base.layers, base.norm
+    try:
+        base.layers = chunk.blocks
+        if not chunk.last:
+            base.norm = torch.nn.Identity()
+        yield
+    finally:
+        base.layers, base.norm = layers, norm
+
+
+def run_pipeline_steps(model: Any, layout: Layout, run: StepRun, hidden: Callable[[], Any],
+                       make_opt: Callable[[Any], Any], tracker: Any, emulation: Any, warmup: int,
+                       chunks: Optional[list[Chunk]] = None, fake: bool = True) -> None:
+    """``warmup`` + 1 optimizer steps of one pipeline rank, its micro-batches in the schedule's order
+    (:func:`rank_order`), each forward and backward on one of its ``chunks`` (one without interleaving).
+
+    Every micro-batch reads the same input tensors (``run.inputs``: token ids on the first chunk, labels
+    on the last). ``hidden()`` makes the activation a later chunk receives (a fresh buffer that requires
     grad), kept until that micro-batch's backward, whose input gradient is then sent and freed; a
-    non-last stage's backward starts from a received gradient buffer the size of its output. The loss of
-    each micro-batch is divided by their number. Phases: "forward" until the first backward starts (the
-    in-flight micro-batches all exist), "backward" from there to the last backward, "optimizer" the step.
+    non-last chunk's backward starts from a received gradient buffer the size of its output. The loss of
+    each micro-batch is divided by their number. With DDP (``layout.ddp``; wrapped here, under the
+    tracker), as torch.distributed.pipelining runs it: the gradients accumulate without synchronisation until the
+    step's last backward, which the reducer is prepared for (its buckets filled and all-reduced); the
+    model itself is called, since a stage's forward is not the wrapped model's. Phases: "forward" until the
+    first backward starts (the in-flight micro-batches all exist), "backward" from there to the last
+    backward, "optimizer" the step.
     """
     torch = require("torch")
-    first, last = layout.stage == 0, layout.stage == layout.pp - 1
+    if chunks is None:
+        n = layout.pp * layout.virtual
+        chunks = [Chunk(layout.stage, None, layout.stage == 0, layout.stage == n - 1)]
     m = layout.microbatches
-    order = schedule_order(layout.schedule, layout.pp, layout.stage, m)
-    split = next(k for k, (kind, _) in enumerate(order) if kind == "B")
+    ddp = None
+    order = rank_order(layout)
+    split = next(k for k, (kind, _, _) in enumerate(order) if kind == "B")
+    last_b = max(k for k, (kind, _, _) in enumerate(order) if kind == "B")
     opt = make_opt(model)
     ids, labels = run.inputs["input_ids"], run.inputs["labels"]
+    extra = {k: v for k, v in run.inputs.items() if k == "position_ids"}
 
-    def forward(i: int, live: dict[int, Any]) -> None:
-        x = None if first else hidden()
+    def forward(i: int, c: int, live: dict[Any, Any]) -> None:
+        ch = chunks[c]
+        x = None if ch.first else hidden()
         ctx = torch.autocast("cpu", dtype=run.autocast) if run.autocast is not None else contextlib.nullcontext()
-        kw = {"input_ids": ids} if first else {"inputs_embeds": x}
-        with ctx:
-            if last:
+        kw = {"input_ids": ids} if ch.first else {"inputs_embeds": x}
+        kw.update(extra)
+        with ctx, (running_chunk(model, ch) if ch.blocks is not None else contextlib.nullcontext()):
+            if ch.last:
                 out = model(**kw, labels=labels, use_cache=False).loss / m
             else:
                 out = model.model(**kw, use_cache=False).last_hidden_state
-        live[i] = (x, out)
+        live[(i, c)] = (x, out)
 
-    def backward(i: int, live: dict[int, Any]) -> None:
-        x, out = live.pop(i)
-        if last:
+    def backward(i: int, c: int, live: dict[Any, Any], sync: bool) -> None:
+        x, out = live.pop((i, c))
+        if sync:  # the step's last backward: DDP reduces the accumulated gradients
+            find = importlib.import_module("torch.nn.parallel.distributed")._find_tensors
+            ddp.reducer.prepare_for_backward(list(find(out)))
+        if chunks[c].last:
             out.backward()
         else:
             grad = torch.empty_like(out)  # the gradient received from the next stage
@@ -539,28 +702,38 @@ def run_pipeline_steps(model: Any, layout: Layout, run: StepRun, hidden: Callabl
             x.grad = None  # sent to the previous stage, then freed
         del x
 
+    def do(k: int, live: dict[Any, Any]) -> None:
+        kind, i, c = order[k]
+        if kind == "F":
+            forward(i, c, live)
+        else:
+            backward(i, c, live, ddp is not None and k == last_b)
+
     from .session import stepping
 
-    with stepping(tracker, emulation):
+    with stepping(tracker, emulation), run.loss_context():
+        if layout.ddp:
+            ddp = wrap_ddp(model, layout, fake=fake)
+            tracker.pin_live("activation", "ddp bucket")
         for step in range(warmup + 1):
             gc.collect()
             if step == warmup:
                 relabel_states(tracker, model, opt)
             tracker.new_step()
-            live: dict[int, Any] = {}
+            live: dict[Any, Any] = {}
             with tracker.phase("forward"):
-                for _, i in order[:split]:
-                    forward(i, live)
+                for k in range(split):
+                    do(k, live)
             with tracker.phase("backward"):
-                for kind, i in order[split:]:
-                    (forward if kind == "F" else backward)(i, live)
+                for k in range(split, len(order)):
+                    do(k, live)
             with tracker.phase("optimizer"):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
 
 def run_rank_steps(model: Any, layout: Layout, setup: TrainingSetup, built: Any, inputs: dict[str, Any], tracker: Any,
-                   emulation: Any, warmup: int, *, fake: bool) -> None:
+                   emulation: Any, warmup: int, *, fake: bool, mesh: Any = None) -> None:
     """Run this rank's warm-up and measured steps of ``setup`` (its pipeline stage, or its data/tensor-parallel
     step) under ``tracker``: on fake tensors (``fake``), or for real on a process group."""
     from .session import autocast_dtype, make_optimizer
@@ -573,16 +746,22 @@ def run_rank_steps(model: Any, layout: Layout, setup: TrainingSetup, built: Any,
     def make_opt(m: Any) -> Any:
         return make_optimizer([p for p in m.parameters() if p.requires_grad], r.optimizer, r.opt_impl)
 
-    if layout.pp > 1:
-        dtype = next(iter(model.parameters())).dtype
-        shape = (setup.micro_batch, setup.seq_len, built.config.hidden_size)
-        new = torch.empty if fake else torch.randn  # what the previous stage sends
-        run_pipeline_steps(model, layout, StepRun(inputs, built.task, autocast),
-                           lambda: new(shape, dtype=dtype).requires_grad_(), make_opt, tracker, emulation, warmup)
-        return
     loss_ctx = contextlib.nullcontext
     if layout.loss_parallel and layout.tp > 1:
         loss_ctx = importlib.import_module("torch.distributed.tensor.parallel").loss_parallel
+    if layout.cp > 1:
+        cp_mesh = mesh["cp"] if mesh.ndim > 1 else mesh
+        loss_ctx = lambda: context_parallel_step(cp_mesh, [v for v in inputs.values() if v.dim() == 2])  # noqa: E731
+    if layout.pp > 1:
+        dtype = next(iter(model.parameters())).dtype
+        seq = setup.seq_len // layout.tp if layout.sp else setup.seq_len  # sequence-parallel: this rank's shard
+        shape = (setup.micro_batch, seq, built.config.hidden_size)
+        new = torch.empty if fake else torch.randn  # what the previous stage sends
+        chunks = model_chunks(model, layout, built.config.num_hidden_layers)
+        run_pipeline_steps(model, layout, StepRun(inputs, built.task, autocast, loss_ctx),
+                           lambda: new(shape, dtype=dtype).requires_grad_(), make_opt, tracker, emulation, warmup,
+                           chunks=chunks, fake=fake)
+        return
     run_parallel_steps(model, StepRun(inputs, built.task, autocast, loss_ctx), make_opt, tracker, emulation, layout,
                        warmup, fake=fake)
 
@@ -615,11 +794,12 @@ def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str],
                               distributed=True)
     built = session.built
     n_params, n_trainable = count_params(session.model)
-    group = fake_process_group(layout.dp * layout.tp) if layout.dp * layout.tp > 1 or layout.fsdp \
+    group = fake_process_group(layout.group_size) if layout.group_size > 1 or layout.fsdp \
         else contextlib.nullcontext()
     with group:
         mesh, keep = parallelise(session, setup, layout)
-        fake_mode = session.make_fake(materialize=mesh is not None)
+        # only a parallelised (DTensor) model needs to_empty, which would untie tied embeddings of a plain one
+        fake_mode = session.make_fake(materialize=layout.tp > 1 or layout.fsdp)
         model = session.model
         param_dtype = str(next(iter(model.parameters())).dtype).replace("torch.", "")
         with fake_mode, eager_dtensor():
@@ -627,8 +807,12 @@ def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str],
             if layout.tp > 1:
                 # the embeddings' output is sequence-sharded: give the rotary tables the whole sequence
                 inputs["position_ids"] = torch.arange(setup.seq_len).unsqueeze(0)
+            if layout.cp > 1:
+                # every sequence buffer is sharded in place (context_parallel): the positions too
+                inputs["position_ids"] = torch.arange(setup.seq_len).unsqueeze(0).expand(setup.micro_batch, -1).clone()
             tracker = session.track(model, *inputs.values())
-            run_rank_steps(model, layout, setup, built, inputs, tracker, session.emulation, warmup, fake=True)
+            run_rank_steps(model, layout, setup, built, inputs, tracker, session.emulation, warmup, fake=True,
+                           mesh=mesh)
     return RankMeasurement(layout=layout, tracker=tracker, emulation=session.emulation, built=built,
                            n_params=n_params, n_trainable=n_trainable, param_dtype=param_dtype, stage_layers=keep)
 
@@ -641,7 +825,7 @@ def parallelise(session: FakeStepSession, setup: TrainingSetup, layout: Layout) 
     keep = None
     if layout.pp > 1:
         session.model, keep = stage_model(session.model, setup.model.arch, layout)
-    mesh = build_mesh(layout) if layout.tp > 1 or layout.fsdp else None
+    mesh = build_mesh(layout) if layout.tp > 1 or layout.fsdp or layout.cp > 1 else None
     if layout.tp > 1:
         apply_tp(session.model, built.config, mesh["tp"] if mesh.ndim > 1 else mesh, layout, setup.seq_len)
     if layout.fsdp:
@@ -649,6 +833,7 @@ def parallelise(session: FakeStepSession, setup: TrainingSetup, layout: Layout) 
     return mesh, keep
 
 
-__all__ = ["Layout", "RankMeasurement", "StepRun", "apply_fsdp", "apply_tp", "block_list", "build_mesh", "eager_dtensor",
-           "fake_process_group", "is_distributed", "layouts_of", "materialize", "measure_layout", "parallelise",
-           "run_parallel_steps", "run_pipeline_steps", "schedule_order", "stage_model", "wrap_ddp"]
+__all__ = ["Chunk", "Layout", "RankMeasurement", "StepRun", "apply_fsdp", "apply_tp", "block_list", "build_mesh",
+           "chunk_layers", "context_parallel_step", "eager_dtensor", "fake_process_group", "is_distributed",
+           "layouts_of", "materialize", "measure_layout", "model_chunks", "parallelise", "rank_order",
+           "run_parallel_steps", "run_pipeline_steps", "running_chunk", "schedule_order", "stage_model", "wrap_ddp"]

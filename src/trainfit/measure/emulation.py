@@ -27,6 +27,7 @@ All of it is undone on exit; nothing is patched outside a :func:`cuda_semantics`
 from __future__ import annotations
 
 import contextlib
+import importlib
 import warnings
 import weakref
 from collections import Counter
@@ -387,6 +388,37 @@ def transformers_real_data_path() -> Iterator[None]:
         masking_utils.find_packed_sequence_indices = orig
 
 
+@contextlib.contextmanager
+def grouped_mm_every_dtype() -> Iterator[None]:
+    """``aten._grouped_mm`` (mixture-of-experts layers' grouped matrix products) on fake tensors of any dtype.
+    Its meta kernel (torch 2.13 ``_meta_registrations._meta_grouped_mm_common``) keeps the fast CUDA kernel's
+    bf16-only check; CUDA runs other dtypes through ATen's fallback, which writes into an output of the same
+    shape and the inputs' dtype. So the shape is worked out as for bf16 and the output takes the inputs' dtype:
+    fp32 and amp-bf16 MoE steps then allocate what they would."""
+    torch = require("torch")
+    try:
+        meta = importlib.import_module("torch._meta_registrations")
+        orig = meta._meta_grouped_mm_common
+    except (ImportError, AttributeError):
+        yield
+        return
+
+    def common(mat_a: Any, mat_b: Any, scale_a: Any, scale_b: Any, *args: Any, **kw: Any) -> Any:
+        if scale_a is None and mat_a.dtype == mat_b.dtype and mat_a.dtype != torch.bfloat16:
+            dtype = mat_a.dtype
+            if kw.get("out_dtype") is None:
+                kw["out_dtype"] = torch.bfloat16
+            out = orig(mat_a.to(torch.bfloat16), mat_b.to(torch.bfloat16), scale_a, scale_b, *args, **kw)
+            return out.to(dtype) if out.dtype == torch.bfloat16 else out
+        return orig(mat_a, mat_b, scale_a, scale_b, *args, **kw)
+
+    meta._meta_grouped_mm_common = common
+    try:
+        yield
+    finally:
+        meta._meta_grouped_mm_common = orig
+
+
 # --------------------------------------------------------------------------------------------
 # Everything together
 # --------------------------------------------------------------------------------------------
@@ -408,6 +440,7 @@ class CudaSemantics:
         stack = contextlib.ExitStack()
         # fake and real inputs must take the same transformers path in both semantics
         stack.enter_context(transformers_real_data_path())
+        stack.enter_context(grouped_mm_every_dtype())
         if self.enabled:
             F = torch.nn.functional
             orig_sdpa, orig_dropout = F.scaled_dot_product_attention, F.dropout
