@@ -605,7 +605,8 @@ class _Walker:
         m = g.mul(act, gu, "act*up")
         m.size = act.size
         d = g.new(tok(routed * h), self.w, True, "experts down")
-        g.save(m)
+        if self.full:  # the down projection's weight gradient reads its input; frozen experts need none
+            g.save(m)
         g.use(m)
         wts = g.new(tok(routed), 4, True, "routing weights")
         g.save(wts)
