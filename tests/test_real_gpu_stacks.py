@@ -14,7 +14,8 @@ import yaml
 
 from trainfit import estimate
 
-DATA = Path(__file__).resolve().parent.parent / "validation" / "real-gpu-stacks.yaml"
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "validation" / "real-gpu-stacks.yaml"
 GIB = 2**30
 UNIT_BYTES = {"GiB": 2**30, "GB": 1e9, "MiB": 2**20}
 #: The JSON field that reads the same thing as each published metric (like with like).
@@ -34,7 +35,10 @@ def _published_gib(row: dict) -> float:
 
 def _predict_gib(row: dict) -> float:
     s = dict(row["setup"])
-    e = estimate(s.pop("model"), s.pop("hardware"), method="detailed", suggestions=False, **s)
+    model = s.pop("model")
+    if model.endswith(".json"):  # a config kept in the repo (validation/configs), named from the repo root
+        model = str(ROOT / model)
+    e = estimate(model, s.pop("hardware"), method="detailed", suggestions=False, **s)
     field = row["predicted"]
     return (e.total_bytes if field == "total_bytes" else e.extra[field]) / GIB
 
