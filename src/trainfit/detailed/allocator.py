@@ -8,9 +8,10 @@ allocated on**: blocks of FSDP2's all-gather copy-in stream and of its reduce-sc
 default stream cannot reuse. So reserved = allocated peak + the other streams' pool peaks + what the default
 stream's pool cannot reuse. Two models, chosen by the stack's ``reserve`` behaviour (data/stacks.yaml):
 
-* ``median-fraction`` (hf, as before): one term, 8.6 % of the allocated peak, the median of the allocator
-  replay of the measured single-GPU corpus (:mod:`.overheads`);
-* ``stream-pools`` (torchtitan), four named terms:
+* ``median-fraction``: one term, 8.6 % of the allocated peak, the median of the allocator replay of the
+  measured single-GPU corpus (:mod:`.overheads`);
+* ``stream-pools`` (hf and torchtitan): the same single term where one pool holds everything (no FSDP2, a loss
+  that keeps its logits), else up to four named terms:
 
   - **fragmentation** of the default stream's pool: the same 8.6 % of the allocated peak (the corpus median,
     not fitted to any stack figure);
@@ -49,8 +50,7 @@ def reserve_terms(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, 
                     "caching-allocator reserved minus allocated (median of the dev-corpus allocator replay)")
     if beh.reserve != "stream-pools":
         return [frag]
-    out = [Overhead("allocator_fragmentation", frag.bytes, frag.formula,
-                    "default-stream pool: reserved minus allocated, median of the dev-corpus allocator replay")]
+    out: list[Overhead] = []
     if beh.loss == "upcast-drop-logits" and stage == par.pp - 1:
         wr = walk_recipe(recipe, par)
         vocab = arch.vocab_size / (par.tp if (par.tp > 1 and (par.loss_parallel or par.tp_plan == "megatron")) else 1)
@@ -70,7 +70,10 @@ def reserve_terms(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, 
             out.append(Overhead("reduce_scatter_pool", float(sharded),
                                 f"every group's reduce-scatter output (the sharded gradients) {sharded:,} B",
                                 "FSDP2 reduce-scatter stream's own pool (_fsdp_collectives.foreach_reduce)"))
-    return out
+    if not out:  # one pool and nothing it cannot reuse: the single term
+        return [frag]
+    return [Overhead("allocator_fragmentation", frag.bytes, frag.formula,
+                     "default-stream pool: reserved minus allocated, median of the dev-corpus allocator replay"), *out]
 
 
 __all__ = ["reserve_terms"]

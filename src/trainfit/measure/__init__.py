@@ -268,6 +268,11 @@ def _estimate_rank(setup: TrainingSetup, *, task: Optional[str], warmup: int, se
                                        "sm80/sm90 GPU, emulated; excludes CUDA context, library workspaces, kernel "
                                        "scratch, fragmentation and NCCL's own buffers" if semantics == "cuda" else
                                        "CPU semantics (no CUDA emulation): compare with a real CPU run")]
+    if run.reserved:
+        extra.update(peak_allocated_bytes=int(peak.total), **run.reserved, fit_judged_on="peak_allocated_bytes")
+        notes.append(f"peak reserved {run.reserved['peak_reserved_bytes'] / 2**30:.2f} GiB (torch.cuda."
+                     "max_memory_reserved): the caching allocator replayed with one pool per stream (FSDP2's "
+                     "copy-in and reduce-scatter streams apart); the fit is judged on the allocated peak")
     if layout.pp > 1:
         notes.append(f"pipeline stage {layout.stage} of {layout.pp} ({layout.schedule}, {layout.microbatches} "
                      "micro-batches, run by hand)" + (": the busier of the first and the last" if len(runs) > 1 else ""))

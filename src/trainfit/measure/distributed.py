@@ -781,6 +781,9 @@ class RankMeasurement:
     n_trainable: int
     param_dtype: str
     stage_layers: Optional[list[int]] = None
+    #: the caching-allocator replay of an FSDP2 rank under CUDA semantics (:mod:`.reserved`): peak reserved
+    #: bytes with one pool per stream and with a single pool, and what each stream's pool reserved
+    reserved: Optional[dict[str, Any]] = None
 
 
 def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str], warmup: int,
@@ -788,6 +791,7 @@ def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str],
     """Build, parallelise and run rank ``layout.rank`` of ``setup`` on fake tensors (module docstring)."""
     torch = require("torch")
     from .fake import count_params
+    from .reserved import StreamPoolListener, name_fsdp_streams
     from .session import FakeStepSession
 
     session = FakeStepSession(setup.model.config, setup.recipe, seq=setup.seq_len, task=task, cuda=cuda,
@@ -810,11 +814,21 @@ def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str],
             if layout.cp > 1:
                 # every sequence buffer is sharded in place (context_parallel): the positions too
                 inputs["position_ids"] = torch.arange(setup.seq_len).unsqueeze(0).expand(setup.micro_batch, -1).clone()
-            tracker = session.track(model, *inputs.values())
-            run_rank_steps(model, layout, setup, built, inputs, tracker, session.emulation, warmup, fake=True,
-                           mesh=mesh)
+            # FSDP2 allocates on its own streams: replay the allocator with a pool per stream (max reserved)
+            pools = StreamPoolListener() if cuda and layout.fsdp and layout.pp == 1 else None
+            tracker = session.track(model, *inputs.values(), listener=pools)
+            with pools.streams() if pools else contextlib.nullcontext():
+                run_rank_steps(model, layout, setup, built, inputs, tracker, session.emulation, warmup, fake=True,
+                               mesh=mesh)
+    reserved = None
+    if pools is not None:
+        name_fsdp_streams(pools, model)
+        reserved = {"peak_reserved_bytes": pools.replay.peak_reserved,
+                    "peak_reserved_single_pool_bytes": pools.single.peak_reserved,
+                    "reserved_by_stream": pools.reserved_by_stream}
     return RankMeasurement(layout=layout, tracker=tracker, emulation=session.emulation, built=built,
-                           n_params=n_params, n_trainable=n_trainable, param_dtype=param_dtype, stage_layers=keep)
+                           n_params=n_params, n_trainable=n_trainable, param_dtype=param_dtype, stage_layers=keep,
+                           reserved=reserved)
 
 
 def parallelise(session: FakeStepSession, setup: TrainingSetup, layout: Layout) -> tuple[Any, Optional[list[int]]]:

@@ -188,4 +188,14 @@ class StreamPoolListener(TimelineListener):
             torch.cpu.stream = original
 
 
-__all__ = ["CachingAllocatorReplay", "StreamPoolListener", "round_size", "segment_size"]
+def name_fsdp_streams(pools: StreamPoolListener, model: Any) -> None:
+    """Name FSDP2's streams (made at its lazy initialisation, in the first step) for the reserved breakdown."""
+    ctx = getattr(model._get_fsdp_state(), "_comm_ctx", None)
+    for attr, label in (("all_gather_copy_in_stream", "all-gather copy-in"), ("all_gather_stream", "all-gather"),
+                        ("reduce_scatter_stream", "reduce-scatter"), ("all_reduce_stream", "all-reduce")):
+        stream = getattr(ctx, attr, None)
+        if stream is not None:
+            pools.name(stream, label)
+
+
+__all__ = ["CachingAllocatorReplay", "StreamPoolListener", "name_fsdp_streams", "round_size", "segment_size"]

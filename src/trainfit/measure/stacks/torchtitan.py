@@ -219,7 +219,7 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
 
     from ..distributed import eager_dtensor, fake_process_group, pin_fsdp_buffers, relabel_states
     from ..fake import count_params, materialize
-    from ..reserved import StreamPoolListener
+    from ..reserved import StreamPoolListener, name_fsdp_streams
     from ..session import new_tracker, stepping
 
     check(setup)
@@ -259,7 +259,7 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
                         if p.fsdp:
                             pin_fsdp_buffers(tracker, model)
                             if pools is not None:
-                                _name_streams(pools, model)
+                                name_fsdp_streams(pools, model)
                         relabel_states(tracker, model, opts.optimizers[0])
                     tracker.new_step()
                     with train_context():
@@ -276,16 +276,6 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
     return StackRun(tracker=tracker, emulation=emulation, world_size=world, mesh=mesh_echo,
                     loss_parallel=loss_parallel_on(setup), n_params=n_params,
                     param_dtype=param_dtype, ac=ac_name(setup), mixed_precision=mixed, reserved=reserved)
-
-
-def _name_streams(pools: Any, model: Any) -> None:
-    """Name FSDP2's streams (made at its lazy initialisation, in the first step) for the reserved breakdown."""
-    ctx = getattr(model._get_fsdp_state(), "_comm_ctx", None)
-    for attr, label in (("all_gather_copy_in_stream", "all-gather copy-in"), ("all_gather_stream", "all-gather"),
-                        ("reduce_scatter_stream", "reduce-scatter"), ("all_reduce_stream", "all-reduce")):
-        stream = getattr(ctx, attr, None)
-        if stream is not None:
-            pools.name(stream, label)
 
 
 __all__ = ["ACCEPTS", "COMMIT", "StackRun", "VERSION", "ac_config", "ac_name", "build", "build_optimizers", "check",
