@@ -1,0 +1,175 @@
+"""A stack whose step is DeepSpeed's ZeRO-1/2 engine around a transformers model (behaviour ``step: deepspeed-zero``):
+each phase's bytes on rank 0, in bytes, for scalars or numpy arrays of micro-batch and sequence length.
+
+Read from deepspeed 0.18.4 ``deepspeed/runtime/zero/stage_1_and_2.py`` and fitted to nothing: every term is a
+tensor the engine allocates, checked against the 21 stage-1/2 rows of ``validation/stacks-measured.jsonl``
+(``trainfit measure --stack deepspeed``; ``tests/test_stacks_deepspeed.py``).
+
+* **forward and backward**: the transformers model's own step, as the detailed method walks it under the hf
+  stack on one device with the engine's storage dtype (``bf16: {enabled: true}`` stores bf16 parameters and
+  computes in bf16: the walk of ``--precision bf16``; fp32: the fp32 walk) — its activations, temporaries,
+  inputs and buffers — plus the flat-group states (:mod:`.zero_partitions`) plus one full set of 16-bit (fp32)
+  gradients that a step leaves allocated into the next forward (measured: present at every forward start, the
+  same at every dp).
+* **optimizer** (``step()``, lines 2026-2140): at its start the rank holds, beside the states and those
+  gradients, its partition's averaged gradients (``pb x partition`` bytes) and, of a parameter that straddles
+  the partition's end, the gradient elements outside it (``pb`` each: the straddling parameter's gradient is kept
+  whole). Then two moments, the larger wins:
+
+  - ``scaled_global_norm`` -> ``get_grad_norm_direct`` (line 1861) takes ``g.data.double()`` of each gradient
+    piece in the partition, one at a time: 8 bytes x the largest piece;
+  - the fp32 gradient partition (``flatten(...).to(fp32)``, line 2096) and torch AdamW's foreach
+    ``exp_avg_sq.sqrt()`` temporary of the same size: one fp32 partition plus, under bf16, the flattened 16-bit
+    copy (``pb x partition``) that the cast reads.
+
+Rank 0 is what ``trainfit measure`` reports; its partition starts at element 0 of the flat group, whose order is
+the transformers model's ``parameters()`` (embeddings, then per block attention, MLP, the two norms; then the
+final norm and an untied head).
+
+Not modelled (refused in one line by :func:`check`): stage 3 (partitioned parameters fetched per module with its
+prefetch and persistence threshold: its measured rows do not decompose into the hf walk plus fixed states yet),
+stage 1 with activation checkpointing (the 16-bit gradients kept during a checkpointed backward: off by up to
+18 % with the decomposition above), fp16 (its loss scaler reads values), LoRA, gradient accumulation, model,
+tensor, pipeline, context or expert parallelism, CPU offload.
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..arch import ArchSpec
+from ..errors import TrainfitError
+from ..training_setup import Parallelism, Recipe, TrainingSetup
+from .inventory import param_tensors
+from .zero_partitions import flat_group_states, partition_elements
+
+#: what the engine was measured with (the measured method's refusals agree: measure/stacks/deepspeed.py)
+PRECISIONS = ("amp-bf16", "fp32")
+STAGES = (1, 2)
+OPTIMIZERS = ("adamw", "adam")
+NORM_BYTES = 8  #: ``g.data.double()`` in ``get_grad_norm_direct``
+MASTER_BYTES = 4
+
+
+def check(setup: TrainingSetup) -> None:
+    """Refuse in one line what this model does not cover (module docstring)."""
+    r, par = setup.recipe, setup.parallel
+    if par.zero not in STAGES:
+        why = ("stage 3 (partitioned parameters, prefetch and persistence threshold) is measured, not modelled yet: "
+               "use the measured method" if par.zero == 3 else "give --zero 1 or 2")
+        raise TrainfitError(f"the detailed method models stack {r.stack!r} at ZeRO stages 1 and 2 (got --zero "
+                            f"{par.zero}); {why}")
+    if r.precision not in PRECISIONS:
+        raise TrainfitError(f"the detailed method models stack {r.stack!r} with --precision "
+                            f"{' or '.join(PRECISIONS)} (DeepSpeed's bf16 or fp32 engine); got {r.precision!r}")
+    if r.checkpointing not in ("none", "full") or (r.checkpointing == "full" and par.zero == 1):
+        raise TrainfitError(f"the detailed method models stack {r.stack!r} with --checkpointing none (stages 1, 2) "
+                            f"or full (stage 2); got {r.checkpointing!r} at --zero {par.zero} (stage 1 keeps 16-bit "
+                            "gradients through a checkpointed backward that are not modelled yet)")
+    bad = [f"{k} {v}" for k, v in (("--tp", par.tp), ("--pp", par.pp), ("--cp", par.cp), ("--ep", par.ep),
+                                    ("--accum", setup.accumulation)) if v != 1]
+    if par.fsdp:
+        bad.append("--fsdp")
+    if r.lora:
+        bad.append("LoRA")
+    if r.offload != "none":
+        bad.append(f"--offload {r.offload}")
+    if r.opt_impl != "foreach":  # torch AdamW's foreach temporaries are what the step's peak holds
+        bad.append(f"--opt-impl {r.opt_impl}")
+    if r.optimizer not in OPTIMIZERS or r.optimizer_in_backward:
+        bad.append(f"--optimizer {r.optimizer}" + (" in backward" if r.optimizer_in_backward else ""))
+    if bad:
+        raise TrainfitError(f"the detailed method models stack {r.stack!r} as one ZeRO data-parallel group stepping "
+                            f"every parameter with AdamW, one micro-batch a step; not {', '.join(bad)}")
+
+
+@lru_cache(maxsize=256)
+def flat_order(arch: ArchSpec) -> tuple[int, ...]:
+    """Element counts of the parameters in the order of the transformers model's ``parameters()`` (the flat group's
+    order): the inventory lists a block's norms first, transformers registers them after attention and MLP."""
+    out: list[int] = []
+    block: list[Any] = []
+
+    def flush() -> None:
+        out.extend(t.numel for t in block if "norm" not in t.name)
+        out.extend(t.numel for t in block if "norm" in t.name)
+        block.clear()
+
+    for t in param_tensors(arch):
+        if block and t.layer != block[0].layer:
+            flush()
+        if t.layer is None:
+            out.append(t.numel)
+        else:
+            block.append(t)
+    flush()
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankPartition:
+    """Rank 0's partition of the flat group, in elements."""
+
+    elements: float  #: the partition (padded group / dp)
+    largest_piece: float  #: the largest part of one parameter inside it
+    straddle_outside: float  #: elements of the parameter crossing its end that lie outside it
+
+
+@lru_cache(maxsize=1024)
+def rank_partition(arch: ArchSpec, dp: int) -> RankPartition:
+    """Rank 0's partition of ``arch``'s flat group over ``dp`` ranks (:func:`flat_order`)."""
+    sizes = flat_order(arch)
+    part = float(partition_elements(sum(sizes), dp))
+    pos, piece, outside = 0, 0.0, 0.0
+    for n in sizes:
+        start, end = pos, pos + n
+        pos = end
+        inside = max(0.0, min(end, part) - start)
+        piece = max(piece, inside)
+        if inside and end > part:
+            outside += end - part
+    return RankPartition(part, piece, outside)
+
+
+def engine_recipe(recipe: Recipe) -> Recipe:
+    """The recipe the transformers model runs in inside the engine: bf16 storage and compute for amp-bf16."""
+    return dataclasses.replace(recipe, precision="bf16") if recipe.precision == "amp-bf16" else recipe
+
+
+def walk_parallel(par: Parallelism) -> Parallelism:
+    """The one-device layout whose hf walk the engine's forward and backward follow."""
+    return dataclasses.replace(par, dp=1, zero=0, fsdp=False)
+
+
+WALK_COMPONENTS = ("activations", "temporaries", "inputs", "buffers")
+
+
+def phase_bytes(arch: ArchSpec, recipe: Recipe, dp: int, walk: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each phase's components on rank 0 (module docstring). ``walk``: the hf walk's phases in the engine's
+    dtype on one device (:func:`engine_recipe`, :func:`walk_parallel`); only its activations, temporaries,
+    inputs and buffers are read."""
+    pb = 4 if recipe.precision == "fp32" else 2
+    n = float(sum(flat_order(arch)))
+    st = flat_group_states(n, dp, pb)
+    rp = rank_partition(arch, dp)
+    held = pb * n  # the 16-bit (fp32) gradients a step leaves allocated
+    fp32_part = MASTER_BYTES * rp.elements
+    grad_part = pb * rp.elements
+    step_temp = max(NORM_BYTES * rp.largest_piece, fp32_part + (grad_part if pb != MASTER_BYTES else 0.0))
+    out: dict[str, dict[str, Any]] = {}
+    for p, comps in walk.items():
+        c = {k: comps[k] for k in WALK_COMPONENTS}
+        c.update(parameters=float(st.params), master_weights=float(st.master),
+                 optimizer_state=float(st.opt_states + st.step_counter), gradients=held)
+        if p == "optimizer":
+            c["gradients"] = held + grad_part + pb * rp.straddle_outside
+            c["optimizer_temporaries"] = step_temp
+        out[p] = c
+    return out
+
+
+__all__ = ["RankPartition", "check", "engine_recipe", "flat_order", "phase_bytes", "rank_partition",
+           "walk_parallel"]
