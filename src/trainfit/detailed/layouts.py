@@ -29,8 +29,7 @@ from ..training_setup import Parallelism, Recipe
 from .activations import activation_profile, walk_parallelism
 from .distributed import is_fsdp, stack_groups, walk_recipe
 from .phases import (COMPONENTS, PHASES, PhaseResult, StepShape, busier_stage, comm_buffers, deepspeed_stage,
-                     megatron_stage,
-                     reported_stages, stage_phases)
+                     megatron_stage, reported_stages, stage_phases)
 from .states import StateBytes, rank_groups, state_bytes
 
 #: Parallelism fields that change only the sharding of the model states and the communication buffers
