@@ -445,7 +445,7 @@ def megatron_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batch
 
 
 def deepspeed_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batch: Any, seq_len: Any) -> PhaseResult:
-    """A stack whose step is DeepSpeed's ZeRO-1/2 engine around the transformers model (behaviour ``step:
+    """A stack whose step is DeepSpeed's ZeRO engine around the transformers model (behaviour ``step:
     deepspeed-zero``): the hf walk in the engine's dtype on one device, its model states replaced by the engine's
     (:func:`trainfit.detailed.stacks_deepspeed.phase_bytes`)."""
     from . import stacks_deepspeed as ds
@@ -454,7 +454,7 @@ def deepspeed_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batc
     st = state_bytes(arch, rec, one, 0)
     pr = activation_profile(arch, walk_recipe(rec, one), walk_parallelism(one), 0)
     walk = stage_phases(arch, rec, one, st, pr, comm_buffers(arch, rec, one, st), 1, 0, micro_batch, seq_len)
-    by = ds.phase_bytes(arch, recipe, par.dp, walk.phases)
+    by = ds.phase_bytes(arch, recipe, par, walk.phases)
     phases = {p: {c: _num(by[p].get(c, 0.0) + 0 * walk.shape.tokens) for c in COMPONENTS} for p in PHASES}
     peaks = {p: sum(phases[p].values()) for p in PHASES}
     if _is_array(*peaks.values()):

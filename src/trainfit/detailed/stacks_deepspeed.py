@@ -44,11 +44,11 @@ from ..arch import ArchSpec
 from ..errors import TrainfitError
 from ..training_setup import Parallelism, Recipe, TrainingSetup
 from .inventory import param_tensors
-from .zero_partitions import flat_group_states, partition_elements
+from .zero_partitions import MAX_LIVE_PARAMETERS, flat_group_states, partition_elements, stage3_states
 
 #: what the engine was measured with (the measured method's refusals agree: measure/stacks/deepspeed.py)
 PRECISIONS = ("amp-bf16", "fp32")
-STAGES = (1, 2)
+STAGES = (1, 2, 3)
 OPTIMIZERS = ("adamw", "adam")
 NORM_BYTES = 8  #: ``g.data.double()`` in ``get_grad_norm_direct``
 MASTER_BYTES = 4
@@ -58,17 +58,24 @@ def check(setup: TrainingSetup) -> None:
     """Refuse in one line what this model does not cover (module docstring)."""
     r, par = setup.recipe, setup.parallel
     if par.zero not in STAGES:
-        why = ("stage 3 (partitioned parameters, prefetch and persistence threshold) is measured, not modelled yet: "
-               "use the measured method" if par.zero == 3 else "give --zero 1 or 2")
-        raise TrainfitError(f"the detailed method models stack {r.stack!r} at ZeRO stages 1 and 2 (got --zero "
-                            f"{par.zero}); {why}")
+        raise TrainfitError(f"the detailed method models stack {r.stack!r} at ZeRO stages 1, 2 and 3 (got --zero "
+                            f"{par.zero}); give --zero 1, 2 or 3")
     if r.precision not in PRECISIONS:
         raise TrainfitError(f"the detailed method models stack {r.stack!r} with --precision "
                             f"{' or '.join(PRECISIONS)} (DeepSpeed's bf16 or fp32 engine); got {r.precision!r}")
-    if r.checkpointing not in ("none", "full") or (r.checkpointing == "full" and par.zero == 1):
-        raise TrainfitError(f"the detailed method models stack {r.stack!r} with --checkpointing none (stages 1, 2) "
-                            f"or full (stage 2); got {r.checkpointing!r} at --zero {par.zero} (stage 1 keeps 16-bit "
-                            "gradients through a checkpointed backward that are not modelled yet)")
+    if r.checkpointing not in ("none", "full") or (r.checkpointing == "full" and (par.zero == 1 or r.precision == "fp32")):
+        raise TrainfitError(f"the detailed method models stack {r.stack!r} with --checkpointing none, or full at "
+                            f"stages 2 and 3 in bf16; got {r.checkpointing!r} at --zero {par.zero} in {r.precision} "
+                            "(stage 1 keeps 16-bit gradients through a checkpointed backward, and a checkpointed fp32 "
+                            "block keeps what the walk misses: not modelled yet)")
+    if par.zero == 3 and par.dp > 1:
+        arch = setup.model.arch
+        live = stage3_states(flat_order(arch), par.dp, 2, arch.hidden_size).gathered
+        if live > MAX_LIVE_PARAMETERS:
+            raise TrainfitError(f"the detailed method models stack {r.stack!r} at ZeRO-3 while every gathered "
+                                f"parameter stays live (at most stage3_max_live_parameters = {MAX_LIVE_PARAMETERS:.0e}"
+                                f" elements); this model gathers {live:.3e}: DeepSpeed then releases parameters "
+                                "early, not modelled yet (the measured method runs it)")
     bad = [f"{k} {v}" for k, v in (("--tp", par.tp), ("--pp", par.pp), ("--cp", par.cp), ("--ep", par.ep),
                                     ("--accum", setup.accumulation)) if v != 1]
     if par.fsdp:
@@ -147,10 +154,14 @@ def walk_parallel(par: Parallelism) -> Parallelism:
 WALK_COMPONENTS = ("activations", "temporaries", "inputs", "buffers")
 
 
-def phase_bytes(arch: ArchSpec, recipe: Recipe, dp: int, walk: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def phase_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism,
+                walk: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each phase's components on rank 0 (module docstring). ``walk``: the hf walk's phases in the engine's
     dtype on one device (:func:`engine_recipe`, :func:`walk_parallel`); only its activations, temporaries,
     inputs and buffers are read."""
+    if par.zero == 3:
+        return _stage3_bytes(arch, recipe, par, walk)
+    dp = par.dp
     pb = 4 if recipe.precision == "fp32" else 2
     n = float(sum(flat_order(arch)))
     st = flat_group_states(n, dp, pb)
@@ -167,6 +178,27 @@ def phase_bytes(arch: ArchSpec, recipe: Recipe, dp: int, walk: dict[str, dict[st
         if p == "optimizer":
             c["gradients"] = held + grad_part + pb * rp.straddle_outside
             c["optimizer_temporaries"] = step_temp
+        out[p] = c
+    return out
+
+
+def _stage3_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism,
+                  walk: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """ZeRO-3 (module docstring): the per-parameter partitions and the states of
+    :func:`~.zero_partitions.stage3_states`; in forward and backward every parameter not kept whole is gathered
+    (``pb`` bytes an element: with the HF "auto" buckets and at most ``stage3_max_live_parameters`` of them, none
+    is released before the step's peak); the step holds the fp32 gradient partition and AdamW's foreach
+    ``sqrt`` temporary of the same size."""
+    pb = 4 if recipe.precision == "fp32" else 2
+    st = stage3_states(flat_order(arch), par.dp, pb, arch.hidden_size, par.zero_bucket_elems)
+    out: dict[str, dict[str, Any]] = {}
+    for p, comps in walk.items():
+        c = {k: comps[k] for k in WALK_COMPONENTS}
+        c.update(parameters=st.params + (pb * st.gathered if p != "optimizer" else 0.0), master_weights=st.master,
+                 optimizer_state=st.opt_states + st.step_counter, gradients=st.grads,
+                 communication_buffers=st.reduce_bucket)
+        if p == "optimizer":
+            c["optimizer_temporaries"] = 2 * st.master
         out[p] = c
     return out
 
