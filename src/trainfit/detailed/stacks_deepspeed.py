@@ -1,20 +1,25 @@
-"""A stack whose step is DeepSpeed's ZeRO-1/2 engine around a transformers model (behaviour ``step: deepspeed-zero``):
-each phase's bytes on rank 0, in bytes, for scalars or numpy arrays of micro-batch and sequence length.
+"""A stack whose step is DeepSpeed's ZeRO engine around a transformers model (behaviour ``step: deepspeed-zero``):
+each phase's bytes on rank 0 (what ``trainfit measure`` reports), in bytes, for scalars or numpy arrays of
+micro-batch and sequence length.
 
-Read from deepspeed 0.18.4 ``deepspeed/runtime/zero/stage_1_and_2.py`` and fitted to nothing: every term is a
-tensor the engine allocates, checked against the 21 stage-1/2 rows of ``validation/stacks-measured.jsonl``
-(``trainfit measure --stack deepspeed``; ``tests/test_stacks_deepspeed.py``).
+Read from deepspeed 0.18.4 ``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py`` and
+``partition_parameters.py``, and fitted to nothing: every term is a tensor the engine allocates, checked against
+the 27 modelled rows of ``validation/stacks-measured.jsonl`` (``trainfit measure --stack deepspeed``; within
+0.006 %: ``tests/test_stacks_deepspeed.py``).
 
 * **forward and backward**: the transformers model's own step, as the detailed method walks it under the hf
   stack on one device with the engine's storage dtype (``bf16: {enabled: true}`` stores bf16 parameters and
   computes in bf16: the walk of ``--precision bf16``; fp32: the fp32 walk) — its activations, temporaries,
-  inputs and buffers — plus the flat-group states (:mod:`.zero_partitions`) plus one full set of 16-bit (fp32)
-  gradients that a step leaves allocated into the next forward (measured: present at every forward start, the
-  same at every dp).
-* **optimizer** (``step()``, lines 2026-2140): at its start the rank holds, beside the states and those
-  gradients, its partition's averaged gradients (``pb x partition`` bytes) and, of a parameter that straddles
-  the partition's end, the gradient elements outside it (``pb`` each: the straddling parameter's gradient is kept
-  whole). Then two moments, the larger wins:
+  inputs and buffers — plus the engine's states. Stages 1/2: the flat-group states (:mod:`.zero_partitions`)
+  and one full set of 16-bit (fp32) gradients that a step leaves allocated into the next forward (measured:
+  present at every forward start, the same at every dp). Stage 3 (:func:`~.zero_partitions.stage3_states`): the
+  per-parameter partitions, persistent parameters whole, fp32 master and moments, the 16-bit gradient partition,
+  the contiguous reduce bucket, and every non-persistent parameter gathered (with the HF "auto" buckets none is
+  released before the peak while at most ``stage3_max_live_parameters`` are live).
+* **optimizer**, stages 1/2 (``step()``, lines 2026-2140): at its start the rank holds, beside the states and
+  those gradients, its partition's averaged gradients (``pb x partition`` bytes) and, of a parameter that
+  straddles the partition's end, the gradient elements outside it (``pb`` each: that gradient is kept whole).
+  Then two moments, the larger wins:
 
   - ``scaled_global_norm`` -> ``get_grad_norm_direct`` (line 1861) takes ``g.data.double()`` of each gradient
     piece in the partition, one at a time: 8 bytes x the largest piece;
@@ -22,15 +27,17 @@ tensor the engine allocates, checked against the 21 stage-1/2 rows of ``validati
     ``exp_avg_sq.sqrt()`` temporary of the same size: one fp32 partition plus, under bf16, the flattened 16-bit
     copy (``pb x partition``) that the cast reads.
 
-Rank 0 is what ``trainfit measure`` reports; its partition starts at element 0 of the flat group, whose order is
-the transformers model's ``parameters()`` (embeddings, then per block attention, MLP, the two norms; then the
-final norm and an untied head).
+  Stage 3: the fp32 gradient partition and the foreach temporary (two fp32 partitions).
 
-Not modelled (refused in one line by :func:`check`): stage 3 (partitioned parameters fetched per module with its
-prefetch and persistence threshold: its measured rows do not decompose into the hf walk plus fixed states yet),
-stage 1 with activation checkpointing (the 16-bit gradients kept during a checkpointed backward: off by up to
-18 % with the decomposition above), fp16 (its loss scaler reads values), LoRA, gradient accumulation, model,
-tensor, pipeline, context or expert parallelism, CPU offload.
+The flat group's order is the transformers model's ``parameters()`` (embeddings, then per block attention, MLP,
+the two norms; then the final norm and an untied head).
+
+Not modelled (refused in one line by :func:`check`): stage 1 with activation checkpointing (the 16-bit gradients
+of other ranks' parameters kept through a checkpointed backward: off by up to 18 % with the decomposition above),
+fp32 with checkpointing (the hf walk misses 1.8 MB of a checkpointed fp32 block), stage 3 past
+``stage3_max_live_parameters`` (parameters released early), fp16 (its loss scaler reads values), LoRA, gradient
+accumulation, tensor, pipeline, context or expert parallelism, FSDP, CPU offload, optimizers other than AdamW/Adam
+(foreach).
 """
 from __future__ import annotations
 
