@@ -125,7 +125,7 @@ class Detailed(MemoryMethod):
             from . import stacks_megatron
 
             stacks_megatron.check(setup)
-        if behaviour_of(r).step == "deepspeed-zero":  # DeepSpeed's ZeRO-1/2 engine: the stages it covers
+        if behaviour_of(r).step == "deepspeed-zero":  # DeepSpeed's ZeRO engine: what its model covers
             from . import stacks_deepspeed
 
             stacks_deepspeed.check(setup)

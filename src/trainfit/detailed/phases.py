@@ -463,8 +463,9 @@ def deepspeed_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batc
     else:
         phase = max(PHASES, key=lambda p: peaks[p])
         peak = peaks[phase]
-    return PhaseResult(phases=phases, peaks=peaks, peak=peak, peak_phase=phase, states=state_bytes(arch, recipe, par, 0),
-                       profile=pr, shape=walk.shape, comm={p: {} for p in PHASES})
+    return PhaseResult(phases=phases, peaks=peaks, peak=peak, peak_phase=phase,
+                       states=state_bytes(arch, recipe, par, 0), profile=pr, shape=walk.shape,
+                       comm={p: {} for p in PHASES})
 
 
 def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, pr: ActivationProfile,

@@ -45,8 +45,6 @@ import dataclasses
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
-
 from ..arch import ArchSpec
 from ..errors import TrainfitError
 from ..training_setup import Parallelism, Recipe, TrainingSetup
@@ -70,7 +68,8 @@ def check(setup: TrainingSetup) -> None:
     if r.precision not in PRECISIONS:
         raise TrainfitError(f"the detailed method models stack {r.stack!r} with --precision "
                             f"{' or '.join(PRECISIONS)} (DeepSpeed's bf16 or fp32 engine); got {r.precision!r}")
-    if r.checkpointing not in ("none", "full") or (r.checkpointing == "full" and (par.zero == 1 or r.precision == "fp32")):
+    checkpointed = r.checkpointing == "full" and (par.zero == 1 or r.precision == "fp32")
+    if r.checkpointing not in ("none", "full") or checkpointed:
         raise TrainfitError(f"the detailed method models stack {r.stack!r} with --checkpointing none, or full at "
                             f"stages 2 and 3 in bf16; got {r.checkpointing!r} at --zero {par.zero} in {r.precision} "
                             "(stage 1 keeps 16-bit gradients through a checkpointed backward, and a checkpointed fp32 "
