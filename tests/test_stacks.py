@@ -65,7 +65,7 @@ def test_registry_lists_every_stack_with_its_modes_and_version():
         assert s.version and s.source and set(s.checkpointing) == {"none", "selective", "full", "every-k"}
     assert "selective_ac_option = 'op'" in get_stack("torchtitan").checkpointing["selective"]
     assert "9dec370" in get_stack("torchtitan").version
-    assert modelled_by("detailed") == ("hf", "torchtitan", "megatron")
+    assert modelled_by("detailed") == ("hf", "torchtitan", "megatron", "deepspeed")
 
 
 def test_a_bad_registry_file_is_refused_with_its_line(tmp_path, monkeypatch):
@@ -87,7 +87,7 @@ def test_a_bad_registry_file_is_refused_with_its_line(tmp_path, monkeypatch):
 def test_methods_that_do_not_model_a_stack_refuse_it_in_one_line():
     with pytest.raises(TrainfitError, match="first-order method cannot express stack='torchtitan'"):
         estimate("llama-3.1-8b", "h100", method="first-order", stack="torchtitan")
-    with pytest.raises(TrainfitError, match="does not model stack 'deepspeed' yet; modelled: hf, torchtitan, megatron"):
+    with pytest.raises(TrainfitError, match="models stack 'deepspeed' at ZeRO stages 1, 2 and 3 \\(got --zero 0\\)"):
         estimate("llama-3.1-8b", "h100", method="detailed", stack="deepspeed")
     with pytest.raises(TrainfitError, match="implements model types llama, not 'qwen2'"):
         estimate("qwen2.5-7b", "h100", method="detailed", stack="torchtitan")

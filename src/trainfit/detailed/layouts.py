@@ -28,8 +28,8 @@ from ..stacks import behaviour_of
 from ..training_setup import Parallelism, Recipe
 from .activations import activation_profile, walk_parallelism
 from .distributed import is_fsdp, stack_groups, walk_recipe
-from .phases import (COMPONENTS, PHASES, PhaseResult, StepShape, busier_stage, comm_buffers, megatron_stage,
-                     reported_stages, stage_phases)
+from .phases import (COMPONENTS, PHASES, PhaseResult, StepShape, busier_stage, comm_buffers, deepspeed_stage,
+                     megatron_stage, reported_stages, stage_phases)
 from .states import StateBytes, rank_groups, state_bytes
 
 #: Parallelism fields that change only the sharding of the model states and the communication buffers
@@ -67,6 +67,10 @@ def layout_phases(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], w
     if behaviour_of(recipe).step == "megatron-gpt":  # its own phases, one sharding at a time
         return _scatter([(np.flatnonzero(which == k), megatron_stage(arch, recipe, par, micro_batch[which == k],
                                                                      seq_len[which == k]))
+                         for k, par in enumerate(pars) if (which == k).any()], which.size)
+    if behaviour_of(recipe).step == "deepspeed-zero":  # the engine's phases, one sharding at a time
+        return _scatter([(np.flatnonzero(which == k), deepspeed_stage(arch, recipe, par, micro_batch[which == k],
+                                                                      seq_len[which == k]))
                          for k, par in enumerate(pars) if (which == k).any()], which.size)
     fsdp = np.asarray([is_fsdp(p) for p in pars])
     if not fsdp.any():

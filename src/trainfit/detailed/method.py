@@ -125,6 +125,10 @@ class Detailed(MemoryMethod):
             from . import stacks_megatron
 
             stacks_megatron.check(setup)
+        if behaviour_of(r).step == "deepspeed-zero":  # DeepSpeed's ZeRO engine: what its model covers
+            from . import stacks_deepspeed
+
+            stacks_deepspeed.check(setup)
         par = setup.parallel
         if r.loss != "model" and behaviour_of(r).loss != "shift-upcast":
             raise TrainfitError(f"--loss {r.loss} replaces transformers' loss; stack {r.stack!r} computes its own "

@@ -412,6 +412,8 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulatio
                    micro_batch: Any, seq_len: Any) -> PhaseResult:
     if behaviour_of(recipe).step == "megatron-gpt":
         return megatron_stage(arch, recipe, par, micro_batch, seq_len)
+    if behaviour_of(recipe).step == "deepspeed-zero":
+        return deepspeed_stage(arch, recipe, par, micro_batch, seq_len)
     st = state_bytes(arch, recipe, par, stage)
     pr = activation_profile(arch, walk_recipe(recipe, par), walk_parallelism(par), stage)
     comm = comm_buffers(arch, recipe, par, st)
@@ -439,6 +441,30 @@ def megatron_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batch
     st = state_bytes(arch, recipe, par, 0)
     pr = activation_profile(arch, walk_recipe(recipe, par), walk_parallelism(par), 0)
     return PhaseResult(phases=phases, peaks=peaks, peak=peak, peak_phase=phase, states=st, profile=pr, shape=sh,
+                       comm={p: {} for p in PHASES})
+
+
+def deepspeed_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batch: Any, seq_len: Any) -> PhaseResult:
+    """A stack whose step is DeepSpeed's ZeRO engine around the transformers model (behaviour ``step:
+    deepspeed-zero``): the hf walk in the engine's dtype on one device, its model states replaced by the engine's
+    (:func:`trainfit.detailed.stacks_deepspeed.phase_bytes`)."""
+    from . import stacks_deepspeed as ds
+
+    rec, one = ds.engine_recipe(recipe), ds.walk_parallel(par)
+    st = state_bytes(arch, rec, one, 0)
+    pr = activation_profile(arch, walk_recipe(rec, one), walk_parallelism(one), 0)
+    walk = stage_phases(arch, rec, one, st, pr, comm_buffers(arch, rec, one, st), 1, 0, micro_batch, seq_len)
+    by = ds.phase_bytes(arch, recipe, par, walk.phases)
+    phases = {p: {c: _num(by[p].get(c, 0.0) + 0 * walk.shape.tokens) for c in COMPONENTS} for p in PHASES}
+    peaks = {p: sum(phases[p].values()) for p in PHASES}
+    if _is_array(*peaks.values()):
+        stacked = np.stack(np.broadcast_arrays(*[peaks[p] for p in PHASES]))
+        peak, phase = stacked.max(axis=0), np.argmax(stacked, axis=0)
+    else:
+        phase = max(PHASES, key=lambda p: peaks[p])
+        peak = peaks[phase]
+    return PhaseResult(phases=phases, peaks=peaks, peak=peak, peak_phase=phase,
+                       states=state_bytes(arch, recipe, par, 0), profile=pr, shape=walk.shape,
                        comm={p: {} for p in PHASES})
 
 

@@ -1,0 +1,213 @@
+"""A stack whose step is DeepSpeed's ZeRO engine around a transformers model (behaviour ``step: deepspeed-zero``):
+each phase's bytes on rank 0 (what ``trainfit measure`` reports), in bytes, for scalars or numpy arrays of
+micro-batch and sequence length.
+
+Read from deepspeed 0.18.4 ``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py`` and
+``partition_parameters.py``, and fitted to nothing: every term is a tensor the engine allocates, checked against
+the 27 modelled rows of ``validation/stacks-measured.jsonl`` (``trainfit measure --stack deepspeed``; within
+0.006 %: ``tests/test_stacks_deepspeed.py``).
+
+* **forward and backward**: the transformers model's own step, as the detailed method walks it under the hf
+  stack on one device with the engine's storage dtype (``bf16: {enabled: true}`` stores bf16 parameters and
+  computes in bf16: the walk of ``--precision bf16``; fp32: the fp32 walk) — its activations, temporaries,
+  inputs and buffers — plus the engine's states. Stages 1/2: the flat-group states (:mod:`.zero_partitions`)
+  and one full set of 16-bit (fp32) gradients that a step leaves allocated into the next forward (measured:
+  present at every forward start, the same at every dp). Stage 3 (:func:`~.zero_partitions.stage3_states`): the
+  per-parameter partitions, persistent parameters whole, fp32 master and moments, the 16-bit gradient partition,
+  the contiguous reduce bucket, and every non-persistent parameter gathered (with the HF "auto" buckets none is
+  released before the peak while at most ``stage3_max_live_parameters`` are live).
+* **optimizer**, stages 1/2 (``step()``, lines 2026-2140): at its start the rank holds, beside the states and
+  those gradients, its partition's averaged gradients (``pb x partition`` bytes) and, of a parameter that
+  straddles the partition's end, the gradient elements outside it (``pb`` each: that gradient is kept whole).
+  Then two moments, the larger wins:
+
+  - ``scaled_global_norm`` -> ``get_grad_norm_direct`` (line 1861) takes ``g.data.double()`` of each gradient
+    piece in the partition, one at a time: 8 bytes x the largest piece;
+  - the fp32 gradient partition (``flatten(...).to(fp32)``, line 2096) and torch AdamW's foreach
+    ``exp_avg_sq.sqrt()`` temporary of the same size: one fp32 partition plus, under bf16, the flattened 16-bit
+    copy (``pb x partition``) that the cast reads.
+
+  Stage 3: the fp32 gradient partition and the foreach temporary (two fp32 partitions).
+
+The flat group's order is the transformers model's ``parameters()`` (embeddings, then per block attention, MLP,
+the two norms; then the final norm and an untied head).
+
+Not modelled (refused in one line by :func:`check`): stage 1 with activation checkpointing (the 16-bit gradients
+of other ranks' parameters kept through a checkpointed backward: off by up to 18 % with the decomposition above),
+fp32 with checkpointing (the hf walk misses 1.8 MB of a checkpointed fp32 block), stage 3 past
+``stage3_max_live_parameters`` (parameters released early), fp16 (its loss scaler reads values), LoRA, gradient
+accumulation, tensor, pipeline, context or expert parallelism, FSDP, CPU offload, optimizers other than AdamW/Adam
+(foreach).
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+from typing import Any
+
+from ..arch import ArchSpec
+from ..errors import TrainfitError
+from ..training_setup import Parallelism, Recipe, TrainingSetup
+from .inventory import param_tensors
+from .zero_partitions import MAX_LIVE_PARAMETERS, flat_group_states, partition_elements, stage3_states
+
+#: what the engine was measured with (the measured method's refusals agree: measure/stacks/deepspeed.py)
+PRECISIONS = ("amp-bf16", "fp32")
+STAGES = (1, 2, 3)
+OPTIMIZERS = ("adamw", "adam")
+NORM_BYTES = 8  #: ``g.data.double()`` in ``get_grad_norm_direct``
+MASTER_BYTES = 4
+
+
+def check(setup: TrainingSetup) -> None:
+    """Refuse in one line what this model does not cover (module docstring)."""
+    r, par = setup.recipe, setup.parallel
+    if par.zero not in STAGES:
+        raise TrainfitError(f"the detailed method models stack {r.stack!r} at ZeRO stages 1, 2 and 3 (got --zero "
+                            f"{par.zero}); give --zero 1, 2 or 3")
+    if r.precision not in PRECISIONS:
+        raise TrainfitError(f"the detailed method models stack {r.stack!r} with --precision "
+                            f"{' or '.join(PRECISIONS)} (DeepSpeed's bf16 or fp32 engine); got {r.precision!r}")
+    checkpointed = r.checkpointing == "full" and (par.zero == 1 or r.precision == "fp32")
+    if r.checkpointing not in ("none", "full") or checkpointed:
+        raise TrainfitError(f"the detailed method models stack {r.stack!r} with --checkpointing none, or full at "
+                            f"stages 2 and 3 in bf16; got {r.checkpointing!r} at --zero {par.zero} in {r.precision} "
+                            "(stage 1 keeps 16-bit gradients through a checkpointed backward, and a checkpointed fp32 "
+                            "block keeps what the walk misses: not modelled yet)")
+    if par.zero == 3 and par.dp > 1:
+        arch = setup.model.arch
+        live = stage3_states(flat_order(arch), par.dp, 2, arch.hidden_size).gathered
+        if live > MAX_LIVE_PARAMETERS:
+            raise TrainfitError(f"the detailed method models stack {r.stack!r} at ZeRO-3 while every gathered "
+                                f"parameter stays live (at most stage3_max_live_parameters = {MAX_LIVE_PARAMETERS:.0e}"
+                                f" elements); this model gathers {live:.3e}: DeepSpeed then releases parameters "
+                                "early, not modelled yet (the measured method runs it)")
+    bad = [f"{k} {v}" for k, v in (("--tp", par.tp), ("--pp", par.pp), ("--cp", par.cp), ("--ep", par.ep),
+                                    ("--accum", setup.accumulation)) if v != 1]
+    if par.fsdp:
+        bad.append("--fsdp")
+    if r.lora:
+        bad.append("LoRA")
+    if r.offload != "none":
+        bad.append(f"--offload {r.offload}")
+    if r.opt_impl != "foreach":  # torch AdamW's foreach temporaries are what the step's peak holds
+        bad.append(f"--opt-impl {r.opt_impl}")
+    if r.optimizer not in OPTIMIZERS or r.optimizer_in_backward:
+        bad.append(f"--optimizer {r.optimizer}" + (" in backward" if r.optimizer_in_backward else ""))
+    if bad:
+        raise TrainfitError(f"the detailed method models stack {r.stack!r} as one ZeRO data-parallel group stepping "
+                            f"every parameter with AdamW, one micro-batch a step; not {', '.join(bad)}")
+
+
+@lru_cache(maxsize=256)
+def flat_order(arch: ArchSpec) -> tuple[int, ...]:
+    """Element counts of the parameters in the order of the transformers model's ``parameters()`` (the flat group's
+    order): the inventory lists a block's norms first, transformers registers them after attention and MLP."""
+    out: list[int] = []
+    block: list[Any] = []
+
+    def flush() -> None:
+        out.extend(t.numel for t in block if "norm" not in t.name)
+        out.extend(t.numel for t in block if "norm" in t.name)
+        block.clear()
+
+    for t in param_tensors(arch):
+        if block and t.layer != block[0].layer:
+            flush()
+        if t.layer is None:
+            out.append(t.numel)
+        else:
+            block.append(t)
+    flush()
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankPartition:
+    """Rank 0's partition of the flat group, in elements."""
+
+    elements: float  #: the partition (padded group / dp)
+    largest_piece: float  #: the largest part of one parameter inside it
+    straddle_outside: float  #: elements of the parameter crossing its end that lie outside it
+
+
+@lru_cache(maxsize=1024)
+def rank_partition(arch: ArchSpec, dp: int) -> RankPartition:
+    """Rank 0's partition of ``arch``'s flat group over ``dp`` ranks (:func:`flat_order`)."""
+    sizes = flat_order(arch)
+    part = float(partition_elements(sum(sizes), dp))
+    pos, piece, outside = 0, 0.0, 0.0
+    for n in sizes:
+        start, end = pos, pos + n
+        pos = end
+        inside = max(0.0, min(end, part) - start)
+        piece = max(piece, inside)
+        if inside and end > part:
+            outside += end - part
+    return RankPartition(part, piece, outside)
+
+
+def engine_recipe(recipe: Recipe) -> Recipe:
+    """The recipe the transformers model runs in inside the engine: bf16 storage and compute for amp-bf16."""
+    return dataclasses.replace(recipe, precision="bf16") if recipe.precision == "amp-bf16" else recipe
+
+
+def walk_parallel(par: Parallelism) -> Parallelism:
+    """The one-device layout whose hf walk the engine's forward and backward follow."""
+    return dataclasses.replace(par, dp=1, zero=0, fsdp=False)
+
+
+WALK_COMPONENTS = ("activations", "temporaries", "inputs", "buffers")
+
+
+def phase_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism,
+                walk: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each phase's components on rank 0 (module docstring). ``walk``: the hf walk's phases in the engine's
+    dtype on one device (:func:`engine_recipe`, :func:`walk_parallel`); only its activations, temporaries,
+    inputs and buffers are read."""
+    if par.zero == 3:
+        return _stage3_bytes(arch, recipe, par, walk)
+    dp = par.dp
+    pb = 4 if recipe.precision == "fp32" else 2
+    n = float(sum(flat_order(arch)))
+    st = flat_group_states(n, dp, pb)
+    rp = rank_partition(arch, dp)
+    held = pb * n  # the 16-bit (fp32) gradients a step leaves allocated
+    fp32_part = MASTER_BYTES * rp.elements
+    grad_part = pb * rp.elements
+    step_temp = max(NORM_BYTES * rp.largest_piece, fp32_part + (grad_part if pb != MASTER_BYTES else 0.0))
+    out: dict[str, dict[str, Any]] = {}
+    for p, comps in walk.items():
+        c = {k: comps[k] for k in WALK_COMPONENTS}
+        c.update(parameters=float(st.params), master_weights=float(st.master),
+                 optimizer_state=float(st.opt_states + st.step_counter), gradients=held)
+        if p == "optimizer":
+            c["gradients"] = held + grad_part + pb * rp.straddle_outside
+            c["optimizer_temporaries"] = step_temp
+        out[p] = c
+    return out
+
+
+def _stage3_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism,
+                  walk: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """ZeRO-3 (module docstring): the per-parameter partitions and the states of
+    :func:`~.zero_partitions.stage3_states`; in forward and backward every parameter not kept whole is gathered
+    (``pb`` bytes an element: with the HF "auto" buckets and at most ``stage3_max_live_parameters`` of them, none
+    is released before the step's peak); the step holds the fp32 gradient partition and AdamW's foreach
+    ``sqrt`` temporary of the same size."""
+    pb = 4 if recipe.precision == "fp32" else 2
+    st = stage3_states(flat_order(arch), par.dp, pb, arch.hidden_size, par.zero_bucket_elems)
+    out: dict[str, dict[str, Any]] = {}
+    for p, comps in walk.items():
+        c = {k: comps[k] for k in WALK_COMPONENTS}
+        c.update(parameters=st.params + (pb * st.gathered if p != "optimizer" else 0.0), master_weights=st.master,
+                 optimizer_state=st.opt_states + st.step_counter, gradients=st.grads,
+                 communication_buffers=st.reduce_bucket)
+        if p == "optimizer":
+            c["optimizer_temporaries"] = 2 * st.master
+        out[p] = c
+    return out
+
+
+__all__ = ["RankPartition", "check", "engine_recipe", "flat_order", "phase_bytes", "rank_partition",
+           "walk_parallel"]
