@@ -199,8 +199,8 @@ def test_plan_view_downloads_the_launch_config_that_plan_emit_writes(stack: str,
     `trainfit plan --emit FILE` writes for the same inputs, named with that kind's extension."""
     from trainfit.planner import plan as layout_plan
 
-    # the command line passes its --reshard-after-forward default (True), which keeps FSDP's resharding modes only
-    args = dict(global_batch=16, seq_len=1024, stack=stack, reshard_after_forward=True)
+    # the command line, like the API, searches FSDP with and without resharding
+    args = dict(global_batch=16, seq_len=1024, stack=stack)
     p = layout_plan("llama-3.2-1b", "h100", 8, **args)
     dl = views.launch_download(p)
     assert dl is not None and stack in views.stack_options()
