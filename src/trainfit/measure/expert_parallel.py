@@ -24,7 +24,9 @@ commit e38d7abe0fa09c2ec7ccac1729f77cf72faddfc5):
 The split sizes of the two token all-to-alls depend on the routing (the values of the router's output), which
 fake tensors do not have: every rank sends and receives the balanced split, ``tokens x top_k / ep`` rows to
 and from each rank, so each rank computes ``tokens x top_k`` routed rows on its experts (a perfectly balanced
-router; a real one moves more to its busiest rank, and torchtitan's load-balancing aims at this).
+router; a real one moves more to its busiest rank, and torchtitan's load-balancing aims at this). On real tensors
+(a real process group) the splits are torchtitan's, from the counts, and the forward equals transformers' own on the
+unsharded experts (``tests/test_measure_expert_parallel.py`` checks it on two gloo processes).
 """
 from __future__ import annotations
 
@@ -90,6 +92,12 @@ def _regroup_indices(counts_group: Any, ep: int, local: int, rows: int) -> Any:
     return torch.argsort(dest)
 
 
+def _is_fake(t: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
 def _ep_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
     """transformers' grouped-matmul experts forward with torchtitan's all-to-all dispatch (module docstring)."""
     torch = require("torch")
@@ -108,21 +116,25 @@ def _ep_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_k_w
     with torch.no_grad():
         counts = torch.histc(ids_g.float(), bins=E, min=0, max=E - 1)
         counts_group = torch.ops._c10d_functional.wait_tensor(fc.all_to_all_single(counts, None, None, group))
-    # balanced split (the real one is data-dependent: module docstring)
-    if rows % ep:
-        raise TrainfitError(f"the measured all-to-all splits tokens x top_k = {rows} routed rows evenly over ep {ep}")
-    splits = [rows // ep] * ep
-    received = fc.all_to_all_single_autograd(routed, splits, splits, group)
+    if _is_fake(counts):  # the balanced split: the real one depends on the routing's values (module docstring)
+        if rows % ep:
+            raise TrainfitError(f"the measured all-to-all splits tokens x top_k = {rows} routed rows evenly over "
+                                f"ep {ep}")
+        send = recv = [rows // ep] * ep
+    else:  # real tensors: torchtitan's splits (a device-to-host sync)
+        send = [int(n) for n in counts.reshape(ep, local).sum(1).tolist()]
+        recv = [int(n) for n in counts_group.reshape(ep, local).sum(1).tolist()]
+    received = fc.all_to_all_single_autograd(routed, recv, send, group)
     with torch.no_grad():
-        order = _regroup_indices(counts_group, ep, local, rows)
+        order = _regroup_indices(counts_group, ep, local, sum(recv))
         offsets = torch.cumsum(counts_group.reshape(ep, local).sum(0), 0, dtype=torch.int32)
     x = received[order]
     proj = moe._grouped_linear(x, self.gate_up_proj, offsets)
     proj = self._apply_gate(proj)
     out = moe._grouped_linear(proj, self.down_proj, offsets)
-    back = out.new_empty((rows, hidden))
+    back = out.new_empty((sum(recv), hidden))
     back[order] = out
-    returned = fc.all_to_all_single_autograd(back, splits, splits, group)
+    returned = fc.all_to_all_single_autograd(back, send, recv, group)
     weighted = returned * weights_g.unsqueeze(-1)
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(perm.size(0), device=perm.device)
