@@ -666,6 +666,8 @@ class _Walker:
         g.save(order)
         gathered = g.new(tok(k * h), y.dtype, y.rg, "routed tokens")
         g.use(y)
+        if self.par.ep > 1:  # expert parallel: all-to-all send and receive buffers of the routed copies (transient)
+            g.use(g.new(tok(2 * k * h), gathered.dtype, False, "all-to-all buffers"))
         sw = g.new(tok(k), wts.dtype, wts.rg, "routing weights (sorted)")
         g.use(wts)
         if self.full:

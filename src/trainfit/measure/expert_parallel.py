@@ -65,7 +65,8 @@ def apply_ep(model: Any, group: Any, ep: int) -> int:
                                 f"of ep {ep}")
         if getattr(mod, "has_bias", False) or not getattr(mod, "has_gate", True) or getattr(mod, "is_transposed", False):
             raise TrainfitError("the measured expert parallelism runs gated experts without biases stored "
-                                "(experts, out, in) (Qwen3-MoE, Mixtral, Qwen2-MoE); this model's experts are not")
+                                "(experts, out, in) (Qwen3-MoE, Mixtral, Qwen2-MoE, DeepSeek-V3); this model's "
+                                "experts are not (the estimate models them)")
         for name in ("gate_up_proj", "down_proj"):
             p = getattr(mod, name)
             local = torch.nn.Parameter(torch.empty((E // ep, *p.shape[1:]), dtype=p.dtype, device=p.device),
