@@ -36,7 +36,8 @@ ACCEPTS: dict[str, Any] = {
     "attention": ("auto", "eager"), "dropout": None, "lora_rank": None, "lora_targets": None,
     "tp": None, "sequence_parallel": None, "tp_plan": ("dtensor",), "loss_parallel": None, "dp": None, "fsdp": None,
     "reshard_after_forward": None, "fsdp_prefetch": (1,), "ddp_bucket_view": None, "ddp_bucket_bytes": None,
-    "pp": None, "pp_schedule": ("1f1b", "gpipe", "interleaved"), "pp_virtual": None, "pp_stage": None, "cp": None, "ep": None,
+    "pp": None, "pp_schedule": ("1f1b", "gpipe", "interleaved"), "pp_virtual": None, "pp_stage": None, "cp": None,
+    "ep": None,
     "stack": ("hf", "torchtitan", "megatron", "deepspeed"), "offload": ("none", "activations"),
 }
 #: optimizers measured on one device only (their libraries' multi-GPU paths are not run on a fake process group)

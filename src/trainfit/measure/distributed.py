@@ -30,6 +30,8 @@ How a layout is built (the conventions people run, which the detailed method mod
   modules the stage holds;
 * **context parallel**: PyTorch's ``context_parallel`` on a ``cp`` mesh (token ids, labels and positions
   sharded in place, head-tail load balancing; SDPA replaced by ring attention around the emulated SDPA).
+* **expert parallel**: the routed experts sharded over an ``ep`` mesh dimension and dispatched to with
+  all-to-all, balanced splits (:mod:`.expert_parallel`); with DDP or FSDP2 over ``dp``.
 
 The model is parallelised on the ``meta`` device, outside ``FakeTensorMode`` (inside it the mesh code
 fails), then ``to_empty`` gives it fake CPU tensors. DTensor keeps its sharding-propagation and
@@ -193,7 +195,8 @@ def layouts_of(setup: TrainingSetup) -> list[Layout]:
     if p.tp > 1 and p.sequence_parallel and setup.seq_len % p.tp:
         raise TrainfitError(f"sequence parallelism splits the sequence over tp: seq_len {setup.seq_len} must be a "
                             f"multiple of tp {p.tp}")
-    base = dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, microbatches=setup.accumulation, schedule=p.pp_schedule, virtual=virtual,
+    base = dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, microbatches=setup.accumulation, schedule=p.pp_schedule,
+                virtual=virtual,
                 fsdp=p.fsdp,
                 reshard_after_forward=p.reshard_after_forward, ddp_bucket_view=p.ddp_bucket_view,
                 ddp_bucket_bytes=p.ddp_bucket_bytes, sequence_parallel=p.sequence_parallel,
@@ -282,7 +285,8 @@ def build_mesh(layout: Layout) -> Any:
     """The ``(dp, ep, cp, tp)`` device mesh on the CPU (dimensions of degree 1 left out)."""
     device_mesh = _private("torch.distributed.device_mesh", lambda: importlib.import_module(
         "torch.distributed.device_mesh"))
-    dims = [(n, d) for n, d in (("dp", layout.dp), ("ep", layout.ep), ("cp", layout.cp), ("tp", layout.tp)) if d > 1] or [("dp", 1)]
+    degrees = (("dp", layout.dp), ("ep", layout.ep), ("cp", layout.cp), ("tp", layout.tp))
+    dims = [(n, d) for n, d in degrees if d > 1] or [("dp", 1)]
     return device_mesh.init_device_mesh("cpu", tuple(d for _, d in dims), mesh_dim_names=tuple(n for n, _ in dims))
 
 
