@@ -21,7 +21,7 @@ VALIDATION = Path(__file__).resolve().parents[1] / "validation"
 CORPUS = VALIDATION / "multigpu-measured.jsonl"
 #: the layout families of the corpus (validation.corpus.parallel_kind)
 KINDS = ["ddp", "fsdp", "fsdp (no reshard)", "tp", "fsdp x tp", "pipeline", "pipeline (interleaved)", "pipeline x ddp",
-         "pipeline x tp", "cp"]
+         "pipeline x tp", "cp", "ep"]
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +56,13 @@ def test_the_corpus_covers_the_layouts(rows, runner):
     assert len({r["arch"] for r in rows}) >= 4
     kinds = Counter(parallel_kind(r) for r in rows)
     assert set(kinds) == set(KINDS), kinds
-    assert min(kinds[k] for k in ("pipeline (interleaved)", "pipeline x ddp", "pipeline x tp", "cp")) >= 4, kinds
+    assert min(kinds[k] for k in ("pipeline (interleaved)", "pipeline x ddp", "pipeline x tp", "cp", "ep")) >= 4, kinds
     interleaved = [r for r in rows if r["pp_schedule"] == "interleaved"]
     assert {r["pp_virtual"] for r in interleaved} >= {2, 3} and {r["layout"]["pp_stage"] for r in interleaved} >= {0, 1, 3}
     assert {r["cp"] for r in rows} >= {2, 4, 8}
+    ep = [r for r in rows if r["ep"] > 1]  # expert parallel: ep 2 and 4, alone, with DDP and with FSDP, checkpointed or not
+    assert {r["ep"] for r in ep} >= {2, 4} and {r["checkpointing"] for r in ep} == {"none", "full"}
+    assert {(r["dp"] > 1, r["fsdp"]) for r in ep} == {(False, False), (True, False), (True, True)}
     fsdp_dp = {r["dp"] for r in rows if r["fsdp"] and r["tp"] == 1}
     assert min(fsdp_dp) == 2 and max(fsdp_dp) == 128
     assert {r["tp"] for r in rows if r["tp"] > 1} >= {2, 4, 8}
@@ -71,8 +74,9 @@ def test_the_corpus_covers_the_layouts(rows, runner):
     assert any(r["loss_parallel"] for r in rows) and any(not r["sequence_parallel"] for r in rows if r["tp"] > 1)
     for r in rows:  # each line is one rank's measurement whose breakdown adds up to its peak
         assert r["method"] == "measured" and sum(r["components"].values()) == r["peak_bytes"] > 0
-        mesh = {"pp": r["pp"], "dp": r["dp"], "tp": r["tp"], **({"cp": r["cp"]} if r["cp"] > 1 else {})}
-        assert r["world_size"] == r["dp"] * r["tp"] * r["pp"] * r["cp"] and r["mesh"] == mesh
+        mesh = {"pp": r["pp"], "dp": r["dp"], "tp": r["tp"], **({"cp": r["cp"]} if r["cp"] > 1 else {}),
+                **({"ep": r["ep"]} if r["ep"] > 1 else {})}
+        assert r["world_size"] == r["dp"] * r["tp"] * r["pp"] * r["cp"] * r["ep"] and r["mesh"] == mesh
 
 
 def test_detailed_meets_the_multi_gpu_targets(results):

@@ -79,6 +79,8 @@ def parallel_kind(case: dict[str, Any]) -> str:
     """The parallelism a multi-GPU case exercises; the report and the tests group errors by it."""
     if case.get("cp", 1) > 1:
         return "cp"
+    if case.get("ep", 1) > 1:
+        return "ep"
     if case["pp"] > 1:
         if case["dp"] > 1:
             return "pipeline x ddp"

@@ -53,7 +53,7 @@ def describe(row: dict) -> str:
              f"tp{row['tp']}" + ("" if row["sequence_parallel"] else "-nosp") if row["tp"] > 1 else "",
              f"pp{row['pp']}/s{lay.get('pp_stage')}" + (f"/v{row['pp_virtual']}" if row["pp_schedule"] == "interleaved"
                                                         else "") if row["pp"] > 1 else "",
-             f"cp{row['cp']}" if row.get("cp", 1) > 1 else ""]
+             f"cp{row['cp']}" if row.get("cp", 1) > 1 else "", f"ep{row['ep']}" if row.get("ep", 1) > 1 else ""]
     return " ".join(p for p in parts if p)
 
 

@@ -586,25 +586,24 @@ class _Walker:
         routed = k * (r.capacity_factor if r.capacity_factor > 0 else 1.0)  # routed token copies per token
         gathered = g.new(tok(routed * h), y.dtype, y.rg, "routed tokens")
         g.use(y)
-        if self.par.ep > 1:  # expert parallel: all-to-all send and receive buffers of the routed tokens (transient)
-            a2a = g.new(tok(2 * routed * h), self.w, False, "all-to-all buffers")
+        if self.par.ep > 1:  # expert parallel: all-to-all send and receive buffers of the routed tokens (transient,
+            # in the routed tokens' dtype: the residual stream's under autocast)
+            a2a = g.new(tok(2 * routed * h), gathered.dtype, False, "all-to-all buffers")
             g.use(gathered)
             g.use(a2a)
-        numel_expert = 3 * h * mi * E / self.par.ep / self.tp
-        x = g.cast(gathered, 2) if g.autocast else gathered
-        gu = g.new(tok(routed * 2 * mi / self.tp), self.w, True, "experts gate_up")
+        # transformers' grouped products cast their input to the experts' weight dtype and are not autocast
+        # ops: under amp-bf16 the experts run in fp32 (no 16-bit weight copies, fp32 products)
+        ew = self.p
+        x = gathered
+        gu = g.new(tok(routed * 2 * mi / self.tp), ew, True, "experts gate_up")
         if self.full:
             g.save(x)
-        if g.autocast:
-            wc = g.weight_copy(f"{index}.experts", numel_expert, self.full)
-            if x.rg or self.full:
-                g.save(wc)
         g.use(x)
         act = g.unary_saving_input(gu, a.activation)
         act.size = tok(routed * mi / self.tp)
         m = g.mul(act, gu, "act*up")
         m.size = act.size
-        d = g.new(tok(routed * h), self.w, True, "experts down")
+        d = g.new(tok(routed * h), ew, True, "experts down")
         if self.full:  # the down projection's weight gradient reads its input; frozen experts need none
             g.save(m)
         g.use(m)
@@ -668,6 +667,8 @@ class _Walker:
         g.save(order)
         gathered = g.new(tok(k * h), y.dtype, y.rg, "routed tokens")
         g.use(y)
+        if self.par.ep > 1:  # expert parallel: all-to-all send and receive buffers of the routed copies (transient)
+            g.use(g.new(tok(2 * k * h), gathered.dtype, False, "all-to-all buffers"))
         sw = g.new(tok(k), wts.dtype, wts.rg, "routing weights (sorted)")
         g.use(wts)
         if self.full:

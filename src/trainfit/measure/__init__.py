@@ -37,6 +37,7 @@ ACCEPTS: dict[str, Any] = {
     "tp": None, "sequence_parallel": None, "tp_plan": ("dtensor",), "loss_parallel": None, "dp": None, "fsdp": None,
     "reshard_after_forward": None, "fsdp_prefetch": (1,), "ddp_bucket_view": None, "ddp_bucket_bytes": None,
     "pp": None, "pp_schedule": ("1f1b", "gpipe", "interleaved"), "pp_virtual": None, "pp_stage": None, "cp": None,
+    "ep": None,
     "stack": ("hf", "torchtitan", "megatron", "deepspeed"), "offload": ("none", "activations"),
 }
 #: optimizers measured on one device only (their libraries' multi-GPU paths are not run on a fake process group)
@@ -45,8 +46,7 @@ SINGLE_DEVICE_OPTIMIZERS = ("adafactor", "lion", "adam8bit", "paged-adam8bit")
 #: int32 indexing, and no single GPU step is that large
 MAX_TOKENS = 2**31
 HINTS = {"zero": "it runs PyTorch's data parallelism: DDP (--dp N) or FSDP2 (--dp N --fsdp; "
-                 "--no-reshard-after-forward for the ZeRO-2-like variant), not DeepSpeed's ZeRO stages",
-         "ep": "expert parallelism is not measured"}
+                 "--no-reshard-after-forward for the ZeRO-2-like variant), not DeepSpeed's ZeRO stages"}
 
 #: MemTracker category -> Estimate component. Buffers (model state that is not a parameter, e.g.
 #: rotary tables) and "other" (tensors made outside the step: the input batch) go to ``other``; on a

@@ -30,6 +30,8 @@ How a layout is built (the conventions people run, which the detailed method mod
   modules the stage holds;
 * **context parallel**: PyTorch's ``context_parallel`` on a ``cp`` mesh (token ids, labels and positions
   sharded in place, head-tail load balancing; SDPA replaced by ring attention around the emulated SDPA).
+* **expert parallel**: the routed experts sharded over an ``ep`` mesh dimension and dispatched to with
+  all-to-all, balanced splits (:mod:`.expert_parallel`); with DDP or FSDP2 over ``dp``.
 
 The model is parallelised on the ``meta`` device, outside ``FakeTensorMode`` (inside it the mesh code
 fails), then ``to_empty`` gives it fake CPU tensors. DTensor keeps its sharding-propagation and
@@ -70,6 +72,7 @@ class Layout:
     tp: int = 1
     pp: int = 1
     cp: int = 1  #: context parallel: the sequence sharded over cp ranks, ring attention (PyTorch's context_parallel)
+    ep: int = 1  #: expert parallel: routed experts sharded over ep ranks, all-to-all dispatch (.expert_parallel)
     stage: int = 0  #: pipeline stage measured (0 = first)
     microbatches: int = 1  #: pipeline micro-batches (the setup's accumulation)
     schedule: str = "1f1b"
@@ -84,12 +87,12 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
+        return self.dp * self.tp * self.pp * self.cp * self.ep
 
     @property
     def group_size(self) -> int:
         """Ranks in the (fake) process group one pipeline stage runs on."""
-        return self.dp * self.tp * self.cp
+        return self.dp * self.tp * self.cp * self.ep
 
     @property
     def ddp(self) -> bool:
@@ -106,7 +109,8 @@ class Layout:
 
     @property
     def mesh(self) -> dict[str, int]:
-        return {"pp": self.pp, "dp": self.dp, "tp": self.tp, **({"cp": self.cp} if self.cp > 1 else {})}
+        return {"pp": self.pp, "dp": self.dp, "tp": self.tp, **({"cp": self.cp} if self.cp > 1 else {}),
+                **({"ep": self.ep} if self.ep > 1 else {})}
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"world_size": self.world_size, "rank": self.rank, "mesh": self.mesh,
@@ -120,6 +124,8 @@ class Layout:
             out.update(sequence_parallel=self.sequence_parallel, loss_parallel=self.loss_parallel)
         if self.cp > 1:
             out.update(context_parallel="ring attention (all-gather rotation, head-tail load balancing)")
+        if self.ep > 1:
+            out.update(expert_parallel="all-to-all token dispatch, balanced splits (tokens x top_k / ep per rank)")
         if self.pp > 1:
             out.update(pp_stage=self.stage, pp_schedule=self.schedule, microbatches=self.microbatches)
             if self.schedule == "interleaved":
@@ -148,6 +154,13 @@ def layouts_of(setup: TrainingSetup) -> list[Layout]:
     if p.cp > 1 and (setup.seq_len % (2 * p.cp)):
         raise TrainfitError(f"context parallelism with head-tail load balancing splits the sequence in 2 x cp "
                             f"chunks: seq_len {setup.seq_len} must be a multiple of {2 * p.cp}")
+    if p.ep > 1 and (p.tp > 1 or p.pp > 1 or p.cp > 1):
+        raise TrainfitError("the measured method runs expert parallelism with data parallelism (--dp, --fsdp) only, "
+                            "not with --tp, --pp or --cp (the estimate models them)")
+    if p.ep > 1 and setup.model.arch is not None and not setup.model.arch.is_moe:
+        raise TrainfitError(f"expert parallelism shards routed experts: {setup.model.arch.model_type} has none")
+    if p.ep > 1 and r.lora:
+        raise TrainfitError("the measured method runs LoRA with data parallelism (DDP or FSDP) only, not with --ep")
     if p.fsdp and p.dp == 1:
         raise TrainfitError("--fsdp shards over the data-parallel ranks: give --dp > 1 (on one GPU, leave --fsdp out)")
     if p.pp > 1 and p.fsdp:
@@ -182,7 +195,8 @@ def layouts_of(setup: TrainingSetup) -> list[Layout]:
     if p.tp > 1 and p.sequence_parallel and setup.seq_len % p.tp:
         raise TrainfitError(f"sequence parallelism splits the sequence over tp: seq_len {setup.seq_len} must be a "
                             f"multiple of tp {p.tp}")
-    base = dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, microbatches=setup.accumulation, schedule=p.pp_schedule, virtual=virtual,
+    base = dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, microbatches=setup.accumulation, schedule=p.pp_schedule,
+                virtual=virtual,
                 fsdp=p.fsdp,
                 reshard_after_forward=p.reshard_after_forward, ddp_bucket_view=p.ddp_bucket_view,
                 ddp_bucket_bytes=p.ddp_bucket_bytes, sequence_parallel=p.sequence_parallel,
@@ -268,10 +282,11 @@ def block_list(model: Any, num_layers: int) -> Any:
 
 
 def build_mesh(layout: Layout) -> Any:
-    """The ``(dp, cp, tp)`` device mesh on the CPU (dimensions of degree 1 left out)."""
+    """The ``(dp, ep, cp, tp)`` device mesh on the CPU (dimensions of degree 1 left out)."""
     device_mesh = _private("torch.distributed.device_mesh", lambda: importlib.import_module(
         "torch.distributed.device_mesh"))
-    dims = [(n, d) for n, d in (("dp", layout.dp), ("cp", layout.cp), ("tp", layout.tp)) if d > 1] or [("dp", 1)]
+    degrees = (("dp", layout.dp), ("ep", layout.ep), ("cp", layout.cp), ("tp", layout.tp))
+    dims = [(n, d) for n, d in degrees if d > 1] or [("dp", 1)]
     return device_mesh.init_device_mesh("cpu", tuple(d for _, d in dims), mesh_dim_names=tuple(n for n, _ in dims))
 
 
@@ -839,7 +854,11 @@ def parallelise(session: FakeStepSession, setup: TrainingSetup, layout: Layout) 
     keep = None
     if layout.pp > 1:
         session.model, keep = stage_model(session.model, setup.model.arch, layout)
-    mesh = build_mesh(layout) if layout.tp > 1 or layout.fsdp or layout.cp > 1 else None
+    mesh = build_mesh(layout) if layout.tp > 1 or layout.fsdp or layout.cp > 1 or layout.ep > 1 else None
+    if layout.ep > 1:
+        from .expert_parallel import apply_ep
+
+        apply_ep(session.model, (mesh["ep"] if mesh.ndim > 1 else mesh).get_group(), layout.ep)
     if layout.tp > 1:
         apply_tp(session.model, built.config, mesh["tp"] if mesh.ndim > 1 else mesh, layout, setup.seq_len)
     if layout.fsdp:
