@@ -57,7 +57,10 @@ def test_one_gpu_recipe_key_is_unchanged_and_a_layout_is_part_of_the_key():
     # sequence parallelism splits the sequence over tp: traced in units of tp tokens
     assert recipe_of(_setup(tp=2)).seq_unit == 2
     assert recipe_of(_setup(tp=2, sequence_parallel=False)).seq_unit == 1
-    assert recipe_of(_setup(batch=2, dp=2)).key() != recipe_of(_setup(batch=4, dp=4)).key()
+    assert recipe_of(_setup(batch=4, dp=4, fsdp=True)).key() != recipe_of(_setup(batch=8, dp=8, fsdp=True)).key()
+    # DDP: rank 0 allocates the same tensors whatever the number of ranks (full-size buckets, in-place all-reduce):
+    # one trace serves every dp
+    assert recipe_of(_setup(batch=2, dp=2)).key() == recipe_of(_setup(batch=8, dp=8)).key()
 
 
 @pytest.mark.parametrize("fields, words", [

@@ -56,6 +56,7 @@ def run_case(i: int, case: dict, default_shapes: list[list[int]]) -> list[dict]:
     from trainfit.measure import measure
     from trainfit.refs import resolve_model
     from trainfit.traced import Traced
+    from trainfit.traced.method import layout_of
     from trainfit.training_setup import TrainingSetup
 
     recipe = {k: case[k] for k in (*RECIPE_FIELDS, *LAYOUT_FIELDS) if k in case}
@@ -86,7 +87,8 @@ def run_case(i: int, case: dict, default_shapes: list[list[int]]) -> list[dict]:
             "trace_steps": info.get("steps"), "depths": info.get("depths"), "blocks": info.get("blocks"),
             "trace_notes": info.get("trace_notes"), "measure_seconds": round(measure_s, 1),
             "evaluate_ms": round(eval_s * 1e3, 3), "versions": info.get("versions"),
-            **({"layout": info["layout"], "micro_batch": b} if info.get("layout") else {}),
+            **({"layout": layout_of(setup).as_dict(), "traced_layout": info["layout"], "micro_batch": b}
+               if info.get("layout") else {}),
         })
     return rows
 

@@ -9,6 +9,7 @@ it to the byte where the fit holds (``validation/traced_vs_measured.jsonl``).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 import time
@@ -158,10 +159,16 @@ def recipe_of(setup: TrainingSetup, task: Optional[str] = None) -> Any:
     from .record import Recipe
 
     r = setup.recipe
+    lay = layout_of(setup)
+    if lay is not None and lay.ddp and lay.tp == 1:
+        # DDP: every rank holds the whole model and full-size gradient buckets, the gradients are divided and
+        # all-reduced in place: rank 0 allocates the same tensors whatever the number of ranks, so one trace (of
+        # 2 ranks) serves every dp
+        lay = dataclasses.replace(lay, dp=2)
     return Recipe(precision=r.precision, optimizer=r.optimizer, opt_impl=r.opt_impl, checkpointing=r.checkpointing,
                   attention=r.attention, dropout=r.dropout, lora_rank=r.lora_rank,
                   lora_targets=tuple(r.lora_targets) if r.lora_rank else ("q_proj", "v_proj"), task=task,
-                  layout=layout_of(setup))
+                  layout=lay)
 
 
 def layout_of(setup: TrainingSetup) -> Any:
@@ -385,7 +392,8 @@ class Traced(MemoryMethod):
                                                "versions", "sdpa")} | {"cache": tl.path},
             "evaluate_seconds": time.perf_counter() - t0,
         }
-        lay = info.get("layout")
+        lay = layout_of(setup)  # the setup's own (a DDP trace serves every dp)
+        lay = lay.as_dict() if lay is not None else None
         where = []
         if lay:
             extra.update(world_size=lay["world_size"], rank=lay["rank"], mesh=lay["mesh"], layout=lay)
