@@ -333,7 +333,6 @@ class TraceSession:
         from ..measure import distributed as D
         from ..measure.session import make_optimizer
 
-        torch = require("torch")
         lay, session, built = self.recipe.layout, self.session, self.built
         if lay.dp * lay.tp > 1 or lay.fsdp:
             stack.enter_context(D.fake_process_group(lay.dp * lay.tp))
@@ -361,7 +360,6 @@ class TraceSession:
                                         r.opt_impl)
         # FSDP's mixed precision casts the parameters itself: no autocast on top
         self.autocast = None if lay.fsdp_mixed_precision else session.autocast
-        self._torch = torch
 
     def __exit__(self, *exc: Any) -> None:
         if self._stack is not None:
@@ -386,7 +384,7 @@ class TraceSession:
         inputs = self.session.inputs(batch, tokens)
         if lay is not None and lay.tp > 1:
             # the embeddings' output is sequence-sharded: the rotary tables get the whole sequence
-            inputs["position_ids"] = self._torch.arange(tokens).unsqueeze(0)
+            inputs["position_ids"] = require("torch").arange(tokens).unsqueeze(0)
         self.tracker.track_external(*inputs.values())
         before = dict(self.emulation.sdpa.counts)
         try:
