@@ -88,10 +88,20 @@ def test_the_default_method_for_a_type_not_hand_modelled_is_traced_on_n_gpus():
         assert engine.default_method(_setup(**fields)) == "traced"
 
 
-def test_a_sequence_tp_does_not_split_is_refused():
-    tl = Timeline([], {"seq_unit": 2, "b_max": 8})
-    with pytest.raises(TrainfitError, match="multiple of tp 2"):
-        tl.evaluate(1, 1001)
+def test_a_sequence_tp_does_not_split_is_the_padded_step():
+    """Under sequence parallelism the trace charts seq / tp; another length is the step padded to a multiple of tp
+    (the searches visit every length); the regime lookup sees the padded length in units of tp."""
+    seen = []
+
+    class Probe(Timeline):
+        def regime_index(self, b, s):
+            seen.append(s.tolist())
+            return np.full(b.shape, -1)
+
+    tl = Probe([], {"seq_unit": 2, "b_max": 8})
+    with pytest.raises(TrainfitError, match="sequences"):
+        tl.evaluate([1, 1], [1001, 1002])
+    assert seen == [[501.0, 501.0]]
 
 
 # ------------------------------------------------------------------------ traced = measured, to the byte

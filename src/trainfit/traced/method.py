@@ -82,7 +82,7 @@ class Timeline:
     def seq_range(self) -> tuple[int, int]:
         """(shortest, longest) sequence answered, in tokens."""
         u = self.seq_unit
-        return min(r.s_lo for r in self.regimes) * u, max(r.s_hi for r in self.regimes) * u
+        return min((r.s_lo for r in self.regimes), default=0) * u, max((r.s_hi for r in self.regimes), default=0) * u
 
     @property
     def components(self) -> tuple[str, ...]:
@@ -97,12 +97,11 @@ class Timeline:
         s = np.asarray(s, dtype=np.float64).reshape(-1)
         b, s = np.broadcast_arrays(b, s)
         unit = self.seq_unit
-        if unit > 1:  # traced in units of tp tokens (sequence parallelism)
-            odd = s % unit != 0
-            if odd.any():
-                raise TrainfitError(f"sequence parallelism splits the sequence over tp: seq_len {s[np.argmax(odd)]:.0f} "
-                                    f"must be a multiple of tp {unit}")
-            s = s / unit
+        if unit > 1:
+            # traced in units of tp tokens (sequence parallelism splits the sequence over the tp ranks): another
+            # length is padded to the next multiple of tp, as a sequence-parallel run pads it (the searches visit
+            # every length)
+            s = np.ceil(s / unit)
         reg = self.regime_index(b, s)
         if (reg < 0).any():
             i = int(np.argmax(reg < 0))
@@ -395,9 +394,13 @@ class Traced(MemoryMethod):
         lay = layout_of(setup)  # the setup's own (a DDP trace serves every dp)
         lay = lay.as_dict() if lay is not None else None
         where = []
+        if setup.seq_len % tl.seq_unit:
+            padded = -(-setup.seq_len // tl.seq_unit) * tl.seq_unit
+            where.append(f"seq {setup.seq_len} is not a multiple of tp {tl.seq_unit}: the step of {padded} tokens, "
+                         "padded as sequence parallelism needs (the measured method refuses the unpadded length)")
         if lay:
             extra.update(world_size=lay["world_size"], rank=lay["rank"], mesh=lay["mesh"], layout=lay)
-            where = [f"rank {lay['rank']} of {lay['world_size']} (mesh "
+            where += [f"rank {lay['rank']} of {lay['world_size']} (mesh "
                      f"{', '.join(f'{k} {v}' for k, v in lay['mesh'].items())}, {lay['data_parallel']} data "
                      "parallelism) on a fake process group, as the measured method runs it; excludes NCCL's own "
                      "buffers"]
