@@ -151,4 +151,4 @@ def test_committed_layout_validation_is_exact():
         kind = f"tp {lay['mesh']['tp']}" if lay["mesh"]["tp"] > 1 else f"{lay['data_parallel']} {lay['mesh']['dp']}"
         seen[kind].add(r["model_type"])
     assert all(len(seen[k]) >= 2 for k in ("fsdp2 2", "fsdp2 4", "tp 2")), dict(seen)
-    assert seen["fsdp2 8"] and seen["ddp 2"], dict(seen)
+    assert seen["fsdp2 8"] and any(k.startswith("ddp") for k in seen), dict(seen)
