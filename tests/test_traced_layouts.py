@@ -61,6 +61,11 @@ def test_one_gpu_recipe_key_is_unchanged_and_a_layout_is_part_of_the_key():
     # DDP: rank 0 allocates the same tensors whatever the number of ranks (full-size buckets, in-place all-reduce):
     # one trace serves every dp
     assert recipe_of(_setup(batch=2, dp=2)).key() == recipe_of(_setup(batch=8, dp=8)).key()
+    # options of a parallelism the layout does not run change nothing it runs: the same trace
+    assert recipe_of(_setup(batch=4, dp=4, fsdp=True, ddp_bucket_view=True, sequence_parallel=False)).key() == \
+        recipe_of(_setup(batch=4, dp=4, fsdp=True)).key()
+    assert recipe_of(_setup(batch=4, dp=4, fsdp=True, reshard_after_forward=False)).key() != \
+        recipe_of(_setup(batch=4, dp=4, fsdp=True)).key()
 
 
 @pytest.mark.parametrize("fields, words", [

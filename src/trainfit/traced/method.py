@@ -159,6 +159,16 @@ def recipe_of(setup: TrainingSetup, task: Optional[str] = None) -> Any:
 
     r = setup.recipe
     lay = layout_of(setup)
+    if lay is not None:
+        # options of a parallelism the layout does not run take their defaults: they change nothing it runs, so
+        # they do not make another trace
+        base = type(lay)()
+        if lay.tp == 1:
+            lay = dataclasses.replace(lay, sequence_parallel=base.sequence_parallel, loss_parallel=base.loss_parallel)
+        if not lay.ddp:
+            lay = dataclasses.replace(lay, ddp_bucket_view=base.ddp_bucket_view, ddp_bucket_bytes=base.ddp_bucket_bytes)
+        if not lay.fsdp:
+            lay = dataclasses.replace(lay, reshard_after_forward=base.reshard_after_forward)
     if lay is not None and lay.ddp and lay.tp == 1:
         # DDP: every rank holds the whole model and full-size gradient buckets, the gradients are divided and
         # all-reduced in place: rank 0 allocates the same tensors whatever the number of ranks, so one trace (of
