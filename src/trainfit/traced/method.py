@@ -410,10 +410,10 @@ class Traced(MemoryMethod):
                          "padded as sequence parallelism needs (the measured method refuses the unpadded length)")
         if lay:
             extra.update(world_size=lay["world_size"], rank=lay["rank"], mesh=lay["mesh"], layout=lay)
+            flavour = f", {lay['data_parallel'].upper()}" if lay["data_parallel"] != "none" else ""
             where += [f"rank {lay['rank']} of {lay['world_size']} (mesh "
-                     f"{', '.join(f'{k} {v}' for k, v in lay['mesh'].items())}, {lay['data_parallel']} data "
-                     "parallelism) on a fake process group, as the measured method runs it; excludes NCCL's own "
-                     "buffers"]
+                      f"{', '.join(f'{k} {v}' for k, v in lay['mesh'].items())}{flavour}) on a fake process group, "
+                      "as the measured method runs it; excludes NCCL's own buffers"]
         blocks = f"; blocks: {info['blocks']}" if info.get("blocks") else ""
         notes = list(info.get("notes", [])) + [
             f"traced once: {info.get('steps')} fake-tensor steps in {info.get('seconds')} s at depths "
@@ -449,5 +449,5 @@ class Traced(MemoryMethod):
                            total.reshape(shape))
 
 
-__all__ = ["ACCEPTS", "COMPONENTS", "NAME", "RANK_COMPONENTS", "layout_of", "StderrProgress", "Timeline", "Traced", "progress_to_stderr", "recipe_of",
-           "timeline"]
+__all__ = ["ACCEPTS", "COMPONENTS", "NAME", "RANK_COMPONENTS", "StderrProgress", "Timeline", "Traced", "layout_of",
+           "progress_to_stderr", "recipe_of", "timeline"]
