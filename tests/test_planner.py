@@ -278,15 +278,17 @@ def test_lazy_evaluation_for_slower_methods_gives_the_exhaustive_ranking():
 
 
 def test_a_type_only_the_traced_method_reads_is_planned_by_first_order():
-    """Granite is answered by the traced method on one accelerator; the planner's layouts (tp, pp, dp, ZeRO) need a
-    method that models them, so memory comes from first-order and the plan says why."""
+    """Granite is answered by the traced method (one GPU, or one rank of DDP, FSDP or tensor parallelism); the
+    planner's layouts also vary pp, ZeRO and accumulation, which it does not model, so memory comes from first-order
+    and the plan says why."""
     from trainfit.engine import default_method
     from trainfit.training_setup import TrainingSetup
 
     assert default_method(TrainingSetup.build("granite-3.3-8b", "h100")) == "traced"
     p = plan("granite-3.3-8b", "h100", 8)
     assert p.method == "first-order" and p.top
-    assert any("the traced method, this model's default, models one accelerator" in n for n in p.notes), p.notes
+    assert any("the traced method, this model's default, does not model pp, ep, zero, accumulation" in n
+               for n in p.notes), p.notes
 
 
 def test_a_layout_is_the_setups_parallel_layout_and_other_parallel_fields_pass_through():

@@ -95,8 +95,9 @@ def test_default_method_order_says_which_method_answered(cache_dir):
 
 def test_what_the_traced_method_refuses_in_one_line(cache_dir):
     setup = _setup(DEEP)
-    with pytest.raises(TrainfitError, match="traced method cannot express tp=2"):
-        Traced().check(setup.replace(tp=2))
+    # (tensor and data parallelism are traced: tests/test_traced_layouts.py)
+    with pytest.raises(TrainfitError, match="traced method cannot express pp=2"):
+        Traced().check(setup.replace(pp=2))
     with pytest.raises(TrainfitError, match="cannot express accumulation=4"):
         Traced().check(setup.replace(accumulation=4))
     with pytest.raises(TrainfitError, match=r"answers micro-batches 1-65536 and sequences 1-262144"):

@@ -4,6 +4,11 @@
     python validation/traced_vs_measured.py --only 0 3      # some cases (by index); merged into the file
     python validation/traced_vs_measured.py --list          # the cases
 
+A case with layout fields (``dp``, ``tp``, ``fsdp`` ...) traces and measures rank 0 of that layout on a fake
+process group; its shapes are then per rank (micro-batch x sequence), and ``batch`` in a row is the global batch
+(micro-batch x dp). A case's ``model`` may name a config of the file's ``tiny`` section (a small config of a type:
+layouts checked in seconds per step).
+
 For each case the model is traced once for its recipe, without the disk cache (``trace_seconds`` and
 ``trace_steps`` say what that cost on the machine it ran on), then every shape is both evaluated from the
 fitted timeline and measured by `trainfit measure` (one real PyTorch step on fake tensors, full depth).
@@ -30,12 +35,18 @@ from trainfit.files import write_text
 HERE = Path(__file__).resolve().parent
 RECIPE_FIELDS = ("precision", "optimizer", "opt_impl", "checkpointing", "attention", "dropout", "lora_rank",
                  "lora_targets")
+#: the multi-GPU layout of the rank traced and measured (shapes are then micro-batch x sequence per rank)
+LAYOUT_FIELDS = ("dp", "tp", "fsdp", "reshard_after_forward", "sequence_parallel", "loss_parallel",
+                 "ddp_bucket_view")
+#: inline configs by name (the ``tiny`` section: small configs of a type, to check layouts in seconds)
+TINY: dict[str, dict] = {}
 
 
 def load(path: Path) -> tuple[list[list[int]], list[dict]]:
     data = yaml.safe_load(path.read_text())
+    TINY.update(data.get("tiny", {}))
     for i, c in enumerate(data["cases"]):
-        unknown = set(c) - {"model", "shapes", *RECIPE_FIELDS}
+        unknown = set(c) - {"model", "shapes", *RECIPE_FIELDS, *LAYOUT_FIELDS}
         if unknown or "model" not in c:
             raise SystemExit(f"{path}: case {i}: needs model; unknown keys {sorted(unknown)}")
     return data["shapes"], data["cases"]
@@ -43,11 +54,16 @@ def load(path: Path) -> tuple[list[list[int]], list[dict]]:
 
 def run_case(i: int, case: dict, default_shapes: list[list[int]]) -> list[dict]:
     from trainfit.measure import measure
+    from trainfit.refs import resolve_model
     from trainfit.traced import Traced
+    from trainfit.traced.method import layout_of
     from trainfit.training_setup import TrainingSetup
 
-    recipe = {k: case[k] for k in RECIPE_FIELDS if k in case}
-    setup = TrainingSetup.build(case["model"], None, **recipe)
+    recipe = {k: case[k] for k in (*RECIPE_FIELDS, *LAYOUT_FIELDS) if k in case}
+    model = resolve_model(dict(TINY[case["model"]], _name_or_path=case["model"])) if case["model"] in TINY \
+        else case["model"]
+    setup = TrainingSetup.build(model, None, **recipe)
+    dp = setup.parallel.dp
     t0 = time.perf_counter()
     tl = Traced().timeline(setup, cache=False)
     trace_s = time.perf_counter() - t0
@@ -55,7 +71,7 @@ def run_case(i: int, case: dict, default_shapes: list[list[int]]) -> list[dict]:
     rows = []
     for b, s in case.get("shapes", default_shapes):
         t1 = time.perf_counter()
-        m = measure(setup.replace(batch=b, seq_len=s))
+        m = measure(setup.replace(batch=b * dp, seq_len=s))  # b: the micro-batch of one rank
         measure_s = time.perf_counter() - t1
         t2 = time.perf_counter()
         out = tl.evaluate(b, s)
@@ -63,7 +79,7 @@ def run_case(i: int, case: dict, default_shapes: list[list[int]]) -> list[dict]:
         traced, measured = float(out["total"][0]), float(m.total_bytes)
         rows.append({
             "case": i, "model": case["model"], "hub_id": (setup.model.config or {}).get("_name_or_path"),
-            "model_type": info.get("model_type"), "recipe": recipe, "batch": b, "seq_len": s,
+            "model_type": info.get("model_type"), "recipe": recipe, "batch": b * dp, "seq_len": s,
             "traced_bytes": int(traced), "measured_bytes": int(measured), "error": (traced - measured) / measured,
             "traced_phase": ["forward", "backward", "optimizer"][int(out["phase"][0])],
             "measured_phase": m.extra["peak_phase"], "n_params": info.get("n_params"),
@@ -71,6 +87,8 @@ def run_case(i: int, case: dict, default_shapes: list[list[int]]) -> list[dict]:
             "trace_steps": info.get("steps"), "depths": info.get("depths"), "blocks": info.get("blocks"),
             "trace_notes": info.get("trace_notes"), "measure_seconds": round(measure_s, 1),
             "evaluate_ms": round(eval_s * 1e3, 3), "versions": info.get("versions"),
+            **({"layout": layout_of(setup).as_dict(), "traced_layout": info["layout"], "micro_batch": b}
+               if info.get("layout") else {}),
         })
     return rows
 

@@ -213,8 +213,9 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
         method = default_method(probe, searching=SEARCHED)
         single = default_method(probe)
         if single != method:
-            notes.append(f"memory by the {method} method: the {single} method, this model's default, models one "
-                         "accelerator, not the layouts searched")
+            missing = [f for f in SEARCHED if f not in get_method(single).accepts]
+            notes.append(f"memory by the {method} method: the {single} method, this model's default, does not model "
+                         f"{', '.join(missing)}, which the search varies")
     m = get_method(method)
     restrict, stack_fields, stack_notes = search_options(stack, fields, m.accepts)
     notes += stack_notes

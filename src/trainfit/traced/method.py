@@ -9,6 +9,7 @@ it to the byte where the fit holds (``validation/traced_vs_measured.jsonl``).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 import time
@@ -24,18 +25,25 @@ from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, TrainingSetup
 
 NAME = "traced"
-#: the measured method's recipes (the trace runs the measurement's step): single GPU
+#: the measured method's recipes (the trace runs the measurement's step): one GPU, or rank 0 of PyTorch's own data
+#: and tensor parallelism (DDP, FSDP2, DTensor tensor parallelism) on a fake process group, as measured
 ACCEPTS: dict[str, Any] = {
     "batch": None, "seq_len": None, "precision": ("fp32", "amp-bf16", "bf16"),
     "optimizer": ("adamw", "adam", "sgd", "sgd-momentum"), "opt_impl": None, "checkpointing": ("none", "full"),
     "attention": ("auto", "eager"), "dropout": None, "lora_rank": None, "lora_targets": None,
+    "dp": None, "fsdp": None, "reshard_after_forward": None, "fsdp_prefetch": (1,), "ddp_bucket_view": None,
+    "ddp_bucket_bytes": None, "tp": None, "sequence_parallel": None, "tp_plan": ("dtensor",), "loss_parallel": None,
 }
-HINTS = {"tp": "it traces one GPU's step", "dp": "it traces one GPU's step", "pp": "it traces one GPU's step",
-         "zero": "it traces one GPU's step", "fsdp": "it traces one GPU's step", "cp": "it traces one GPU's step",
-         "ep": "it traces one GPU's step", "accumulation": "it traces one micro-batch's step"}
-#: MemTracker category -> Estimate component (as the measured method reports them)
-COMPONENT_OF = ("parameters", "other", "gradients", "activations", "temporaries", "optimizer_state", "other")
+HINTS = {"pp": "it traces one rank's step of data and tensor parallelism, not a pipeline stage",
+         "zero": "it traces PyTorch's data parallelism: DDP (--dp N) or FSDP2 (--dp N --fsdp), not DeepSpeed's "
+                 "ZeRO stages", "cp": "context parallelism is not traced", "ep": "expert parallelism is not traced",
+         "accumulation": "it traces one micro-batch's step"}
+#: MemTracker category (:data:`.record.ALL_CATEGORIES`) -> Estimate component (as the measured method reports them)
+COMPONENT_OF = ("parameters", "other", "gradients", "activations", "temporaries", "optimizer_state", "other",
+                "communication_buffers", "communication_buffers", "communication_buffers", "communication_buffers")
+#: components of one GPU's step; a multi-GPU rank's adds its communication buffers
 COMPONENTS = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
+RANK_COMPONENTS = COMPONENTS + ("communication_buffers",)
 PHASES = ("forward", "backward", "optimizer")
 #: shapes evaluated at once (bounds the memory of a sweep of millions)
 CHUNK = 1 << 17
@@ -65,6 +73,22 @@ class Timeline:
     def b_max(self) -> int:
         return int(self.info.get("b_max", 0))
 
+    @property
+    def seq_unit(self) -> int:
+        """Tokens per traced length (tp under sequence parallelism, else 1; :attr:`.record.Recipe.seq_unit`)."""
+        return int(self.info.get("seq_unit", 1))
+
+    @property
+    def seq_range(self) -> tuple[int, int]:
+        """(shortest, longest) sequence answered, in tokens."""
+        u = self.seq_unit
+        return min((r.s_lo for r in self.regimes), default=0) * u, max((r.s_hi for r in self.regimes), default=0) * u
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        """The components it reports: a multi-GPU rank's include its communication buffers."""
+        return RANK_COMPONENTS if self.info.get("layout") else COMPONENTS
+
     def evaluate(self, b: Any, s: Any, *, detail: bool = False) -> dict[str, np.ndarray]:
         """Peak bytes of one step for arrays (or scalars) ``b`` (micro-batch) and ``s`` (tokens), with the
         components at the peak (bytes, :data:`COMPONENTS`) and the peak's phase (0 forward, 1 backward, 2
@@ -72,18 +96,24 @@ class Timeline:
         b = np.asarray(b, dtype=np.float64).reshape(-1)
         s = np.asarray(s, dtype=np.float64).reshape(-1)
         b, s = np.broadcast_arrays(b, s)
+        unit = self.seq_unit
+        if unit > 1:
+            # traced in units of tp tokens (sequence parallelism splits the sequence over the tp ranks): another
+            # length is padded to the next multiple of tp, as a sequence-parallel run pads it (the searches visit
+            # every length)
+            s = np.ceil(s / unit)
         reg = self.regime_index(b, s)
         if (reg < 0).any():
             i = int(np.argmax(reg < 0))
+            lo, hi = self.seq_range
             raise TrainfitError(f"the traced method answers micro-batches 1-{self.b_max} and sequences "
-                                f"{min(r.s_lo for r in self.regimes)}-{max(r.s_hi for r in self.regimes)} tokens; "
-                                f"got micro-batch {b[i]:.0f} x seq {s[i]:.0f}")
+                                f"{lo}-{hi} tokens; got micro-batch {b[i]:.0f} x seq {s[i] * unit:.0f}")
         n = b.size
         total = np.empty(n)
         phase = np.empty(n, dtype=np.int64)
-        comps = np.zeros((len(COMPONENTS), n))
+        comps = np.zeros((len(RANK_COMPONENTS), n))
         phase_peaks = np.zeros((len(PHASES), n)) if detail else None
-        cidx = [COMPONENTS.index(c) for c in COMPONENT_OF]
+        cidx = [RANK_COMPONENTS.index(c) for c in COMPONENT_OF]
         for ri in np.unique(reg):
             r = self.regimes[ri]
             every = np.nonzero(reg == ri)[0]
@@ -103,7 +133,7 @@ class Timeline:
                 by_cat = r.breakdown(m, phi, eps)
                 for c, ci in enumerate(cidx):
                     comps[ci, sel] += by_cat[:, c]
-        out = {"total": total, "phase": phase, **{c: comps[i] for i, c in enumerate(COMPONENTS)}}
+        out = {"total": total, "phase": phase, **{c: comps[i] for i, c in enumerate(self.components)}}
         if phase_peaks is not None:
             out.update({f"{p}_peak": phase_peaks[i] for i, p in enumerate(PHASES)})
         return out
@@ -128,9 +158,37 @@ def recipe_of(setup: TrainingSetup, task: Optional[str] = None) -> Any:
     from .record import Recipe
 
     r = setup.recipe
+    lay = layout_of(setup)
+    if lay is not None:
+        # options of a parallelism the layout does not run take their defaults: they change nothing it runs, so
+        # they do not make another trace
+        base = type(lay)()
+        if lay.tp == 1:
+            lay = dataclasses.replace(lay, sequence_parallel=base.sequence_parallel, loss_parallel=base.loss_parallel)
+        if not lay.ddp:
+            lay = dataclasses.replace(lay, ddp_bucket_view=base.ddp_bucket_view, ddp_bucket_bytes=base.ddp_bucket_bytes)
+        if not lay.fsdp:
+            lay = dataclasses.replace(lay, reshard_after_forward=base.reshard_after_forward)
+    if lay is not None and lay.ddp and lay.tp == 1:
+        # DDP: every rank holds the whole model and full-size gradient buckets, the gradients are divided and
+        # all-reduced in place: rank 0 allocates the same tensors whatever the number of ranks, so one trace (of
+        # 2 ranks) serves every dp
+        lay = dataclasses.replace(lay, dp=2)
     return Recipe(precision=r.precision, optimizer=r.optimizer, opt_impl=r.opt_impl, checkpointing=r.checkpointing,
                   attention=r.attention, dropout=r.dropout, lora_rank=r.lora_rank,
-                  lora_targets=tuple(r.lora_targets) if r.lora_rank else ("q_proj", "v_proj"), task=task)
+                  lora_targets=tuple(r.lora_targets) if r.lora_rank else ("q_proj", "v_proj"), task=task,
+                  layout=lay)
+
+
+def layout_of(setup: TrainingSetup) -> Any:
+    """The layout of the rank a multi-GPU setup traces (the measured method's,
+    :func:`trainfit.measure.distributed.layouts_of`), or None on one GPU. The sequence length is not part of it."""
+    from ..measure.distributed import is_distributed, layouts_of
+
+    if not is_distributed(setup):
+        return None
+    lay = layouts_of(setup.replace(seq_len=setup.parallel.tp))  # (a length every layout runs: checked per shape)
+    return lay[0]
 
 
 class StderrProgress:
@@ -243,6 +301,8 @@ def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
     info = {"steps": report.steps, "seconds": round(report.seconds, 2), "depths": report.depths,
             "n_layers": report.n_layers, "blocks": report.plan, "trace_notes": report.notes,
             "b_max": B_MAX, "s_max": S_MAX, "versions": cache.versions(), **facts}
+    if recipe.layout is not None:
+        info["layout"] = recipe.layout.as_dict()
     tl = Timeline(regimes, info)
     path = cache.store(key, {"timeline": tl.to_json()}) if use_cache else None
     if path is not None and meaning is not None:
@@ -281,7 +341,7 @@ class Traced(MemoryMethod):
                             "once); also its steps(done, expected) and close() where it has them (StderrProgress).",
                             cli_value=progress_to_stderr))
     why_default = "trainfit does not hand-model this model type; traced from the model transformers builds"
-    counts_inflight = True  # one GPU's step: no pipeline
+    counts_inflight = True  # one rank's step: no pipeline
     presentation = Presentation(details=("phase-peaks",))
 
     def applies(self, setup: TrainingSetup) -> bool:
@@ -292,6 +352,7 @@ class Traced(MemoryMethod):
             raise TrainfitError(f"the {NAME} method builds the model from its Hugging Face config; "
                                 f"{setup.model.name!r} has none ({setup.model.arch_error})")
         check_accepts(setup, NAME, ACCEPTS, HINTS)
+        layout_of(setup)  # the combinations the measured method runs (one line for the others)
 
     def check_suggestion(self, setup: TrainingSetup) -> None:
         """:meth:`check`, and a one-line refusal unless the setup's model and recipe were traced already (in this
@@ -304,7 +365,8 @@ class Traced(MemoryMethod):
         """(largest micro-batch, longest sequence, shortest sequence) the setup's fitted timeline answers
         (searches stay inside)."""
         tl = self.timeline(setup)
-        return tl.b_max, max(r.s_hi for r in tl.regimes), min(r.s_lo for r in tl.regimes)
+        lo, hi = tl.seq_range
+        return tl.b_max, hi, lo
 
     def timeline(self, setup: TrainingSetup, *, cache: bool = True, progress: Optional[Callable[[str], None]] = None,
                  task: Optional[str] = None) -> Timeline:
@@ -325,7 +387,7 @@ class Traced(MemoryMethod):
         t0 = time.perf_counter()
         out = tl.evaluate(setup.micro_batch, setup.seq_len, detail=True)
         total = float(out["total"][0])
-        comps = {c: float(out[c][0]) for c in COMPONENTS}
+        comps = {c: float(out[c][0]) for c in tl.components}
         info = tl.info
         inputs = setup.as_dict()
         inputs.update(parameters=info.get("n_params"), trainable_parameters=info.get("n_trainable"),
@@ -339,12 +401,25 @@ class Traced(MemoryMethod):
                                                "versions", "sdpa")} | {"cache": tl.path},
             "evaluate_seconds": time.perf_counter() - t0,
         }
+        lay = layout_of(setup)  # the setup's own (a DDP trace serves every dp)
+        lay = lay.as_dict() if lay is not None else None
+        where = []
+        if setup.seq_len % tl.seq_unit:
+            padded = -(-setup.seq_len // tl.seq_unit) * tl.seq_unit
+            where.append(f"seq {setup.seq_len} is not a multiple of tp {tl.seq_unit}: the step of {padded} tokens, "
+                         "padded as sequence parallelism needs (the measured method refuses the unpadded length)")
+        if lay:
+            extra.update(world_size=lay["world_size"], rank=lay["rank"], mesh=lay["mesh"], layout=lay)
+            flavour = f", {lay['data_parallel'].upper()}" if lay["data_parallel"] != "none" else ""
+            where += [f"rank {lay['rank']} of {lay['world_size']} (mesh "
+                      f"{', '.join(f'{k} {v}' for k, v in lay['mesh'].items())}{flavour}) on a fake process group, "
+                      "as the measured method runs it; excludes NCCL's own buffers"]
         blocks = f"; blocks: {info['blocks']}" if info.get("blocks") else ""
         notes = list(info.get("notes", [])) + [
             f"traced once: {info.get('steps')} fake-tensor steps in {info.get('seconds')} s at depths "
             f"{info.get('depths')}{blocks}; every allocation's size fitted exactly in (batch, seq)",
             "peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, as the measured "
-            "method emulates it; excludes CUDA context, library workspaces, kernel scratch, fragmentation"]
+            "method emulates it; excludes CUDA context, library workspaces, kernel scratch, fragmentation", *where]
         return Estimate.of(NAME, setup, total_bytes=total, components=comps, inputs=inputs, notes=notes, extra=extra)
 
     def vectorised(self, x: SetupArrays, *, cache: bool = True) -> SweepOutput:
@@ -353,7 +428,8 @@ class Traced(MemoryMethod):
         micro = np.broadcast_to(x.micro_batch, shape).reshape(-1).astype(np.float64)
         seq = np.broadcast_to(x["seq_len"], shape).reshape(-1).astype(np.float64)
         n = micro.size
-        comps = {c: np.zeros(n) for c in COMPONENTS}
+        comps = {c: np.zeros(n) for c in RANK_COMPONENTS}
+        ranks = False
         total = np.zeros(n)
         phase = np.zeros(n, dtype=np.int64)
         discrete = tuple(f for f in FIELD_NAMES if f not in ("batch", "seq_len"))
@@ -364,11 +440,14 @@ class Traced(MemoryMethod):
             out = tl.evaluate(micro[idx], seq[idx])
             total[idx] = out["total"]
             phase[idx] = out["phase"]
-            for c in COMPONENTS:
+            for c in tl.components:
                 comps[c][idx] = out[c]
+            ranks = ranks or tl.components == RANK_COMPONENTS
+        if not ranks:  # one GPU throughout: no communication buffers
+            comps.pop("communication_buffers")
         return SweepOutput({c: v.reshape(shape) for c, v in comps.items()}, {"peak_phase": phase.reshape(shape)},
                            total.reshape(shape))
 
 
-__all__ = ["ACCEPTS", "COMPONENTS", "NAME", "StderrProgress", "Timeline", "Traced", "progress_to_stderr", "recipe_of",
-           "timeline"]
+__all__ = ["ACCEPTS", "COMPONENTS", "NAME", "RANK_COMPONENTS", "StderrProgress", "Timeline", "Traced", "layout_of",
+           "progress_to_stderr", "recipe_of", "timeline"]

@@ -14,7 +14,10 @@ meta device, then its layer list is replaced by the chosen layers, which keep th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
+import importlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -23,12 +26,15 @@ import numpy as np
 from ..errors import TrainfitError
 from ..measure._deps import require
 from ..units import cuda_block_bytes
-from ..measure.tracker import CATEGORIES, TimelineListener
+from ..measure.tracker import CATEGORIES, COMM_CATEGORIES, TimelineListener
 
 #: event kinds
 ADD, DEL, REF, SIZE, MARK = 0, 1, 2, 3, 4
 PHASES = ("forward", "backward", "optimizer")
-_CAT = {c: i for i, c in enumerate(CATEGORIES)}
+#: every category a trace records: MemTracker's, then a multi-GPU rank's communication buffers (FSDP's gathered
+#: parameters and all-gather / reduce-scatter buffers, DDP's buckets); a one-GPU step never uses the last ones
+ALL_CATEGORIES = CATEGORIES + COMM_CATEGORIES
+_CAT = {c: i for i, c in enumerate(ALL_CATEGORIES)}
 
 
 @dataclass
@@ -38,7 +44,7 @@ class StepTrace:
     Arrays have one entry per event. ``kind``: ADD/DEL/REF/SIZE/MARK; ``ref``: for ADD the event's own
     position, for DEL/REF/SIZE the position of the ADD that created the storage, or ``-1 - i`` for the
     ``i``-th storage alive before the step (``static``); ``cat``: category index (into
-    :data:`~trainfit.measure.tracker.CATEGORIES`) after the event; ``old``: category before a REF;
+    :data:`ALL_CATEGORIES`) after the event; ``old``: category before a REF;
     ``nbytes``: the storage's size in bytes after the event (unrounded); ``phase``: 0 forward,
     1 backward, 2 optimizer (-1 before the first phase). ``static`` is (bytes, category) of every storage
     alive when the step starts (parameters, buffers, optimizer state; sorted).
@@ -66,7 +72,7 @@ class StepTrace:
         """(peak bytes, marker position, bytes by category at the peak): the step replayed, each storage
         rounded to the CUDA allocator's 512-byte blocks when ``rounded``."""
         size = (lambda n: cuda_block_bytes(n)) if rounded else int
-        by_cat = np.zeros(len(CATEGORIES), dtype=np.int64)
+        by_cat = np.zeros(len(ALL_CATEGORIES), dtype=np.int64)
         for nb, c in self.static:
             by_cat[c] += size(nb)
         live: dict[int, tuple[int, int]] = {}
@@ -210,9 +216,9 @@ def block_count(config: Any) -> Optional[int]:
     return n if isinstance(n, int) and n > 0 else None
 
 
-def _keep_layers(built: Any, keep: Sequence[int]) -> None:
+def _keep_layers(built: Any, keep: Sequence[int]) -> Any:
     """Cut the model's block stack down to the blocks ``keep`` (indices into the full stack), and every
-    per-block list in the config with it."""
+    per-block list in the config with it; returns the new stack (a ``ModuleList``)."""
     torch = require("torch")
     cfg = text_config(built.config)
     n = block_count(built.config)
@@ -225,6 +231,7 @@ def _keep_layers(built: Any, keep: Sequence[int]) -> None:
         if isinstance(value, (list, tuple)) and len(value) == n and key != "architectures":
             setattr(cfg, key, type(value)(value[i] for i in keep))
     cfg.num_hidden_layers = len(keep)
+    return parent._modules[name]
 
 
 def position_limit(model: Any, config: Any) -> Optional[int]:
@@ -255,9 +262,22 @@ class Recipe:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
     task: Optional[str] = None
+    #: the multi-GPU layout of the rank traced (:class:`trainfit.measure.distributed.Layout`), None on one GPU
+    layout: Optional[Any] = None
 
     def key(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+        out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items() if k != "layout"}
+        if self.layout is not None:  # (one GPU: the key as before layouts were traced)
+            out["layout"] = dataclasses.asdict(self.layout)
+        return out
+
+    @property
+    def seq_unit(self) -> int:
+        """Tokens per traced length: tensor parallelism with sequence parallelism splits the sequence over the
+        ``tp`` ranks, so it runs only multiples of ``tp``; its trace charts ``seq / tp`` (every size is a
+        polynomial in it as well), 1 otherwise."""
+        lay = self.layout
+        return lay.tp if lay is not None and lay.tp > 1 and lay.sequence_parallel else 1
 
 
 class TraceSession:
@@ -280,26 +300,66 @@ class TraceSession:
         from ..measure.session import FakeStepSession
 
         r = self.recipe
-        session = FakeStepSession(self.config, r, seq=self.build_seq, task=r.task)
+        session = FakeStepSession(self.config, r, seq=self.build_seq, task=r.task, distributed=r.layout is not None)
         built = session.built
         self.full_layers = block_count(built.config)
-        if self.keep is not None:
-            _keep_layers(built, self.keep)
+        blocks = _keep_layers(built, self.keep) if self.keep is not None else None
         self.session, self.built = session, built
         self.n_params, self.n_trainable = count_params(built.model)
+        self.stepped = built.model
+        self.autocast = session.autocast
         stack = contextlib.ExitStack()
         try:
-            stack.enter_context(session.make_fake())
-            self.optimizer = session.optimizer()
-            self.recorder = _Recorder()
-            self.tracker = session.track(built.model, listener=self.recorder)
-            self.emulation = session.emulation
-            stack.enter_context(session.stepping())
+            if r.layout is not None:
+                self._enter_rank(stack, blocks)
+            else:
+                stack.enter_context(session.make_fake())
+                self.optimizer = session.optimizer()
+                self.recorder = _Recorder()
+                self.tracker = session.track(built.model, listener=self.recorder)
+                self.emulation = session.emulation
+                stack.enter_context(session.stepping())
         except BaseException:
             stack.close()
             raise
         self._stack = stack
         return self
+
+    def _enter_rank(self, stack: contextlib.ExitStack, blocks: Any) -> None:
+        """Rank 0 of the recipe's layout, as ``trainfit measure`` builds and steps it
+        (:func:`trainfit.measure.distributed.measure_layout` and ``run_parallel_steps``): a fake process group,
+        tensor parallelism and FSDP2 on the meta-device model (FSDP on every block of the stack kept), fake
+        tensors, the tracker, DDP made inside it with its buckets filed as such, the optimizer."""
+        from ..measure import distributed as D
+        from ..measure.session import make_optimizer
+
+        lay, session, built = self.recipe.layout, self.session, self.built
+        if lay.dp * lay.tp > 1 or lay.fsdp:
+            stack.enter_context(D.fake_process_group(lay.dp * lay.tp))
+        mesh = D.build_mesh(lay) if lay.tp > 1 or lay.fsdp else None
+        if lay.tp > 1:
+            D.apply_tp(session.model, built.config, mesh["tp"] if mesh.ndim > 1 else mesh, lay, 0)
+        if lay.fsdp:
+            if blocks is None:
+                blocks = D.block_list(session.model, block_count(built.config) or built.config.num_hidden_layers)
+            D.apply_fsdp(session.model, blocks, mesh, lay)
+        stack.enter_context(session.make_fake(materialize=mesh is not None))
+        stack.enter_context(D.eager_dtensor())
+        self.recorder = _Recorder()
+        self.tracker = session.track(session.model, listener=self.recorder)
+        self.emulation = session.emulation
+        stack.enter_context(session.stepping())
+        if lay.loss_parallel and lay.tp > 1:
+            stack.enter_context(importlib.import_module("torch.distributed.tensor.parallel").loss_parallel())
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module", category=UserWarning)
+        if lay.ddp:
+            self.stepped = D.wrap_ddp(session.model, lay, fake=True)
+            self.tracker.pin_live("activation", "ddp bucket")
+        r = self.recipe
+        self.optimizer = make_optimizer([p for p in session.model.parameters() if p.requires_grad], r.optimizer,
+                                        r.opt_impl)
+        # FSDP's mixed precision casts the parameters itself: no autocast on top
+        self.autocast = None if lay.fsdp_mixed_precision else session.autocast
 
     def __exit__(self, *exc: Any) -> None:
         if self._stack is not None:
@@ -309,13 +369,27 @@ class TraceSession:
     def _step(self, batch: int, seq: int, record: bool) -> Optional[StepTrace]:
         from ..measure.session import STEP_ERRORS
 
+        from ..measure.session import train_step
+
         gc.collect()
+        lay = self.recipe.layout
+        if lay is not None and record:  # as the measurement files them before its measured step
+            from ..measure import distributed as D
+
+            if lay.fsdp:
+                D.pin_fsdp_buffers(self.tracker, self.session.model)
+            D.relabel_states(self.tracker, self.session.model, self.optimizer)
         static = self.recorder.start() if record else []
-        inputs = self.session.inputs(batch, seq)
+        tokens = seq * self.recipe.seq_unit
+        inputs = self.session.inputs(batch, tokens)
+        if lay is not None and lay.tp > 1:
+            # the embeddings' output is sequence-sharded: the rotary tables get the whole sequence
+            inputs["position_ids"] = require("torch").arange(tokens).unsqueeze(0)
         self.tracker.track_external(*inputs.values())
         before = dict(self.emulation.sdpa.counts)
         try:
-            self.session.step(inputs, self.optimizer)
+            train_step(self.stepped, inputs, self.optimizer, self.tracker, self.built.task, self.autocast,
+                       self.session.loss)
         except STEP_ERRORS as exc:
             raise self.session.error(exc) from None
         finally:
@@ -330,7 +404,8 @@ class TraceSession:
         return trace
 
     def record(self, batch: int, seq: int) -> StepTrace:
-        """The steady-state step at (batch, seq): a warm-up step runs first the first time."""
+        """The steady-state step at (batch, seq): a warm-up step runs first the first time. ``seq`` is in the
+        recipe's :attr:`Recipe.seq_unit` (tokens, except under tensor parallelism with sequence parallelism)."""
         if not self._warm:
             self._step(batch, seq, record=False)
             self._warm = True

@@ -27,11 +27,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..units import CUDA_BLOCK_BYTES, cuda_block_bytes
-from ..measure.tracker import CATEGORIES
 from .fit import MONOMIALS, Poly
+from .record import ALL_CATEGORIES
 from .window import Insertion, Window
 
-N_CAT = len(CATEGORIES)
+N_CAT = len(ALL_CATEGORIES)
 BLOCK = CUDA_BLOCK_BYTES  #: the allocator's rounding unit
 #: sequence lengths are classed by their largest power-of-two divisor 2**k, k capped here (4096)
 V2_CAP = 12

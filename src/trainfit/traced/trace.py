@@ -636,7 +636,7 @@ def _full_windows(config: Mapping[str, Any], recipe: Recipe, build_seq: int,
     learned position table, as :func:`trace_timeline` caps them) as concrete windows (run in a worker process)."""
     with TraceSession(config, recipe, build_seq=build_seq) as full:
         limit = position_limit(full.built.model, full.built.config)
-        cap = min(s_max, limit) if limit is not None else s_max
+        cap = min(s_max, limit // recipe.seq_unit) if limit is not None else s_max
         return {(b, min(s, cap)): concrete_window(full.record(b, min(s, cap))) for b, s in shapes}
 
 
@@ -658,7 +658,7 @@ def _collect(pending: Any, config: Mapping[str, Any], recipe: Recipe, build_seq:
     except TrainfitError:
         raise
     except (BrokenProcessPool, OSError, EOFError, ImportError, RuntimeError):
-        out = _full_windows(config, recipe, build_seq, shapes, S_MAX)
+        out = _full_windows(config, recipe, build_seq, shapes, S_MAX // recipe.seq_unit)
     report.steps += len(shapes)
     report.tick()
     return out
@@ -668,6 +668,8 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
                    progress: Optional[Callable[[str], None]] = None) -> tuple[list[Regime], TraceReport, dict]:
     """Trace ``config`` under ``recipe``: (the compiled regimes, how it went, facts about the model)."""
     t0 = time.perf_counter()
+    # lengths are traced in the recipe's unit (seq / tp under sequence parallelism): the range shrinks with it
+    s_max = s_max // recipe.seq_unit
     report = TraceReport(on_step=getattr(progress, "steps", None))
     build_seq = S_MIN  # no position table enlarged: the model as its config describes it
     worker = _worker(config)
@@ -692,9 +694,12 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
     with TraceSession(config, recipe, build_seq=build_seq) as full:
         n_layers = full.full_layers
         limit = position_limit(full.built.model, full.built.config)
-        if limit is not None and limit < s_max:
-            s_max = limit
-            facts["s_max"] = limit
+        unit = recipe.seq_unit
+        if unit > 1:
+            facts["seq_unit"] = unit
+        if limit is not None and limit // unit < s_max:
+            s_max = limit // unit
+            facts["s_max"] = s_max * unit
             report.notes.append(f"learned position table: sequences up to {limit} tokens")
         checks = [(b, min(s, s_max)) for b, s in VERIFY_SHAPES]
         found = layer_stack(full.built.model, n_layers)
