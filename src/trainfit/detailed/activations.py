@@ -30,7 +30,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..arch import ArchSpec
-from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd, vscale
+from .graph import ZERO, Tape, Tensor, Vec, const, offload_timeline, pareto, pos, tok, vadd, vscale
 from .inventory import block_linears, stage_layers
 from ..families import SLIDING
 from ..stacks import behaviour_of
@@ -96,6 +96,13 @@ class ActivationProfile:
     #: fused linear cross-entropy: the final RMSNorm's backward working set, the backward's first moment once the
     #: loss's backward has only returned its saved gradients (ZERO: not a moment of its own)
     final_norm_backward: Vec = ZERO
+    #: ``--offload activations`` (``save_on_cpu``; :mod:`trainfit.detailed.offload`): the forward's live bytes with
+    #: every saved tensor freed at its last use (pareto set), the host copies (every save, parameters included), and
+    #: per backward stage the bytes one node unpacks onto the device at once (pareto sets): ``loss`` (loss and
+    #: head), each block's, ``embed``. Empty without activation offload.
+    offload_forward: tuple[Vec, ...] = ()
+    offload_host: Vec = ZERO
+    offload_unpack: tuple[tuple[str, tuple[Vec, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -131,7 +138,8 @@ def _ckpt_layer(recipe: Recipe, index: int) -> bool:
 class _Walker:
     def __init__(self, arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0, replay: bool = True):
         self.a, self.r, self.par = arch, recipe, par
-        self.replay = replay
+        # activation offload frees each saved tensor at its last use: every block is walked for its own moments
+        self.replay = replay and recipe.offload != "activations"
         self.g = Tape(autocast=recipe.autocast)
         self.tp = par.tp
         self.sp = par.sequence_parallel and par.tp > 1
@@ -422,8 +430,9 @@ class _Walker:
         if self.kernel in ("flash", "mem-efficient") or masked:
             out = g.new(tok(vw), dt, True, "attention out")
             lse = g.new(tok(heads), 4, False, "logsumexp")
-            for t in (q, k, v):
-                g.save(t)
+            fused = q is k  # one q|k|v storage: each is saved as its own slice (what save_on_cpu copies)
+            for t, w in ((q, qw), (k, kvw), (v, kvw)):
+                g.save(t, packed=vscale(tok(w), t.dtype) if fused else None)
             if not selective:
                 g.save(out)
                 g.save(lse)
@@ -783,6 +792,8 @@ class _Walker:
         a, g = self.a, self.g
         g.region = "embed"
         x = g.new(tok(self.hw if self.sp else a.embedding_dim), self.p, self.full, "token embeddings")
+        if self.full:
+            g.pack(tok(1), 8)  # the embedding saves its int64 indices for the table's gradient
         if a.embedding_scale:  # Gemma: the scale is inside the embedding module
             x = g.mul(x, g.new(const(1), self.p, False, "embed_scale"), "scaled embeddings")
         # transformers' activation_checkpointing_enable makes the embedding module's output require grad
@@ -792,6 +803,8 @@ class _Walker:
             g.save(x)
         if a.position_table_size:
             pe = g.new(pos(self.hw), self.p, self.full, "position embeddings")
+            if self.full:
+                g.pack(pos(1), 8)  # ... and the position ids
             x = g.add(x, pe, "+positions")
         if a.token_type_vocab_size:
             x = g.add(x, g.new(tok(self.hw), self.p, self.full, "token-type embeddings"), "+token types")
@@ -884,6 +897,9 @@ class _Walker:
             else:
                 lsm = g.unary_saving_output(up, "log_softmax", fp32=True)
                 bwd = tok(2 * 4 * V)  # nll_loss grad + log_softmax grad, fp32
+            g.next_node()
+            g.save(lsm)  # nll_loss saves the log-softmax again (one host copy more under save_on_cpu)
+            g.pack(const(1), 4)  # and its total weight
             g.save(target)
             g.use(lsm, target)
         else:
@@ -1037,6 +1053,10 @@ class _Walker:
                 if t.saved:
                     wcs = vadd(wcs, t.bytes)
         lay, per_layer_wc = self._layer_profiles(layers, marks)
+        offload: dict[str, Any] = {}
+        if r.offload == "activations":
+            offload = dict(offload_forward=tuple(pareto(offload_timeline(g))), offload_host=_packed(g.packs),
+                           offload_unpack=_unpacks(g.packs))
         embed_saved = g.saved_bytes("embed")
         head_saved = vadd(g.saved_bytes("head"), g.saved_bytes("stage output"))
         loss_saved = g.saved_bytes("loss")
@@ -1051,7 +1071,8 @@ class _Walker:
                                  logits_grad=g.notes.get("logits_grad", ZERO),
                                  head_backward=g.notes.get("head_backward") if last else None,
                                  loss_chunks=chunks,
-                                 final_norm_backward=g.notes.get("final_norm_backward", ZERO) if last else ZERO)
+                                 final_norm_backward=g.notes.get("final_norm_backward", ZERO) if last else ZERO,
+                                 **offload)
 
     def _layer_profiles(self, layers: list[int], marks: list[tuple[int, bool, Optional[_BlockStats]]]
                         ) -> tuple[list[LayerProfile], Vec]:
@@ -1107,6 +1128,27 @@ def walk_parallelism(par: Parallelism) -> Parallelism:
            if f.name not in WALK_FIELDS):
         return par
     return Parallelism(**{f: getattr(par, f) for f in WALK_FIELDS})
+
+
+def _packed(packs: list[tuple[tuple[int, int], str, Vec]]) -> Vec:
+    """The host copies alive when the forward ends: every save's (none is unpacked before the backward)."""
+    tot = ZERO
+    for _, _, b in packs:
+        tot = vadd(tot, b)
+    return tot
+
+
+def _unpacks(packs: list[tuple[tuple[int, int], str, Vec]]) -> tuple[tuple[str, tuple[Vec, ...]], ...]:
+    """Per backward stage (``loss`` for the loss and the head, ``layerN``, ``embed``), the pareto set of what one
+    backward node unpacks at once: the saves its forward op made (grouped by the op's time on the tape)."""
+    by_op: dict[tuple[str, tuple[int, int]], Vec] = {}
+    for t, region, b in packs:
+        key = ("loss" if region in ("head", "loss") else region, t)
+        by_op[key] = vadd(by_op.get(key, ZERO), b)
+    stages: dict[str, list[Vec]] = {}
+    for (stage, _), b in by_op.items():
+        stages.setdefault(stage, []).append(b)
+    return tuple((k, tuple(pareto(v))) for k, v in stages.items())
 
 
 @lru_cache(maxsize=512)
