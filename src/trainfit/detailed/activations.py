@@ -163,6 +163,8 @@ class _Walker:
         self.hw = h / self.tp if self.sp else float(h)  # residual-stream width on this rank
         self.lora_bytes = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}[recipe.lora_dtype]
         self.qlora = recipe.qlora is not None
+        self.fused_qkv: Optional[Tensor] = None  #: the fused q|k|v projection output of the block being walked
+        self.attn_weights: Optional[Tensor] = None  #: eager attention's weights, returned with the attention output
 
     # ---------------------------------------------------------------- helpers
     def p_drop(self, p: float) -> float:
@@ -267,6 +269,7 @@ class _Walker:
             qkv = self.linear(y, f"{index}.qkv", L.in_features, L.out_features, "col", L.module,
                               lora=L.module in targets)
             q = k = v = qkv  # views of one storage
+            self.fused_qkv = qkv
         else:
             q = self.linear(y, f"{index}.q", a.hidden_size, a.q_size, "col", lins["q"].module, lora=lins["q"].module in targets)
             k = self.linear(y, f"{index}.k", a.hidden_size, a.kv_size, "col", lins["k"].module, lora=lins["k"].module in targets)
@@ -281,7 +284,17 @@ class _Walker:
             q, k = rope(q, qw, cos, sin), rope(k, kvw, cos, sin)
         out = self.core_attention(q, k, v, heads, kvh, qw, kvw, self.masked_window(index))
         L = lins["o"]
-        return self.linear(out, f"{index}.o", L.in_features, L.out_features, "row", L.module, lora=L.module in targets)
+        out = self.linear(out, f"{index}.o", L.in_features, L.out_features, "row", L.module, lora=L.module in targets)
+        if r.offload == "activations":
+            # the attention module's locals (its input, q, k, v as rotated) live until it returns: seen once saved
+            # tensors no longer keep them (activation offload)
+            self.g.use(y, q, k, v)
+        if self.attn_weights is not None:
+            # transformers' eager attention returns its weights to the attention module, which returns them with its
+            # output: alive until the block drops them (only visible once saved tensors leave: activation offload)
+            self.g.use(self.attn_weights)
+            self.attn_weights = None
+        return out
 
     def rope(self, src: Tensor, width: float, cos: Tensor, sin: Tensor) -> Tensor:
         """``q*cos + rotate_half(q)*sin``: the products save only cos/sin (they need no grad)."""
@@ -389,6 +402,7 @@ class _Walker:
         """The attention kernel on this rank's q, k, v (``qw``/``kvw`` features per token; values and output ``vw``,
         by default ``qw``)."""
         a, r, g = self.a, self.r, self.g
+        v_width = kvw if vw is None else vw  # the values' own width (a fused q|k|v output stands for them)
         vw = qw if vw is None else vw
         p_attn = self.p_drop(a.attention_dropout)
         # Korthikanti et al.'s selective recomputation: the attention core is recomputed (a stack's op policy
@@ -430,9 +444,9 @@ class _Walker:
         if self.kernel in ("flash", "mem-efficient") or masked:
             out = g.new(tok(vw), dt, True, "attention out")
             lse = g.new(tok(heads), 4, False, "logsumexp")
-            fused = q is k  # one q|k|v storage: each is saved as its own slice (what save_on_cpu copies)
-            for t, w in ((q, qw), (k, kvw), (v, kvw)):
-                g.save(t, packed=vscale(tok(w), t.dtype) if fused else None)
+            # a fused q|k|v output standing for q, k or v is saved as its own slice (what save_on_cpu copies)
+            for t, w in ((q, qw), (k, kvw), (v, v_width)):
+                g.save(t, packed=vscale(tok(w), t.dtype) if t is self.fused_qkv else None)
             if not selective:
                 g.save(out)
                 g.save(lse)
@@ -491,10 +505,14 @@ class _Walker:
         if not selective:
             g.save(pc)
             g.save(v)
+        if self.kernel == "eager" and r.offload == "activations":
+            self.attn_weights = pc
         ctx = g.new(tok(vw), dt, True, "attention out (bhsd)")
         g.use(pc, v)
         out = g.new(tok(vw), dt, True, "attention out contiguous")
         g.use(ctx)
+        if r.offload == "activations":
+            g.use(q, k, v)  # the eager function's locals (repeated k, v) until it returns
         if selective:
             for t in (q, k, v):
                 g.save(t)
@@ -565,10 +583,12 @@ class _Walker:
                 L = lins["gate_up"]
                 gu = self.linear(y, f"{index}.gate_up", L.in_features, L.out_features, "col", L.module,
                                  lora=L.module in targets)
+                mark = len(g.packs)
                 act = self.activation(gu)  # saves the gate view: the gate_up storage
                 act.size = tok(a.intermediate_size / self.tp)
                 m = g.mul(act, gu, "act*up")
                 m.size = act.size
+                g.repack(mark, gu, vscale(act.size, gu.dtype))  # the gate and up views, each half of it
             else:
                 gate = self.linear(y, f"{index}.gate", a.hidden_size, a.intermediate_size, "col", lins["gate"].module,
                                    lora=lins["gate"].module in targets)
@@ -971,6 +991,7 @@ class _Walker:
         a, r, g = self.a, self.r, self.g
         layers = list(stage_layers(a.num_layers, self.par.pp, self.stage))
         first, last = self.stage == 0, self.stage == self.par.pp - 1
+        offload = r.offload == "activations"
         if first:
             x = self.embeddings()
         else:
@@ -994,6 +1015,11 @@ class _Walker:
             g.region = "embed"
             for kind in a.family.eager_masks:  # eager_mask: torch.where(bool mask, 0, min) as batch x 1 x seq x seq
                 masks[kind] = g.new((0.0, 0.0, 1.0, 0.0), self.p, False, f"eager mask {kind}")
+        # Python references seen once saved tensors leave the device (activation offload): the model's input
+        # embeddings and its eager causal mask are locals of its forward, alive until the blocks are done
+        model_locals = [x] if offload else []
+        if offload and self.kernel == "eager" and not masks:
+            model_locals.append(g.new((0.0, 0.0, 1.0, 0.0), self.p, False, "eager causal mask"))
         # Blocks of the same kind allocate alike: the first block and the last are walked op by op, and
         # so is the first block of each kind after the first; the others replay that block's totals (its
         # saved tensors, weight copies and output), which gives the same saved bytes and, since the last
@@ -1024,7 +1050,7 @@ class _Walker:
             marks.append((start, ck, None))
             if k > 0 and kind not in reps:
                 reps[kind] = self._stats(g.tensors[start:], x, x_in.saved)
-        g.use(*masks.values())  # the model's forward returns after the final norm: its masks go
+        g.use(*masks.values(), *model_locals)  # the model's forward returns after the final norm: its masks go
         if last:
             self.head_and_loss(x)
             loss_bwd = g.notes["loss_backward"]

@@ -138,6 +138,14 @@ class Tape:
         if not self.checkpointing:
             self.packs.append(((self.t, self.node), self.region, vscale(size, dtype)))
 
+    def repack(self, since: int, whole: Tensor, part: Vec) -> None:
+        """The saves of ``whole`` logged since ``packs[since]`` were of a slice of it (``part`` bytes): the host copy
+        is the slice's (``save_on_cpu`` packs the view it is given)."""
+        for i in range(since, len(self.packs)):
+            key, region, b = self.packs[i]
+            if b == whole.bytes:
+                self.packs[i] = (key, region, part)
+
     def next_node(self) -> None:
         """The saves that follow belong to another backward node than those before, at the same op time."""
         self.node += 1
