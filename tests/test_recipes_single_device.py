@@ -313,3 +313,19 @@ def test_activation_offload_frees_the_saved_tensors_on_the_device():
 def test_activation_offload_is_refused_where_not_modelled(kw):
     with pytest.raises(TrainfitError, match="offload"):
         Detailed().check(TrainingSetup.build(arch_from_config(TINY), None, offload="activations", **kw))
+
+
+def test_activation_offload_sweep_equals_the_scalar_method():
+    """A vectorised sweep under --offload activations (accumulation, so gradients held, included) gives the scalar
+    estimate's peak for each setup."""
+    import numpy as np
+
+    import trainfit
+
+    inputs = dict(batch=np.array([1, 2, 4, 8]), seq_len=np.array([256, 512, 1024, 512]),
+                  precision=np.array(["bf16", "fp32", "amp-bf16", "bf16"]), accumulation=np.array([1, 2, 1, 2]))
+    res = trainfit.sweep("gpt2-small", "h100", method="detailed", offload="activations", **inputs)
+    for i in range(4):
+        one = {k: v[i].item() for k, v in inputs.items()}
+        est = trainfit.estimate("gpt2-small", "h100", method="detailed", suggestions=False, offload="activations", **one)
+        assert res["peak_allocated_bytes"][i] == pytest.approx(est.extra["peak_allocated_bytes"], rel=1e-9), one
