@@ -98,8 +98,8 @@ class ActivationProfile:
     final_norm_backward: Vec = ZERO
     #: ``--offload activations`` (``save_on_cpu``; :mod:`trainfit.detailed.offload`): the forward's live bytes with
     #: every saved tensor freed at its last use (pareto set), the host copies (every save, parameters included), and
-    #: per backward stage the bytes one node unpacks onto the device at once (pareto sets): ``loss`` (loss and
-    #: head), each block's, ``embed``. Empty without activation offload.
+    #: per backward stage the bytes one node unpacks onto the device at once (pareto sets): ``loss``, ``head``
+    #: (final norm and output projection), each block's, ``embed``. Empty without activation offload.
     offload_forward: tuple[Vec, ...] = ()
     offload_host: Vec = ZERO
     offload_unpack: tuple[tuple[str, tuple[Vec, ...]], ...] = ()
@@ -572,6 +572,12 @@ class _Walker:
         return c
 
     def mlp(self, y: Tensor, index: int) -> Tensor:
+        out = self._mlp(y, index)
+        if self.r.offload == "activations":
+            self.g.use(y)  # the module's argument lives until it returns: seen once saved tensors leave
+        return out
+
+    def _mlp(self, y: Tensor, index: int) -> Tensor:
         a, r, g = self.a, self.r, self.g
         targets = r.lora_targets if r.lora else ()
         lins = {lin.role: lin for lin in block_linears(a, index)}
@@ -1046,6 +1052,8 @@ class _Walker:
             if a.family.rope_per_layer_type and tables:
                 cos, sin = tables[a.layer_types[i]]
             x = self.block(x, i, cos, sin)
+            if offload:
+                g.use(x_in)  # the caller's reference to the block's input lasts the call
             g.checkpointing = False
             marks.append((start, ck, None))
             if k > 0 and kind not in reps:
@@ -1165,11 +1173,11 @@ def _packed(packs: list[tuple[tuple[int, int], str, Vec]]) -> Vec:
 
 
 def _unpacks(packs: list[tuple[tuple[int, int], str, Vec]]) -> tuple[tuple[str, tuple[Vec, ...]], ...]:
-    """Per backward stage (``loss`` for the loss and the head, ``layerN``, ``embed``), the pareto set of what one
+    """Per backward stage (``loss``, ``head``, ``layerN``, ``embed``), the pareto set of what one
     backward node unpacks at once: the saves its forward op made (grouped by the op's time on the tape)."""
     by_op: dict[tuple[str, tuple[int, int]], Vec] = {}
     for t, region, b in packs:
-        key = ("loss" if region in ("head", "loss") else region, t)
+        key = (region, t)
         by_op[key] = vadd(by_op.get(key, ZERO), b)
     stages: dict[str, list[Vec]] = {}
     for (stage, _), b in by_op.items():

@@ -52,6 +52,10 @@ def offload_candidates(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile, B:
         # the loss backward: its gradient buffers and the saves of the node running (the log-softmax's output)
         for v in unpacks(pr, "loss"):
             bwd.append(keep({"gradients": held, "activations": B(v), "temporaries": B(pr.loss_backward)}))
+        # the head's backward: the logits' gradient and one node's unpacked saves (the output projection's input and
+        # weight)
+        for v in unpacks(pr, "head"):
+            bwd.append(keep({"gradients": held, "activations": B(v), "temporaries": B(pr.logits_grad)}))
         # the blocks, last first: the block's backward working set and one node's unpacked saves
         order = list(range(len(pr.layers) - 1, -1, -1))
         for pos_, i in enumerate(order):
