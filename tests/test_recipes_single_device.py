@@ -329,3 +329,26 @@ def test_activation_offload_sweep_equals_the_scalar_method():
         one = {k: v[i].item() for k, v in inputs.items()}
         est = trainfit.estimate("gpt2-small", "h100", method="detailed", suggestions=False, offload="activations", **one)
         assert res["peak_allocated_bytes"][i] == pytest.approx(est.extra["peak_allocated_bytes"], rel=1e-9), one
+
+
+def test_activation_offload_says_when_a_block_backward_is_its_peak():
+    """validation/corpus-offload-blocks-measured.jsonl: with a 64-token vocabulary a block's backward is the measured
+    peak; the detailed method undercounts that moment under offload (11-20 %, as its docs say) and its estimate says
+    so in a note, which the loss-backward peaks of the main offload corpus do not carry (its eager-attention case,
+    a block's backward too, does)."""
+    from trainfit.detailed.offload import BLOCK_NOTE
+
+    rows = [json.loads(line) for line in (VALIDATION / "corpus-offload-blocks-measured.jsonl").read_text().splitlines()
+            if line.strip()]
+    assert len(rows) == 2
+    for r in rows:
+        assert r["peak_phase"] == "backward"
+        setup = TrainingSetup.build(_model(r), None, **{k: r[k] for k in SETUP_KEYS if k in r})
+        est = Detailed().estimate(setup, overheads=False)
+        assert BLOCK_NOTE in est.notes
+        assert 0.78 <= est.extra["peak_allocated_bytes"] / r["peak_bytes"] < 1.0, r["index"]
+    for line in (VALIDATION / "corpus-offload-measured.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        setup = TrainingSetup.build(_model(r), None, **{k: r[k] for k in SETUP_KEYS if k in r})
+        noted = BLOCK_NOTE in Detailed().estimate(setup, overheads=False).notes
+        assert noted == (r["attention"] == "eager" and r["arch"] == "llama"), r["index"]

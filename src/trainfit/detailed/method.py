@@ -208,6 +208,12 @@ class Detailed(MemoryMethod):
             host = float(res.shape.bytes(res.profile.offload_host))
             extra["host_bytes"]["offloaded_activations"] = host
             notes.append(f"activation offload (save_on_cpu): {host / 1e9:.3f} GB of saved tensors in pinned host RAM")
+            from .offload import BLOCK_NOTE, loss_moment
+
+            bwd = res.phases["backward"]
+            if phase == "backward" and float(bwd["activations"] + bwd["temporaries"]) > float(
+                    loss_moment(res.profile, res.shape.bytes)) * (1 + 1e-9):
+                notes.append(BLOCK_NOTE)
         if res.states.host_offloaded:
             notes.append(f"optimizer offload: {res.states.host_offloaded / 1e9:.3f} GB of optimizer state and master "
                          "weights in host RAM (the step runs on the CPU)")
