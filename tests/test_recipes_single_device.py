@@ -152,7 +152,7 @@ def test_optimizer_offload_moves_state_and_master_weights_to_the_host():
     assert b.extra["peak_allocated_bytes"] < a.extra["peak_allocated_bytes"]
 
 
-@pytest.mark.parametrize("field,value", [("offload", "params"), ("offload", "activations")])
+@pytest.mark.parametrize("field,value", [("offload", "params")])
 def test_detailed_refuses_what_it_does_not_model(field, value):
     with pytest.raises(TrainfitError, match=field):
         Detailed().check(TrainingSetup.build(arch_from_config(TINY), None, **{field: value}))
@@ -267,9 +267,88 @@ def test_measured_activation_offload_corpus():
     reported; the device peak is then in the backward (a node's unpacked copies) or the optimizer step."""
     rows = [json.loads(line) for line in (VALIDATION / "corpus-offload-measured.jsonl").read_text().splitlines()
             if line.strip()]
-    assert len(rows) == 6
+    assert len(rows) >= 16
     for r in rows:
         fwd = r["phases"]["forward"]
         assert r["offload"] == "activations" and fwd["end_bytes"] - fwd["start_bytes"] <= 512, r["index"]
         assert r["host_bytes"]["offloaded_activations"] > 0
-        assert r["peak_phase"] in ("backward", "optimizer")
+    # the corpus covers every phase as the peak (tiny steps whose forward or backward is it) and GPT-2
+    assert {r["peak_phase"] for r in rows} == {"forward", "backward", "optimizer"}
+    assert any(r["arch"] == "gpt2" and r["peak_phase"] != "optimizer" for r in rows)
+
+
+def test_detailed_matches_the_measured_activation_offload():
+    """The usual bar on validation/corpus-offload-measured.jsonl: device peak median |error| <= 0.5 %, max <= 2 %;
+    the forward's and backward's own peaks within 2 %; save_on_cpu's host copies within 0.1 %."""
+    rows = [json.loads(line) for line in (VALIDATION / "corpus-offload-measured.jsonl").read_text().splitlines()
+            if line.strip()]
+    errors = []
+    for r in rows:
+        setup = TrainingSetup.build(_model(r), None, **{k: r[k] for k in SETUP_KEYS if k in r})
+        est = Detailed().estimate(setup, overheads=False)
+        errors.append(abs(est.extra["peak_allocated_bytes"] / r["peak_bytes"] - 1))
+        for phase in ("forward", "backward"):
+            assert math.isclose(est.extra["phases"][phase], r["phases"][phase]["peak_bytes"], rel_tol=0.02), (
+                r["index"], phase)
+        host = est.extra["host_bytes"]["offloaded_activations"]
+        assert math.isclose(host, r["host_bytes"]["offloaded_activations"], rel_tol=1e-3), r["index"]
+        assert any("activation offload" in n and "host RAM" in n for n in est.notes)
+    assert statistics.median(errors) <= 0.005, errors
+    assert max(errors) <= 0.02, errors
+
+
+def test_activation_offload_frees_the_saved_tensors_on_the_device():
+    """Against the same step without offload: the forward ends holding none of the saved activations, so the
+    forward's peak drops; the host copies count every save (at least the saved bytes the plain step keeps)."""
+    setup = TrainingSetup.build(arch_from_config(TINY), None, batch=8, seq_len=512, precision="bf16")
+    plain = Detailed().phases(setup)
+    off = Detailed().phases(setup.replace(offload="activations"))
+    assert off.peaks["forward"] < plain.peaks["forward"]
+    host = off.shape.bytes(off.profile.offload_host)
+    assert host >= plain.shape.bytes(plain.profile.saved_total)
+
+
+@pytest.mark.parametrize("kw", [{"checkpointing": "full"}, {"loss": "chunked"}, {"dp": 2, "fsdp": True},
+                                {"optimizer_in_backward": True}])
+def test_activation_offload_is_refused_where_not_modelled(kw):
+    with pytest.raises(TrainfitError, match="offload"):
+        Detailed().check(TrainingSetup.build(arch_from_config(TINY), None, offload="activations", **kw))
+
+
+def test_activation_offload_sweep_equals_the_scalar_method():
+    """A vectorised sweep under --offload activations (accumulation, so gradients held, included) gives the scalar
+    estimate's peak for each setup."""
+    import numpy as np
+
+    import trainfit
+
+    inputs = dict(batch=np.array([1, 2, 4, 8]), seq_len=np.array([256, 512, 1024, 512]),
+                  precision=np.array(["bf16", "fp32", "amp-bf16", "bf16"]), accumulation=np.array([1, 2, 1, 2]))
+    res = trainfit.sweep("gpt2-small", "h100", method="detailed", offload="activations", **inputs)
+    for i in range(4):
+        one = {k: v[i].item() for k, v in inputs.items()}
+        est = trainfit.estimate("gpt2-small", "h100", method="detailed", suggestions=False, offload="activations", **one)
+        assert res["peak_allocated_bytes"][i] == pytest.approx(est.extra["peak_allocated_bytes"], rel=1e-9), one
+
+
+def test_activation_offload_says_when_a_block_backward_is_its_peak():
+    """validation/corpus-offload-blocks-measured.jsonl: with a 64-token vocabulary a block's backward is the measured
+    peak; the detailed method undercounts that moment under offload (11-20 %, as its docs say) and its estimate says
+    so in a note, which the loss-backward peaks of the main offload corpus do not carry (its eager-attention case,
+    a block's backward too, does)."""
+    from trainfit.detailed.offload import BLOCK_NOTE
+
+    rows = [json.loads(line) for line in (VALIDATION / "corpus-offload-blocks-measured.jsonl").read_text().splitlines()
+            if line.strip()]
+    assert len(rows) == 2
+    for r in rows:
+        assert r["peak_phase"] == "backward"
+        setup = TrainingSetup.build(_model(r), None, **{k: r[k] for k in SETUP_KEYS if k in r})
+        est = Detailed().estimate(setup, overheads=False)
+        assert BLOCK_NOTE in est.notes
+        assert 0.78 <= est.extra["peak_allocated_bytes"] / r["peak_bytes"] < 1.0, r["index"]
+    for line in (VALIDATION / "corpus-offload-measured.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        setup = TrainingSetup.build(_model(r), None, **{k: r[k] for k in SETUP_KEYS if k in r})
+        noted = BLOCK_NOTE in Detailed().estimate(setup, overheads=False).notes
+        assert noted == (r["attention"] == "eager" and r["arch"] == "llama"), r["index"]

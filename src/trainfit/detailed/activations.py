@@ -30,7 +30,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..arch import ArchSpec
-from .graph import ZERO, Tape, Tensor, Vec, const, pareto, pos, tok, vadd, vscale
+from .graph import ZERO, Tape, Tensor, Vec, const, offload_timeline, pareto, pos, tok, vadd, vscale
 from .inventory import block_linears, stage_layers
 from ..families import SLIDING
 from ..stacks import behaviour_of
@@ -96,6 +96,13 @@ class ActivationProfile:
     #: fused linear cross-entropy: the final RMSNorm's backward working set, the backward's first moment once the
     #: loss's backward has only returned its saved gradients (ZERO: not a moment of its own)
     final_norm_backward: Vec = ZERO
+    #: ``--offload activations`` (``save_on_cpu``; :mod:`trainfit.detailed.offload`): the forward's live bytes with
+    #: every saved tensor freed at its last use (pareto set), the host copies (every save, parameters included), and
+    #: per backward stage the bytes one node unpacks onto the device at once (pareto sets): ``loss``, ``head``
+    #: (final norm and output projection), each block's, ``embed``. Empty without activation offload.
+    offload_forward: tuple[Vec, ...] = ()
+    offload_host: Vec = ZERO
+    offload_unpack: tuple[tuple[str, tuple[Vec, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -131,7 +138,8 @@ def _ckpt_layer(recipe: Recipe, index: int) -> bool:
 class _Walker:
     def __init__(self, arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0, replay: bool = True):
         self.a, self.r, self.par = arch, recipe, par
-        self.replay = replay
+        # activation offload frees each saved tensor at its last use: every block is walked for its own moments
+        self.replay = replay and recipe.offload != "activations"
         self.g = Tape(autocast=recipe.autocast)
         self.tp = par.tp
         self.sp = par.sequence_parallel and par.tp > 1
@@ -155,6 +163,8 @@ class _Walker:
         self.hw = h / self.tp if self.sp else float(h)  # residual-stream width on this rank
         self.lora_bytes = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}[recipe.lora_dtype]
         self.qlora = recipe.qlora is not None
+        self.fused_qkv: Optional[Tensor] = None  #: the fused q|k|v projection output of the block being walked
+        self.attn_weights: Optional[Tensor] = None  #: eager attention's weights, returned with the attention output
 
     # ---------------------------------------------------------------- helpers
     def p_drop(self, p: float) -> float:
@@ -259,6 +269,7 @@ class _Walker:
             qkv = self.linear(y, f"{index}.qkv", L.in_features, L.out_features, "col", L.module,
                               lora=L.module in targets)
             q = k = v = qkv  # views of one storage
+            self.fused_qkv = qkv
         else:
             q = self.linear(y, f"{index}.q", a.hidden_size, a.q_size, "col", lins["q"].module, lora=lins["q"].module in targets)
             k = self.linear(y, f"{index}.k", a.hidden_size, a.kv_size, "col", lins["k"].module, lora=lins["k"].module in targets)
@@ -273,7 +284,17 @@ class _Walker:
             q, k = rope(q, qw, cos, sin), rope(k, kvw, cos, sin)
         out = self.core_attention(q, k, v, heads, kvh, qw, kvw, self.masked_window(index))
         L = lins["o"]
-        return self.linear(out, f"{index}.o", L.in_features, L.out_features, "row", L.module, lora=L.module in targets)
+        out = self.linear(out, f"{index}.o", L.in_features, L.out_features, "row", L.module, lora=L.module in targets)
+        if r.offload == "activations":
+            # the attention module's locals (its input, q, k, v as rotated) live until it returns: seen once saved
+            # tensors no longer keep them (activation offload)
+            self.g.use(y, q, k, v)
+        if self.attn_weights is not None:
+            # transformers' eager attention returns its weights to the attention module, which returns them with its
+            # output: alive until the block drops them (only visible once saved tensors leave: activation offload)
+            self.g.use(self.attn_weights)
+            self.attn_weights = None
+        return out
 
     def rope(self, src: Tensor, width: float, cos: Tensor, sin: Tensor) -> Tensor:
         """``q*cos + rotate_half(q)*sin``: the products save only cos/sin (they need no grad)."""
@@ -381,6 +402,7 @@ class _Walker:
         """The attention kernel on this rank's q, k, v (``qw``/``kvw`` features per token; values and output ``vw``,
         by default ``qw``)."""
         a, r, g = self.a, self.r, self.g
+        v_width = kvw if vw is None else vw  # the values' own width (a fused q|k|v output stands for them)
         vw = qw if vw is None else vw
         p_attn = self.p_drop(a.attention_dropout)
         # Korthikanti et al.'s selective recomputation: the attention core is recomputed (a stack's op policy
@@ -422,8 +444,9 @@ class _Walker:
         if self.kernel in ("flash", "mem-efficient") or masked:
             out = g.new(tok(vw), dt, True, "attention out")
             lse = g.new(tok(heads), 4, False, "logsumexp")
-            for t in (q, k, v):
-                g.save(t)
+            # a fused q|k|v output standing for q, k or v is saved as its own slice (what save_on_cpu copies)
+            for t, w in ((q, qw), (k, kvw), (v, v_width)):
+                g.save(t, packed=vscale(tok(w), t.dtype) if t is self.fused_qkv else None)
             if not selective:
                 g.save(out)
                 g.save(lse)
@@ -482,10 +505,14 @@ class _Walker:
         if not selective:
             g.save(pc)
             g.save(v)
+        if self.kernel == "eager" and r.offload == "activations":
+            self.attn_weights = pc
         ctx = g.new(tok(vw), dt, True, "attention out (bhsd)")
         g.use(pc, v)
         out = g.new(tok(vw), dt, True, "attention out contiguous")
         g.use(ctx)
+        if r.offload == "activations":
+            g.use(q, k, v)  # the eager function's locals (repeated k, v) until it returns
         if selective:
             for t in (q, k, v):
                 g.save(t)
@@ -545,6 +572,12 @@ class _Walker:
         return c
 
     def mlp(self, y: Tensor, index: int) -> Tensor:
+        out = self._mlp(y, index)
+        if self.r.offload == "activations":
+            self.g.use(y)  # the module's argument lives until it returns: seen once saved tensors leave
+        return out
+
+    def _mlp(self, y: Tensor, index: int) -> Tensor:
         a, r, g = self.a, self.r, self.g
         targets = r.lora_targets if r.lora else ()
         lins = {lin.role: lin for lin in block_linears(a, index)}
@@ -556,10 +589,12 @@ class _Walker:
                 L = lins["gate_up"]
                 gu = self.linear(y, f"{index}.gate_up", L.in_features, L.out_features, "col", L.module,
                                  lora=L.module in targets)
+                mark = len(g.packs)
                 act = self.activation(gu)  # saves the gate view: the gate_up storage
                 act.size = tok(a.intermediate_size / self.tp)
                 m = g.mul(act, gu, "act*up")
                 m.size = act.size
+                g.repack(mark, gu, vscale(act.size, gu.dtype))  # the gate and up views, each half of it
             else:
                 gate = self.linear(y, f"{index}.gate", a.hidden_size, a.intermediate_size, "col", lins["gate"].module,
                                    lora=lins["gate"].module in targets)
@@ -785,6 +820,8 @@ class _Walker:
         a, g = self.a, self.g
         g.region = "embed"
         x = g.new(tok(self.hw if self.sp else a.embedding_dim), self.p, self.full, "token embeddings")
+        if self.full:
+            g.pack(tok(1), 8)  # the embedding saves its int64 indices for the table's gradient
         if a.embedding_scale:  # Gemma: the scale is inside the embedding module
             x = g.mul(x, g.new(const(1), self.p, False, "embed_scale"), "scaled embeddings")
         # transformers' activation_checkpointing_enable makes the embedding module's output require grad
@@ -794,6 +831,8 @@ class _Walker:
             g.save(x)
         if a.position_table_size:
             pe = g.new(pos(self.hw), self.p, self.full, "position embeddings")
+            if self.full:
+                g.pack(pos(1), 8)  # ... and the position ids
             x = g.add(x, pe, "+positions")
         if a.token_type_vocab_size:
             x = g.add(x, g.new(tok(self.hw), self.p, self.full, "token-type embeddings"), "+token types")
@@ -886,6 +925,9 @@ class _Walker:
             else:
                 lsm = g.unary_saving_output(up, "log_softmax", fp32=True)
                 bwd = tok(2 * 4 * V)  # nll_loss grad + log_softmax grad, fp32
+            g.next_node()
+            g.save(lsm)  # nll_loss saves the log-softmax again (one host copy more under save_on_cpu)
+            g.pack(const(1), 4)  # and its total weight
             g.save(target)
             g.use(lsm, target)
         else:
@@ -957,6 +999,7 @@ class _Walker:
         a, r, g = self.a, self.r, self.g
         layers = list(stage_layers(a.num_layers, self.par.pp, self.stage))
         first, last = self.stage == 0, self.stage == self.par.pp - 1
+        offload = r.offload == "activations"
         if first:
             x = self.embeddings()
         else:
@@ -980,6 +1023,11 @@ class _Walker:
             g.region = "embed"
             for kind in a.family.eager_masks:  # eager_mask: torch.where(bool mask, 0, min) as batch x 1 x seq x seq
                 masks[kind] = g.new((0.0, 0.0, 1.0, 0.0), self.p, False, f"eager mask {kind}")
+        # Python references seen once saved tensors leave the device (activation offload): the model's input
+        # embeddings and its eager causal mask are locals of its forward, alive until the blocks are done
+        model_locals = [x] if offload else []
+        if offload and self.kernel == "eager" and not masks:
+            model_locals.append(g.new((0.0, 0.0, 1.0, 0.0), self.p, False, "eager causal mask"))
         # Blocks of the same kind allocate alike: the first block and the last are walked op by op, and
         # so is the first block of each kind after the first; the others replay that block's totals (its
         # saved tensors, weight copies and output), which gives the same saved bytes and, since the last
@@ -1006,11 +1054,13 @@ class _Walker:
             if a.family.rope_per_layer_type and tables:
                 cos, sin = tables[a.layer_types[i]]
             x = self.block(x, i, cos, sin)
+            if offload:
+                g.use(x_in)  # the caller's reference to the block's input lasts the call
             g.checkpointing = False
             marks.append((start, ck, None))
             if k > 0 and kind not in reps:
                 reps[kind] = self._stats(g.tensors[start:], x, x_in.saved)
-        g.use(*masks.values())  # the model's forward returns after the final norm: its masks go
+        g.use(*masks.values(), *model_locals)  # the model's forward returns after the final norm: its masks go
         if last:
             self.head_and_loss(x)
             loss_bwd = g.notes["loss_backward"]
@@ -1039,6 +1089,10 @@ class _Walker:
                 if t.saved:
                     wcs = vadd(wcs, t.bytes)
         lay, per_layer_wc = self._layer_profiles(layers, marks)
+        offload: dict[str, Any] = {}
+        if r.offload == "activations":
+            offload = dict(offload_forward=tuple(pareto(offload_timeline(g))), offload_host=_packed(g.packs),
+                           offload_unpack=_unpacks(g.packs))
         embed_saved = g.saved_bytes("embed")
         head_saved = vadd(g.saved_bytes("head"), g.saved_bytes("stage output"))
         loss_saved = g.saved_bytes("loss")
@@ -1053,7 +1107,8 @@ class _Walker:
                                  logits_grad=g.notes.get("logits_grad", ZERO),
                                  head_backward=g.notes.get("head_backward") if last else None,
                                  loss_chunks=chunks,
-                                 final_norm_backward=g.notes.get("final_norm_backward", ZERO) if last else ZERO)
+                                 final_norm_backward=g.notes.get("final_norm_backward", ZERO) if last else ZERO,
+                                 **offload)
 
     def _layer_profiles(self, layers: list[int], marks: list[tuple[int, bool, Optional[_BlockStats]]]
                         ) -> tuple[list[LayerProfile], Vec]:
@@ -1109,6 +1164,27 @@ def walk_parallelism(par: Parallelism) -> Parallelism:
            if f.name not in WALK_FIELDS):
         return par
     return Parallelism(**{f: getattr(par, f) for f in WALK_FIELDS})
+
+
+def _packed(packs: list[tuple[tuple[int, int], str, Vec]]) -> Vec:
+    """The host copies alive when the forward ends: every save's (none is unpacked before the backward)."""
+    tot = ZERO
+    for _, _, b in packs:
+        tot = vadd(tot, b)
+    return tot
+
+
+def _unpacks(packs: list[tuple[tuple[int, int], str, Vec]]) -> tuple[tuple[str, tuple[Vec, ...]], ...]:
+    """Per backward stage (``loss``, ``head``, ``layerN``, ``embed``), the pareto set of what one
+    backward node unpacks at once: the saves its forward op made (grouped by the op's time on the tape)."""
+    by_op: dict[tuple[str, tuple[int, int]], Vec] = {}
+    for t, region, b in packs:
+        key = (region, t)
+        by_op[key] = vadd(by_op.get(key, ZERO), b)
+    stages: dict[str, list[Vec]] = {}
+    for (stage, _), b in by_op.items():
+        stages.setdefault(stage, []).append(b)
+    return tuple((k, tuple(pareto(v))) for k, v in stages.items())
 
 
 @lru_cache(maxsize=512)

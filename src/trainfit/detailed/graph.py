@@ -90,6 +90,10 @@ class Tape:
     tensors: list[Tensor] = field(default_factory=list)
     notes: dict[str, Vec] = field(default_factory=dict)  #: named byte vectors (e.g. the loss backward)
     cache: dict[str, Tensor] = field(default_factory=dict)  #: autocast weight cache
+    #: every save autograd makes outside a checkpointed region, as (op time, region, bytes of what is saved): what
+    #: ``save_on_cpu``'s pack hook copies to the host, once per save (a tensor saved by two ops twice)
+    packs: list[tuple[tuple[int, int], str, Vec]] = field(default_factory=list)
+    node: int = 0  #: bumped by :meth:`next_node` when one op time holds saves of two backward nodes
 
     # ------------------------------------------------------------------ primitives
     def new(self, size: Vec, dtype: float, rg: bool, name: str = "") -> Tensor:
@@ -113,15 +117,38 @@ class Tape:
                 if x.base is not None:
                     x.base.last = max(x.base.last, self.t)
 
-    def save(self, x: Optional[Tensor]) -> None:
+    def save(self, x: Optional[Tensor], packed: Optional[Vec] = None) -> None:
+        """Autograd saves ``x`` (a view: its base's storage stays alive). ``packed``: the bytes of what is saved when
+        ``x`` stands for a slice of itself (a fused q|k|v output saved as q, k and v), for the host copy."""
         if x is None:
             return
+        if not self.checkpointing:
+            # a view is packed as the view
+            self.packs.append(((self.t, self.node), self.region, x.bytes if packed is None else packed))
         if x.base is not None:
             x = x.base
         if self.checkpointing:
             x.would_save = True
         else:
             x.saved = True
+
+    def pack(self, size: Vec, dtype: float) -> None:
+        """A save of a tensor the tape does not hold (a parameter itself): no device memory of its own, but a host
+        copy under ``save_on_cpu``."""
+        if not self.checkpointing:
+            self.packs.append(((self.t, self.node), self.region, vscale(size, dtype)))
+
+    def repack(self, since: int, whole: Tensor, part: Vec) -> None:
+        """The saves of ``whole`` logged since ``packs[since]`` were of a slice of it (``part`` bytes): the host copy
+        is the slice's (``save_on_cpu`` packs the view it is given)."""
+        for i in range(since, len(self.packs)):
+            key, region, b = self.packs[i]
+            if b == whole.bytes:
+                self.packs[i] = (key, region, part)
+
+    def next_node(self) -> None:
+        """The saves that follow belong to another backward node than those before, at the same op time."""
+        self.node += 1
 
     def keep(self, x: Optional[Tensor]) -> None:
         """Saved whatever autograd would do: a selective-checkpoint policy's MUST_SAVE op output (stored in
@@ -210,6 +237,8 @@ class Tape:
             self.save(x)
         if x.rg and w is not None and not quantised:
             self.save(w)
+        elif x.rg and w is None and not quantised:
+            self.pack(const(numel), out_dtype)  # the parameter, saved for the input's gradient
         self.use(x, w)
         return y
 
@@ -242,6 +271,7 @@ class Tape:
         if rg:
             self.save(x)
             self.save(stats)
+            self.pack(const(2 * x.size[0] / rows), x.dtype)  # its weight and bias, the parameters themselves
         self.use(x, stats)
         return y
 
@@ -255,9 +285,11 @@ class Tape:
         self.use(sq)
         rs = self.unary_saving_output(var, "rsqrt")
         hs = self.mul(xf, rs, "normed")
-        weight = Tensor(const(0), wdtype, trainable, "norm weight")  # the parameter: no new memory
+        # the parameter: no new memory on the tape (its size counts only for save_on_cpu's host copy of it)
+        n = x.size[0] / rows
+        weight = Tensor(const(n), wdtype, trainable, "norm weight")
         if gemma:
-            out = self.mul(hs, Tensor(const(0), 4, trainable, "1+w"), name)
+            out = self.mul(hs, Tensor(const(n), 4, trainable, "1+w"), name)
             return self.cast(out, x.dtype)
         hs2 = self.cast(hs, x.dtype)
         return self.mul(hs2, weight, name)
@@ -297,6 +329,26 @@ class Tape:
             live = vsub(vadd(live, delta_start[i]), delta_end[i])
             out.append(live)
         return out
+
+
+def offload_timeline(tape: Tape) -> list[Vec]:
+    """Live bytes after each op when every save goes to the host as it is made (``save_on_cpu``): a saved tensor is
+    then freed at its last use in the forward like any other (held ones and the tensors no hook packs, such as the
+    checkpoint-free rotary tables, at the forward's end). Call after :meth:`Tape.finish`."""
+    n = tape.t + 1
+    delta_start: list[Vec] = [ZERO] * (n + 2)
+    delta_end: list[Vec] = [ZERO] * (n + 2)
+    for x in tape.tensors:
+        b = x.bytes
+        delta_start[x.created] = vadd(delta_start[x.created], b)
+        end = min(x.last, n)
+        delta_end[end + 1] = vadd(delta_end[end + 1], b)
+    live = ZERO
+    out = []
+    for i in range(n + 1):
+        live = vsub(vadd(live, delta_start[i]), delta_end[i])
+        out.append(live)
+    return out
 
 
 def pareto(vectors: list[Vec]) -> list[Vec]:

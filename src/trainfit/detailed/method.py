@@ -37,7 +37,7 @@ ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n not in ("trainab
                            "precision": TRAINING_PRECISIONS,
                            "stack": tuple(s for s in MODELLED_STACKS if get_stack(s).behaviour.step == "pytorch"),
                            "loss": ("model", "chunked", "fused-linear"),
-                           "offload": ("none", "optimizer")}
+                           "offload": ("none", "optimizer", "activations")}
 
 
 def lora_precision_notes(setup: TrainingSetup) -> list[str]:
@@ -139,6 +139,12 @@ class Detailed(MemoryMethod):
         if r.loss == "fused-linear" and par.fsdp:
             raise TrainfitError("--loss fused-linear is modelled without --fsdp (FSDP2's gathered head weight is not "
                                 "walked with it); accepted with --fsdp: --loss model, chunked")
+        if r.offload == "activations" and (par.pp > 1 or par.fsdp or r.checkpointing != "none" or r.loss != "model"
+                                           or par.tp > 1 or par.cp > 1):
+            raise TrainfitError("--offload activations is modelled unpipelined and unsharded (no --pp, --fsdp, --tp, "
+                                "--cp), with --checkpointing none and --loss model; got "
+                                f"--pp {par.pp} --fsdp {par.fsdp} --tp {par.tp} --cp {par.cp} "
+                                f"--checkpointing {r.checkpointing} --loss {r.loss}")
         if r.offload != "none" and r.optimizer_in_backward:
             raise TrainfitError("--offload optimizer steps on the CPU after the backward; --optimizer-in-backward steps "
                                 "on the device during it: choose one")
@@ -201,6 +207,17 @@ class Detailed(MemoryMethod):
             "host_bytes": {"paged_optimizer_state": float(res.states.host_opt_states),
                            "offloaded_optimizer": float(res.states.host_offloaded)},
         }
+        if setup.recipe.offload == "activations":
+            # save_on_cpu's pinned host copies of every save, all alive when the forward ends
+            host = float(res.shape.bytes(res.profile.offload_host))
+            extra["host_bytes"]["offloaded_activations"] = host
+            notes.append(f"activation offload (save_on_cpu): {host / 1e9:.3f} GB of saved tensors in pinned host RAM")
+            from .offload import BLOCK_NOTE, loss_moment
+
+            bwd = res.phases["backward"]
+            if phase == "backward" and float(bwd["activations"] + bwd["temporaries"]) > float(
+                    loss_moment(res.profile, res.shape.bytes)) * (1 + 1e-9):
+                notes.append(BLOCK_NOTE)
         if res.states.host_offloaded:
             notes.append(f"optimizer offload: {res.states.host_offloaded / 1e9:.3f} GB of optimizer state and master "
                          "weights in host RAM (the step runs on the CPU)")

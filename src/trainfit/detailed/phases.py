@@ -562,6 +562,12 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
         if in_bwd:
             bwd_cands.append(keep({"activations": B(pr.embed_saved) + extra_inflight, "gradients": _num(st.largest_grad),
                                    "temporaries": _num(st.largest_step_temp) + 0.0 * sh.tokens}))
+    if recipe.offload == "activations":
+        # saved tensors on the host as they are saved: other moments (:mod:`.offload`)
+        from .offload import offload_candidates
+
+        fwd_cands, bwd_cands = offload_candidates(arch, recipe, pr, B, step_scenarios(par, accumulation, stage), g_all,
+                                                  g_head, g_layers, g_emb, tied, tied_head, first_op_grad, h_res)
     terms: tuple[list, list] = ([], [])
     if is_fsdp(par):
         fwd_cands, bwd_cands, *terms = _fsdp(arch, recipe, par, stage, pr, B, saved_total, h_res, accumulation, groups)

@@ -1,0 +1,87 @@
+"""``--offload activations``: the forward and backward moments of a step whose saved tensors go to the host as they
+are saved (``torch.autograd.graph.save_on_cpu(pin_memory=True)``, as ``trainfit measure`` runs it).
+
+* **forward**: nothing saved stays on the device for the backward; each tensor lives until its last use in the
+  forward (held ones, the autocast weight cache and the rotary tables, until the forward ends): the walk's
+  ``offload_forward`` timeline (:func:`~.graph.offload_timeline`), the loss's logits, upcast and log-softmax at once
+  in practice;
+* **backward**: the device holds the gradients made so far, the working set of the node running, and that node's
+  saves unpacked to fresh device tensors (one copy per save: a tensor saved by three ops is unpacked three times,
+  one node at a time) -- the loss backward first (``loss_backward`` plus the log-softmax output it unpacks), the
+  head, each block, the embeddings;
+* **host**: every save's copy (parameters saved by a matmul for its input's gradient included), all alive when the
+  forward ends: ``host_bytes.offloaded_activations``.
+
+Measured: validation/corpus-offload-measured.jsonl (``trainfit measure --offload activations``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..arch import ArchSpec
+from ..training_setup import Recipe
+from .activations import ActivationProfile
+from .graph import ZERO, Vec, tok
+
+
+def unpacks(pr: ActivationProfile, stage: str) -> tuple[Vec, ...]:
+    """What one backward node of ``stage`` unpacks at once (pareto set; ``(ZERO,)`` when the stage saves nothing)."""
+    return dict(pr.offload_unpack).get(stage) or (ZERO,)
+
+
+def offload_candidates(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile, B: Callable[[Vec], Any],
+                       scenarios: list[tuple[Any, Any, Any]], g_all: Any, g_head: Any, g_layers: Any, g_emb: Any,
+                       tied: Any, tied_head: bool, first_op_grad: Any, h_res: float
+                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The forward and backward candidates (components by name, bytes) of one unpipelined stage under activation
+    offload; ``scenarios`` are :func:`~.phases.step_scenarios`' (micro-batches with or without gradients held)."""
+    fwd: list[dict[str, Any]] = []
+    bwd: list[dict[str, Any]] = []
+    n_layers = max(len(pr.layers), 1)
+    for _, grads_present, occurs in scenarios:
+        if occurs is False:
+            continue
+        keep = (lambda c: c) if occurs is True else (lambda c: {k: np.where(occurs, v, 0.0) for k, v in c.items()})
+        held = np.where(grads_present, g_all, 0.0) if isinstance(grads_present, np.ndarray) else (
+            g_all if grads_present else 0.0)
+        zero = 0.0 * B(tok(1))
+        for v in pr.offload_forward:
+            fwd.append(keep({"gradients": held, "activations": B(v), "temporaries": zero}))
+        # the loss backward: its gradient buffers and the saves of the node running (the log-softmax's output)
+        for v in unpacks(pr, "loss"):
+            bwd.append(keep({"gradients": held, "activations": B(v), "temporaries": B(pr.loss_backward)}))
+        # the head's backward: the logits' gradient and one node's unpacked saves (the output projection's input and
+        # weight)
+        for v in unpacks(pr, "head"):
+            bwd.append(keep({"gradients": held, "activations": B(v), "temporaries": B(pr.logits_grad)}))
+        # the blocks, last first: the block's backward working set and one node's unpacked saves
+        order = list(range(len(pr.layers) - 1, -1, -1))
+        for pos_, i in enumerate(order):
+            lp = pr.layers[i]
+            done = g_head + g_layers * pos_ / n_layers + first_op_grad
+            grads = np.where(grads_present, g_all, done) if isinstance(grads_present, np.ndarray) else (
+                g_all if grads_present else done)
+            for v in unpacks(pr, f"layer{i}"):
+                bwd.append(keep({"gradients": grads, "activations": B(v), "temporaries": B(lp.transient_bwd) + tied}))
+        # the embeddings, last: every other gradient exists; the embedding gradient is built from the incoming one
+        grads = np.where(grads_present, g_all, g_all - g_emb) if isinstance(grads_present, np.ndarray) else (
+            g_all if grads_present else g_all - g_emb)
+        for v in unpacks(pr, "embed"):
+            bwd.append(keep({"gradients": grads, "activations": B(v),
+                             "temporaries": B(tok(h_res * recipe.param_bytes)) + (3 * g_emb if tied_head else g_emb)}))
+    return fwd, bwd
+
+
+def loss_moment(pr: ActivationProfile, B: Callable[[Vec], Any]) -> Any:
+    """The loss backward's own bytes under activation offload (its gradient buffers and the largest node's unpacked
+    saves): the moment the measured cases validate (validation/corpus-offload.yaml)."""
+    return max(B(v) for v in unpacks(pr, "loss")) + B(pr.loss_backward)
+
+
+#: the note an estimate carries when a block's backward, not the loss's, is its backward peak under activation offload
+BLOCK_NOTE = ("activation offload: the backward peak here is a block's backward, which this model counts only "
+              "approximately under offload (11-20 % short on validation/corpus-offload-blocks.yaml, 1.4 % over on an "
+              "eager-attention case); the loss-backward peaks of validation/corpus-offload.yaml are within 0.5 %")
+
