@@ -37,9 +37,10 @@ the modelled rows of ``validation/stacks-measured.jsonl`` (``trainfit measure --
 The flat group's order is the transformers model's ``parameters()`` (embeddings, then per block attention, MLP,
 the two norms; then the final norm and an untied head).
 
-Not modelled (refused in one line by :func:`check`): fp32 with checkpointing (the hf walk misses 1.8 MB of a checkpointed fp32 block), stage 3 past
-``stage3_max_live_parameters`` (parameters released early), fp16 (its loss scaler reads values), LoRA, gradient
-accumulation, tensor, pipeline, context or expert parallelism, FSDP, CPU offload, optimizers other than AdamW/Adam
+Not modelled (refused in one line by :func:`check`): fp32 with checkpointing (the hf walk misses 1.8 MB of a
+checkpointed fp32 block), stage 3 past ``stage3_max_live_parameters`` (parameters released early), fp16 (its loss
+scaler reads values), LoRA, gradient accumulation, tensor, pipeline, context or expert parallelism, FSDP, CPU
+offload, optimizers other than AdamW/Adam
 (foreach).
 """
 from __future__ import annotations
@@ -48,9 +49,12 @@ import dataclasses
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from ..arch import ArchSpec
 from ..errors import TrainfitError
 from ..training_setup import Parallelism, Recipe, TrainingSetup
+from .graph import ZERO, tok, vadd, vsub
 from .inventory import param_tensors
 from .zero_partitions import (MAX_LIVE_PARAMETERS, flat_group_states, partition_elements, reduce_bucket_elements,
                               stage3_states)
@@ -266,9 +270,6 @@ def _stage1_backward(arch: ArchSpec, recipe: Recipe, par: Parallelism, chosen: d
     device, one micro-batch: a block's remaining saved inputs plus its recomputed set and backward working set, a
     tied head's gradient waiting for the embeddings'; the embeddings' saved set, the incoming gradient and the
     dense embedding gradient)."""
-    from .graph import ZERO, tok, vadd, vsub
-    from .phases import _select
-
     pb = 4 if recipe.precision == "fp32" else 2
     sg = stage1_gradients(arch, par.dp, pb, float(par.zero_bucket_elems))
     g_emb = float(pb * flat_order(arch)[0])
@@ -286,8 +287,19 @@ def _stage1_backward(arch: ArchSpec, recipe: Recipe, par: Parallelism, chosen: d
     cands.append({**base, "activations": B(pr.embed_saved),
                   "temporaries": B(tok(arch.hidden_size * pb)) + (3 * g_emb if tied else g_emb),
                   "gradients": base["gradients"] + sg.embed})
-    keys = list(chosen)
-    return {k: v for k, v in zip(keys, (_select([{k: c[k] for k in keys} for c in cands])[k] for k in keys))}
+    return _largest(cands)
+
+
+def _largest(cands: list[dict[str, Any]]) -> dict[str, Any]:
+    """The candidate with the largest total, element-wise for arrays (a sweep); ties keep the earliest."""
+    totals = [sum(c.values()) for c in cands]
+    if not any(isinstance(t, np.ndarray) for t in totals):
+        return cands[int(np.argmax(totals))]
+    stacked = np.stack(np.broadcast_arrays(*totals))
+    idx = np.argmax(stacked, axis=0)[None]
+    return {k: np.take_along_axis(np.stack(np.broadcast_arrays(*[np.asarray(c[k], dtype=float) + 0 * stacked[0]
+                                                                  for c in cands])), idx, axis=0)[0]
+            for k in cands[0]}
 
 
 def _stage3_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism,
