@@ -40,8 +40,7 @@ the two norms; then the final norm and an untied head).
 Not modelled (refused in one line by :func:`check`): fp32 with checkpointing (the hf walk misses 1.8 MB of a
 checkpointed fp32 block), stage 3 past ``stage3_max_live_parameters`` (parameters released early), fp16 (its loss
 scaler reads values), LoRA, gradient accumulation, tensor, pipeline, context or expert parallelism, FSDP, CPU
-offload, optimizers other than AdamW/Adam
-(foreach).
+offload, optimizers other than AdamW/Adam (foreach).
 """
 from __future__ import annotations
 
