@@ -61,6 +61,8 @@ def cases() -> list[tuple[str, str, dict[str, Any]]]:
                                                       checkpointing="full")),
         # stage 1 with checkpointing: other ranks' gradients larger than the reduce bucket are kept through the
         # backward; the partition's place, the bucket and the model move the moment of the peak
+        ("llama-small-z1-dp1-bf16-full", LLAMA, dict(batch=2, seq_len=256, dp=1, zero=1, precision="amp-bf16",
+                                                     checkpointing="full")),
         ("llama-small-z1-dp4-bf16-full", LLAMA, dict(batch=8, seq_len=256, dp=4, zero=1, precision="amp-bf16",
                                                      checkpointing="full")),
         ("llama-small-z1-dp8-bf16-full", LLAMA, dict(batch=16, seq_len=256, dp=8, zero=1, precision="amp-bf16",

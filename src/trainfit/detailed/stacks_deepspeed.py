@@ -16,11 +16,11 @@ the modelled rows of ``validation/stacks-measured.jsonl`` (``trainfit measure --
   per-parameter partitions, persistent parameters whole, fp32 master and moments, the 16-bit gradient partition,
   the contiguous reduce bucket, and every non-persistent parameter gathered (with the HF "auto" buckets none is
   released before the peak while at most ``stage3_max_live_parameters`` are live).
-* **backward**, stage 1 over several ranks: the gradients of other ranks' parameters larger than the reduce bucket
+* **backward**, stage 1: the gradients of other ranks' parameters larger than the reduce bucket
   stay allocated until the backward ends, and the partition's gradients are copied into one
   ``grads_in_partition`` buffer (:class:`Stage1Gradients`); the phase is the largest of the walk's moment and its
   block and embedding moments with what is held then (with checkpointing it peaks late in the backward: measured
-  within 0.46 % on the nine stage-1 checkpointed bf16 rows, median 0.001 %).
+  within 0.46 % on the ten stage-1 checkpointed bf16 rows, median 0.001 %; one rank runs the same hooks).
 * **optimizer**, stages 1/2 (``step()``, lines 2026-2140): at its start the rank holds, beside the states and
   those gradients, its partition's averaged gradients (``pb x partition`` bytes) and, of a parameter that
   straddles the partition's end, the gradient elements outside it (``pb`` each: that gradient is kept whole).
@@ -256,7 +256,7 @@ def phase_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, walk: dict[str
             c["gradients"] = held + grad_part + pb * rp.straddle_outside
             c["optimizer_temporaries"] = step_temp
         out[p] = c
-    if dp > 1 and par.zero == 1 and profile is not None:
+    if par.zero == 1 and profile is not None:
         out["backward"] = _stage1_backward(arch, recipe, par, out["backward"], profile, bytes_of)
     return out
 
