@@ -158,11 +158,16 @@ def test_stage12_backward_peak_is_the_walk_plus_flat_group_plus_held_gradients(r
 
 
 # --------------------------------------------------------------------------- the detailed method, --stack deepspeed
-#: what trainfit.detailed.stacks_deepspeed models: stages 1-3 without checkpointing, stages 2 and 3 with full
-#: checkpointing in bf16; not stage 3 past stage3_max_live_parameters (llama-3.2-1b over 8 ranks)
+#: what trainfit.detailed.stacks_deepspeed models to 0.01 %: stages 1-3 without checkpointing, stages 2 and 3 with
+#: full checkpointing in bf16; not stage 3 past stage3_max_live_parameters (llama-3.2-1b over 8 ranks); stage 1 with
+#: checkpointing (STAGE1_CHECKPOINTED) to 0.5 %
 MODELLED = [r for r in _rows() if not (r["fields"].get("checkpointing", "none") != "none"
                                        and (r["fields"]["zero"] == 1 or r["fields"]["precision"] == "fp32"))
             and r["case"] != "llama-3.2-1b-z3-dp8-bf16-full"]
+
+
+STAGE1_CHECKPOINTED = [r for r in _rows() if r["fields"].get("checkpointing", "none") == "full"
+                       and r["fields"]["zero"] == 1 and r["fields"]["precision"] == "amp-bf16"]
 
 
 def _detailed(row: dict):
@@ -198,6 +203,50 @@ def test_detailed_matches_deepspeeds_measured_step(row):
             assert abs(e.extra["phases"][phase] / m["peak_bytes"] - 1) < 1e-3, phase
 
 
+def test_stage1_checkpointed_rows_within_half_a_percent():
+    """ZeRO-1 with full checkpointing in bf16 (three models, untied and tied embeddings, dp 1/2/4/8, seq 256-1024,
+    the HF "auto" bucket and an explicit one): the backward holds other ranks' gradients larger than the reduce
+    bucket and the partition's ``grads_in_partition`` (trainfit.detailed.stacks_deepspeed.Stage1Gradients). The
+    peak and the backward phase: median within 0.5 %, every row within 2 % (measured: median 0.001 %, at most
+    0.46 %, llama-small over 2 ranks whose backward and optimizer peaks lie 0.2 % apart)."""
+    rows = STAGE1_CHECKPOINTED
+    f = [r["fields"] for r in rows]
+    assert len(rows) >= 10 and {x["dp"] for x in f} == {1, 2, 4, 8} and len({r["model"] for r in rows}) == 3
+    assert any("zero_bucket_elems" in x for x in f)
+    peak, bwd = [], []
+    for r in rows:
+        e = _detailed(r)
+        peak.append(abs(e.extra["peak_allocated_bytes"] / r["peak_allocated_bytes"] - 1))
+        bwd.append(abs(e.extra["phases"]["backward"] / r["phases"]["backward"]["peak_bytes"] - 1))
+        if r["peak_phase"] == "backward":
+            assert e.extra["peak_phase"] == "backward", r["case"]
+    for errs in (peak, bwd):
+        assert float(np.median(errs)) < 5e-3 and max(errs) < 2e-2, errs
+    # without the held gradients of other ranks the llama-3.2-1b row was 17 % under
+    assert max(peak) < 5e-3
+
+
+def test_stage1_gradients_of_llama_small_over_two_ranks():
+    """llama-small over 2 ranks (hidden 256: reduce bucket 65,536 elements): rank 0's partition ends 128 elements
+    into block 2's q_proj. Kept through the backward: the untied head (524,288 elements) and blocks 3 and 2's MLP
+    weights (3 x 180,224 each); ``grads_in_partition`` holds every parameter meeting the partition, the straddling
+    q_proj whole: 2,000,000 + 65,536 - 128 elements (4,130,816 bytes: the allocation in copy_grads_in_partition
+    a traced run records), allocated once block 2 is done."""
+    from trainfit.detailed.stacks_deepspeed import stage1_gradients
+    from trainfit.training_setup import setup_of
+
+    arch = setup_of(str(REPO / "validation/configs/torchtitan-llama-small.json")).model.arch
+    sg = stage1_gradients(arch, 2, 2, 5e8)
+    head, mlp, down, gip = 2 * 524_288, 2 * 3 * 180_224, 2 * 180_224, 2 * (2_000_000 + 65_536 - 128)
+    assert gip == 4_130_816
+    assert sg.blocks[3] == head + down and sg.blocks[2] == head + mlp + down
+    assert sg.blocks[1] == head + 2 * mlp + down + gip == sg.blocks[0]
+    assert sg.embed == head + 2 * mlp + gip
+    # a bucket larger than every weight keeps none of them: only the last linear's gradient and the buffer
+    big = stage1_gradients(arch, 2, 2, 1e6)
+    assert big.blocks[3] == down and big.embed == gip
+
+
 def test_the_optimizer_moment_switches_to_the_norms_double_copy():
     """llama-3.2-1b, ZeRO-2 over 8 ranks: rank 0's 154.5 M-element partition lies inside the 262.7 M-element
     embedding, so ``g.data.double()`` of it (8 bytes an element, 1.24 GB) outweighs the fp32 gradient partition and
@@ -229,7 +278,7 @@ def test_the_flat_order_is_transformers_parameters_order():
 
 
 @pytest.mark.parametrize("fields,needle", [
-    (dict(zero=1, checkpointing="full"), "stage 1 keeps 16-bit gradients"),
+    (dict(zero=1, checkpointing="full", precision="fp32"), "a checkpointed fp32 block"),
     (dict(zero=3, checkpointing="full", precision="fp32"), "a checkpointed fp32 block"),
     (dict(zero=2, checkpointing="selective"), "got 'selective'"),
     (dict(zero=2, precision="bf16"), "--precision amp-bf16 or fp32"),
@@ -255,11 +304,15 @@ QWEN = str(REPO / "validation/configs/qwen2-mini.json")
     ("llama-3.2-1b", [dict(batch=2, seq_len=1024, dp=1, zero=1), dict(batch=16, seq_len=2048, dp=2, zero=2),
                       dict(batch=16, seq_len=2048, dp=4, zero=1), dict(batch=8, seq_len=512, dp=8, zero=2),
                       dict(batch=8, seq_len=1024, dp=8, zero=2, checkpointing="full"),
+                      dict(batch=8, seq_len=1024, dp=8, zero=1, checkpointing="full"),
+                      dict(batch=4, seq_len=512, dp=4, zero=1, checkpointing="full"),
                       dict(batch=4, seq_len=512, dp=4, zero=2, precision="fp32"),
                       dict(batch=4, seq_len=512, dp=1, zero=3)]),
     (QWEN, [dict(batch=4, seq_len=512, dp=2, zero=3), dict(batch=8, seq_len=1024, dp=4, zero=3, checkpointing="full"),
             dict(batch=8, seq_len=256, dp=8, zero=3, precision="fp32", zero_bucket_elems=1e6),
-            dict(batch=8, seq_len=256, dp=2, zero=1), dict(batch=16, seq_len=128, dp=8, zero=2)]),
+            dict(batch=8, seq_len=256, dp=2, zero=1), dict(batch=16, seq_len=128, dp=8, zero=2),
+            dict(batch=8, seq_len=256, dp=4, zero=1, checkpointing="full"),
+            dict(batch=4, seq_len=512, dp=2, zero=1, checkpointing="full", zero_bucket_elems=1e6)]),
 ], ids=["llama-3.2-1b", "qwen2-mini"])
 def test_detailed_deepspeed_scalar_and_sweep_agree_to_the_bit(model, rows):
     from trainfit.engine import estimate, sweep
@@ -308,3 +361,22 @@ def test_stage3_states_equal_measured_and_the_bucket_rule_equals_the_measured_co
         assert reduce_bucket_elements(arch.hidden_size, bucket) == zc["reduce_bucket_size"]
         assert persistence_threshold(arch.hidden_size) == zc["stage3_param_persistence_threshold"]
         assert zero_config(arch.hidden_size, 3, bucket).reduce_bucket_size == zc["reduce_bucket_size"]
+
+
+def test_stage1_backward_moment_sweep_equals_scalar_where_the_moment_changes():
+    """llama-3.2-1b, ZeRO-1 over 4 ranks with checkpointing: up to 2048 tokens a sequence the backward peaks at the
+    embeddings' moment (other ranks' gradients and grads_in_partition held, nearly flat in the sequence), at 8192
+    at the loss backward (the fp32 vocabulary-wide buffers); a sweep over the sequence picks each element's moment
+    as the scalar path does, to the bit."""
+    from trainfit.engine import estimate, sweep
+
+    seqs = [128, 512, 2048, 8192]
+    kw = dict(stack="deepspeed", precision="amp-bf16", zero=1, dp=4, batch=4, checkpointing="full")
+    res = sweep("llama-3.2-1b", "h100", method="detailed", seq_len=np.asarray(seqs), **kw)
+    bwd = []
+    for i, s in enumerate(seqs):
+        one = estimate("llama-3.2-1b", "h100", method="detailed", suggestions=False, seq_len=s, **kw)
+        assert res["total_bytes"][i] == one.total_bytes and res["peak_allocated_bytes"][i] == one.extra[
+            "peak_allocated_bytes"], s
+        bwd.append(one.extra["phases"]["backward"])
+    assert bwd[2] - bwd[0] < 0.002 * bwd[0] < bwd[3] - bwd[2]

@@ -59,6 +59,25 @@ def cases() -> list[tuple[str, str, dict[str, Any]]]:
                                                       checkpointing="full")),
         ("llama-3.2-1b-z1-dp4-bf16-full", ONE_B, dict(batch=4, seq_len=512, dp=4, zero=1, precision="amp-bf16",
                                                       checkpointing="full")),
+        # stage 1 with checkpointing: other ranks' gradients larger than the reduce bucket are kept through the
+        # backward; the partition's place, the bucket and the model move the moment of the peak
+        ("llama-small-z1-dp1-bf16-full", LLAMA, dict(batch=2, seq_len=256, dp=1, zero=1, precision="amp-bf16",
+                                                     checkpointing="full")),
+        ("llama-small-z1-dp4-bf16-full", LLAMA, dict(batch=8, seq_len=256, dp=4, zero=1, precision="amp-bf16",
+                                                     checkpointing="full")),
+        ("llama-small-z1-dp8-bf16-full", LLAMA, dict(batch=16, seq_len=256, dp=8, zero=1, precision="amp-bf16",
+                                                     checkpointing="full")),
+        ("llama-small-z1-dp4-bf16-full-bucket3e5", LLAMA, dict(batch=8, seq_len=256, dp=4, zero=1,
+                                                               precision="amp-bf16", checkpointing="full",
+                                                               zero_bucket_elems=3e5)),
+        ("llama-small-z1-dp2-bf16-full-s1024", LLAMA, dict(batch=4, seq_len=1024, dp=2, zero=1, precision="amp-bf16",
+                                                           checkpointing="full")),
+        ("qwen2-mini-z1-dp2-bf16-full", QWEN, dict(batch=4, seq_len=256, dp=2, zero=1, precision="amp-bf16",
+                                                   checkpointing="full")),
+        ("qwen2-mini-z1-dp4-bf16-full", QWEN, dict(batch=8, seq_len=256, dp=4, zero=1, precision="amp-bf16",
+                                                   checkpointing="full")),
+        ("llama-3.2-1b-z1-dp8-bf16-full", ONE_B, dict(batch=8, seq_len=1024, dp=8, zero=1, precision="amp-bf16",
+                                                      checkpointing="full")),
     ]
     return out
 

@@ -454,7 +454,7 @@ def deepspeed_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batc
     st = state_bytes(arch, rec, one, 0)
     pr = activation_profile(arch, walk_recipe(rec, one), walk_parallelism(one), 0)
     walk = stage_phases(arch, rec, one, st, pr, comm_buffers(arch, rec, one, st), 1, 0, micro_batch, seq_len)
-    by = ds.phase_bytes(arch, recipe, par, walk.phases)
+    by = ds.phase_bytes(arch, recipe, par, walk.phases, profile=pr, bytes_of=walk.shape.bytes)
     phases = {p: {c: _num(by[p].get(c, 0.0) + 0 * walk.shape.tokens) for c in COMPONENTS} for p in PHASES}
     peaks = {p: sum(phases[p].values()) for p in PHASES}
     if _is_array(*peaks.values()):

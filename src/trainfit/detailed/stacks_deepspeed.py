@@ -4,8 +4,8 @@ micro-batch and sequence length.
 
 Read from deepspeed 0.18.4 ``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py`` and
 ``partition_parameters.py``, and fitted to nothing: every term is a tensor the engine allocates, checked against
-the 27 modelled rows of ``validation/stacks-measured.jsonl`` (``trainfit measure --stack deepspeed``; within
-0.006 %: ``tests/test_stacks_deepspeed.py``).
+the modelled rows of ``validation/stacks-measured.jsonl`` (``trainfit measure --stack deepspeed``; within
+0.006 %, stage 1 with checkpointing within 0.5 %: ``tests/test_stacks_deepspeed.py``).
 
 * **forward and backward**: the transformers model's own step, as the detailed method walks it under the hf
   stack on one device with the engine's storage dtype (``bf16: {enabled: true}`` stores bf16 parameters and
@@ -16,6 +16,11 @@ the 27 modelled rows of ``validation/stacks-measured.jsonl`` (``trainfit measure
   per-parameter partitions, persistent parameters whole, fp32 master and moments, the 16-bit gradient partition,
   the contiguous reduce bucket, and every non-persistent parameter gathered (with the HF "auto" buckets none is
   released before the peak while at most ``stage3_max_live_parameters`` are live).
+* **backward**, stage 1: the gradients of other ranks' parameters larger than the reduce bucket
+  stay allocated until the backward ends, and the partition's gradients are copied into one
+  ``grads_in_partition`` buffer (:class:`Stage1Gradients`); the phase is the largest of the walk's moment and its
+  block and embedding moments with what is held then (with checkpointing it peaks late in the backward: measured
+  within 0.46 % on the ten stage-1 checkpointed bf16 rows, median 0.001 %; one rank runs the same hooks).
 * **optimizer**, stages 1/2 (``step()``, lines 2026-2140): at its start the rank holds, beside the states and
   those gradients, its partition's averaged gradients (``pb x partition`` bytes) and, of a parameter that
   straddles the partition's end, the gradient elements outside it (``pb`` each: that gradient is kept whole).
@@ -32,12 +37,10 @@ the 27 modelled rows of ``validation/stacks-measured.jsonl`` (``trainfit measure
 The flat group's order is the transformers model's ``parameters()`` (embeddings, then per block attention, MLP,
 the two norms; then the final norm and an untied head).
 
-Not modelled (refused in one line by :func:`check`): stage 1 with activation checkpointing (the 16-bit gradients
-of other ranks' parameters kept through a checkpointed backward: off by up to 18 % with the decomposition above),
-fp32 with checkpointing (the hf walk misses 1.8 MB of a checkpointed fp32 block), stage 3 past
-``stage3_max_live_parameters`` (parameters released early), fp16 (its loss scaler reads values), LoRA, gradient
-accumulation, tensor, pipeline, context or expert parallelism, FSDP, CPU offload, optimizers other than AdamW/Adam
-(foreach).
+Not modelled (refused in one line by :func:`check`): fp32 with checkpointing (the hf walk misses 1.8 MB of a
+checkpointed fp32 block), stage 3 past ``stage3_max_live_parameters`` (parameters released early), fp16 (its loss
+scaler reads values), LoRA, gradient accumulation, tensor, pipeline, context or expert parallelism, FSDP, CPU
+offload, optimizers other than AdamW/Adam (foreach).
 """
 from __future__ import annotations
 
@@ -45,11 +48,15 @@ import dataclasses
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from ..arch import ArchSpec
 from ..errors import TrainfitError
 from ..training_setup import Parallelism, Recipe, TrainingSetup
+from .graph import ZERO, tok, vadd, vsub
 from .inventory import param_tensors
-from .zero_partitions import MAX_LIVE_PARAMETERS, flat_group_states, partition_elements, stage3_states
+from .zero_partitions import (MAX_LIVE_PARAMETERS, flat_group_states, partition_elements, reduce_bucket_elements,
+                              stage3_states)
 
 #: what the engine was measured with (the measured method's refusals agree: measure/stacks/deepspeed.py)
 PRECISIONS = ("amp-bf16", "fp32")
@@ -68,11 +75,10 @@ def check(setup: TrainingSetup) -> None:
     if r.precision not in PRECISIONS:
         raise TrainfitError(f"the detailed method models stack {r.stack!r} with --precision "
                             f"{' or '.join(PRECISIONS)} (DeepSpeed's bf16 or fp32 engine); got {r.precision!r}")
-    checkpointed = r.checkpointing == "full" and (par.zero == 1 or r.precision == "fp32")
+    checkpointed = r.checkpointing == "full" and r.precision == "fp32"
     if r.checkpointing not in ("none", "full") or checkpointed:
-        raise TrainfitError(f"the detailed method models stack {r.stack!r} with --checkpointing none, or full at "
-                            f"stages 2 and 3 in bf16; got {r.checkpointing!r} at --zero {par.zero} in {r.precision} "
-                            "(stage 1 keeps 16-bit gradients through a checkpointed backward, and a checkpointed fp32 "
+        raise TrainfitError(f"the detailed method models stack {r.stack!r} with --checkpointing none, or full in "
+                            f"bf16; got {r.checkpointing!r} at --zero {par.zero} in {r.precision} (a checkpointed fp32 "
                             "block keeps what the walk misses: not modelled yet)")
     if par.zero == 3 and par.dp > 1:
         arch = setup.model.arch
@@ -103,19 +109,26 @@ def check(setup: TrainingSetup) -> None:
 def flat_order(arch: ArchSpec) -> tuple[int, ...]:
     """Element counts of the parameters in the order of the transformers model's ``parameters()`` (the flat group's
     order): the inventory lists a block's norms first, transformers registers them after attention and MLP."""
-    out: list[int] = []
+    return tuple(t.numel for t in flat_tensors(arch))
+
+
+@lru_cache(maxsize=256)
+def flat_tensors(arch: ArchSpec) -> tuple[Any, ...]:
+    """The parameter tensors (inventory records: name, numel, layer) in the flat group's order (:func:`flat_order`):
+    the inventory lists a block's norms first, transformers registers them after attention and MLP."""
+    out: list[Any] = []
     block: list[Any] = []
 
     def flush() -> None:
-        out.extend(t.numel for t in block if "norm" not in t.name)
-        out.extend(t.numel for t in block if "norm" in t.name)
+        out.extend(t for t in block if "norm" not in t.name)
+        out.extend(t for t in block if "norm" in t.name)
         block.clear()
 
     for t in param_tensors(arch):
         if block and t.layer != block[0].layer:
             flush()
         if t.layer is None:
-            out.append(t.numel)
+            out.append(t)
         else:
             block.append(t)
     flush()
@@ -160,11 +173,69 @@ def walk_parallel(par: Parallelism) -> Parallelism:
 WALK_COMPONENTS = ("activations", "temporaries", "inputs", "buffers")
 
 
-def phase_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism,
-                walk: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+@dataclasses.dataclass(frozen=True)
+class Stage1Gradients:
+    """Bytes of 16-bit (fp32) gradients on rank 0 at each moment of a ZeRO-1 backward beyond the held set, read
+    from deepspeed 0.18.4 ``stage_1_and_2.py`` (``overlap_comm`` and ``contiguous_gradients`` on, as the HF
+    Trainer sets them):
+
+    * ``reduce_independent_p_g_buckets_and_remove_grads`` copies a gradient of at most ``reduce_bucket_size``
+      elements into the reduce bucket (its own storage freed); a larger one is reduced in place and keeps its
+      storage. ``reduce_ipg_grads`` then copies the partition's gradients into ``grads_in_partition``, and with
+      stage 2 (``partition_gradients``) frees the others; stage 1 frees nothing until
+      ``independent_gradient_partition_epilogue`` (``zero_grad``): every larger gradient of a parameter outside
+      rank 0's partition stays allocated through the backward.
+    * ``copy_grads_in_partition`` allocates ``grads_in_partition`` (every parameter meeting the partition, whole)
+      at the first reduction of a partition parameter: in backward order, once the block holding the partition's
+      last parameter is done.
+
+    ``blocks[i]``: at block ``i``'s backward moment (its recomputed working set, its last linear's weight gradient
+    just made, as the walk counts it): the kept gradients of the head and of the blocks after ``i``, that last
+    linear's gradient and, once allocated, ``grads_in_partition``. ``embed``: at the embeddings' backward, every
+    kept gradient and ``grads_in_partition`` (allocated before it unless the partition lies inside the
+    embeddings)."""
+
+    blocks: tuple[float, ...]
+    embed: float
+
+
+@lru_cache(maxsize=1024)
+def stage1_gradients(arch: ArchSpec, dp: int, param_bytes: int, bucket_elems: float) -> Stage1Gradients:
+    """:class:`Stage1Gradients` of ``arch`` over ``dp`` ranks with ``param_bytes`` 2 or 4 and the reduce bucket of
+    ``bucket_elems`` (:func:`~.zero_partitions.reduce_bucket_elements`)."""
+    bucket = reduce_bucket_elements(arch.hidden_size, bucket_elems)
+    tensors = flat_tensors(arch)
+    part = float(partition_elements(sum(t.numel for t in tensors), dp))
+    pos, kept, inside, last_in = 0, [], 0.0, tensors[0]
+    for t in tensors:
+        meets = pos < part
+        kept.append(0.0 if meets or t.numel <= bucket else float(param_bytes * t.numel))
+        if meets:
+            inside += t.numel
+            last_in = t
+        pos += t.numel
+    gip = float(param_bytes * inside)
+    n_layers = arch.num_layers
+    # the partition's first parameter in backward order: in block k (None: the head or the final norm, both made
+    # before any block; -1: the embeddings, made last)
+    k = -1 if last_in is tensors[0] else last_in.layer
+    head = sum(b for t, b in zip(tensors[1:], kept[1:]) if t.layer is None)
+    per_block = [sum(b for t, b in zip(tensors, kept) if t.layer == i) for i in range(n_layers)]
+    blocks = []
+    for i in range(n_layers):
+        last = [t for t in tensors if t.layer == i and "norm" not in t.name][-1]
+        done = k is None or k > i
+        blocks.append(head + sum(per_block[i + 1:]) + param_bytes * last.numel + (gip if done else 0.0))
+    return Stage1Gradients(tuple(blocks), head + sum(per_block) + (gip if k != -1 else 0.0))
+
+
+def phase_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, walk: dict[str, dict[str, Any]],
+                profile: Any = None, bytes_of: Any = None) -> dict[str, dict[str, Any]]:
     """Each phase's components on rank 0 (module docstring). ``walk``: the hf walk's phases in the engine's
     dtype on one device (:func:`engine_recipe`, :func:`walk_parallel`); only its activations, temporaries,
-    inputs and buffers are read."""
+    inputs and buffers are read. Stage 1 also reads the walk's ``profile`` (an ActivationProfile) and
+    ``bytes_of`` (its StepShape's ``bytes``) to weigh each backward moment with the gradients then held
+    (:func:`stage1_gradients`)."""
     if par.zero == 3:
         return _stage3_bytes(arch, recipe, par, walk)
     dp = par.dp
@@ -185,7 +256,49 @@ def phase_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism,
             c["gradients"] = held + grad_part + pb * rp.straddle_outside
             c["optimizer_temporaries"] = step_temp
         out[p] = c
+    if par.zero == 1 and profile is not None:
+        out["backward"] = _stage1_backward(arch, recipe, par, out["backward"], profile, bytes_of)
     return out
+
+
+def _stage1_backward(arch: ArchSpec, recipe: Recipe, par: Parallelism, chosen: dict[str, Any], pr: Any,
+                     B: Any) -> dict[str, Any]:
+    """ZeRO-1's backward phase: the largest of the walk's chosen moment (``chosen``, with the held gradients) and
+    its block and embedding moments with the gradients a stage-1 rank holds then (:class:`Stage1Gradients`). The
+    moments' activations and temporaries are the walk's own (``trainfit.detailed.phases.stage_phases`` on one
+    device, one micro-batch: a block's remaining saved inputs plus its recomputed set and backward working set, a
+    tied head's gradient waiting for the embeddings'; the embeddings' saved set, the incoming gradient and the
+    dense embedding gradient)."""
+    pb = 4 if recipe.precision == "fp32" else 2
+    sg = stage1_gradients(arch, par.dp, pb, float(par.zero_bucket_elems))
+    g_emb = float(pb * flat_order(arch)[0])
+    tied = g_emb if arch.tie_word_embeddings else 0.0
+    base = {k: v for k, v in chosen.items() if k not in ("activations", "temporaries")}
+    cands = [chosen]
+    head_loss = vadd(pr.head_saved, pr.loss_saved)
+    later = ZERO
+    for i in range(len(pr.layers) - 1, -1, -1):
+        lp = pr.layers[i]
+        remaining = vsub(vsub(pr.saved_total, head_loss), later)
+        cands.append({**base, "activations": B(vadd(remaining, lp.recompute)),
+                      "temporaries": B(lp.transient_bwd) + tied, "gradients": base["gradients"] + sg.blocks[i]})
+        later = vadd(later, lp.saved)
+    cands.append({**base, "activations": B(pr.embed_saved),
+                  "temporaries": B(tok(arch.hidden_size * pb)) + (3 * g_emb if tied else g_emb),
+                  "gradients": base["gradients"] + sg.embed})
+    return _largest(cands)
+
+
+def _largest(cands: list[dict[str, Any]]) -> dict[str, Any]:
+    """The candidate with the largest total, element-wise for arrays (a sweep); ties keep the earliest."""
+    totals = [sum(c.values()) for c in cands]
+    if not any(isinstance(t, np.ndarray) for t in totals):
+        return cands[int(np.argmax(totals))]
+    stacked = np.stack(np.broadcast_arrays(*totals))
+    idx = np.argmax(stacked, axis=0)[None]
+    return {k: np.take_along_axis(np.stack(np.broadcast_arrays(*[np.asarray(c[k], dtype=float) + 0 * stacked[0]
+                                                                  for c in cands])), idx, axis=0)[0]
+            for k in cands[0]}
 
 
 def _stage3_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism,
