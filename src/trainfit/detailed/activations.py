@@ -69,6 +69,11 @@ class LayerProfile:
     saved: Vec  #: kept from forward to backward (with checkpointing: the block input only)
     recompute: Vec  #: what a checkpointed block re-creates in backward (its full saved set); ZERO if not checkpointed
     transient_bwd: Vec  #: working set of the block's backward beyond its saved tensors (heuristic, see docs)
+    #: of ``saved``, what is no longer alive inside this block's backward: what only later regions saved (the
+    #: block's output, kept by the next block's checkpoint or norm, or by the final norm: freed by their backward)
+    #: and a selective policy's kept outputs that the recomputation takes from the checkpoint's cache and
+    #: consumes without saving them (freed as it runs)
+    gone: Vec = ZERO
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,7 @@ class _BlockStats:
     out_dtype: float
     out_rg: bool
     input_saved: bool
+    released: Vec = ZERO  #: kept outputs the recomputation consumes without saving (see LayerProfile.gone)
 
 
 def op_policy(recipe: Recipe) -> bool:
@@ -785,6 +791,17 @@ class _Walker:
         return g.add(x, m, "residual")
 
     # ---------------------------------------------------------------- replaying identical blocks
+    def _released(self, ts: list[Tensor]) -> Vec:
+        """A checkpointed block's kept (policy-saved) outputs that its recomputation pops from the checkpoint's
+        cache and does not save again: the ops before its last save (torch.utils.checkpoint stops there), whose
+        outputs the recomputation then frees."""
+        stop = self.g.last_recomputed_save.get(ts[0].region, 0) if ts else 0
+        out = ZERO
+        for t in ts:
+            if t.saved and t.own_saved and not t.would_save and t.created < stop:
+                out = vadd(out, t.bytes)
+        return out
+
     def _stats(self, ts: list[Tensor], out: Tensor, input_saved: bool) -> "_BlockStats":
         saved = held = rec = biggest = ZERO
         for t in ts:
@@ -795,17 +812,18 @@ class _Walker:
                 saved = vadd(saved, b)
             elif t.held:
                 held = vadd(held, b)
-            if t.would_save or (t.held and t.size[0] == 0):
+            # a selective policy's kept outputs are saved, not recomputed (as in _layer_profiles)
+            if (t.would_save and not t.saved) or (t.held and t.size[0] == 0):
                 rec = vadd(rec, b)
             if t.size[0] * t.dtype > biggest[0]:
                 biggest = b
-        return _BlockStats(saved, held, rec, biggest, out.size, out.dtype, out.rg, input_saved)
+        return _BlockStats(saved, held, rec, biggest, out.size, out.dtype, out.rg, input_saved, self._released(ts))
 
     def _replay(self, rep: "_BlockStats", x: Tensor) -> Tensor:
         g = self.g
         if any(rep.saved):
             agg = g.new(rep.saved, 1.0, False, "block (replayed): saved tensors")
-            agg.saved = True
+            agg.saved = agg.own_saved = True
         if any(rep.held):
             h = g.new(rep.held, 1.0, False, "block (replayed): cached 16-bit weights")
             h.held = True
@@ -1122,20 +1140,28 @@ class _Walker:
         for (i, (start, ck, rep)) in zip(layers, marks):
             ts = by_region.get(f"layer{i}", [])
             saved = ZERO
+            handed_on = ZERO  # saved only by later regions
             rec = ZERO
             biggest = ZERO
             for t in ts:
                 b = t.bytes
                 if t.saved:
                     saved = vadd(saved, b)
+                    if not t.own_saved:
+                        handed_on = vadd(handed_on, b)
                 if rep is None and ck and ((t.would_save and not t.saved) or (t.held and t.size[0] == 0)):
                     rec = vadd(rec, b)
                 if rep is None and t.size[0] * t.dtype > biggest[0]:
                     biggest = b
+            released = self._released(ts) if ck and rep is None else ZERO
             if rep is not None:
                 rec, biggest = (rep.recompute if ck else ZERO), rep.biggest
-            res = tok(2 * self.hw * self.p)  # gradient of the residual stream, in and out
-            lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=vadd(res, vadd(biggest, biggest))))
+                released = rep.released if ck else ZERO
+            # the residual stream's incoming gradient (the add passes it to the branch as it is), and its copy in
+            # the branch's dtype where that differs (autocast: autograd casts the gradient to the input's dtype)
+            res = tok(self.hw * self.p + (self.hw * self.w if self.w != self.p else 0.0))
+            lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=vadd(res, vadd(biggest, biggest)),
+                                    gone=vadd(handed_on, released)))
             if i == layers[-1]:
                 for t in ts:
                     if t.held and t.size[0] == 0 and t.size[3]:

@@ -470,7 +470,8 @@ def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, 
         if k in (0, 1, L - 1):
             rs_prev = rs(f"block {i + 1}, until this block's", blocks[i + 1]) if i + 1 < L else {}
             # inside the block's backward: its first projection's gradient made, the block's working set
-            out.backward({"activations": nbytes(_vadd(remaining, lp.recompute)),
+            # less what is gone by then (its output if only later regions saved it; kept outputs the recompute used)
+            out.backward({"activations": nbytes(_vadd(_vsub(remaining, lp.gone), lp.recompute)),
                           "temporaries": nbytes(lp.transient_bwd),
                           "gradients": held_head + sharded_after[i] + blocks[i].first_op_grad + acc},
                          {**R, **rank.gathered_upto(i), **rank.prefetch(i), **rs_prev})

@@ -53,6 +53,9 @@ class Tensor:
     last: int = 0
     saved: bool = False  #: kept for backward
     would_save: bool = False  #: saved by an op inside a checkpointed region (recomputed in backward)
+    #: saved by an op of its own region (else only by later ones -- the next block's checkpoint or norm, the head:
+    #: autograd frees it once those regions' backward has run, before its own region's backward)
+    own_saved: bool = False
     held: bool = False  #: alive until the forward ends (autocast weight cache, outputs held by the caller)
     #: the tensor whose storage this one views (a split or a slice: no allocation of its own); saving or using
     #: the view keeps the base alive
@@ -94,6 +97,9 @@ class Tape:
     #: ``save_on_cpu``'s pack hook copies to the host, once per save (a tensor saved by two ops twice)
     packs: list[tuple[tuple[int, int], str, Vec]] = field(default_factory=list)
     node: int = 0  #: bumped by :meth:`next_node` when one op time holds saves of two backward nodes
+    #: per checkpointed region, the time of its last save: its recomputation stops there (torch.utils.checkpoint's
+    #: early stop), so a selective policy's cached outputs of later ops are never handed to it
+    last_recomputed_save: dict[str, int] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ primitives
     def new(self, size: Vec, dtype: float, rg: bool, name: str = "") -> Tensor:
@@ -129,8 +135,10 @@ class Tape:
             x = x.base
         if self.checkpointing:
             x.would_save = True
+            self.last_recomputed_save[self.region] = self.t
         else:
             x.saved = True
+            x.own_saved = x.own_saved or x.region == self.region
 
     def pack(self, size: Vec, dtype: float) -> None:
         """A save of a tensor the tape does not hold (a parameter itself): no device memory of its own, but a host
@@ -155,6 +163,7 @@ class Tape:
         the checkpoint's cache from the forward until the block's recomputation reads it)."""
         if x is not None:
             x.saved = True
+            x.own_saved = x.own_saved or x.region == self.region
 
     def hold(self, x: Tensor) -> None:
         x.held = True

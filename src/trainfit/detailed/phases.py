@@ -546,7 +546,8 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
         for pos_, i in enumerate(order):
             lp = pr.layers[i]
             if i in picks:
-                remaining = vsub(vsub(pr.saved_total, head_loss), later)
+                # less what is gone by then (its output if only later regions saved it; kept outputs the recompute used)
+                remaining = vsub(vsub(vsub(pr.saved_total, head_loss), later), lp.gone)
                 # a block's weight gradients appear op by op (last op first): at the working set's peak
                 # the first op's gradient exists, the rest of the block's not yet
                 done = g_head + g_layers * pos_ / n_layers + first_op_grad
