@@ -58,13 +58,17 @@ def offload_candidates(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile, B:
             bwd.append(keep({"gradients": held, "activations": B(v), "temporaries": B(pr.logits_grad)}))
         # the blocks, last first: the block's backward working set and one node's unpacked saves
         order = list(range(len(pr.layers) - 1, -1, -1))
+        # nothing is recomputed here: at a node's moment the branch's outgoing gradient lives beside the residual
+        # stream's incoming one, which is all the walk's block working set counts (measured: llama-tiny, fp32, eager)
+        out_grad = B(tok(h_res * recipe.param_bytes))
         for pos_, i in enumerate(order):
             lp = pr.layers[i]
             done = g_head + g_layers * pos_ / n_layers + first_op_grad
             grads = np.where(grads_present, g_all, done) if isinstance(grads_present, np.ndarray) else (
                 g_all if grads_present else done)
             for v in unpacks(pr, f"layer{i}"):
-                bwd.append(keep({"gradients": grads, "activations": B(v), "temporaries": B(lp.transient_bwd) + tied}))
+                bwd.append(keep({"gradients": grads, "activations": B(v),
+                                 "temporaries": B(lp.transient_bwd) + out_grad + tied}))
         # the embeddings, last: every other gradient exists; the embedding gradient is built from the incoming one
         grads = np.where(grads_present, g_all, g_all - g_emb) if isinstance(grads_present, np.ndarray) else (
             g_all if grads_present else g_all - g_emb)
