@@ -668,7 +668,7 @@ class _Walker:
         grouped products (with gathered per-copy biases for gpt-oss), the family's activation, the routing weights,
         the copies put back in token order and summed; DeepSeek-V3 then adds its shared experts (a plain gated MLP
         of moe_intermediate_size x n_shared_experts, no gate)."""
-        a, r, g = self.a, self.r, self.g
+        a, g = self.a, self.g
         E, k, mi, h = a.num_experts, a.experts_per_token, a.moe_intermediate_size, a.hidden_size
         fam = a.family
         w = self.w

@@ -25,7 +25,7 @@ import numpy as np
 from ..arch import ArchSpec
 from .activations import ActivationProfile, activation_profile, fused_chunk_rows, walk_parallelism
 from .distributed import (ddp_bucket_bytes, ddp_bucket_label, forward_regions, fsdp_candidates, fsdp_compute_bytes,
-                          fsdp_groups, is_fsdp, walk_recipe)
+                          is_fsdp, walk_recipe)
 from .graph import Vec, ZERO, pos, tok, vadd, vbytes, vsub
 from .inventory import block_linears
 from ..stacks import behaviour_of

@@ -40,7 +40,7 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 from ...errors import TrainfitError
 from ...training_setup import TrainingSetup
@@ -229,7 +229,7 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
     torch = require("torch")
     from ..distributed import fake_process_group
     from ..fake import count_params
-    from ..session import FakeStepSession, new_tracker, stepping
+    from ..session import FakeStepSession, stepping
 
     check(setup)
     world = setup.parallel.dp
