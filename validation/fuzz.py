@@ -107,9 +107,9 @@ def command_line(draw: Any) -> list[str]:
         args += draw(st.sampled_from([[], ["--strategy", "full_fine_tune"], ["--strategy", "nope"],
                                       ["--batch", draw(whole_text)]]))
         return [*args, *draw(output)]
-    # measure: refusals and bad values only in the fast suite (a measured step takes seconds; context
-    # parallelism is one it refuses)
-    return [cmd, model, *draw(setup_args()), "--cp", "2", *draw(output)]
+    # measure: refusals and bad values only in the fast suite (a measured step takes seconds; a compiled step
+    # is one it refuses)
+    return [cmd, model, *draw(setup_args()), "--compile", *draw(output)]
 
 
 # ------------------------------------------------------------------------------------------- running
