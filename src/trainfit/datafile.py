@@ -12,7 +12,6 @@ import hashlib
 import marshal
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -133,6 +132,8 @@ def _store(entry: Path, key: bytes, data: Any) -> None:
         payload = marshal.dumps((dated, encoded))
     except ValueError:  # a type marshal cannot hold (a !!binary set?): keep parsing this file
         return
+    import tempfile  # noqa: PLC0415 - only when storing: a cache hit never needs it
+
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=entry.name, suffix=".tmp")
