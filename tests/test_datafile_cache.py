@@ -16,6 +16,7 @@ FILES = ("hardware.yaml", "models.yaml", "prices.yaml", "stacks.yaml")  # prices
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("TRAINFIT_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRAINFIT_NO_CACHE", raising=False)
     return tmp_path / "trainfit" / "yaml"
 
@@ -64,4 +65,11 @@ def test_only_built_in_files_are_cached_and_it_can_be_turned_off(cache, tmp_path
     assert not cache.exists()
     monkeypatch.setenv("TRAINFIT_NO_CACHE", "1")
     read_yaml(DATA_DIR / "models.yaml")
+    assert not cache.exists()
+
+
+def test_the_cache_folder_follows_trainfit_cache_dir(cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINFIT_CACHE_DIR", str(tmp_path / "elsewhere"))
+    read_yaml(DATA_DIR / "models.yaml")
+    assert len(list((tmp_path / "elsewhere" / "yaml").glob("models-*.marshal"))) == 1
     assert not cache.exists()

@@ -49,8 +49,13 @@ _CACHE_FORMAT = b"trainfit-yaml-cache 2\n"  # bump when what an entry holds chan
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "trainfit" / "yaml"
+    """``yaml/`` in trainfit's cache folder, found as the traced method's is (``traced/cache.py``):
+    ``$TRAINFIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/trainfit``, else ``~/.cache/trainfit``."""
+    explicit = os.environ.get("TRAINFIT_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser() / "yaml"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "trainfit" / "yaml"
 
 
 @functools.lru_cache(maxsize=1)
