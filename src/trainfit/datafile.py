@@ -6,20 +6,151 @@ nothing is half-loaded.
 """
 from __future__ import annotations
 
+import datetime
+import functools
+import hashlib
+import marshal
+import os
+import sys
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from .errors import TrainfitError
+
+if TYPE_CHECKING:
+    import yaml
 
 T = TypeVar("T", bound=BaseModel)
 
 DATA_DIR = Path(__file__).parent / "data"
 
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: catalogs load ~10x faster
+def _yaml() -> Any:
+    """PyYAML, imported on first use: a run whose built-in files all come from the parse cache never needs it."""
+    import yaml
+
+    return yaml
+
+
+def _loader() -> Any:
+    yaml = _yaml()
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: catalogs load ~10x faster
+
+
+# Parsed built-in data files, cached across processes: parsing hardware.yaml alone costs ~25 ms of every
+# `trainfit` run. An entry is keyed by a hash of the file's exact text, the installed PyYAML and the
+# Python version (marshal's format), so it can only ever hold what parsing that text gives; a missing,
+# stale or unreadable entry (or an unwritable cache directory) just means parsing the file as before.
+# Only successful parses of files under DATA_DIR are stored (one entry per file, replaced atomically).
+# TRAINFIT_NO_CACHE=1 turns it off.
+_CACHE_FORMAT = b"trainfit-yaml-cache 2\n"  # bump when what an entry holds changes
+
+
+def _cache_dir() -> Path:
+    """``yaml/`` in trainfit's cache folder, found as the traced method's is (``traced/cache.py``):
+    ``$TRAINFIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/trainfit``, else ``~/.cache/trainfit``."""
+    explicit = os.environ.get("TRAINFIT_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser() / "yaml"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "trainfit" / "yaml"
+
+
+@functools.lru_cache(maxsize=1)
+def _parser_ident() -> bytes:
+    """The parser and Python a cached parse came from: the installed PyYAML is named by its module file's
+    path, size and mtime (found without importing it), the Python by its version and marshal's format."""
+    from importlib.util import find_spec  # noqa: PLC0415
+
+    spec = find_spec("yaml")
+    origin = spec.origin if spec is not None else None
+    st = os.stat(origin) if origin else None
+    parser = f"{origin}|{st.st_size if st else ''}|{st.st_mtime_ns if st else ''}"
+    return f"{parser}|{sys.version_info[:3]}|{marshal.version}".encode()
+
+
+def _cache_key(text: str) -> bytes:
+    """What an entry must start with: a hash of the file's exact text and of the parser (:func:`_parser_ident`)."""
+    digest = hashlib.sha256(_parser_ident() + b"\0" + text.encode("utf-8")).hexdigest()
+    return _CACHE_FORMAT + digest.encode() + b"\n"
+
+
+def _cache_entry(path: Path) -> Path | None:
+    if os.environ.get("TRAINFIT_NO_CACHE") or path.parent.resolve() != DATA_DIR.resolve():
+        return None
+    where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]  # installs side by side keep their own
+    return _cache_dir() / f"{path.stem}-{where}.marshal"
+
+
+# YAML reads 2026-05-18 as a date, which marshal cannot hold: entries store dates and timestamps as
+# ("\0date", iso) / ("\0datetime", iso) tuples (a safe YAML load never makes a tuple, so nothing clashes).
+_DATE, _DATETIME = "\0date", "\0datetime"
+
+
+def _encode(x: Any) -> tuple[Any, bool]:
+    """``x`` with dates as tagged tuples, and whether there were any."""
+    if isinstance(x, dict):
+        items = [(_encode(k), _encode(v)) for k, v in x.items()]
+        if any(kf or vf for (_, kf), (_, vf) in items):
+            return {k: v for (k, _), (v, _) in items}, True
+        return x, False
+    if isinstance(x, list):
+        items = [_encode(v) for v in x]
+        return ([v for v, _ in items], True) if any(f for _, f in items) else (x, False)
+    if isinstance(x, datetime.datetime):
+        return (_DATETIME, x.isoformat()), True
+    if isinstance(x, datetime.date):
+        return (_DATE, x.isoformat()), True
+    return x, False
+
+
+def _decode(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {_decode(k): _decode(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_decode(v) for v in x]
+    if isinstance(x, tuple) and len(x) == 2 and x[0] == _DATETIME:
+        return datetime.datetime.fromisoformat(x[1])
+    if isinstance(x, tuple) and len(x) == 2 and x[0] == _DATE:
+        return datetime.date.fromisoformat(x[1])
+    return x
+
+
+def _cached(entry: Path, key: bytes) -> tuple[bool, Any]:
+    try:
+        blob = entry.read_bytes()
+        if blob.startswith(key):
+            loaded = marshal.loads(blob[len(key):])
+            if isinstance(loaded, tuple) and len(loaded) == 2 and isinstance(loaded[0], bool):
+                dated, data = loaded
+                return True, _decode(data) if dated else data
+    except (OSError, ValueError, EOFError, TypeError):
+        pass
+    return False, None
+
+
+def _store(entry: Path, key: bytes, data: Any) -> None:
+    try:
+        encoded, dated = _encode(data)
+        payload = marshal.dumps((dated, encoded))
+    except ValueError:  # a type marshal cannot hold (a !!binary set?): keep parsing this file
+        return
+    import tempfile  # noqa: PLC0415 - only when storing: a cache hit never needs it
+
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=entry.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(key + payload)
+            os.replace(tmp, entry)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass
 
 
 class NodeRef:
@@ -31,7 +162,7 @@ class NodeRef:
         self.text, self.path = text, path
 
     def node(self) -> yaml.Node | None:
-        return _walk(yaml.compose(self.text, Loader=_Loader), self.path)
+        return _walk(_yaml().compose(self.text, Loader=_loader()), self.path)
 
     def line(self) -> int | str:
         """1-based line of this place, or '?' when the path leaves the document."""
@@ -48,13 +179,22 @@ def read_yaml(path: str | Path) -> tuple[Any, NodeRef]:
         raise TrainfitError(f"{path}: file not found") from None
     except OSError as exc:
         raise TrainfitError(f"{path}: cannot read ({exc.strerror})") from None
+    entry = _cache_entry(path)
+    if entry is not None:
+        key = _cache_key(text)
+        hit, data = _cached(entry, key)
+        if hit:
+            return data, NodeRef(text)
+    yaml = _yaml()
     try:
-        data = yaml.load(text, Loader=_Loader)
+        data = yaml.load(text, Loader=_loader())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise TrainfitError(f"{path}:{where}: not valid YAML ({problem})") from None
+    if entry is not None:
+        _store(entry, key, data)
     return data, NodeRef(text)
 
 
@@ -65,6 +205,7 @@ def node_at(node: NodeRef | None, path: tuple[Any, ...]) -> NodeRef | None:
 
 def _walk(node: yaml.Node | None, path: tuple[Any, ...]) -> yaml.Node | None:
     """Follow ``path`` through a composed node tree, stopping at the deepest node that exists."""
+    yaml = _yaml()
     for part in path:
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:

@@ -7,16 +7,45 @@ from __future__ import annotations
 
 import sys
 
-from ._common import app
+from importlib import import_module
+from typing import Any
 
-# Command modules register themselves on `app` when imported.
-from . import estimate_cmd as _estimate  # noqa: F401,E402
-from . import catalog_cmd as _catalog  # noqa: F401,E402
-from . import plan_cmd as _plan  # noqa: F401,E402
-from . import compare_cmd as _compare  # noqa: F401,E402
-from . import lab_cmd as _lab  # noqa: F401,E402
-from . import app_cmd as _app_cmd  # noqa: F401,E402
-from . import measure_cmd as _measure  # noqa: F401,E402
+from . import _common
+
+# Command modules register themselves on `app` when imported, in this order (the order of `trainfit --help`).
+_MODULES = ("estimate_cmd", "catalog_cmd", "plan_cmd", "compare_cmd", "lab_cmd", "app_cmd", "measure_cmd")
+# The module registering each command: `trainfit plan ...` imports (and makes Typer build) only what it runs,
+# which saves start-up time; any other first argument (help, an unknown name, an option) registers them all.
+# tests/test_cli_startup.py checks this table against what the modules register.
+_COMMAND_MODULE = {"estimate": "estimate_cmd", "hardware": "catalog_cmd", "models": "catalog_cmd",
+                   "show": "catalog_cmd", "plan": "plan_cmd", "frontier": "plan_cmd", "compare": "compare_cmd",
+                   "lab": "lab_cmd", "app": "app_cmd", "measure": "measure_cmd"}
+_ALWAYS = "plan_cmd"  # registers two commands, so the app stays a group whatever else is imported
+
+
+def _register(*modules: str) -> None:
+    for name in modules:
+        import_module(f"{__name__}.{name}")
+
+
+def _register_all() -> None:
+    _register(*_MODULES)
+
+
+def _register_for(argv: list[str]) -> None:
+    """Import the command module that ``argv`` runs (and ``plan_cmd``), or every one when unsure."""
+    module = _COMMAND_MODULE.get(argv[0]) if argv else None
+    if module is None or len(argv) < 2:  # bare `trainfit lab` etc. print the group's help: keep it whole
+        _register_all()
+    else:
+        _register(_ALWAYS, module)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # `from trainfit.cli import app`: the whole app, every command registered
+        _register_all()
+        return _common.app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,8 +56,9 @@ def main(argv: list[str] | None = None) -> None:
     exit code 1 like any other bad input. (Typer vendors its own copy of Click, so its exceptions are
     recognised by shape: a ``format_message()`` and a ``ctx``.)
     """
+    _register_for(sys.argv[1:] if argv is None else list(argv))
     try:
-        rc = app(args=argv, standalone_mode=False)
+        rc = _common.app(args=argv, standalone_mode=False)
     except KeyboardInterrupt:  # pragma: no cover - interactive only
         rc = 130
     except Exception as exc:  # noqa: BLE001 - re-raised below unless it is Click's usage error
