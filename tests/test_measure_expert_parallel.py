@@ -63,7 +63,8 @@ def _rank(rank: int, world: int, path: str, queue: mp.Queue) -> None:
 def test_dispatch_forward_equals_the_unsharded_experts(tmp_path):
     """Two gloo ranks, each with its own tokens: the all-to-all forward on half the experts gives transformers'
     output on all of them, and the same input gradient."""
-    ctx = mp.get_context("fork")
+    # forkserver, not fork: a process forked after torch started its thread pools (as in the full suite) can hang
+    ctx = mp.get_context("forkserver")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_rank, args=(r, 2, str(tmp_path / "store"), queue)) for r in range(2)]
     for p in procs:
