@@ -14,7 +14,7 @@ Needs the ``measure`` extra (torch, transformers, peft): ``pip install 'trainfit
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from ..errors import TrainfitError, unknown_choice
 from ..fields import whole
@@ -93,21 +93,12 @@ class Measured(MemoryMethod):
         if setup.model.config is None:
             raise TrainfitError(f"the {NAME} method builds the model from its Hugging Face config; "
                                 f"{setup.model.name!r} has none ({setup.model.arch_error})")
-        from .stacks import check_stack
+        from .stacks import check_stack, stack_runner
 
         check_stack(setup.recipe.stack)
-        if setup.recipe.stack == "torchtitan":
-            from .stacks import torchtitan
-
-            torchtitan.check(setup)  # what torchtitan's own step can express
-        elif setup.recipe.stack == "megatron":
-            from .stacks import megatron
-
-            megatron.check(setup)  # what megatron-core's own step can express
-        elif setup.recipe.stack == "deepspeed":
-            from .stacks import deepspeed
-
-            deepspeed.check(setup)  # what DeepSpeed's engine, as measured, can express
+        own = stack_runner(setup.recipe.stack)
+        if own is not None:
+            own.check(setup)  # what that stack's own step, as measured, can express
         else:
             check_accepts(setup, NAME, ACCEPTS, HINTS)
             r = setup.recipe
@@ -144,12 +135,8 @@ class Measured(MemoryMethod):
         if semantics not in ("cuda", "cpu"):
             raise unknown_choice("semantics", semantics, ("cuda", "cpu"))
         warmup = whole(warmup, "warmup", 0)
-        if setup.recipe.stack == "torchtitan":
-            return _estimate_torchtitan(setup, warmup=warmup, semantics=semantics, t0=t0)
-        if setup.recipe.stack == "megatron":
-            return _estimate_megatron(setup, warmup=warmup, semantics=semantics, t0=t0)
-        if setup.recipe.stack == "deepspeed":
-            return _estimate_deepspeed(setup, warmup=warmup, semantics=semantics, t0=t0)
+        if setup.recipe.stack in _STACK_STEPS:
+            return _STACK_STEPS[setup.recipe.stack](setup, warmup=warmup, semantics=semantics, t0=t0)
         from .distributed import is_distributed
 
         if is_distributed(setup):
@@ -264,15 +251,10 @@ def _estimate_rank(setup: TrainingSetup, *, task: Optional[str], warmup: int, se
         extra["stages"] = {str(x.layout.stage): x.tracker.steps[-1].peak.total for x in runs}
     notes = list(run.built.notes) + [
         f"rank {layout.rank} of {layout.world_size} (mesh {', '.join(f'{k} {v}' for k, v in layout.mesh.items())}) "
-        "on a fake process group; " + ("peak = torch.cuda.max_memory_allocated() of a steady-state step on one "
-                                       "sm80/sm90 GPU, emulated; excludes CUDA context, library workspaces, kernel "
-                                       "scratch, fragmentation and NCCL's own buffers" if semantics == "cuda" else
-                                       "CPU semantics (no CUDA emulation): compare with a real CPU run")]
+        "on a fake process group; " + _peak_note(semantics)]
     if run.reserved:
         extra.update(peak_allocated_bytes=int(peak.total), **run.reserved, fit_judged_on="peak_allocated_bytes")
-        notes.append(f"peak reserved {run.reserved['peak_reserved_bytes'] / 2**30:.2f} GiB (torch.cuda."
-                     "max_memory_reserved): the caching allocator replayed with one pool per stream (FSDP2's "
-                     "copy-in and reduce-scatter streams apart); the fit is judged on the allocated peak")
+        notes.append(_reserved_note(run.reserved))
     if layout.pp > 1:
         notes.append(f"pipeline stage {layout.stage} of {layout.pp} ({layout.schedule}, {layout.microbatches} "
                      "micro-batches, run by hand)" + (": the busier of the first and the last" if len(runs) > 1 else ""))
@@ -286,14 +268,7 @@ def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t
     torch = require("torch")
     from .stacks import torchtitan
 
-    with quiet(), quiet_fake_kernels():
-        try:
-            run = torchtitan.measure_rank(setup, warmup=warmup, cuda=semantics == "cuda")
-        except TrainfitError:
-            raise
-        except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError, KeyError,
-                AttributeError, IndexError) as exc:
-            raise step_error("torchtitan llama", exc) from None
+    run = _stack_step("torchtitan llama", lambda: torchtitan.measure_rank(setup, warmup=warmup, cuda=semantics == "cuda"))
     step, first = run.tracker.steps[-1], run.tracker.steps[0]
     peak = step.peak
     distributed = run.world_size > 1
@@ -321,15 +296,11 @@ def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t
     }
     where = (f"rank 0 of {run.world_size} (mesh dp_shard {mesh['dp_shard']} x tp {mesh['tp']}) on a fake process "
              "group; " if distributed else "one GPU; ")
-    what = ("peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
-            "excludes CUDA context, library workspaces, kernel scratch, fragmentation and NCCL's own buffers"
-            if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run")
+    what = _peak_note(semantics)
     notes = [f"{torchtitan.VERSION}'s own Llama, activation checkpointing ({run.ac}), parallelisms and loss, "
              "stepped on fake tensors", where + what]
     if run.reserved:
-        notes.append(f"peak reserved {run.reserved['peak_reserved_bytes'] / 2**30:.2f} GiB (torch.cuda."
-                     "max_memory_reserved): the caching allocator replayed with one pool per stream (FSDP2's "
-                     "copy-in and reduce-scatter streams apart); the fit is judged on the allocated peak")
+        notes.append(_reserved_note(run.reserved))
     return Estimate.of(NAME, setup, total_bytes=float(peak.total), components=components, inputs=inputs_echo,
                        notes=notes, extra=extra)
 
@@ -339,14 +310,7 @@ def _estimate_megatron(setup: TrainingSetup, *, warmup: int, semantics: str, t0:
     torch = require("torch")
     from .stacks import megatron
 
-    with quiet(), quiet_fake_kernels():
-        try:
-            run = megatron.measure_rank(setup, warmup=warmup, cuda=semantics == "cuda")
-        except TrainfitError:
-            raise
-        except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError, KeyError,
-                AttributeError, IndexError) as exc:
-            raise step_error("megatron GPTModel", exc) from None
+    run = _stack_step("megatron GPTModel", lambda: megatron.measure_rank(setup, warmup=warmup, cuda=semantics == "cuda"))
     step, first = run.tracker.steps[-1], run.tracker.steps[0]
     peak = step.peak
     distributed = run.world_size > 1
@@ -371,9 +335,7 @@ def _estimate_megatron(setup: TrainingSetup, *, warmup: int, semantics: str, t0:
     }
     where = (f"rank 0 of {run.world_size} (dp {mesh['dp']} x tp {mesh['tp']}) on a fake process group; "
              if distributed else "one GPU; ")
-    what = ("peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
-            "excludes CUDA context, library workspaces, kernel scratch, fragmentation and NCCL's own buffers"
-            if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run")
+    what = _peak_note(semantics)
     notes = [f"{megatron.VERSION}'s own GPTModel (local layer spec), DDP, "
              + ("distributed optimizer" if run.distributed_optimizer else "mixed-precision optimizer")
              + f", recompute ({run.recompute}) and vocab-parallel loss, stepped on fake tensors", where + what]
@@ -387,14 +349,7 @@ def _estimate_deepspeed(setup: TrainingSetup, *, warmup: int, semantics: str, t0
     require("transformers")
     from .stacks import deepspeed
 
-    with quiet(), quiet_fake_kernels():
-        try:
-            run = deepspeed.measure_rank(setup, warmup=warmup, cuda=semantics == "cuda")
-        except TrainfitError:
-            raise
-        except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError, KeyError,
-                AttributeError, IndexError) as exc:
-            raise step_error(f"deepspeed {setup.model.config.get('model_type')}", exc) from None
+    run = _stack_step(f"deepspeed {setup.model.config.get('model_type')}", lambda: deepspeed.measure_rank(setup, warmup=warmup, cuda=semantics == "cuda"))
     step, first = run.tracker.steps[-1], run.tracker.steps[0]
     peak = step.peak
     distributed = run.world_size > 1
@@ -420,15 +375,43 @@ def _estimate_deepspeed(setup: TrainingSetup, *, warmup: int, semantics: str, t0
         "versions": {"torch": torch.__version__, "transformers": require("transformers").__version__,
                      "deepspeed": run.version},
     }
-    what = ("peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
-            "excludes CUDA context, library workspaces, kernel scratch, fragmentation and NCCL's own buffers"
-            if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run")
+    what = _peak_note(semantics)
     notes = list(run.built.notes) + [
         f"DeepSpeed {run.version}'s ZeRO-{setup.parallel.zero} engine around the transformers model, stepped on fake "
         f"tensors ({run.optimizer}; {run.accelerator})",
         f"rank 0 of {run.world_size} on a fake process group; " + what]
     return Estimate.of(NAME, setup, total_bytes=float(peak.total), components=components, inputs=inputs_echo,
                        notes=notes, extra=extra)
+
+
+#: the stacks whose own code the measured method steps (:mod:`.stacks`), each with its measurement
+_STACK_STEPS: dict[str, Callable[..., Estimate]] = {
+    "torchtitan": _estimate_torchtitan, "megatron": _estimate_megatron, "deepspeed": _estimate_deepspeed}
+
+
+def _stack_step(label: str, run: Callable[[], Any]) -> Any:
+    """Run a stack's own step on fake tensors; a failure inside it is one line naming ``label``."""
+    with quiet(), quiet_fake_kernels():
+        try:
+            return run()
+        except TrainfitError:
+            raise
+        except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError, KeyError,
+                AttributeError, IndexError) as exc:
+            raise step_error(label, exc) from None
+
+
+def _peak_note(semantics: str) -> str:
+    """What a multi-GPU rank's measured peak is under ``semantics``."""
+    return ("peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, emulated; "
+            "excludes CUDA context, library workspaces, kernel scratch, fragmentation and NCCL's own buffers"
+            if semantics == "cuda" else "CPU semantics (no CUDA emulation): compare with a real CPU run")
+
+
+def _reserved_note(reserved: dict[str, Any]) -> str:
+    return (f"peak reserved {reserved['peak_reserved_bytes'] / 2**30:.2f} GiB (torch.cuda.max_memory_reserved): the "
+            "caching allocator replayed with one pool per stream (FSDP2's copy-in and reduce-scatter streams apart); "
+            "the fit is judged on the allocated peak")
 
 
 def step_summary(step: Any, first: Any) -> dict[str, Any]:

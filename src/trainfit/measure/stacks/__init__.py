@@ -8,6 +8,10 @@ Nothing here imports torch: each stack's runner imports it when it runs.
 """
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+from typing import Optional
+
 from ...errors import TrainfitError
 
 #: the stacks ``trainfit measure`` runs, with the version of the code it steps
@@ -17,9 +21,17 @@ MEASURED_STACKS: dict[str, str] = {
     "megatron": "megatron-core 0.19.2 (installed separately), local layer spec",
     "deepspeed": "DeepSpeed's ZeRO 1-3 engine (the version installed; 0.18.4 measured) around transformers",
 }
+#: the stacks stepped by a module of this package named after them (hf is trainfit.measure's own step)
+RUNNERS = ("torchtitan", "megatron", "deepspeed")
 #: what is known of running a stack the measured method does not run yet, one clause each (none left)
 NOT_MEASURED: dict[str, str] = {
 }
+
+
+def stack_runner(stack: str) -> Optional[ModuleType]:
+    """The module that steps ``stack``'s own code (its ``check`` and ``measure_rank``), or None for hf (the
+    measurement of :mod:`trainfit.measure` itself)."""
+    return importlib.import_module(f"{__name__}.{stack}") if stack in RUNNERS else None
 
 
 def check_stack(stack: str) -> None:
@@ -31,4 +43,4 @@ def check_stack(stack: str) -> None:
                         f"{' or '.join(MEASURED_STACKS)}" + (f" ({why})" if why else ""))
 
 
-__all__ = ["MEASURED_STACKS", "NOT_MEASURED", "check_stack"]
+__all__ = ["MEASURED_STACKS", "NOT_MEASURED", "RUNNERS", "check_stack", "stack_runner"]
