@@ -2,31 +2,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import typer
 
 from ..errors import TrainfitError
+from ..labs.data import TRAINING_LAB_ID, load_lab_data
+from ..labs.physics import physics_view
+from ..labs.report import lab_report
+from ..labs.schemas import TrainingTrackProfile, to_plain
+from ..labs.training import (all_memory_stacks, clamp_batch, get_strategy, training_frontier, training_memory_stack,
+                             training_track_profile)
+from ..report.labs import (batch_frontier_document, lab_report_document, plan_summary_document, stack_document,
+                           tracks_document)
 from ._common import Output, app, emit, err_console, guarded
-
-if TYPE_CHECKING:
-    from ..labs.schemas import TrainingTrackProfile
-
-
-def _load() -> None:
-    """Import the lab's modules into this module when a lab command runs: they read the lab's data files,
-    which no other command needs (every `trainfit` process imports this module to register the commands)."""
-    if "lab_report" in globals():
-        return
-    from ..labs.data import TRAINING_LAB_ID, load_lab_data
-    from ..labs.physics import physics_view
-    from ..labs.report import lab_report
-    from ..labs.schemas import to_plain
-    from ..labs.training import (all_memory_stacks, clamp_batch, get_strategy, training_frontier,
-                                 training_memory_stack, training_track_profile)
-    from ..report.labs import (batch_frontier_document, lab_report_document, plan_summary_document, stack_document,
-                               tracks_document)
-    globals().update({k: v for k, v in locals().items()})
 
 lab_app = typer.Typer(
     name="lab",
@@ -70,7 +59,6 @@ def _note_clamp(profile: TrainingTrackProfile, batch: Optional[int]) -> None:
 @guarded
 def tracks_command(output: Output = OUTPUT_OPT, tracks_file: Optional[Path] = TRACKS_FILE_OPT) -> None:
     """List the tracks, their aliases, hardware and training-lab scenario."""
-    _load()
     data = load_lab_data(tracks_file)
     rows = []
     for t in data.tracks:
@@ -92,7 +80,6 @@ def stack_command(track: str = TRACK_ARG,
                   tracks_file: Optional[Path] = TRACKS_FILE_OPT, plot: Optional[Path] = PLOT_OPT) -> None:
     """Memory stack (weights, gradients, optimizer state, activations, data batch; MB) of every strategy,
     or one, with the physical engine's view beside it. JSON: one object, or a list without --strategy."""
-    _load()
     profile = _profile(track, tracks_file)
     _note_clamp(profile, batch)
     if strategy:
@@ -119,7 +106,6 @@ def frontier_command(track: str = TRACK_ARG,
                      plot: Optional[Path] = PLOT_OPT) -> None:
     """Memory and throughput of one strategy over the track's batch range: largest feasible batch and
     the first infeasible batch above it."""
-    _load()
     profile = _profile(track, tracks_file)
     sid = _strategy_required(profile, strategy)
     f = training_frontier(profile, strategy_id=sid)
@@ -139,7 +125,6 @@ def plan_command(track: str = TRACK_ARG,
                  tracks_file: Optional[Path] = TRACKS_FILE_OPT) -> None:
     """The training feasibility plan for one strategy: decision, memo, rejected alternatives, validation
     tests and residual risk. --output markdown gives the full lab report; json its plain-data form."""
-    _load()
     profile = _profile(track, tracks_file)
     sid = _strategy_required(profile, strategy)
     _note_clamp(profile, batch)
