@@ -323,35 +323,28 @@ class Tape:
     def timeline(self) -> list[Vec]:
         """Live bytes after each op: every saved tensor created so far plus every other tensor between
         its creation and its last use (held ones until the forward ends)."""
-        n = self.t + 1
-        delta_start: list[Vec] = [ZERO] * (n + 2)
-        delta_end: list[Vec] = [ZERO] * (n + 2)
-        for x in self.tensors:
-            b = x.bytes
-            delta_start[x.created] = vadd(delta_start[x.created], b)
-            if not x.saved:
-                end = min(x.last, n)
-                delta_end[end + 1] = vadd(delta_end[end + 1], b)
-        live = ZERO
-        out = []
-        for i in range(n + 1):
-            live = vsub(vadd(live, delta_start[i]), delta_end[i])
-            out.append(live)
-        return out
+        return _live_bytes(self, keep_saved=True)
 
 
 def offload_timeline(tape: Tape) -> list[Vec]:
     """Live bytes after each op when every save goes to the host as it is made (``save_on_cpu``): a saved tensor is
     then freed at its last use in the forward like any other (held ones and the tensors no hook packs, such as the
     checkpoint-free rotary tables, at the forward's end). Call after :meth:`Tape.finish`."""
+    return _live_bytes(tape, keep_saved=False)
+
+
+def _live_bytes(tape: Tape, *, keep_saved: bool) -> list[Vec]:
+    """Live bytes after each op of ``tape``: each tensor from its creation to its last use, or to the end when it
+    is saved and ``keep_saved``."""
     n = tape.t + 1
     delta_start: list[Vec] = [ZERO] * (n + 2)
     delta_end: list[Vec] = [ZERO] * (n + 2)
     for x in tape.tensors:
         b = x.bytes
         delta_start[x.created] = vadd(delta_start[x.created], b)
-        end = min(x.last, n)
-        delta_end[end + 1] = vadd(delta_end[end + 1], b)
+        if not (keep_saved and x.saved):
+            end = min(x.last, n)
+            delta_end[end + 1] = vadd(delta_end[end + 1], b)
     live = ZERO
     out = []
     for i in range(n + 1):
