@@ -38,7 +38,7 @@ ACCEPTS: dict[str, Any] = {
     "reshard_after_forward": None, "fsdp_prefetch": (1,), "ddp_bucket_view": None, "ddp_bucket_bytes": None,
     "pp": None, "pp_schedule": ("1f1b", "gpipe", "interleaved"), "pp_virtual": None, "pp_stage": None, "cp": None,
     "ep": None,
-    "stack": ("hf", "torchtitan", "megatron", "deepspeed"), "offload": ("none", "activations"),
+    "stack": ("hf", "torchtitan", "megatron", "deepspeed"), "offload": ("none", "params", "activations"),
 }
 #: optimizers measured on one device only (their libraries' multi-GPU paths are not run on a fake process group)
 SINGLE_DEVICE_OPTIMIZERS = ("adafactor", "lion", "adam8bit", "paged-adam8bit")
@@ -103,12 +103,15 @@ class Measured(MemoryMethod):
             check_accepts(setup, NAME, ACCEPTS, HINTS)
             r = setup.recipe
             single = {"optimizer_in_backward": r.optimizer_in_backward, "loss": r.loss != "model",
-                      "offload": r.offload != "none",
+                      "offload": r.offload == "activations",
                       "optimizer": r.optimizer in SINGLE_DEVICE_OPTIMIZERS}
             if setup.parallel.world_size > 1 and any(single.values()):
                 name = next(k for k, v in single.items() if v)
                 raise TrainfitError(f"the {NAME} method runs {name}={getattr(r, name)!r} on one device only (world "
                                     f"size {setup.parallel.world_size}); accepted there: the default")
+            if r.offload == "params" and not setup.parallel.fsdp:
+                raise TrainfitError("--offload params is measured as FSDP2's CPUOffloadPolicy: give --fsdp and --dp N "
+                                    "(accepted on one device: --offload activations)")
             if setup.accumulation > 1 and setup.parallel.pp == 1:
                 raise TrainfitError("the measured method runs one micro-batch per step (accumulation 1) except in a "
                                     "pipeline, where --accum is the number of micro-batches")
@@ -245,6 +248,9 @@ def _estimate_rank(setup: TrainingSetup, *, task: Optional[str], warmup: int, se
         "timings_s": {"total": round(time.perf_counter() - t0, 2)},
         "versions": {"torch": torch.__version__, "transformers": require("transformers").__version__},
     }
+    if layout.offload_params:
+        # FSDP2's CPUOffloadPolicy: the host's peak of sharded parameters, gradients, optimizer state and step
+        extra["host_bytes"] = {"offloaded_params": int(run.tracker.host_peak)}
     if layout.pp > 1:
         extra["pipeline_stage"] = layout.stage
         extra["stage_layers"] = run.stage_layers
@@ -252,6 +258,9 @@ def _estimate_rank(setup: TrainingSetup, *, task: Optional[str], warmup: int, se
     notes = list(run.built.notes) + [
         f"rank {layout.rank} of {layout.world_size} (mesh {', '.join(f'{k} {v}' for k, v in layout.mesh.items())}) "
         "on a fake process group; " + _peak_note(semantics)]
+    if layout.offload_params:
+        notes.append(f"parameter offload (FSDP2 CPUOffloadPolicy): {run.tracker.host_peak / 1e9:.3f} GB of sharded "
+                     "parameters, gradients and optimizer state in host RAM at its peak, not in the allocated peak")
     if run.reserved:
         extra.update(peak_allocated_bytes=int(peak.total), **run.reserved, fit_judged_on="peak_allocated_bytes")
         notes.append(_reserved_note(run.reserved))

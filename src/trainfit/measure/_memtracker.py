@@ -27,6 +27,23 @@ class CommRefType(mt._RefType):
     DDP_BUCKET = "DDP Bucket"
 
 
+class _HostKey:
+    """The key host storages are filed under (``--offload params``): a device of its own, so that host bytes are
+    kept apart from the device's totals and peak (``type`` is read by MemTracker's per-storage records)."""
+
+    type = "host"
+
+    def __repr__(self) -> str:
+        return "host"
+
+    def __deepcopy__(self, memo: Any) -> "_HostKey":  # MemTracker deep-copies its snapshots, keys included
+        return self
+
+
+#: where the storages of a parameter-offloaded step that live in host memory are filed
+HOST = _HostKey()
+
+
 class _LeakFreeModTracker(ModTracker):
     """ModTracker without the reference cycle of its post-backward hook (fix 2 of :mod:`.tracker`)."""
 
@@ -74,9 +91,16 @@ class FixedMemTracker(MemTracker):
 
         #: optional observer of every storage event and peak check (see :class:`TimelineListener`)
         self.listener: Any = None
+        #: host memory (``--offload params``): whether ops on host tensors only make host tensors, where new
+        #: storages go now (None: by that rule), and the peak of the host bytes since the step began
+        self.host_rule = False
+        self._placing: Any = None
+        self.host_peak = 0
 
     def _update_snap(self, u_type: Any, winfo: Any, old_mem_consumed: Any = None, old_reftype: Any = None) -> None:
         super()._update_snap(u_type, winfo, old_mem_consumed=old_mem_consumed, old_reftype=old_reftype)
+        if winfo.device is HOST:
+            self.host_peak = max(self.host_peak, self.host_bytes())
         if self.listener is not None:
             self.listener.storage_event(u_type.name, winfo, None if old_reftype is None else old_reftype.value)
 
@@ -166,6 +190,67 @@ class FixedMemTracker(MemTracker):
             total += next(iter(self._label_storage(st, ref))).mem_consumed
         return total
 
+    # ------------------------------------------------------------------ host memory (--offload params)
+    def host_bytes(self) -> int:
+        """Bytes of the storages filed as host memory now (exact, not rounded to device blocks)."""
+        return int(self._curr_mem_snap.get(HOST, {}).get(mt._TOTAL_KEY, 0))
+
+    def _file_on_host(self, st: Any, reftype: Any) -> None:
+        """File storage ``st`` as host memory (tracked first if it was not), at its exact size."""
+        winfo, _ = self._WINFO.get(st, (None, None))
+        if winfo is None:
+            winfo, w_st = mt._WeakRefInfo.create_winfo(st, HOST, reftype, self._delete_callback)
+            self._WINFO[st] = (winfo, w_st)
+        elif winfo.device is HOST:
+            return
+        elif winfo.mem_consumed > 0:
+            self._update_snap(mt._UpdateType.DEL, winfo)
+        winfo.device = HOST
+        winfo.mem_consumed = winfo.size * winfo.element_size
+        if winfo.mem_consumed > 0:
+            self._update_snap(mt._UpdateType.ADD, winfo)
+
+    def to_host(self, tensors: Any, category: str) -> None:
+        """File the storages of ``tensors`` (plain or DTensor) as host memory of MemTracker category ``category``:
+        out of the device's totals and peak from now on."""
+        from torch.distributed._tools.common_utils import get_untyped_storages
+
+        ref = self._ref_of(category)
+        for t in tensors:
+            for st in get_untyped_storages(t):
+                self._file_on_host(st, ref)
+
+    @contextlib.contextmanager
+    def placing(self, where: str) -> Iterator[None]:
+        """Every storage made inside goes to ``where`` ("host" or "device"), whatever its inputs."""
+        saved, self._placing = self._placing, where
+        try:
+            yield
+        finally:
+            self._placing = saved
+
+    def _is_host(self, st: Any) -> bool:
+        winfo, _ = self._WINFO.get(st, (None, None))
+        return winfo is not None and winfo.device is HOST
+
+    def _host_inputs(self, args: Any, kwargs: Any) -> bool:
+        """Whether an op reads tensors and every one of them lives in host memory."""
+        from torch.distributed._tools.common_utils import get_untyped_storages
+
+        flat, _ = tree_flatten((args, kwargs or {}))
+        sts = [st for a in flat if isinstance(a, torch.Tensor) for st in get_untyped_storages(a)]
+        return bool(sts) and all(self._is_host(st) for st in sts)
+
+    def _track(self, reftype: Any, t: Any) -> None:
+        if self._placing != "host":
+            super()._track(reftype, t)
+            return
+        from torch.distributed._tools.common_utils import get_untyped_storages
+
+        for st in get_untyped_storages(t):
+            if st not in self._WINFO:
+                self._file_on_host(st, reftype)
+
     def _ref_of(self, category: str) -> Any:
         for ref in [*mt._MemRefType, *CommRefType]:
             if ref.value.lower() == category:
@@ -173,7 +258,12 @@ class FixedMemTracker(MemTracker):
         raise KeyError(category)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        res = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.host_rule and self._placing is None and self._host_inputs(args, kwargs):
+            # an op on host tensors only runs on the CPU: what it makes is host memory
+            with self.placing("host"):
+                res = super().__torch_dispatch__(func, types, args, kwargs)
+        else:
+            res = super().__torch_dispatch__(func, types, args, kwargs)
         if self._distributed and res is not NotImplemented:
             c10d = torch.ops.c10d
             if func is c10d._allgather_base_.default:
@@ -240,7 +330,9 @@ class FixedMemTracker(MemTracker):
     def _snap(self, kind: str = "current") -> Snapshot:
         raw = self.get_tracker_snapshot(kind)
         out = dict.fromkeys(self.categories, 0)
-        for dev_snap in raw.values():
+        for dev, dev_snap in raw.items():
+            if dev is HOST:  # host memory is reported apart (host_bytes, host_peak)
+                continue
             for key, value in dev_snap.items():
                 if isinstance(key, mt._RefType):
                     out[key.value.lower()] += int(value)
@@ -256,6 +348,7 @@ class FixedMemTracker(MemTracker):
     def new_step(self) -> StepRecord:
         self.steps.append(StepRecord())
         self.reset_mod_stats()
+        self.host_peak = self.host_bytes()
         return self.steps[-1]
 
     @contextlib.contextmanager

@@ -84,6 +84,7 @@ class Layout:
     sequence_parallel: bool = True
     loss_parallel: bool = False
     fsdp_mixed_precision: bool = False  #: amp-bf16 under FSDP: bf16 compute copies of fp32 parameters
+    offload_params: bool = False  #: FSDP2's CPUOffloadPolicy: shards, gradients and the step on the host (.param_offload)
 
     @property
     def world_size(self) -> int:
@@ -118,6 +119,7 @@ class Layout:
         if self.fsdp:
             out["reshard_after_forward"] = self.reshard_after_forward
             out["fsdp_mixed_precision"] = self.fsdp_mixed_precision
+            out["offload_params"] = self.offload_params
         if self.ddp:
             out.update(ddp_bucket_view=self.ddp_bucket_view, ddp_bucket_bytes=self.ddp_bucket_bytes)
         if self.tp > 1:
@@ -161,6 +163,11 @@ def layouts_of(setup: TrainingSetup) -> list[Layout]:
         raise TrainfitError(f"expert parallelism shards routed experts: {setup.model.arch.model_type} has none")
     if p.ep > 1 and r.lora:
         raise TrainfitError("the measured method runs LoRA with data parallelism (DDP or FSDP) only, not with --ep")
+    if r.offload == "params" and not p.fsdp:
+        raise TrainfitError("--offload params is measured as FSDP2's CPUOffloadPolicy: give --fsdp (and --dp N)")
+    if r.offload == "params" and (p.tp > 1 or p.pp > 1 or p.cp > 1 or p.ep > 1):
+        raise TrainfitError("--offload params is measured with FSDP over data parallelism only, not with --tp, --pp, "
+                            "--cp or --ep")
     if p.fsdp and p.dp == 1:
         raise TrainfitError("--fsdp shards over the data-parallel ranks: give --dp > 1 (on one GPU, leave --fsdp out)")
     if p.pp > 1 and p.fsdp:
@@ -200,7 +207,8 @@ def layouts_of(setup: TrainingSetup) -> list[Layout]:
                 fsdp=p.fsdp,
                 reshard_after_forward=p.reshard_after_forward, ddp_bucket_view=p.ddp_bucket_view,
                 ddp_bucket_bytes=p.ddp_bucket_bytes, sequence_parallel=p.sequence_parallel,
-                loss_parallel=p.loss_parallel, fsdp_mixed_precision=p.fsdp and r.precision == "amp-bf16")
+                loss_parallel=p.loss_parallel, fsdp_mixed_precision=p.fsdp and r.precision == "amp-bf16",
+                offload_params=r.offload == "params")
     if p.pp == 1:
         return [Layout(**base)]
     stages = [p.pp_stage] if p.pp_stage >= 0 else sorted({0, p.pp - 1})
@@ -400,9 +408,15 @@ def apply_fsdp(model: Any, blocks: Any, mesh: Any, layout: Layout) -> None:
     dp_mesh = mesh["dp"] if mesh.mesh_dim_names and "dp" in mesh.mesh_dim_names and mesh.ndim > 1 else mesh
     mp = (fsdp.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
           if layout.fsdp_mixed_precision else fsdp.MixedPrecisionPolicy())
+    extra: dict[str, Any] = {}
+    if layout.offload_params:
+        from .param_offload import offload_policy
+
+        extra["offload_policy"] = offload_policy()
     for block in blocks:
-        fsdp.fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=layout.reshard_after_forward)
-    fsdp.fully_shard(model, mesh=dp_mesh, mp_policy=mp)
+        fsdp.fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=layout.reshard_after_forward,
+                         **extra)
+    fsdp.fully_shard(model, mesh=dp_mesh, mp_policy=mp, **extra)
 
 
 def chunk_layers(num_layers: int, layout: Layout) -> list[tuple[int, list[int]]]:
@@ -557,7 +571,13 @@ def run_parallel_steps(model: Any, run: StepRun, make_opt: Callable[[Any], Any],
     """``warmup`` + 1 steps of a data/tensor-parallel rank under ``tracker``; returns the module stepped."""
     from .session import stepping, train_step
 
-    with stepping(tracker, emulation), run.loss_context():
+    offload: Any = contextlib.nullcontext()
+    if layout.offload_params:
+        from .param_offload import file_host_states, real_copies
+
+        offload = real_copies(tracker)
+        tracker.to_host(list(model.parameters()), "parameter")
+    with stepping(tracker, emulation), run.loss_context(), offload:
         # the root returns the model output (a view of nothing in place is ever done to): FSDP2 warns anyway
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module", category=UserWarning)
         stepped = model
@@ -571,6 +591,8 @@ def run_parallel_steps(model: Any, run: StepRun, make_opt: Callable[[Any], Any],
                 if layout.fsdp:
                     pin_fsdp_buffers(tracker, model)
                 relabel_states(tracker, model, opt)
+                if layout.offload_params:
+                    file_host_states(tracker, model, opt)
             train_step(stepped, run.inputs, opt, tracker, run.task, run.autocast)
     return stepped
 
