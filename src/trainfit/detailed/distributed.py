@@ -253,7 +253,7 @@ REDUCE_SCATTER = "reduce-scatter input"
 def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegions, root: FsdpGroup,
                     blocks: list[FsdpGroup], head_ug: float, embed_ug: float, nbytes: Any, saved_total: Any,
                     residual_grad: Any, accumulating: bool = False, root_reshard: bool = False,
-                    keep_last: bool = False
+                    keep_last: bool = False, host_grads: bool = False
                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, float]], list[dict[str, float]]]:
     """Forward and backward candidates (each a dict of activations, temporaries, gradients and
     communication_buffers, in bytes) of one FSDP2 rank, at the moments that can set the peak, and for each
@@ -291,7 +291,7 @@ def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegion
     acc = np.where(accumulating, acc, 0.0) if isinstance(accumulating, np.ndarray) else (acc if accumulating else 0.0)
     out = _Candidates()
     _forward_candidates(out, rank, regions, nbytes, saved_total, acc)
-    _backward_candidates(out, rank, arch, pr, nbytes, saved_total, residual_grad, head_ug, embed_ug, acc)
+    _backward_candidates(out, rank, arch, pr, nbytes, saved_total, residual_grad, head_ug, embed_ug, acc, host_grads)
     return out.fwd, out.bwd, out.fwd_terms, out.bwd_terms
 
 
@@ -437,15 +437,17 @@ def _forward_candidates(out: _Candidates, rank: _FsdpRank, regions: ForwardRegio
 
 
 def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, nbytes: Any, saved_total: Any,
-                         residual_grad: Any, head_ug: float, embed_ug: float, acc: float) -> None:
+                         residual_grad: Any, head_ug: float, embed_ug: float, acc: float,
+                         host_grads: bool = False) -> None:
     """The backward's candidates: the loss backward, inside and after the backward of the last two blocks
     and the first one, the embeddings' backward and the root's post-backward."""
     blocks, raf, rs, R = rank.blocks, rank.raf, rank.rs, rank.root_gathered()
     L = len(blocks)
     sharded_after: list[Any] = [0] * L  # the blocks after each one: whole byte counts, so any order sums exactly
+    kept = 0 if host_grads else 1  # offloaded: each group's sharded gradients go to the host as they are reduced
     for i in range(L - 2, -1, -1):
-        sharded_after[i] = sharded_after[i + 1] + blocks[i + 1].sharded_grads
-    all_sharded = sum(g.sharded_grads for g in blocks)
+        sharded_after[i] = sharded_after[i + 1] + kept * blocks[i + 1].sharded_grads
+    all_sharded = kept * sum(g.sharded_grads for g in blocks)
     held_head = _float(head_ug + (embed_ug if arch.tie_word_embeddings else 0))
     head_loss = _vadd(pr.head_saved, pr.loss_saved)
     # the loss backward: every activation saved, the last block already being gathered again (or still
@@ -475,6 +477,13 @@ def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, 
                           "temporaries": nbytes(lp.transient_bwd),
                           "gradients": held_head + sharded_after[i] + blocks[i].first_op_grad + acc},
                          {**R, **rank.gathered_upto(i), **rank.prefetch(i), **rs_prev})
+            if host_grads:
+                # the end of its backward, before its post-backward: every weight gradient made (unsharded), its
+                # parameters still gathered, the next one's prefetched, the previous group's reduce-scatter input
+                # alive; with no sharded gradient held (offloaded), the moment can outweigh the post-backward's
+                out.backward({"activations": nbytes(_vsub(remaining, lp.saved)), "temporaries": residual_grad,
+                              "gradients": held_head + blocks[i].unsharded_grads + acc},
+                             {**R, **rank.gathered_upto(i), **rank.prefetch(i), **rs_prev})
             # its post-backward: parameters freed, every unsharded gradient copied into the reduce-scatter input
             kept = rank.gathered_upto(i - 1) if (not raf and i > 0) else {}
             out.backward({"activations": nbytes(_vsub(remaining, lp.saved)), "temporaries": residual_grad,

@@ -37,7 +37,7 @@ ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n not in ("trainab
                            "precision": TRAINING_PRECISIONS,
                            "stack": tuple(s for s in MODELLED_STACKS if get_stack(s).behaviour.step == "pytorch"),
                            "loss": ("model", "chunked", "fused-linear"),
-                           "offload": ("none", "optimizer", "activations")}
+                           "offload": ("none", "optimizer", "params", "activations")}
 
 
 def lora_precision_notes(setup: TrainingSetup) -> list[str]:
@@ -145,6 +145,10 @@ class Detailed(MemoryMethod):
                                 "--cp), with --checkpointing none and --loss model; got "
                                 f"--pp {par.pp} --fsdp {par.fsdp} --tp {par.tp} --cp {par.cp} "
                                 f"--checkpointing {r.checkpointing} --loss {r.loss}")
+        if r.offload == "params":
+            from .offload import check_params_offload
+
+            check_params_offload(setup)
         if r.offload != "none" and r.optimizer_in_backward:
             raise TrainfitError("--offload optimizer steps on the CPU after the backward; --optimizer-in-backward steps "
                                 "on the device during it: choose one")
@@ -205,7 +209,8 @@ class Detailed(MemoryMethod):
             "attention_kernel": res.profile.kernel, "pipeline_stage": int(res.stage), "platform": platform,
             # host memory the step needs beside the device's: paged optimizer state (CUDA unified memory)
             "host_bytes": {"paged_optimizer_state": float(res.states.host_opt_states),
-                           "offloaded_optimizer": float(res.states.host_offloaded)},
+                           "offloaded_optimizer": float(res.states.host_offloaded)
+                           if setup.recipe.offload == "optimizer" else 0.0},
         }
         if setup.recipe.offload == "activations":
             # save_on_cpu's pinned host copies of every save, all alive when the forward ends
@@ -218,7 +223,12 @@ class Detailed(MemoryMethod):
             if phase == "backward" and float(bwd["activations"] + bwd["temporaries"]) > float(
                     loss_moment(res.profile, res.shape.bytes)) * (1 + 1e-9):
                 notes.append(BLOCK_NOTE)
-        if res.states.host_offloaded:
+        if setup.recipe.offload == "params":
+            from .offload import params_note
+
+            extra["host_bytes"]["offloaded_params"] = float(res.states.host_offloaded)
+            notes.append(params_note(res.states.host_offloaded))
+        elif res.states.host_offloaded:
             notes.append(f"optimizer offload: {res.states.host_offloaded / 1e9:.3f} GB of optimizer state and master "
                          "weights in host RAM (the step runs on the CPU)")
         if res.states.host_opt_states:

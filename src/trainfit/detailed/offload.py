@@ -13,6 +13,20 @@ are saved (``torch.autograd.graph.save_on_cpu(pin_memory=True)``, as ``trainfit 
   forward ends: ``host_bytes.offloaded_activations``.
 
 Measured: validation/corpus-offload-measured.jsonl (``trainfit measure --offload activations``).
+
+``--offload params``: FSDP2's ``CPUOffloadPolicy`` (``fully_shard(..., offload_policy=CPUOffloadPolicy())``, torch
+2.13): the sharded parameters, their gradients, the optimizer state and the optimizer step live on the host. Each
+FSDP unit's shards are copied to the device for its all-gather (``_fsdp_param.py`` ``all_gather_inputs``) and its
+reduce-scattered gradients copied back at once (``_fsdp_collectives.py`` ``foreach_reduce``), so the device holds the
+step's gathered parameters, all-gather and reduce-scatter buffers, unsharded gradients and activations, and no
+sharded state:
+
+* **device**: FSDP2's moments (:func:`~.distributed.fsdp_candidates`) with ``host_grads`` (no sharded gradient stays)
+  and no parameters, gradients, optimizer state or step temporaries (:func:`~.states.state_bytes`);
+* **host**: the sharded parameters, their gradients, the optimizer state and the step's temporaries, all alive at the
+  optimizer step: ``host_bytes.offloaded_params``.
+
+Measured: validation/corpus-offload-params-measured.jsonl (``trainfit measure --dp N --fsdp --offload params``).
 """
 from __future__ import annotations
 
@@ -21,7 +35,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..arch import ArchSpec
-from ..training_setup import Recipe
+from ..errors import TrainfitError
+from ..training_setup import Recipe, TrainingSetup
 from .activations import ActivationProfile
 from .graph import ZERO, Vec, tok
 
@@ -89,3 +104,32 @@ BLOCK_NOTE = ("activation offload: the backward peak here is a block's backward,
               "approximately under offload (11-20 % short on validation/corpus-offload-blocks.yaml, 1.4 % over on an "
               "eager-attention case); the loss-backward peaks of validation/corpus-offload.yaml are within 0.5 %")
 
+
+
+#: the optimizers whose CPU step ``--offload params`` models (PyTorch's own, as the measurement steps them)
+PARAMS_OFFLOAD_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
+
+
+def check_params_offload(setup: TrainingSetup) -> None:
+    """Refuse, in one line, a ``--offload params`` setup this model does not cover: it is FSDP2's CPU offload of a
+    full fine-tune (``--fsdp``, data parallelism only, one micro-batch per step, the hf stack)."""
+    r, par = setup.recipe, setup.parallel
+    bad = [what for what, on in (("--fsdp missing", not par.fsdp), (f"--tp {par.tp}", par.tp > 1),
+                                 (f"--pp {par.pp}", par.pp > 1), (f"--cp {par.cp}", par.cp > 1),
+                                 (f"--ep {par.ep}", par.ep > 1), (f"--accum {setup.accumulation}", setup.accumulation != 1),
+                                 (f"--lora {r.lora_rank}", bool(r.lora)), (f"--stack {r.stack}", r.stack != "hf"),
+                                 (f"--loss {r.loss}", r.loss != "model"),
+                                 (f"--optimizer {r.optimizer}", r.optimizer not in PARAMS_OFFLOAD_OPTIMIZERS),
+                                 (f"--precision {r.precision}", r.precision not in ("fp32", "amp-bf16", "bf16"))) if on]
+    if bad:
+        raise TrainfitError("--offload params is modelled as FSDP2's CPUOffloadPolicy of a full fine-tune (--dp N "
+                            "--fsdp, data parallelism only, --accum 1, the hf stack, --loss model, --optimizer "
+                            f"{'|'.join(PARAMS_OFFLOAD_OPTIMIZERS)}, --precision fp32|amp-bf16|bf16); got "
+                            + ", ".join(bad))
+
+
+def params_note(host: float) -> str:
+    """The note of an estimate under ``--offload params`` (``host``: the host bytes)."""
+    return (f"parameter offload (FSDP2 CPUOffloadPolicy): {host / 1e9:.3f} GB of sharded parameters, gradients, "
+            "optimizer state and step temporaries in host RAM per rank (a node holds one such share per GPU); the device holds the gathered units, the FSDP buffers "
+            "and the activations (the host<->device copies and the CPU step are not timed)")

@@ -611,7 +611,8 @@ def _fsdp(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, pr: Acti
                            head_ug, embed_ug, B,
                            saved_total, B(tok(h_res * fsdp_compute_bytes(recipe))), accumulating=accumulation > 1,
                            root_reshard=beh.fsdp_root_reshard and par.pp == 1,
-                           keep_last=beh.fsdp_keep_last_block and par.pp == 1)
+                           keep_last=beh.fsdp_keep_last_block and par.pp == 1,
+                           host_grads=recipe.offload == "params")
 
 
 def _min(a: Any, b: Any) -> Any:

@@ -70,7 +70,8 @@ class StateBytes:
     compute_copy_params: int = 0  #: elements a ZeRO-3/FSDP rank gathers over a step (all on this stage)
     buffers: int = 0  #: non-parameter model state (rotary inv_freq tables, BERT position/token-type ids)
     host_opt_states: int = 0  #: paged optimizer state in unified memory (host bytes; not allocated by PyTorch)
-    host_offloaded: int = 0  #: optimizer state, step counters and master weights offloaded to host memory
+    host_offloaded: int = 0  #: optimizer state, step counters and master weights offloaded to host memory (with the
+    #: parameters, their gradients and the step's temporaries under ``--offload params``)
     largest_grad: int = 0  #: bytes of the largest trainable tensor's gradient
     largest_step_temp: int = 0  #: temporaries of the optimizer step of the largest tensor alone
 
@@ -199,6 +200,7 @@ class _Unsharded:
     n_tensors: int
     n_trainable_tensors: int
     grads_part: tuple[tuple[str, int], ...]
+    host_exact: int = 0  #: ``--offload params``: the same state in host memory, exact bytes (no device blocks)
 
 
 #: the recipe fields the state bytes read (setups differing only in others share one inventory)
@@ -311,11 +313,34 @@ def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage:
     emb = sum(_tp_numel(t, tp, ep) for t in tensors if t.layer is None and t.group in ("embeddings", "position"))
     head = sum(_tp_numel(t, tp, ep) for t in tensors if t.layer is None and t.group not in ("embeddings", "position"))
     largest_layer = max(largest_layer, emb, head)
+    host_exact = _host_exact(items, recipe, st_b) if recipe.offload == "params" else 0
     return _Unsharded(params_b=params_b, train_b=train_b, n_all=n_all, n_train=n_train, master=master, grads=grads,
                       fp32g=fp32g, states=states, steps=steps, temp=temp, host_states=host_states, largest_grad=largest_grad,
                       largest_step_temp=largest_step_temp, largest_layer=largest_layer,
                       largest=largest, n_tensors=len(items), n_trainable_tensors=len(train),
-                      grads_part=tuple(grads_part.items()))
+                      grads_part=tuple(grads_part.items()), host_exact=host_exact)
+
+
+def _host_exact(items: list[tuple[tuple[int, ...], int, float, bool]], recipe: Recipe, st_b: Any) -> int:
+    """The state FSDP2's CPU offload keeps on the host (``--offload params``), exact bytes (the host's storages are not
+    rounded to device blocks): every shard, the trainable ones' gradients, the optimizer state (Adam's two moments
+    and 0-d fp32 step; SGD momentum's and Lion's one buffer), fp32 master copies, and the step's temporaries
+    (foreach Adam's one state-sized tensor per parameter, the for-loop's two of the largest)."""
+    train = [(n, b) for _, n, b, tr in items if tr]
+    params = int(sum(n * b for _, n, b, _ in items))
+    grads = int(sum(n * b for n, b in train))
+    opt = recipe.optimizer
+    per_state = {"adam": 2, "adamw": 2, "sgd-momentum": 1, "lion": 1}.get(opt, 0)
+    states = int(sum(per_state * n * st_b(b) for n, b in train))
+    steps = 4 * len(train) if opt in ("adam", "adamw") else 0
+    master = int(sum(4 * n for n, b in train if b < 4)) if recipe.master_weights else 0
+    temp = 0
+    if opt in ("adam", "adamw"):
+        temp = {"foreach": int(sum(n * st_b(b) for n, b in train)), "fused": 0,
+                "forloop": 2 * int(max((n * st_b(b) for n, b in train), default=0))}[recipe.opt_impl]
+    elif opt == "lion":
+        temp = int(max((n * st_b(b) for n, b in train), default=0))
+    return params + grads + states + steps + master + temp
 
 
 @lru_cache(maxsize=1024)
@@ -354,6 +379,13 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
         # (and fp32 gradient copy) live in host memory and the step runs on the CPU; nothing of it on the device
         host_offloaded = states + steps + master + fp32g
         states = steps = master = fp32g = temp = 0
+    elif recipe.offload == "params":
+        # FSDP2's CPUOffloadPolicy: the sharded parameters, their gradients, the optimizer state and the step (its
+        # temporaries too) live in host memory; the device holds only what each all-gather and reduce-scatter
+        # copies over (:mod:`.offload`)
+        host_offloaded = u.host_exact
+        params_b = train_b = grads = states = steps = master = fp32g = temp = 0
+        grads_part = {k: 0 for k in grads_part}
     return StateBytes(params=params_b, trainable_params=train_b, frozen_params=params_b - train_b, n_params=n_all,
                       n_trainable=n_train, master=master, grads=grads, fp32_grads=fp32g, opt_states=states,
                       step_counters=steps, opt_temp=temp, largest_layer_params=largest_layer,
