@@ -4,7 +4,7 @@
 switch before more GPUs); :func:`suggest` re-runs the same method on each one the method can express
 and keeps those that lower the total: the ones that fit, or else the biggest savings. Changes that keep
 the run on its devices (a recipe: checkpointing, 8-bit or paged AdamW, the optimizer in the backward,
-chunked cross-entropy, optimizer offload, ...) come first, cheapest first by the step-time model
+chunked cross-entropy, optimizer or (under FSDP2) parameter offload, ...) come first, cheapest first by the step-time model
 (:func:`trainfit.steptime.setup_step_time`; the cost is in the change's words), then those adding devices.
 A suggestion carries its change as flat setup fields (``{"dp": 4, "zero": 3}``); the command line
 turns them into its flags.
@@ -54,6 +54,10 @@ def candidates(setup: TrainingSetup) -> list[tuple[str, dict[str, Any]]]:
     if r.offload == "none" and r.optimizer != "none" and not r.optimizer_in_backward:
         out.append(("optimizer state and step on the CPU (DeepSpeed ZeRO-Offload; needs host RAM)",
                     {"offload": "optimizer"}))
+    if r.offload == "none" and p.fsdp and p.dp > 1 and not r.lora and not r.optimizer_in_backward:
+        # already sharded by FSDP2: its CPU offload keeps only the gathered units and the activations on the device
+        out.append(("parameters, gradients and optimizer step on the CPU (FSDP2 CPUOffloadPolicy; needs host RAM)",
+                    {"offload": "params"}))
     mb = setup.micro_batch
     for k in (2, 4, 8, 16):
         if mb >= k:
@@ -82,7 +86,8 @@ def candidates(setup: TrainingSetup) -> list[tuple[str, dict[str, Any]]]:
 
 #: fields whose change adds devices (every other candidate keeps the run on the devices it has)
 DEVICE_FIELDS = frozenset({"dp", "tp", "pp", "cp", "ep"})
-#: changes the step-time model does not time: the CPU's optimizer step and the transfers of ZeRO-Offload
+#: changes the step-time model does not time: the CPU's optimizer step and the host transfers of ZeRO-Offload and of
+#: FSDP2's parameter offload
 UNTIMED = {"offload": "the CPU optimizer step and host transfers are not timed"}
 #: changes that alter what is trained (not the same full fine-tune): offered after those that keep it
 TRAINING_CHANGES = frozenset({"lora_rank", "qlora", "trainable_fraction"})

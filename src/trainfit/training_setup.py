@@ -79,7 +79,7 @@ LORA_DTYPES = ("fp32", "bf16", "fp16")
 LOSSES = ("model", "chunked", "fused-linear")
 LOSS_CHUNKS = 8  #: torchtune CEWithChunkedOutputLoss.num_output_chunks
 #: What lives in host memory instead of the device: the optimizer state and step (DeepSpeed ZeRO-Offload's
-#: offload_optimizer), the parameters too (FSDP CPUOffload / ZeRO-Infinity offload_param), or the saved activations
+#: offload_optimizer), the sharded parameters, their gradients and the step too (FSDP2 CPUOffloadPolicy), or the saved activations
 #: (torch.autograd.graph.save_on_cpu)
 OFFLOADS = ("none", "optimizer", "params", "activations")
 QLORA = ("nf4", "int8")
@@ -168,7 +168,8 @@ class Recipe:
                          "fused": "fused-linear", "hf": "model", "default": "model"}, what="loss")
     offload: str = _choice("none", "--offload", "Host (CPU) memory instead of the device: none | optimizer (optimizer "
                            "state and master weights, the step on the CPU: DeepSpeed ZeRO-Offload) | params "
-                           "(parameters too: FSDP CPUOffload) | activations (saved activations: "
+                           "(sharded parameters, gradients and the step too: FSDP2 CPUOffloadPolicy, with --fsdp) | "
+                           "activations (saved activations: "
                            "torch.autograd.graph.save_on_cpu); the host RAM it needs is reported.", OFFLOADS,
                            {"cpu-optimizer": "optimizer", "optimizer-state": "optimizer", "parameters": "params",
                             "param": "params", "activation": "activations", "save-on-cpu": "activations"})
