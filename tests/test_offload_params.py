@@ -137,3 +137,19 @@ def test_a_measured_step_files_the_shards_on_the_host():
     assert est.extra["host_bytes"]["offloaded_params"] == host
     assert math.isclose(est.extra["peak_allocated_bytes"], off.total_bytes, rel_tol=0.02)
     assert any("parameter offload" in n for n in off.notes)
+
+
+def test_suggestions_offer_parameter_offload_under_fsdp():
+    """Llama-3.1-8B, bf16, FSDP2 over two 24 GiB devices does not fit (sharded AdamW state); FSDP2's CPU offload is
+    offered among the changes that keep the devices, untimed, and its total is the estimate with it applied."""
+    e = estimate("llama-3.1-8b", "24GiB", batch=2, seq_len=1024, dp=2, fsdp=True, precision="bf16",
+                 checkpointing="full")
+    assert e.feasible is False
+    offered = [s for s in e.suggestions if s.changes == {"offload": "params"}]
+    assert offered and "not timed" in offered[0].change
+    applied = estimate("llama-3.1-8b", "24GiB", batch=2, seq_len=1024, dp=2, fsdp=True, precision="bf16",
+                       checkpointing="full", offload="params", suggestions=False)
+    assert offered[0].total_bytes == applied.total_bytes and applied.feasible
+    # not offered where it is not modelled: one device without FSDP
+    single = estimate("llama-3.1-8b", "24GiB", batch=1, seq_len=1024, precision="bf16")
+    assert not any(s.changes.get("offload") == "params" for s in single.suggestions)
