@@ -153,3 +153,27 @@ def test_suggestions_offer_parameter_offload_under_fsdp():
     # not offered where it is not modelled: one device without FSDP
     single = estimate("llama-3.1-8b", "24GiB", batch=1, seq_len=1024, precision="bf16")
     assert not any(s.changes.get("offload") == "params" for s in single.suggestions)
+
+
+def test_the_tracker_keeps_host_storages_apart():
+    """A storage filed on the host leaves the device's total and peak at once and is counted on the host at its exact
+    size; what an op makes from host tensors only is host memory too, what it makes from a device tensor is not."""
+    torch = pytest.importorskip("torch")
+    from trainfit.measure.tracker import make_tracker
+
+    tracker = make_tracker(round_to_cuda_blocks=True, distributed=True)
+    a = torch.empty(1000, dtype=torch.float32)  # 4,000 bytes: 4,096 on the device (512-byte blocks)
+    dev = torch.empty(100, dtype=torch.float32)
+    tracker.track_external(a, dev)
+    assert tracker.current().total == 4096 + 512
+    tracker.to_host([a], "parameter")
+    assert tracker.current().total == 512 and tracker.host_bytes() == 4000
+    tracker.host_rule = True
+    with tracker:
+        b = a * 2  # host tensors only: the CPU made it
+        c = dev * 2  # a device tensor: the device made it
+        with tracker.placing("device"):
+            d = a.clone()  # a host-to-device copy
+    assert tracker.host_bytes() == 8000
+    assert tracker.current().total == 512 + 512 + 4096
+    del b, c, d

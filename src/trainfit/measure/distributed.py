@@ -119,7 +119,8 @@ class Layout:
         if self.fsdp:
             out["reshard_after_forward"] = self.reshard_after_forward
             out["fsdp_mixed_precision"] = self.fsdp_mixed_precision
-            out["offload_params"] = self.offload_params
+            if self.offload_params:
+                out["offload_params"] = "FSDP2 CPUOffloadPolicy: shards, gradients and the step on the host"
         if self.ddp:
             out.update(ddp_bucket_view=self.ddp_bucket_view, ddp_bucket_bytes=self.ddp_bucket_bytes)
         if self.tp > 1:
