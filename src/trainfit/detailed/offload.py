@@ -114,7 +114,8 @@ def check_params_offload(setup: TrainingSetup) -> None:
     """Refuse, in one line, a ``--offload params`` setup this model does not cover: it is FSDP2's CPU offload of a
     full fine-tune (``--fsdp``, data parallelism only, one micro-batch per step, the hf stack)."""
     r, par = setup.recipe, setup.parallel
-    bad = [what for what, on in (("--fsdp missing", not par.fsdp), (f"--tp {par.tp}", par.tp > 1),
+    bad = [what for what, on in (("--fsdp missing", not par.fsdp), (f"--dp {par.dp}", par.dp < 2),
+                                 (f"--tp {par.tp}", par.tp > 1),
                                  (f"--pp {par.pp}", par.pp > 1), (f"--cp {par.cp}", par.cp > 1),
                                  (f"--ep {par.ep}", par.ep > 1), (f"--accum {setup.accumulation}", setup.accumulation != 1),
                                  (f"--lora {r.lora_rank}", bool(r.lora)), (f"--stack {r.stack}", r.stack != "hf"),
@@ -123,7 +124,7 @@ def check_params_offload(setup: TrainingSetup) -> None:
                                  (f"--precision {r.precision}", r.precision not in ("fp32", "amp-bf16", "bf16"))) if on]
     if bad:
         raise TrainfitError("--offload params is modelled as FSDP2's CPUOffloadPolicy of a full fine-tune (--dp N "
-                            "--fsdp, data parallelism only, --accum 1, the hf stack, --loss model, --optimizer "
+                            "--fsdp with N >= 2, data parallelism only, --accum 1, the hf stack, --loss model, --optimizer "
                             f"{'|'.join(PARAMS_OFFLOAD_OPTIMIZERS)}, --precision fp32|amp-bf16|bf16); got "
                             + ", ".join(bad))
 

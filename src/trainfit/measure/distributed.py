@@ -169,7 +169,7 @@ def layouts_of(setup: TrainingSetup) -> list[Layout]:
     if r.offload == "params" and (p.tp > 1 or p.pp > 1 or p.cp > 1 or p.ep > 1):
         raise TrainfitError("--offload params is measured with FSDP over data parallelism only, not with --tp, --pp, "
                             "--cp or --ep")
-    if p.fsdp and p.dp == 1:
+    if p.fsdp and p.dp == 1 and r.offload != "params":  # FSDP2 over one rank: only to offload it (one GPU)
         raise TrainfitError("--fsdp shards over the data-parallel ranks: give --dp > 1 (on one GPU, leave --fsdp out)")
     if p.pp > 1 and p.fsdp:
         raise TrainfitError("the measured method runs a pipeline stage with DDP (--dp) or tensor parallelism (--tp), "
