@@ -99,8 +99,9 @@ class FixedMemTracker(MemTracker):
 
     def _update_snap(self, u_type: Any, winfo: Any, old_mem_consumed: Any = None, old_reftype: Any = None) -> None:
         super()._update_snap(u_type, winfo, old_mem_consumed=old_mem_consumed, old_reftype=old_reftype)
-        if winfo.device is HOST:
+        if winfo.device is HOST:  # host memory: not the device allocator's, so not the listener's either
             self.host_peak = max(self.host_peak, self.host_bytes())
+            return
         if self.listener is not None:
             self.listener.storage_event(u_type.name, winfo, None if old_reftype is None else old_reftype.value)
 
@@ -219,6 +220,14 @@ class FixedMemTracker(MemTracker):
         for t in tensors:
             for st in get_untyped_storages(t):
                 self._file_on_host(st, ref)
+
+    def attach(self, listener: Any) -> None:
+        """Start reporting to ``listener``, which first hears of every device storage alive now (an ADD each): for a
+        listener attached once host storages are filed, so that they never reach it as device allocations."""
+        self.listener = listener
+        for winfo, _ in list(self._WINFO.values()):
+            if winfo.device is not HOST and winfo.mem_consumed > 0:
+                listener.storage_event("ADD", winfo, None)
 
     @contextlib.contextmanager
     def placing(self, where: str) -> Iterator[None]:

@@ -854,7 +854,14 @@ def measure_layout(setup: TrainingSetup, layout: Layout, *, task: Optional[str],
                 inputs["position_ids"] = torch.arange(setup.seq_len).unsqueeze(0).expand(setup.micro_batch, -1).clone()
             # FSDP2 allocates on its own streams: replay the allocator with a pool per stream (max reserved)
             pools = StreamPoolListener() if cuda and layout.fsdp and layout.pp == 1 else None
-            tracker = session.track(model, *inputs.values(), listener=pools)
+            if layout.offload_params:
+                # the shards live on the host from the start: filed there before the allocator replay hears of them
+                tracker = session.track(model, *inputs.values())
+                tracker.to_host(list(model.parameters()), "parameter")
+                if pools is not None:
+                    tracker.attach(pools)
+            else:
+                tracker = session.track(model, *inputs.values(), listener=pools)
             with pools.streams() if pools else contextlib.nullcontext():
                 run_rank_steps(model, layout, setup, built, inputs, tracker, session.emulation, warmup, fake=True,
                                mesh=mesh)
