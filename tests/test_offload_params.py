@@ -20,7 +20,7 @@ from trainfit.errors import TrainfitError
 VALIDATION = Path(__file__).resolve().parent.parent / "validation"
 MEASURED = VALIDATION / "corpus-offload-params-measured.jsonl"
 KEYS = ("batch", "seq_len", "precision", "optimizer", "opt_impl", "checkpointing", "attention", "dropout", "dp", "fsdp",
-        "offload")
+        "reshard_after_forward", "offload")
 TINY = dict(model_type="llama", hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=512, vocab_size=1000, max_position_embeddings=512)
 
@@ -40,7 +40,9 @@ def test_the_measured_rows_hold_no_sharded_state_on_the_device():
     backward) gradient on the device; the host holds them, and the optimizer step allocates nothing on the device
     beyond Adam's step counters made there."""
     rows = _rows()
-    assert len(rows) >= 11 and {r["dp"] for r in rows} >= {1, 2, 4, 8}
+    assert len(rows) >= 13 and {r["dp"] for r in rows} >= {1, 2, 4, 8}
+    assert {r["optimizer"] for r in rows} >= {"adamw", "sgd-momentum"} and {r["opt_impl"] for r in rows} >= {"fused"}
+    assert not all(r["reshard_after_forward"] for r in rows)
     assert {r["checkpointing"] for r in rows} == {"none", "full"}
     for r in rows:
         assert r["offload"] == "params" and r["fsdp"], r["index"]

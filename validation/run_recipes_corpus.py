@@ -16,7 +16,7 @@ from run_corpus import FIELDS, corpus_main, load_cases  # noqa: E402
 from run_corpus import run_case as corpus_run_case  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-RECIPE_FIELDS = FIELDS + ("optimizer_in_backward", "loss", "offload", "dp", "fsdp")
+RECIPE_FIELDS = FIELDS + ("optimizer_in_backward", "loss", "offload", "dp", "fsdp", "reshard_after_forward")
 
 
 def run_case(i: int, case: dict) -> dict:
