@@ -33,6 +33,7 @@ import inspect
 import sys
 from typing import Any, Iterator
 
+from ..errors import TrainfitError
 from ._deps import require
 
 
@@ -59,13 +60,16 @@ def real_copies(tracker: Any) -> Iterator[None]:
     torch = require("torch")
     h2d, d2h = _copy_sites()
     original = torch.Tensor.to
+    seen = {"h2d": 0, "d2h": 0}
 
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
         caller = sys._getframe(1).f_code
         if caller is h2d:
+            seen["h2d"] += 1
             with tracker.placing("device"):
                 return self.clone()
         if caller is d2h:
+            seen["d2h"] += 1
             with tracker.placing("host"):
                 return self.clone()
         return original(self, *args, **kwargs)
@@ -77,6 +81,11 @@ def real_copies(tracker: Any) -> Iterator[None]:
     finally:
         torch.Tensor.to = original  # type: ignore[method-assign]
         tracker.host_rule = saved_rule
+    if not (seen["h2d"] and seen["d2h"]):
+        # another torch whose FSDP2 copies elsewhere: the step would not be the offloaded one
+        raise TrainfitError(f"--offload params: FSDP2's host<->device copies were not where torch 2.13 makes them "
+                            f"(seen {seen['h2d']} host-to-device, {seen['d2h']} device-to-host) in torch "
+                            f"{torch.__version__}; the measurement supports torch 2.13")
 
 
 def file_host_states(tracker: Any, model: Any, opt: Any) -> None:
