@@ -184,8 +184,9 @@ class _Walker:
         return p if self.drop else 0.0
 
     def linear(self, x: Tensor, key: str, in_f: int, out_f: int, tp: str, module: str = "",
-               frozen: bool = False, lora: bool = False) -> Tensor:
-        """A projection on this rank: column-parallel splits the output, row-parallel the input."""
+               frozen: bool = False, lora: bool = False, partial: bool = False) -> Tensor:
+        """A projection on this rank: column-parallel splits the output, row-parallel the input (``partial``: a
+        DTensor row-parallel output left as partial sums, reduced later by its caller)."""
         g, tpd = self.g, self.tp
         numel = in_f * out_f / (tpd if tp else 1)
         out_w = out_f / tpd if tp == "col" else float(out_f)
@@ -209,7 +210,7 @@ class _Walker:
             y.rg = True
         if megatron_sp and tp == "row":
             y.size = tok(out_f / tpd)  # reduce-scatter to the sequence shard
-        elif tp == "row" and tpd > 1:
+        elif tp == "row" and tpd > 1 and not partial:
             # DTensor: the local product holds partial sums of the whole output; a reduce-scatter to the
             # sequence shard (sequence parallel) or an out-of-place all-reduce makes the output
             y = g.reduce(y, tok(out_f / tpd) if self.sp else tok(out_f))
@@ -631,6 +632,10 @@ class _Walker:
         E, k, mi, h = a.num_experts, a.experts_per_token, a.moe_intermediate_size, a.hidden_size
         if a.family.router != "softmax" or a.family.experts_activation != "swiglu":
             return self.moe_own_router(y, index)
+        # DTensor tensor parallelism (torchtitan's MoE plan): the block's input gathered once (sequence parallel);
+        # the experts' and the shared expert's outputs partial sums, reduced once at the block's output
+        dtensor_tp = self.tp > 1 and not self.megatron
+        y = self.gather_sequence(y, h)
         logits = self.linear(y, f"{index}.router", h, E, "", "gate")
         probs = g.unary_saving_output(g.cast(logits, 4), "router softmax")
         g.use(probs)
@@ -667,9 +672,12 @@ class _Walker:
             si = a.shared_expert_intermediate_size
             sg = self.linear(y, f"{index}.shared.gate", h, si, "col", "gate_proj")
             su = self.linear(y, f"{index}.shared.up", h, si, "col", "up_proj")
-            sd = self.linear(g.mul(self.activation(sg), su), f"{index}.shared.down", si, h, "row", "down_proj")
+            sd = self.linear(g.mul(self.activation(sg), su), f"{index}.shared.down", si, h, "row", "down_proj",
+                             partial=dtensor_tp)
             gate = g.unary_saving_output(self.linear(y, f"{index}.shared.gate1", h, 1, ""), "sigmoid")
             out = g.add(out, g.mul(sd, gate))
+        if dtensor_tp:
+            out = g.reduce(out, tok(h / self.tp) if self.sp else tok(h))
         return out
 
     def moe_own_router(self, y: Tensor, index: int) -> Tensor:
@@ -682,6 +690,10 @@ class _Walker:
         E, k, mi, h = a.num_experts, a.experts_per_token, a.moe_intermediate_size, a.hidden_size
         fam = a.family
         w = self.w
+        # DTensor tensor parallelism (torchtitan's MoE plan): the block's input gathered once (sequence parallel);
+        # the experts' and the shared experts' outputs partial sums, reduced once at the block's output
+        dtensor_tp = self.tp > 1 and not self.megatron
+        y = self.gather_sequence(y, h)
         if fam.router == "sigmoid-group":
             # DeepseekV3TopkRouter: F.linear(x.float(), weight.float()) (an fp32 weight; autocast runs it in 16
             # bit), sigmoid scores (output saved), the group-limited choice (no gradient: nothing kept), the chosen
@@ -766,8 +778,11 @@ class _Walker:
             si = a.shared_expert_intermediate_size
             sg = self.linear(y, f"{index}.shared.gate", h, si, "col", "gate_proj")
             su = self.linear(y, f"{index}.shared.up", h, si, "col", "up_proj")
-            sd = self.linear(g.mul(self.activation(sg), su), f"{index}.shared.down", si, h, "row", "down_proj")
+            sd = self.linear(g.mul(self.activation(sg), su), f"{index}.shared.down", si, h, "row", "down_proj",
+                             partial=dtensor_tp)
             out = g.add(out, sd, "routed + shared")
+        if dtensor_tp:
+            out = g.reduce(out, tok(h / self.tp) if self.sp else tok(h))
         return out
 
     def block(self, x: Tensor, index: int, cos, sin) -> Tensor:
