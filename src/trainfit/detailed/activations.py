@@ -689,7 +689,9 @@ class _Walker:
         a, g = self.a, self.g
         E, k, mi, h = a.num_experts, a.experts_per_token, a.moe_intermediate_size, a.hidden_size
         fam = a.family
-        w = self.w
+        # the grouped products cast their input to the experts' weight dtype and are no autocast ops (as in
+        # :meth:`moe`): under amp-bf16 the experts compute in fp32
+        w = self.p
         # DTensor tensor parallelism (torchtitan's MoE plan): the block's input gathered once (sequence parallel);
         # the experts' and the shared experts' outputs partial sums, reduced once at the block's output
         dtensor_tp = self.tp > 1 and not self.megatron
