@@ -19,6 +19,11 @@ MOE = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "nu
        "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "moe_intermediate_size": 32,
        "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True, "decoder_sparse_step": 1,
        "vocab_size": 512, "max_position_embeddings": 256, "tie_word_embeddings": False}
+#: a small gpt-oss shape: 4 experts of width 32 with biases, stored (experts, in, out), top-2, clamped SwiGLU
+OSS = {"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+       "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 32, "num_local_experts": 4,
+       "num_experts_per_tok": 2, "sliding_window": 16, "vocab_size": 512, "max_position_embeddings": 256,
+       "swiglu_limit": 7.0, "tie_word_embeddings": False}
 
 
 def test_received_rows_are_regrouped_by_local_expert():
@@ -27,46 +32,60 @@ def test_received_rows_are_regrouped_by_local_expert():
     assert order.tolist() == [0, 3, 4, 5, 1, 2, 6]  # expert 0 (rank 0, then rank 1), then expert 1
 
 
-def _rank(rank: int, world: int, path: str, queue: mp.Queue) -> None:
+def _block(kind: str) -> object:
+    """One MoE block of ``kind``: Qwen3-MoE's sparse block, or gpt-oss's MLP (biased router and experts)."""
+    if kind == "qwen3_moe":
+        from transformers import Qwen3MoeConfig
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+        return Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(**{k: v for k, v in MOE.items() if k != "model_type"}))
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+
+    return GptOssMLP(GptOssConfig(**{k: v for k, v in OSS.items() if k != "model_type"}))
+
+
+def _rank(rank: int, world: int, path: str, queue: mp.Queue, kind: str = "qwen3_moe") -> None:
     import torch.distributed as dist
-    from transformers import Qwen3MoeConfig
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
     from trainfit.measure.expert_parallel import apply_ep
 
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
+    first = lambda out: out[0] if isinstance(out, tuple) else out  # noqa: E731 (gpt-oss also returns its scores)
     try:
         torch.manual_seed(0)  # the same unsharded block on every rank
-        full = Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(**{k: v for k, v in MOE.items() if k != "model_type"}))
+        full = _block(kind)
         for p in full.parameters():
             torch.nn.init.normal_(p, std=0.1)
         torch.manual_seed(1 + rank)  # each rank its own tokens (unbalanced routing: real splits)
         x = torch.randn(2, 24, MOE["hidden_size"], requires_grad=True)
-        ref = full(x)
+        ref = first(full(x))
         ref.square().sum().backward()
         ref_grad = x.grad.clone()
         x.grad = None
-        ep = Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(**{k: v for k, v in MOE.items() if k != "model_type"}))
+        ep = _block(kind)
         ep.load_state_dict(full.state_dict())
         apply_ep(ep, dist.group.WORLD, world)
-        local = MOE["num_experts"] // world
-        with torch.no_grad():  # this rank's experts: the rank-th slice
-            ep.experts.gate_up_proj.copy_(full.experts.gate_up_proj[rank * local:(rank + 1) * local])
-            ep.experts.down_proj.copy_(full.experts.down_proj[rank * local:(rank + 1) * local])
-        out = ep(x)
+        local = full.experts.num_experts // world
+        with torch.no_grad():  # this rank's experts (and their biases): the rank-th slice
+            for name, p in ep.experts.named_parameters():
+                p.copy_(getattr(full.experts, name)[rank * local:(rank + 1) * local])
+        out = first(ep(x))
         out.square().sum().backward()
         queue.put((rank, torch.allclose(out, ref, atol=1e-5), torch.allclose(x.grad, ref_grad, atol=1e-5)))
     finally:
         dist.destroy_process_group()
 
 
-def test_dispatch_forward_equals_the_unsharded_experts(tmp_path):
+@pytest.mark.parametrize("kind", ["qwen3_moe", "gpt_oss"])
+def test_dispatch_forward_equals_the_unsharded_experts(tmp_path, kind):
     """Two gloo ranks, each with its own tokens: the all-to-all forward on half the experts gives transformers'
-    output on all of them, and the same input gradient."""
+    output on all of them, and the same input gradient (gpt-oss: biased experts stored (experts, in, out), each
+    received row given its local expert's biases)."""
     # forkserver, not fork: a process forked after torch started its thread pools (as in the full suite) can hang
     ctx = mp.get_context("forkserver")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, 2, str(tmp_path / "store"), queue)) for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, 2, str(tmp_path / "store"), queue, kind)) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:

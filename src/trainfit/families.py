@@ -431,9 +431,6 @@ GEMMA3_TEXT = Family(
             "final_logit_softcapping": Key("final_logit_softcapping", "opt_float")},
     layer_types_rule=_config_or(_every_nth_full),
     norm_one_plus_weight=True, rope_per_layer_type=True, sliding_layers_masked=True,
-    tp_unmeasured=("Gemma 3 under tensor parallelism with sequence parallelism is not measured (transformers builds "
-                   "the window mask from the sequence shard and the step fails); without it, it is"),
-    tp_unmeasured_with_sp_only=True,
 )
 
 PHI3 = Family(
@@ -489,9 +486,6 @@ OLMO2 = Family(
               "max_position_embeddings": 2048, "tie_word_embeddings": False, "attention_bias": False},
     fields={**_ROTARY_FIELDS, **_all_bias("attention_bias"), "qk_norm": True},
     norm_weight_before_cast=True, qk_norm_whole_projection=True, output_norms_only=True,
-    tp_unmeasured=("OLMo 2 under tensor parallelism is walked as the Llama plan shards it (heads split, q/k norms on "
-                   "the shard), not measured: transformers' own plan gathers q, k and v whole on every rank, and the "
-                   "measured Llama plan cannot run it"),
 )
 
 QWEN3_MOE = Family(
@@ -561,9 +555,6 @@ DEEPSEEK_V3 = Family(
             "q_lora_rank": _q_lora_rank, "kv_lora_rank": Key("kv_lora_rank"),
             "v_head_dim": Key("v_head_dim")},
     router="sigmoid-group", eager_masks=("full_attention",),
-    tp_unmeasured=("DeepSeek-V3 under tensor parallelism is walked with its latent down-projections (q_a, kv_a) "
-                   "replicated, q_b, kv_b and the experts column-wise and o row-wise, not measured: the measured "
-                   "plan has no layout for latent attention"),
 )
 
 GPT_OSS = Family(
@@ -583,8 +574,6 @@ GPT_OSS = Family(
     router="topk-softmax", experts_activation="clamped-swiglu", eager_only=True, rope_half_table=True,
     eager_masks=("full_attention", "sliding_attention"),  # GptOssModel builds both, whatever the blocks
     norm_weight_before_cast=True,  # GptOssRMSNorm: (weight * x).to(dtype), as OLMo 2
-    tp_unmeasured=("gpt-oss under tensor parallelism is walked with heads and sinks split and the experts sharded "
-                   "as Mixtral's, not measured: the measured plan cannot split the sinks or the experts"),
 )
 
 # ---------------------------------------------------------------------------------------------

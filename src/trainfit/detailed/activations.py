@@ -74,6 +74,11 @@ class LayerProfile:
     #: and a selective policy's kept outputs that the recomputation takes from the checkpoint's cache and
     #: consumes without saving them (freed as it runs)
     gone: Vec = ZERO
+    #: the working set of the block's attention core in backward where it has one of its own (gpt-oss's sink
+    #: attention: three batch x heads x seq x (seq + 1) tensors in the softmax's dtype -- the softmax input's
+    #: gradient, and the row maximum's backward, a zeros tensor and its scatter); reached after the MLP's and the
+    #: output projection's gradients exist (FSDP2 keeps them unsharded until the block's post-backward)
+    attention_bwd: Vec = ZERO
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,7 @@ class _BlockStats:
     out_rg: bool
     input_saved: bool
     released: Vec = ZERO  #: kept outputs the recomputation consumes without saving (see LayerProfile.gone)
+    attention_bwd: Vec = ZERO  #: see LayerProfile.attention_bwd
 
 
 def op_policy(recipe: Recipe) -> bool:
@@ -148,6 +154,7 @@ class _Walker:
         self.replay = replay and recipe.offload != "activations"
         self.g = Tape(autocast=recipe.autocast)
         self.tp = par.tp
+        self.attention_bwd: dict[str, Vec] = {}  #: region -> LayerProfile.attention_bwd of the blocks walked
         self.sp = par.sequence_parallel and par.tp > 1
         #: Megatron-LM's tensor parallelism (sequence shards saved, vocabulary-parallel loss); else DTensor's
         self.megatron = par.tp_plan == "megatron" or par.tp == 1
@@ -177,8 +184,9 @@ class _Walker:
         return p if self.drop else 0.0
 
     def linear(self, x: Tensor, key: str, in_f: int, out_f: int, tp: str, module: str = "",
-               frozen: bool = False, lora: bool = False) -> Tensor:
-        """A projection on this rank: column-parallel splits the output, row-parallel the input."""
+               frozen: bool = False, lora: bool = False, partial: bool = False) -> Tensor:
+        """A projection on this rank: column-parallel splits the output, row-parallel the input (``partial``: a
+        DTensor row-parallel output left as partial sums, reduced later by its caller)."""
         g, tpd = self.g, self.tp
         numel = in_f * out_f / (tpd if tp else 1)
         out_w = out_f / tpd if tp == "col" else float(out_f)
@@ -202,7 +210,7 @@ class _Walker:
             y.rg = True
         if megatron_sp and tp == "row":
             y.size = tok(out_f / tpd)  # reduce-scatter to the sequence shard
-        elif tp == "row" and tpd > 1:
+        elif tp == "row" and tpd > 1 and not partial:
             # DTensor: the local product holds partial sums of the whole output; a reduce-scatter to the
             # sequence shard (sequence parallel) or an out-of-place all-reduce makes the output
             y = g.reduce(y, tok(out_f / tpd) if self.sp else tok(out_f))
@@ -547,6 +555,9 @@ class _Walker:
         g.use(scores)
         cdt = 4.0 if g.autocast else dt
         combined = g.new(with_sink, cdt, True, "scores with sinks (cat)")
+        # backward: softmax's input gradient, then max's zeros and scatter, all alive at once (measured: gpt-oss-20b
+        # on 16 FSDP2 ranks, checkpointed, peaks at that scatter)
+        self.attention_bwd[g.region] = vscale(with_sink, 3 * cdt)
         g.use(scaled)
         idx = g.new(tok(heads), 8, False, "row max indices")
         g.save(idx)
@@ -621,6 +632,10 @@ class _Walker:
         E, k, mi, h = a.num_experts, a.experts_per_token, a.moe_intermediate_size, a.hidden_size
         if a.family.router != "softmax" or a.family.experts_activation != "swiglu":
             return self.moe_own_router(y, index)
+        # DTensor tensor parallelism (torchtitan's MoE plan): the block's input gathered once (sequence parallel);
+        # the experts' and the shared expert's outputs partial sums, reduced once at the block's output
+        dtensor_tp = self.tp > 1 and not self.megatron
+        y = self.gather_sequence(y, h)
         logits = self.linear(y, f"{index}.router", h, E, "", "gate")
         probs = g.unary_saving_output(g.cast(logits, 4), "router softmax")
         g.use(probs)
@@ -657,9 +672,12 @@ class _Walker:
             si = a.shared_expert_intermediate_size
             sg = self.linear(y, f"{index}.shared.gate", h, si, "col", "gate_proj")
             su = self.linear(y, f"{index}.shared.up", h, si, "col", "up_proj")
-            sd = self.linear(g.mul(self.activation(sg), su), f"{index}.shared.down", si, h, "row", "down_proj")
+            sd = self.linear(g.mul(self.activation(sg), su), f"{index}.shared.down", si, h, "row", "down_proj",
+                             partial=dtensor_tp)
             gate = g.unary_saving_output(self.linear(y, f"{index}.shared.gate1", h, 1, ""), "sigmoid")
             out = g.add(out, g.mul(sd, gate))
+        if dtensor_tp:
+            out = g.reduce(out, tok(h / self.tp) if self.sp else tok(h))
         return out
 
     def moe_own_router(self, y: Tensor, index: int) -> Tensor:
@@ -671,7 +689,13 @@ class _Walker:
         a, g = self.a, self.g
         E, k, mi, h = a.num_experts, a.experts_per_token, a.moe_intermediate_size, a.hidden_size
         fam = a.family
-        w = self.w
+        # the grouped products cast their input to the experts' weight dtype and are no autocast ops (as in
+        # :meth:`moe`): under amp-bf16 the experts compute in fp32
+        w = self.p
+        # DTensor tensor parallelism (torchtitan's MoE plan): the block's input gathered once (sequence parallel);
+        # the experts' and the shared experts' outputs partial sums, reduced once at the block's output
+        dtensor_tp = self.tp > 1 and not self.megatron
+        y = self.gather_sequence(y, h)
         if fam.router == "sigmoid-group":
             # DeepseekV3TopkRouter: F.linear(x.float(), weight.float()) (an fp32 weight; autocast runs it in 16
             # bit), sigmoid scores (output saved), the group-limited choice (no gradient: nothing kept), the chosen
@@ -756,8 +780,11 @@ class _Walker:
             si = a.shared_expert_intermediate_size
             sg = self.linear(y, f"{index}.shared.gate", h, si, "col", "gate_proj")
             su = self.linear(y, f"{index}.shared.up", h, si, "col", "up_proj")
-            sd = self.linear(g.mul(self.activation(sg), su), f"{index}.shared.down", si, h, "row", "down_proj")
+            sd = self.linear(g.mul(self.activation(sg), su), f"{index}.shared.down", si, h, "row", "down_proj",
+                             partial=dtensor_tp)
             out = g.add(out, sd, "routed + shared")
+        if dtensor_tp:
+            out = g.reduce(out, tok(h / self.tp) if self.sp else tok(h))
         return out
 
     def block(self, x: Tensor, index: int, cos, sin) -> Tensor:
@@ -817,7 +844,8 @@ class _Walker:
                 rec = vadd(rec, b)
             if t.size[0] * t.dtype > biggest[0]:
                 biggest = b
-        return _BlockStats(saved, held, rec, biggest, out.size, out.dtype, out.rg, input_saved, self._released(ts))
+        return _BlockStats(saved, held, rec, biggest, out.size, out.dtype, out.rg, input_saved, self._released(ts),
+                           self.attention_bwd.get(out.region, ZERO))
 
     def _replay(self, rep: "_BlockStats", x: Tensor) -> Tensor:
         g = self.g
@@ -1154,14 +1182,16 @@ class _Walker:
                 if rep is None and t.size[0] * t.dtype > biggest[0]:
                     biggest = b
             released = self._released(ts) if ck and rep is None else ZERO
+            attn_bwd = self.attention_bwd.get(f"layer{i}", ZERO)
             if rep is not None:
                 rec, biggest = (rep.recompute if ck else ZERO), rep.biggest
                 released = rep.released if ck else ZERO
+                attn_bwd = rep.attention_bwd
             # the residual stream's incoming gradient (the add passes it to the branch as it is), and its copy in
             # the branch's dtype where that differs (autocast: autograd casts the gradient to the input's dtype)
             res = tok(self.hw * self.p + (self.hw * self.w if self.w != self.p else 0.0))
             lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=vadd(res, vadd(biggest, biggest)),
-                                    gone=vadd(handed_on, released)))
+                                    gone=vadd(handed_on, released), attention_bwd=attn_bwd))
             if i == layers[-1]:
                 for t in ts:
                     if t.held and t.size[0] == 0 and t.size[3]:

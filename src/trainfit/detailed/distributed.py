@@ -126,6 +126,10 @@ class FsdpGroup:
     unsharded_grads: int  #: gradients of the unsharded parameters, one per tensor (compute dtype)
     sharded_grads: int  #: the reduce-scatter output, this rank's gradients (reduce dtype)
     first_op_grad: int = 0  #: the unsharded gradient of the block's last projection (made first in backward)
+    #: the unsharded gradients made before the block's attention core runs backward: the MLP's (routed experts
+    #: included), the post-attention norms' and the output projection's -- all but q, k, v, the sinks and the
+    #: input norm
+    attention_bwd_grads: int = 0
 
 
 def fsdp_groups(recipe: Any, par: Parallelism, tensors: list[Any], lora: list[tuple[str, tuple[int, int]]]
@@ -144,8 +148,8 @@ def fsdp_groups(recipe: Any, par: Parallelism, tensors: list[Any], lora: list[tu
     acc: dict[Any, dict[str, float]] = {}
     head_ug = embed_ug = 0
 
-    def add(key: Any, rows: int, rest: int, trainable: bool, last: bool = False) -> int:
-        a = acc.setdefault(key, dict(gathered=0, ag=0, rs=0, ug=0, sg=0, first=0))
+    def add(key: Any, rows: int, rest: int, trainable: bool, last: bool = False, early: bool = False) -> int:
+        a = acc.setdefault(key, dict(gathered=0, ag=0, rs=0, ug=0, sg=0, first=0, early=0))
         padded, shard, numel = fsdp_padded_numel(rows, rest, dp), fsdp_shard_numel(rows, rest, dp), rows * rest
         a["gathered"] += rounded(padded * cb)
         a["ag"] += padded
@@ -155,13 +159,18 @@ def fsdp_groups(recipe: Any, par: Parallelism, tensors: list[Any], lora: list[tu
             a["sg"] += shard
             if last:
                 a["first"] = rounded(numel * cb)
+            if early:
+                a["early"] += rounded(numel * cb)
         return rounded(numel * cb) if trainable else 0
 
     last_roles = {"down", "fc2"}
     for t in tensors:
         rows, rest = local_rows(t, tp, ep)
-        is_last = t.layer is not None and t.name.rsplit(".", 2)[-2] in last_roles and t.name.endswith("weight")
-        ug = add(t.layer if t.layer is not None else "root", rows, rest, full, is_last)
+        role = t.name.rsplit(".", 2)[-2]
+        is_last = t.layer is not None and role in last_roles and t.name.endswith("weight")
+        early = t.layer is not None and not ((t.group == "attention" and role not in ("o", "dense", "out_proj"))
+                                             or role == "norm0")
+        ug = add(t.layer if t.layer is not None else "root", rows, rest, full, is_last, early)
         if t.layer is None:
             if t.group in ("embeddings", "position"):
                 embed_ug += ug
@@ -174,9 +183,10 @@ def fsdp_groups(recipe: Any, par: Parallelism, tensors: list[Any], lora: list[tu
     def group(a: dict[str, float]) -> FsdpGroup:
         return FsdpGroup(gathered=int(a["gathered"]), all_gather=rounded(a["ag"] * cb),
                          reduce_scatter=rounded(a["rs"] * rb), unsharded_grads=int(a["ug"]),
-                         sharded_grads=rounded(a["sg"] * rb), first_op_grad=int(a["first"]))
+                         sharded_grads=rounded(a["sg"] * rb), first_op_grad=int(a["first"]),
+                         attention_bwd_grads=int(a.get("early", 0)))
 
-    empty = dict(gathered=0, ag=0, rs=0, ug=0, sg=0, first=0)
+    empty = dict(gathered=0, ag=0, rs=0, ug=0, sg=0, first=0, early=0)
     root = group(acc.get("root", empty))
     blocks = [group(acc[k]) for k in sorted(k for k in acc if k != "root")]
     return root, blocks, head_ug, embed_ug
@@ -439,8 +449,9 @@ def _forward_candidates(out: _Candidates, rank: _FsdpRank, regions: ForwardRegio
 def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, nbytes: Any, saved_total: Any,
                          residual_grad: Any, head_ug: float, embed_ug: float, acc: float,
                          host_grads: bool = False) -> None:
-    """The backward's candidates: the loss backward, inside and after the backward of the last two blocks
-    and the first one, the embeddings' backward and the root's post-backward."""
+    """The backward's candidates: the loss backward, inside and after the backward of the last two blocks, the
+    second one (the last with a prefetch: the most sharded gradients beside an all-gather buffer) and the first
+    one, the embeddings' backward and the root's post-backward."""
     blocks, raf, rs, R = rank.blocks, rank.raf, rank.rs, rank.root_gathered()
     L = len(blocks)
     sharded_after: list[Any] = [0] * L  # the blocks after each one: whole byte counts, so any order sums exactly
@@ -469,7 +480,7 @@ def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, 
         if lp is None:
             continue
         remaining = _vsub(_vsub(pr.saved_total, head_loss), later)
-        if k in (0, 1, L - 1):
+        if k in (0, 1, L - 2, L - 1):
             rs_prev = rs(f"block {i + 1}, until this block's", blocks[i + 1]) if i + 1 < L else {}
             # inside the block's backward: its first projection's gradient made, the block's working set
             # less what is gone by then (its output if only later regions saved it; kept outputs the recompute used)
@@ -483,6 +494,13 @@ def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, 
                 # alive; with no sharded gradient held (offloaded), the moment can outweigh the post-backward's
                 out.backward({"activations": nbytes(_vsub(remaining, lp.saved)), "temporaries": residual_grad,
                               "gradients": held_head + blocks[i].unsharded_grads + acc},
+                             {**R, **rank.gathered_upto(i), **rank.prefetch(i), **rs_prev})
+            if any(lp.attention_bwd):
+                # its attention core's backward (its own working set): the MLP's gradients made by then, the
+                # recomputed saved tensors of the MLP freed
+                out.backward({"activations": nbytes(_vsub(remaining, lp.gone)),
+                              "temporaries": residual_grad + nbytes(lp.attention_bwd),
+                              "gradients": held_head + sharded_after[i] + blocks[i].attention_bwd_grads + acc},
                              {**R, **rank.gathered_upto(i), **rank.prefetch(i), **rs_prev})
             # its post-backward: parameters freed, every unsharded gradient copied into the reduce-scatter input
             kept = rank.gathered_upto(i - 1) if (not raf and i > 0) else {}

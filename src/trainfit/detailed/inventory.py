@@ -120,8 +120,12 @@ def param_tensors(arch: ArchSpec) -> tuple[ParamTensor, ...]:
             out += _norm_tensors(arch, f"layers.{li}.norm{n}", li, h)
         if arch.qk_norm:
             whole = arch.family.qk_norm_whole_projection
-            out += [ParamTensor(f"layers.{li}.q_norm.weight", (arch.q_size if whole else arch.head_dim,), "norms", li),
-                    ParamTensor(f"layers.{li}.k_norm.weight", (arch.kv_size if whole else arch.head_dim,), "norms", li)]
+            # projection-wide norms (OLMo 2) are sharded with their column-parallel projections
+            tp = "col" if whole else ""
+            out += [ParamTensor(f"layers.{li}.q_norm.weight", (arch.q_size if whole else arch.head_dim,), "norms", li,
+                                tp=tp),
+                    ParamTensor(f"layers.{li}.k_norm.weight", (arch.kv_size if whole else arch.head_dim,), "norms", li,
+                                tp=tp)]
         if arch.mla:
             if arch.q_lora_rank:
                 out += _norm_tensors(arch, f"layers.{li}.q_a_layernorm", li, arch.q_lora_rank)

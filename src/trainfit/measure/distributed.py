@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
+import types
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
@@ -316,17 +317,142 @@ def _tp_module_names(config: Any, blocks: Any) -> dict[str, str]:
             full = f"{attn}.{names.get(role, role + '_proj')}"
             if isinstance(mods.get(full), torch.nn.Linear):
                 out[role] = full
+        if isinstance(mods.get(f"{attn}.kv_b_proj"), torch.nn.Linear):
+            # multi-head latent attention (torchtitan's DeepSeek-V3 plan): the latent down-projections (q_a_proj,
+            # kv_a_proj_with_mqa) and their norms replicated, the per-head up-projections column-wise -- q_b_proj
+            # (or q_proj without a query latent) for q, kv_b_proj for both k and v
+            q_up = f"{attn}.q_b_proj" if isinstance(mods.get(f"{attn}.q_b_proj"), torch.nn.Linear) else out.get("q")
+            if q_up is not None:
+                out.update(q=q_up, k=f"{attn}.kv_b_proj", v=f"{attn}.kv_b_proj")
     if mlp is not None:
         for role in ("gate", "up", "down"):
             full = f"{mlp}.{names.get(role, role + '_proj')}"
             if isinstance(mods.get(full), torch.nn.Linear):
                 out[role] = full
-    if set(out) != {"q", "k", "v", "o", "gate", "up", "down"}:
+        if not {"gate", "up", "down"} & set(out) and _moe_experts(mods.get(mlp)) is not None:
+            # a mixture-of-experts block (torchtitan's MoE plan): the routed experts sharded on their inner width,
+            # the shared experts' gate/up column-wise and down row-wise (partial sums), one reduction of the
+            # block's output; the router replicated
+            out.update(gate="", up="", down="", experts=f"{mlp}.experts")
+            shared = [n for n in mods if n.startswith(f"{mlp}.") and "shared" in n and isinstance(mods[n], torch.nn.Linear)]
+            out["shared_col"] = ",".join(n for n in shared if n.rsplit(".", 1)[-1] in ("gate_proj", "up_proj"))
+            out["shared_row"] = ",".join(n for n in shared if n.rsplit(".", 1)[-1] == "down_proj")
+            if len(shared) != len(out["shared_col"].split(",") if out["shared_col"] else []) + len(
+                    out["shared_row"].split(",") if out["shared_row"] else []):
+                raise TrainfitError(f"the measured tensor-parallel plan shards shared experts with gate, up and down "
+                                    f"projections; {config.model_type} has {', '.join(shared)}")
+    if not {"q", "k", "v", "o", "gate", "up", "down"} <= set(out):
         raise TrainfitError(f"the measured tensor-parallel plan (q/k/v/gate/up column-wise, o/down row-wise) needs "
                             f"separate linear projections; {config.model_type} has {', '.join(sorted(out)) or 'none'}")
     out["attn"], out["mlp"] = attn, mlp
     out["norms"] = ",".join(n for n, m in block.named_children() if "norm" in n.lower())
     return out
+
+
+def _full_sequence_masks(base: Any, config: Any) -> None:
+    """With sequence parallelism the embeddings' output is the rank's sequence shard, from which transformers would
+    build its masks (Gemma 3, gpt-oss: one for the full and one for the sliding blocks) one shard long, and the
+    attention of the gathered sequence fails: a forward pre-hook on the decoder builds them, as transformers does,
+    for the whole sequence (a stride-0 placeholder of the embeddings' shape stands for ``inputs_embeds``) and
+    passes them as the ready mapping transformers accepts in ``attention_mask``."""
+    torch = require("torch")
+    masking = importlib.import_module("transformers.masking_utils")
+    dtype = base.embed_tokens.weight.dtype
+
+    def pre(m: Any, args: Any, kwargs: Any) -> Any:
+        ids = kwargs.get("input_ids")
+        if ids is None or kwargs.get("attention_mask") is not None:
+            return None
+        b, s = ids.shape[:2]
+        embeds = torch.empty((), dtype=dtype, device=ids.device).expand(b, s, config.hidden_size)
+        common = dict(config=config, inputs_embeds=embeds, attention_mask=None, cache=None,
+                      position_ids=kwargs.get("position_ids"))
+        kwargs["attention_mask"] = {"full_attention": masking.create_causal_mask(**common),
+                                    "sliding_attention": masking.create_sliding_window_causal_mask(**common)}
+        return args, kwargs
+
+    base.register_forward_pre_hook(pre, with_kwargs=True)
+
+
+def _sharded_rms_norm(norm: Any, mesh: Any, width: int) -> None:
+    """An RMSNorm over a whole column-parallel projection (OLMo 2's q_norm and k_norm) on that projection's
+    shard: its weight sharded with it, the per-token sum of squares all-reduced over the ``tp`` ranks (a
+    DTensor partial made whole) and divided by the whole width -- Olmo2RMSNorm's ops otherwise, in its order (fp32
+    copy, squares, rsqrt, weight times the normed copy, cast back)."""
+    torch = require("torch")
+    dt = importlib.import_module("torch.distributed.tensor")
+    _shard_on_local(norm, mesh, {"weight": dt.Shard(0)})
+
+    def forward(self: Any, hidden_states: Any) -> Any:
+        dtype = hidden_states.dtype
+        h = hidden_states.to(torch.float32)
+        partial = h.pow(2).sum(-1, keepdim=True)
+        whole = dt.DTensor.from_local(partial, mesh, [dt.Partial()], run_check=False).redistribute(
+            placements=[dt.Replicate()]).to_local()
+        h = h * torch.rsqrt(whole / width + self.variance_epsilon)
+        return (self.weight * h).to(dtype)
+
+    norm.forward = types.MethodType(forward, norm)
+
+
+def _moe_experts(mlp: Any) -> Any:
+    """The fused routed-experts module of an MoE block (:func:`.expert_parallel.expert_modules`), or None."""
+    from .expert_parallel import expert_modules
+
+    if mlp is None:
+        return None
+    found = expert_modules(mlp)
+    return found[0] if len(found) == 1 else None
+
+
+def _shard_on_local(mod: Any, mesh: Any, placements: dict[str, Any]) -> None:
+    """Make ``mod``'s parameters named in ``placements`` DTensors of those placements (Shard(d) or Replicate, on
+    the ``tp`` mesh) and run ``mod`` on their local tensors: a forward pre-hook puts each local tensor
+    (``to_local``, a differentiable view) in the module's ``__dict__``, where attribute lookup finds it before the
+    parameter, and turns DTensor arguments into local tensors; a forward hook takes the views away again. The
+    module's own code (transformers' grouped experts, a router, attention with sinks) then runs unchanged on
+    plain tensors, while the optimizer sees DTensors only."""
+    torch = require("torch")
+    dt = importlib.import_module("torch.distributed.tensor")
+    for name, placement in placements.items():
+        p = getattr(mod, name)
+        setattr(mod, name, torch.nn.Parameter(dt.distribute_tensor(p.data, mesh, [placement]),
+                                              requires_grad=p.requires_grad))
+
+    def local(x: Any) -> Any:
+        return x.to_local() if isinstance(x, dt.DTensor) else x
+
+    def pre(m: Any, args: Any, kwargs: Any) -> Any:
+        for name in placements:
+            m.__dict__[name] = m._parameters[name].to_local()
+        return tuple(local(a) for a in args), {k: local(v) for k, v in kwargs.items()}
+
+    def post(m: Any, args: Any, kwargs: Any, output: Any) -> None:
+        for name in placements:
+            m.__dict__.pop(name, None)
+
+    mod.register_forward_pre_hook(pre, with_kwargs=True)
+    mod.register_forward_hook(post, with_kwargs=True)
+
+
+def _tp_experts(experts: Any, mesh: Any) -> None:
+    """The routed experts under tensor parallelism (torchtitan's ``TensorParallel`` for grouped experts): each
+    expert's gate|up projection column-wise and its down projection row-wise, i.e. sharded on the inner width
+    (stored (experts, out, in), or (experts, in, out) with ``is_transposed``: gpt-oss), gate|up biases with
+    them; the down biases are added on tensor-parallel rank 0 only (the block's output is a sum over ranks).
+    The shard is the contiguous slice of the stored gate|up rows (gpt-oss interleaves gate and up columns, so
+    the slice pairs them; a concatenated gate|up is paired by the checkpoint loader: the same bytes)."""
+    dt = importlib.import_module("torch.distributed.tensor")
+    t = bool(getattr(experts, "is_transposed", False))
+    gu, down = (2, 1) if t else (1, 2)
+    placements = {"gate_up_proj": dt.Shard(gu), "down_proj": dt.Shard(down)}
+    if getattr(experts, "has_bias", False):
+        placements.update(gate_up_proj_bias=dt.Shard(1), down_proj_bias=dt.Replicate())
+    _shard_on_local(experts, mesh, placements)
+    if getattr(experts, "has_bias", False) and mesh.get_local_rank() != 0:
+        def no_bias(m: Any, args: Any, kwargs: Any) -> None:  # a sum over ranks adds the down biases once
+            m.__dict__["down_proj_bias"] = m.__dict__["down_proj_bias"] * 0
+        experts.register_forward_pre_hook(no_bias, with_kwargs=True)
 
 
 def _base_model(model: Any) -> Any:
@@ -342,14 +468,16 @@ def apply_tp(model: Any, config: Any, mesh: Any, layout: Layout, seq_len: int) -
     pm = _private("torch.distributed.tensor.parallel", lambda: importlib.import_module(
         "torch.distributed.tensor.parallel"))
     dt = importlib.import_module("torch.distributed.tensor")
-    Shard, Replicate = dt.Shard, dt.Replicate
+    Shard, Replicate, Partial = dt.Shard, dt.Replicate, dt.Partial
     tp = layout.tp
     base = _base_model(model)
     blocks = base.layers
     roles = _tp_module_names(config, blocks)
     for what, n in (("num_attention_heads", config.num_attention_heads),
                     ("num_key_value_heads", getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
-                    ("intermediate_size", config.intermediate_size)):
+                    ("intermediate_size", config.intermediate_size),
+                    *((("moe_intermediate_size", config.moe_intermediate_size),)
+                      if getattr(config, "moe_intermediate_size", None) else ())):
         if n % tp:
             raise TrainfitError(f"tensor parallelism splits {what} over tp: {what} {n} is not a multiple of tp {tp}")
     seq = Shard(1) if layout.sp else Replicate()
@@ -366,18 +494,59 @@ def apply_tp(model: Any, config: Any, mesh: Any, layout: Layout, seq_len: int) -
         top["model.norm"] = pm.SequenceParallel()
     if top:
         pm.parallelize_module(model, mesh, top)
+    if layout.sp and "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        _full_sequence_masks(base, config)
     for block in blocks:
-        plan = {roles[r]: pm.ColwiseParallel() for r in ("q", "k", "v", "gate", "up")}
+        roles = _tp_module_names(config, [block])  # dense and MoE blocks may alternate (DeepSeek-V3)
+        mods = dict(block.named_modules())
+        moe = "experts" in roles
+        plan = {roles[r]: pm.ColwiseParallel() for r in ("q", "k", "v") + (() if moe else ("gate", "up"))}
         plan[roles["o"]] = pm.RowwiseParallel(output_layouts=seq)
-        plan[roles["down"]] = pm.RowwiseParallel(output_layouts=seq)
+        if not moe and roles["down"] in mods:
+            plan[roles["down"]] = pm.RowwiseParallel(output_layouts=seq)
+        elif moe:
+            for name in filter(None, roles["shared_col"].split(",")):
+                plan[name] = pm.ColwiseParallel()
+            for name in filter(None, roles["shared_row"].split(",")):
+                plan[name] = pm.RowwiseParallel(output_layouts=Partial(), use_local_output=True)
+        else:
+            raise TrainfitError(f"the measured tensor-parallel plan found neither a gated MLP nor routed experts in "
+                                f"block {list(blocks).index(block)} of {config.model_type}")
         if layout.sp:
-            for norm in roles["norms"].split(","):
-                if norm:
-                    plan[norm] = pm.SequenceParallel()
+            norms = [n for n in roles["norms"].split(",") if n]
+            # norms after a sublayer (Gemma's four per block, OLMo 2's two) feed the residual add, a local tensor:
+            # their outputs local too (the sublayers' PrepareModuleInput takes a local shard as well)
+            local = any("post_feedforward" in n for n in norms)
+            for norm in norms:
+                plan[norm] = pm.SequenceParallel(use_local_output=local)
             plan[roles["attn"]] = pm.PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
                                                         desired_input_kwarg_layouts={"hidden_states": Replicate()})
-            plan[roles["mlp"]] = pm.PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            if not moe:
+                plan[roles["mlp"]] = pm.PrepareModuleInput(input_layouts=(Shard(1),),
+                                                           desired_input_layouts=(Replicate(),))
+        if moe:
+            # the block's input gathered (sequence parallel) as a local tensor; its output (a tuple for gpt-oss:
+            # the router's scores too) partial sums, reduce-scattered to the sequence shard or all-reduced
+            outs = (Partial(), None) if config.model_type == "gpt_oss" else (Partial(),)
+            plan[roles["mlp"]] = pm.PrepareModuleInputOutput(
+                input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_input=True,
+                output_layouts=outs, desired_output_layouts=(seq,) + (None,) * (len(outs) - 1), use_local_output=True)
+        for qk in ("q_norm", "k_norm"):  # norms over the whole q or k projection (OLMo 2): sharded with it
+            norm = mods.get(f"{roles['attn']}.{qk}")
+            proj = mods.get(roles["q" if qk == "q_norm" else "k"])
+            weight = getattr(norm, "weight", None)
+            if weight is not None and proj is not None and weight.ndim == 1 and weight.numel() == proj.out_features:
+                _sharded_rms_norm(norm, mesh, weight.numel())
+        sinks = getattr(mods.get(roles["attn"]), "sinks", None)
+        if isinstance(sinks, require("torch").nn.Parameter):  # one learned logit per head: split with the heads
+            _shard_on_local(mods[roles["attn"]], mesh, {"sinks": Shard(0)})
         pm.parallelize_module(block, mesh, plan)
+        if moe:
+            experts = mods[roles["experts"]]
+            _tp_experts(experts, mesh)
+            router = mods.get(f"{roles['mlp']}.gate") or mods.get(f"{roles['mlp']}.router")
+            if router is not None:  # replicated; run on local tensors (its top-k and scatter need no DTensor rule)
+                _shard_on_local(router, mesh, {n: Replicate() for n, q in router.named_parameters(recurse=False)})
     # every other parameter (the norms without sequence parallelism, per-head q/k norms) becomes a
     # replicated DTensor fed and returning local tensors: a foreach optimizer takes DTensors or plain
     # tensors, not both

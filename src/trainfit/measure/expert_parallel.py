@@ -17,7 +17,9 @@ commit e38d7abe0fa09c2ec7ccac1729f77cf72faddfc5):
 3. the received rows regrouped by local expert (they arrive by source rank, then expert): one gather with the
    permutation torchtitan's ``generate_permute_indices`` computes (here in plain torch, from the counts), without
    its alignment padding (at most ``local experts x 8`` rows, which grouped_mm needs on the GPU only);
-4. the local experts' grouped products on those rows (``E / ep`` experts, offsets from the received counts);
+4. the local experts' grouped products on those rows (``E / ep`` experts, offsets from the received counts; biased
+   experts, gpt-oss's, add their per-row gathered biases in place as transformers does, each row's local expert
+   found from the offsets);
 5. the rows put back in arrival order (``new_empty`` + index put, torchtitan's ``_unpermute``) and all-to-all'ed
    back; then the routing weights, the original order and the sum over the top-k copies as transformers does.
 
@@ -40,7 +42,8 @@ from ._deps import require
 
 def expert_modules(model: Any) -> list[Any]:
     """The routed-experts modules of ``model``: transformers 5's fused experts (3-d ``gate_up_proj`` and
-    ``down_proj`` parameters, one slice per expert, gated, no biases)."""
+    ``down_proj`` parameters, one slice per expert, gated; stored (experts, out, in), or (experts, in, out) with
+    ``is_transposed``, and with per-expert biases where ``has_bias``: gpt-oss)."""
     out = []
     for mod in model.modules():
         gu, down = getattr(mod, "gate_up_proj", None), getattr(mod, "down_proj", None)
@@ -63,11 +66,13 @@ def apply_ep(model: Any, group: Any, ep: int) -> int:
         if E % ep:
             raise TrainfitError(f"expert parallelism splits the experts over ep: num_experts {E} is not a multiple "
                                 f"of ep {ep}")
-        if getattr(mod, "has_bias", False) or not getattr(mod, "has_gate", True) or getattr(mod, "is_transposed", False):
-            raise TrainfitError("the measured expert parallelism runs gated experts without biases stored "
-                                "(experts, out, in) (Qwen3-MoE, Mixtral, Qwen2-MoE, DeepSeek-V3); this model's "
-                                "experts are not (the estimate models them)")
-        for name in ("gate_up_proj", "down_proj"):
+        if not getattr(mod, "has_gate", True):
+            raise TrainfitError("the measured expert parallelism runs gated experts (one gate_up_proj per expert: "
+                                "Qwen3-MoE, Mixtral, Qwen2-MoE, DeepSeek-V3, gpt-oss); this model's experts are not "
+                                "(the estimate models them)")
+        names = ("gate_up_proj", "down_proj") + (("gate_up_proj_bias", "down_proj_bias")
+                                                 if getattr(mod, "has_bias", False) else ())
+        for name in names:
             p = getattr(mod, name)
             local = torch.nn.Parameter(torch.empty((E // ep, *p.shape[1:]), dtype=p.dtype, device=p.device),
                                        requires_grad=p.requires_grad)
@@ -130,9 +135,15 @@ def _ep_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_k_w
         order = _regroup_indices(counts_group, ep, local, sum(recv))
         offsets = torch.cumsum(counts_group.reshape(ep, local).sum(0), 0, dtype=torch.int32)
     x = received[order]
-    proj = moe._grouped_linear(x, self.gate_up_proj, offsets)
+    transposed, biased = bool(getattr(self, "is_transposed", False)), bool(getattr(self, "has_bias", False))
+    if biased:  # each regrouped row's local expert, for transformers' per-row bias gather
+        with torch.no_grad():
+            local_ids = torch.searchsorted(offsets, torch.arange(x.size(0), dtype=offsets.dtype), right=True)
+    proj = moe._grouped_linear(x, self.gate_up_proj, offsets, bias=self.gate_up_proj_bias[local_ids] if biased
+                               else None, is_transposed=transposed)
     proj = self._apply_gate(proj)
-    out = moe._grouped_linear(proj, self.down_proj, offsets)
+    out = moe._grouped_linear(proj, self.down_proj, offsets, bias=self.down_proj_bias[local_ids] if biased else None,
+                              is_transposed=transposed)
     back = out.new_empty((sum(recv), hidden))
     back[order] = out
     returned = fc.all_to_all_single_autograd(back, send, recv, group)
