@@ -10,7 +10,7 @@ are ranked fastest first (ties: less memory first). Sizes in bytes, times in sec
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -26,6 +26,8 @@ from ..pricing import check_tokens, price_for
 from ..units import GB
 from .near import near_misses as _near_misses
 from .near import pareto_front
+from .own_memory import MemorySplit
+from .own_memory import split as own_split
 from .results import STEP_FIGURES, Cloud, Layout, Plan
 from .space import (CHECKPOINTING, PLAN_ARGUMENTS, SEARCHED, LayoutSpace, ModelContext, context, enumerate_layouts,
                     world_sizes)
@@ -73,8 +75,27 @@ def _memory(x: SetupArrays, *, method: str, inflight: bool, options: dict[str, A
     return out
 
 
+def _memory_of(x: SetupArrays, own: Optional[MemorySplit], **memory_args: Any) -> Callable[[np.ndarray], dict]:
+    """Memory arrays of the layouts at flat positions ``idx`` of ``x``: those ``own`` marks by the stack's own
+    model (its encoding ``own.x_own``), the others as ``x`` is encoded (:mod:`~trainfit.planner.own_memory`)."""
+    def run(idx: np.ndarray) -> dict[str, np.ndarray]:
+        whole = len(idx) == x.size and bool(np.all(idx == np.arange(x.size)))
+        if own is None or not own.any:
+            return _memory(x if whole else x.take(idx), **memory_args)
+        mine = own.own[idx]
+        parts = [(np.flatnonzero(sel), _memory(xs.take(idx[sel]), **memory_args))
+                 for sel, xs in ((~mine, x), (mine, own.x_own)) if sel.any()]
+        out: dict[str, np.ndarray] = {}
+        for sel, part in parts:
+            for k, v in part.items():
+                out.setdefault(k, np.zeros(len(idx)))[sel] = v
+        return out
+
+    return run
+
+
 def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: int, rejected: int,
-          exhaustive: bool, **memory_args: Any) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+          exhaustive: bool, memory_of: Callable[[np.ndarray], dict]) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
     """Memory for the layouts needed to rank: all of them (``exhaustive``), or in order of step time until
     the fastest ``top`` fitting and ``rejected`` non-fitting layouts are known, ties included (for methods
     without a vectorised form; the layouts never evaluated are all slower). Returns (arrays over all
@@ -85,8 +106,7 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
     done = np.zeros(n, dtype=bool)
 
     def fill(idx: np.ndarray) -> None:
-        whole = len(idx) == n and bool(np.all(idx == np.arange(n)))
-        part = _memory(x if whole else x.take(idx), **memory_args)
+        part = memory_of(idx)
         for k, v in part.items():
             if k not in arr:
                 arr[k] = np.zeros(n)
@@ -236,13 +256,26 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     cloud = None
     if exhaustive is None:
         exhaustive = m.vectorised is not None  # one vectorised pass over every layout
+    def _own(sp: LayoutSpace, xs: SetupArrays, given: dict[str, Any]) -> Optional[MemorySplit]:
+        """The layouts of ``sp`` the memory method counts by the stack's own model (None: the method offers
+        the stack to searches, or the stack is hf: one model counts them all)."""
+        if stack == "hf" or "stack" in given:
+            return None
+        return own_split(stack, m, sp, global_batch // (sp.dp * sp.mb),
+                         lambda extra: _encode(ctx, sp, global_batch=int(global_batch), seq_len=int(seq_len),
+                                               fields={**fields, **extra}))
+
     if space.size:
         x = _encode(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
         st = step_time_arrays(x, node_size=ctx.net.node_size, inter_node_bandwidth=inter_node_bandwidth,
                               overlap=overlap)
         times = {f"time_{k}": v for k, v in st.items()}
+        own = _own(space, x, stack_fields)
+        if own is not None:
+            notes += own.notes
         mem, done, evaluated = _rank(x, times, usable, top=top, rejected=rejected, exhaustive=exhaustive,
-                                     method=method, inflight=inflight, options=method_options)
+                                     memory_of=_memory_of(x, own, method=method, inflight=inflight,
+                                                          options=method_options))
         arr = {**times, **mem, "accumulation": global_batch // (space.dp * space.mb)}
         fits = done & (mem["total_bytes"] <= usable)
         misses = done & ~fits
@@ -271,7 +304,8 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                 xs = _encode(ctx, sub, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
                 st2 = {f"time_{k}": v for k, v in step_time_arrays(
                     xs, node_size=ctx.net.node_size, inter_node_bandwidth=inter_node_bandwidth, overlap=overlap).items()}
-                mem2 = _memory(xs, method=method, inflight=inflight, options=method_options)
+                mem2 = _memory_of(xs, _own(sub, xs, stack_fields), method=method, inflight=inflight,
+                                  options=method_options)(np.arange(xs.size))
             except TrainfitError:  # some row the setup's rules refuse: the others one by one
                 return [lay for row in rows for lay in outside([row])] if len(rows) > 1 else [None]
             arr2 = {**st2, **mem2, "accumulation": global_batch // (sub.dp * sub.mb)}

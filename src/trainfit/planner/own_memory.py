@@ -1,0 +1,104 @@
+"""Each stack's memory by its own model where that model covers a layout, by the hf stack's accounting elsewhere.
+
+A memory method may model a stack's own program for part of the layouts that stack runs: the detailed method
+walks megatron-core's GPT step (``step: megatron-gpt`` in ``data/stacks.yaml``) for one pipeline stage without
+context or sequence parallelism and one micro-batch a step, and DeepSpeed's ZeRO engine (``step:
+deepspeed-zero``) at stages 1-3 without a pipeline or accumulation. Such a method does not offer the stack to
+searches over layouts (its ``accepts`` leaves it out), yet it answers ``estimate --stack S`` inside that
+domain. The planner then splits the layouts:
+
+* **own model**: every layout the method's own check accepts with ``stack = S`` is counted by it, through the
+  same vectorised path as a sweep (so its memory equals ``estimate --stack S`` of that layout to the bit);
+* **nearest model**: every other layout is counted as the hf stack runs the step (the transformers model under
+  plain PyTorch, DDP/ZeRO/FSDP as trainfit models them): the method's refusal says why, and the plan's note
+  gives how many layouts were counted each way, by reason.
+
+The check runs once per distinct combination of what it can refuse in a plan's space (every layout field but the
+micro-batch; accumulation only as one or more than one step), in the stack's own words.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..errors import TrainfitError
+from ..sweep import SetupArrays
+from .space import LayoutSpace
+
+
+@dataclass(frozen=True)
+class MemorySplit:
+    """Which layouts of a space a stack's own model counts (``own``), their setups encoded with the stack
+    (``x_own``: every layout, only the ``own`` ones are evaluated) and the plan's notes."""
+
+    own: np.ndarray  #: bool per layout
+    x_own: Optional[SetupArrays]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.own.any())
+
+
+def _keys(space: LayoutSpace, accumulation: np.ndarray) -> np.ndarray:
+    """One row per layout of what a memory method may refuse: the degrees, the sharding, the schedule, the
+    checkpointing and whether it accumulates (the micro-batch and the number of steps are never refused)."""
+    f = space.setup_fields()
+    cols = [f["tp"], f["pp"], f["cp"], f["ep"], f["dp"], f["zero"], f["fsdp"], f["reshard_after_forward"],
+            space._col("sched"), f["pp_virtual"], space.ckpt, accumulation > 1]
+    return np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
+
+
+def _reason(exc: TrainfitError) -> tuple[str, str]:
+    """(a refusal's cause, shared by every layout it refuses for that cause: numbers elided; its first clause as
+    the method words it)."""
+    text = str(exc).split(" (sweep element")[0].split("; ")[0]
+    return re.sub(r"\d[\d.,e+]*", "N", text), text
+
+
+def split(stack: str, method: Any, space: LayoutSpace, accumulation: np.ndarray,
+          encode_with: Callable[[dict[str, Any]], SetupArrays]) -> MemorySplit:
+    """Split ``space`` (``accumulation`` steps per layout) into the layouts ``method`` counts with ``stack``'s own
+    model and the others. ``encode_with(fields)`` encodes the space with extra setup fields."""
+    none = np.zeros(space.size, dtype=bool)
+    try:
+        x_own = encode_with({"stack": stack})
+    except TrainfitError as exc:  # a rule between fields the stack's registry states: all counted as hf
+        return MemorySplit(none, None, [f"memory counted as the hf stack runs the step: {_reason(exc)[1]}"])
+    keys = _keys(space, accumulation)
+    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    covered = np.zeros(len(first), dtype=bool)
+    reasons: dict[str, int] = {}
+    why = np.full(len(first), -1)
+    texts: list[str] = []
+    for g, i in enumerate(first):
+        try:
+            method.check(x_own.setup_at(int(i)))
+            covered[g] = True
+        except TrainfitError as exc:
+            r, text = _reason(exc)
+            if r not in reasons:
+                reasons[r] = len(texts)
+                texts.append(text)
+            why[g] = reasons[r]
+    own = covered[inverse]
+    n, k = space.size, int(own.sum())
+    if not k:
+        first_reason = texts[0] if texts else "no layout"
+        return MemorySplit(none, None, [f"memory counted as the hf stack runs the step: the {method.name} method's "
+                                        f"{stack} model covers none of these layouts ({first_reason})"])
+    notes = [f"memory of {k:,} of {n:,} layouts by the {method.name} method's own {stack} model (as estimate "
+             f"--stack {stack})"]
+    if k < n:
+        counts = np.bincount(why[inverse][~own], minlength=len(texts))
+        by = "; ".join(f"{int(c):,} like {texts[j]}" for j, c in sorted(enumerate(counts), key=lambda t: -t[1]) if c)
+        notes.append(f"memory counted as the hf stack runs the step for the other {n - k:,}, which the {stack} model "
+                     f"does not cover ({by})")
+    return MemorySplit(own, x_own, notes)
+
+
+__all__ = ["MemorySplit", "split"]
