@@ -94,12 +94,41 @@ def _memory_of(x: SetupArrays, own: Optional[MemorySplit], **memory_args: Any) -
     return run
 
 
+def split_groups(space: LayoutSpace) -> np.ndarray:
+    """Each layout's model split: the layouts that share tp, pp, cp, ep, the pipeline schedule and the checkpointing
+    mode share one evaluation of a vectorised memory method (the detailed method walks each split once and runs the
+    data-parallel sharding, micro-batch and accumulation as arrays: ``detailed/layouts.py``), so evaluating a whole
+    split costs about what one of its layouts does."""
+    cols = np.stack([space.tp, space.pp, space._col("cp"), space.ep, space._col("sched"), space._col("virtual"),
+                     space.ckpt], axis=1)
+    return np.unique(cols, axis=0, return_inverse=True)[1].reshape(-1)
+
+
+def _settled(step: np.ndarray, total: np.ndarray, done: np.ndarray, usable: float, top: int, rejected: int,
+             next_step: float) -> bool:
+    """Whether the ``top`` fastest fitting and ``rejected`` fastest non-fitting layouts are known: the evaluated
+    ones hold that many, and every layout not evaluated (the fastest of them takes ``next_step``) is strictly
+    slower than the last of them (ties would need their memory)."""
+    ok = done & (total <= usable)
+    bad = done & ~ok
+    if ok.sum() < top or bad.sum() < rejected:
+        return False
+    cut = max(np.partition(step[ok], top - 1)[top - 1] if top else -np.inf,
+              np.partition(step[bad], rejected - 1)[rejected - 1] if rejected else -np.inf)
+    return bool(next_step > cut)
+
+
 def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: int, rejected: int,
-          exhaustive: bool, memory_of: Callable[[np.ndarray], dict]) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+          exhaustive: bool, memory_of: Callable[[np.ndarray], dict],
+          groups: Optional[np.ndarray] = None) -> tuple[dict[str, np.ndarray], np.ndarray, int, Callable]:
     """Memory for the layouts needed to rank: all of them (``exhaustive``), or in order of step time until
-    the fastest ``top`` fitting and ``rejected`` non-fitting layouts are known, ties included (for methods
-    without a vectorised form; the layouts never evaluated are all slower). Returns (arrays over all
-    layouts, NaN where not evaluated; the evaluated mask; how many were evaluated)."""
+    the fastest ``top`` fitting and ``rejected`` non-fitting layouts are known, ties included; the layouts never
+    evaluated are all slower, so the ranking, and the near misses (every non-fitting layout faster than the best
+    fitting one), are those of the exhaustive search. With ``groups`` (a vectorised method: one evaluation per
+    model split, :func:`split_groups`) whole splits are evaluated, the split holding the fastest layout not yet
+    evaluated first, in batches growing by half; without, layouts one by one in chunks doubling in size (a method
+    that runs each setup). Returns (arrays over all layouts, NaN where not evaluated; the evaluated mask; how many
+    were evaluated; the function that evaluates more of them in place, given their positions)."""
     n = x.size
     step = times["time_step"]
     arr: dict[str, np.ndarray] = {"total_bytes": np.full(n, np.nan)}
@@ -115,21 +144,32 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
 
     if exhaustive:
         fill(np.arange(n))
-        return arr, done, n
+        return arr, done, n, fill
+    if groups is not None:
+        count = int(groups.max()) + 1
+        fastest = np.full(count, np.inf)
+        np.minimum.at(fastest, groups, step)
+        gorder = np.argsort(fastest, kind="stable")
+        pos, batch = 0, 8.0
+        while pos < count:
+            take = np.zeros(count, dtype=bool)
+            take[gorder[pos:pos + int(batch)]] = True
+            fill(np.flatnonzero(take[groups]))
+            pos = min(count, pos + int(batch))
+            batch *= 1.5  # a split costs about one walk: overshoot at most half of what was needed
+            if pos < count and _settled(step, arr["total_bytes"], done, usable, top, rejected,
+                                        float(fastest[gorder[pos]])):
+                break
+        return arr, done, int(done.sum()), fill
     order = np.argsort(step, kind="stable")
     pos, chunk = 0, max(8, 2 * (top + rejected))
     while pos < n:
         fill(order[pos:pos + chunk])
         pos = min(n, pos + chunk)
         chunk *= 2
-        seen = order[:pos]
-        ok = arr["total_bytes"][seen] <= usable
-        if ok.sum() >= top and (~ok).sum() >= rejected and pos < n:
-            cut = max(step[seen[ok]][top - 1] if top else -np.inf,
-                      step[seen[~ok]][rejected - 1] if rejected else -np.inf)
-            if step[order[pos]] > cut:  # every later layout is strictly slower: the ranking is settled
-                break
-    return arr, done, pos
+        if pos < n and _settled(step, arr["total_bytes"], done, usable, top, rejected, float(step[order[pos]])):
+            break  # every later layout is strictly slower: the ranking is settled
+    return arr, done, pos, fill
 
 
 def _layout(space: LayoutSpace, arr: dict[str, np.ndarray], i: int, usable: float, capacity: float,
@@ -202,9 +242,9 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     ``node_size``, ``inter_node_bandwidth`` (e.g. ``"400 Gbps"``; default the catalog's NIC) and ``overlap``
     set the step-time model's network and overlap; ``inflight=False`` keeps one micro-batch of activations
     per pipeline stage for a method that counts one (first-order: the seed's assumption) instead of 1F1B's
-    min(pp, micro-batches). ``exhaustive`` evaluates the memory of every layout (the default for methods
-    with a vectorised form); otherwise memory is evaluated in order of step time until the ranking is
-    settled. ``near_misses`` layouts that do not fit are reported closest first, each with the one change that
+    min(pp, micro-batches). ``exhaustive`` evaluates the memory of every layout; by default memory is evaluated
+    in order of step time (for a vectorised method a whole model split at a time) until the ranking and the near
+    misses are settled, and the rest only when the Pareto front or the cloud is asked for. ``near_misses`` layouts that do not fit are reported closest first, each with the one change that
     makes it fit (:mod:`trainfit.planner.near`); ``price`` (US dollars per device-hour; default the price
     list's, :mod:`trainfit.pricing`) and ``tokens`` (the whole run's) price the layouts. ``options`` are the
     other training-setup fields (``sequence_parallel``, ``lora_rank``, ...),
@@ -255,7 +295,8 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     front = None
     cloud = None
     if exhaustive is None:
-        exhaustive = m.vectorised is not None  # one vectorised pass over every layout
+        exhaustive = False  # memory for the layouts that can still matter to the ranking
+
     def _own(sp: LayoutSpace, xs: SetupArrays, given: dict[str, Any]) -> Optional[MemorySplit]:
         """The layouts of ``sp`` the memory method counts by the stack's own model (None: the method offers
         the stack to searches, or the stack is hf: one model counts them all)."""
@@ -273,10 +314,12 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
         own = _own(space, x, stack_fields)
         if own is not None:
             notes += own.notes
-        mem, done, evaluated = _rank(x, times, usable, top=top, rejected=rejected, exhaustive=exhaustive,
+        mem, done, evaluated, fill = _rank(x, times, usable, top=top, rejected=rejected, exhaustive=exhaustive,
                                      memory_of=_memory_of(x, own, method=method, inflight=inflight,
-                                                          options=method_options))
-        arr = {**times, **mem, "accumulation": global_batch // (space.dp * space.mb)}
+                                                          options=method_options),
+                                     groups=split_groups(space) if m.vectorised is not None else None)
+        acc = global_batch // (space.dp * space.mb)
+        arr = {**times, **mem, "accumulation": acc}
         fits = done & (mem["total_bytes"] <= usable)
         misses = done & ~fits
         fitting = int(fits.sum())
@@ -287,12 +330,29 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
         rej_rows = [_layout(space, arr, int(i), usable, capacity, headroom, parallel)
                     for i in order[misses[order]][:rejected]]
         chosen = int(order[fits[order]][0]) if fitting else None
-        at = lambda i: _layout(space, arr, i, usable, capacity, headroom, parallel)  # noqa: E731
-        on_front = pareto_front(mem["total_bytes"], times["time_step"])
-        cloud = Cloud(total_bytes=mem["total_bytes"], seconds=times["time_step"], fits=fits, pareto=on_front,
-                      chosen=chosen)
-        front_idx = np.flatnonzero(on_front)[np.argsort(mem["total_bytes"][on_front], kind="stable")]
-        front = lambda: [at(int(i)) for i in front_idx]  # noqa: E731
+        # read at call time: completing the evaluation below adds to ``mem``
+        at = lambda i: _layout(space, {**times, **mem, "accumulation": acc}, i, usable, capacity,  # noqa: E731
+                               headroom, parallel)
+        kept: dict[str, Cloud] = {}
+
+        def cloud_of() -> Cloud:
+            """Every layout as a point. The Pareto front and the picture need every layout's memory: a vectorised
+            method evaluates the ones the ranking left out now, once (a method running each setup does not)."""
+            if "cloud" not in kept:
+                if m.vectorised is not None and not done.all():
+                    fill(np.flatnonzero(~done))
+                total = mem["total_bytes"]
+                on_front = pareto_front(total, times["time_step"])
+                kept["cloud"] = Cloud(total_bytes=total, seconds=times["time_step"], fits=done & (total <= usable),
+                                      pareto=on_front, chosen=chosen)
+            return kept["cloud"]
+
+        def front() -> list[Layout]:
+            c = cloud_of()
+            idx = np.flatnonzero(c.pareto)
+            return [at(int(i)) for i in idx[np.argsort(c.total_bytes[idx], kind="stable")]]
+
+        cloud = cloud_of
 
         def outside(rows: list[tuple[int, ...]]) -> list[Optional[Layout]]:
             """The layouts of rows the search did not evaluate, by the same memory method and time model (a
@@ -316,9 +376,12 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                               faster_than=float(times["time_step"][chosen]) if chosen is not None else None,
                               layout_at=at, evaluate=outside)
         if evaluated < space.size:
+            later = ("; the Pareto front and the picture (JSON output, --plot) evaluate them when asked for"
+                     if m.vectorised is not None else "; the Pareto front and the picture cover the evaluated ones")
             notes.append(f"memory evaluated for the {evaluated:,} fastest layouts only (method {method!r}); the "
-                         f"other {space.size - evaluated:,} are all slower, so the ranking is exact, but the fit "
-                         "count covers the evaluated ones (--exhaustive evaluates every layout)")
+                         f"other {space.size - evaluated:,} are all slower, so the ranking and the near misses are "
+                         f"exact, but the fit count covers the evaluated ones{later} (--exhaustive evaluates every "
+                         "layout)")
         if m.vectorised is None:
             notes.append(f"the {method!r} memory method has no vectorised version: it ran layout by layout")
     else:
@@ -333,7 +396,7 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                 optimizer=ctx.optimizer, headroom=float(headroom), capacity_bytes=capacity, searched=space.size,
                 fitting=fitting, evaluated=evaluated, top=top_rows, rejected=rej_rows, candidates=space.candidates,
                 excluded=space.excluded, assumptions=lines, elapsed_s=time.perf_counter() - started, notes=notes,
-                near_misses=misses, front_layouts=front, cloud=cloud, price=unit_price, tokens=tokens,
+                near_misses=misses, front_layouts=front, cloud_of=cloud, price=unit_price, tokens=tokens,
                 stack=space.stack)
 
 
