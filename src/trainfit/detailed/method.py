@@ -31,7 +31,8 @@ TRAINING_PRECISIONS = tuple(p for p, spec in PRECISIONS.items() if spec.trainabl
 #: the stacks it models are those whose registry entry names it (data/stacks.yaml ``modelled_by``)
 #: stacks modelled over every layout the method takes; a stack whose step is another program's (megatron-core's
 #: GPTModel: ``step: megatron-gpt``) is modelled for the slice its own model covers (its module's ``check``), so it
-#: is estimated when asked for but not offered to searches over layouts (the planner counts it as hf, as it says)
+#: is estimated when asked for but not offered to searches over layouts (the planner asks its check layout by layout:
+#: planner/own_memory.py)
 MODELLED_STACKS: tuple[str, ...] = modelled_by(NAME)
 ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n not in ("trainable_fraction", "compile")},
                            "precision": TRAINING_PRECISIONS,
