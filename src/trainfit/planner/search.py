@@ -109,11 +109,12 @@ def _settled(step: np.ndarray, total: np.ndarray, done: np.ndarray, usable: floa
     """Whether the ``top`` fastest fitting and ``rejected`` fastest non-fitting layouts are known: the evaluated
     ones hold that many, and every layout not evaluated (the fastest of them takes ``next_step``) is strictly
     slower than the last of them (ties would need their memory)."""
+    top = max(top, 1)  # the best fitting layout is always needed: the chosen one, and the near misses' bound
     ok = done & (total <= usable)
     bad = done & ~ok
     if ok.sum() < top or bad.sum() < rejected:
         return False
-    cut = max(np.partition(step[ok], top - 1)[top - 1] if top else -np.inf,
+    cut = max(np.partition(step[ok], top - 1)[top - 1],
               np.partition(step[bad], rejected - 1)[rejected - 1] if rejected else -np.inf)
     return bool(next_step > cut)
 
@@ -244,9 +245,10 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     per pipeline stage for a method that counts one (first-order: the seed's assumption) instead of 1F1B's
     min(pp, micro-batches). ``exhaustive`` evaluates the memory of every layout; by default memory is evaluated
     in order of step time (for a vectorised method a whole model split at a time) until the ranking and the near
-    misses are settled, and the rest only when the Pareto front or the cloud is asked for. ``near_misses`` layouts that do not fit are reported closest first, each with the one change that
-    makes it fit (:mod:`trainfit.planner.near`); ``price`` (US dollars per device-hour; default the price
-    list's, :mod:`trainfit.pricing`) and ``tokens`` (the whole run's) price the layouts. ``options`` are the
+    misses are settled, and the rest only when the Pareto front or the cloud is asked for. ``near_misses``
+    layouts that do not fit are reported closest first, each with the one change that makes it fit
+    (:mod:`trainfit.planner.near`); ``price`` (US dollars per device-hour; default the price list's,
+    :mod:`trainfit.pricing`) and ``tokens`` (the whole run's) price the layouts. ``options`` are the
     other training-setup fields (``sequence_parallel``, ``lora_rank``, ...),
     the same for every layout, and the memory method's own options.
     """
