@@ -109,12 +109,11 @@ def _settled(step: np.ndarray, total: np.ndarray, done: np.ndarray, usable: floa
     """Whether the ``top`` fastest fitting and ``rejected`` fastest non-fitting layouts are known: the evaluated
     ones hold that many, and every layout not evaluated (the fastest of them takes ``next_step``) is strictly
     slower than the last of them (ties would need their memory)."""
-    top = max(top, 1)  # the best fitting layout is always needed: the chosen one, and the near misses' bound
     ok = done & (total <= usable)
     bad = done & ~ok
     if ok.sum() < top or bad.sum() < rejected:
         return False
-    cut = max(np.partition(step[ok], top - 1)[top - 1],
+    cut = max(np.partition(step[ok], top - 1)[top - 1],  # top >= 1 (plan's rule): the chosen layout is settled
               np.partition(step[bad], rejected - 1)[rejected - 1] if rejected else -np.inf)
     return bool(next_step > cut)
 
