@@ -154,6 +154,18 @@ class Detailed(MemoryMethod):
                                 f"without gradient accumulation (got --accum {setup.accumulation}, world size "
                                 f"{par.world_size}); accepted: --accum 1 on one device")
 
+    def accumulation_keeps_peak(self, setup: TrainingSetup) -> str:
+        """Why ``setup``'s step with more micro-batches peaks as this one-micro-batch step does, by what its stack's
+        own model states (megatron-core's GPT step with one pipeline stage:
+        :data:`~trainfit.detailed.stacks_megatron.ACCUMULATION_KEEPS_PEAK`); empty when it is not known to. A
+        search over layouts may then count an accumulating layout, which :meth:`check` refuses, at one
+        micro-batch."""
+        if behaviour_of(setup.recipe).step == "megatron-gpt" and setup.parallel.pp == 1:
+            from . import stacks_megatron
+
+            return stacks_megatron.ACCUMULATION_KEEPS_PEAK
+        return ""
+
     def phases(self, setup: TrainingSetup) -> PhaseResult:
         """Per-phase peaks and components of one setup (no device needed: then as on CUDA)."""
         self.check(setup)

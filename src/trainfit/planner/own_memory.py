@@ -32,15 +32,18 @@ from .space import LayoutSpace
 @dataclass(frozen=True)
 class MemorySplit:
     """Which layouts of a space a stack's own model counts (``own``), their setups encoded with the stack
-    (``x_own``: every layout, only the ``own`` ones are evaluated) and the plan's notes."""
+    (``x_own``: every layout, only the ``own`` ones are evaluated), the accumulating layouts it counts at one
+    micro-batch (``one``: their positions; ``x_one``: those layouts alone, with accumulation 1) and the notes."""
 
     own: np.ndarray  #: bool per layout
     x_own: Optional[SetupArrays]
     notes: list[str] = field(default_factory=list)
+    one: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    x_one: Optional[SetupArrays] = None
 
     @property
     def any(self) -> bool:
-        return bool(self.own.any())
+        return bool(self.own.any()) or bool(self.one.size)
 
 
 def _keys(space: LayoutSpace, accumulation: np.ndarray) -> np.ndarray:
@@ -60,9 +63,12 @@ def _reason(exc: TrainfitError) -> tuple[str, str]:
 
 
 def split(stack: str, method: Any, space: LayoutSpace, accumulation: np.ndarray,
-          encode_with: Callable[[dict[str, Any]], SetupArrays]) -> MemorySplit:
+          encode_with: Callable[[dict[str, Any]], SetupArrays],
+          encode_one: Optional[Callable[[np.ndarray, dict[str, Any]], SetupArrays]] = None) -> MemorySplit:
     """Split ``space`` (``accumulation`` steps per layout) into the layouts ``method`` counts with ``stack``'s own
-    model and the others. ``encode_with(fields)`` encodes the space with extra setup fields."""
+    model and the others. ``encode_with(fields)`` encodes the space with extra setup fields; ``encode_one(idx,
+    fields)`` the layouts at ``idx`` with one micro-batch a step (the batch of one micro-batch per rank), for the
+    accumulating layouts whose peak the method says accumulation keeps (``accumulation_keeps_peak``)."""
     none = np.zeros(space.size, dtype=bool)
     try:
         x_own = encode_with({"stack": stack})
@@ -85,20 +91,49 @@ def split(stack: str, method: Any, space: LayoutSpace, accumulation: np.ndarray,
                 reasons[r] = len(texts)
                 texts.append(text)
             why[g] = reasons[r]
+    keeps = getattr(method, "accumulation_keeps_peak", None)
+    at_one = np.zeros(len(first), dtype=bool)
+    because = ""
+    if keeps is not None and encode_one is not None:
+        for g, i in enumerate(first):
+            if covered[g] or not keys[i, -1]:
+                continue
+            s = x_own.setup_at(int(i))
+            try:
+                one = s.replace(batch=s.micro_batch * s.parallel.dp, accumulation=1)
+                reason = keeps(one)
+                if reason:
+                    method.check(one)
+                    at_one[g] = True
+                    because = because or reason
+            except TrainfitError:
+                pass
+    one_idx = np.flatnonzero(at_one[inverse])
+    x_one = None
+    if one_idx.size:
+        try:
+            x_one = encode_one(one_idx, {"stack": stack})
+        except TrainfitError:
+            one_idx = np.zeros(0, dtype=np.int64)
     own = covered[inverse]
-    n, k = space.size, int(own.sum())
-    if not k:
+    n, k, j = space.size, int(own.sum()), int(one_idx.size)
+    if not k and not j:
         first_reason = texts[0] if texts else "no layout"
         return MemorySplit(none, None, [f"memory counted as the hf stack runs the step: the {method.name} method's "
                                         f"{stack} model covers none of these layouts ({first_reason})"])
     notes = [f"memory of {k:,} of {n:,} layouts by the {method.name} method's own {stack} model (as estimate "
              f"--stack {stack})"]
-    if k < n:
-        counts = np.bincount(why[inverse][~own], minlength=len(texts))
+    if j:
+        notes.append(f"memory of {j:,} accumulating layouts by the same model at one micro-batch a step: "
+                     f"{because}")
+    rest = ~own
+    rest[one_idx] = False
+    if rest.any():
+        counts = np.bincount(why[inverse][rest], minlength=len(texts))
         by = "; ".join(f"{int(c):,} like {texts[j]}" for j, c in sorted(enumerate(counts), key=lambda t: -t[1]) if c)
-        notes.append(f"memory counted as the hf stack runs the step for the other {n - k:,}, which the {stack} model "
-                     f"does not cover ({by})")
-    return MemorySplit(own, x_own, notes)
+        notes.append(f"memory counted as the hf stack runs the step for the other {int(rest.sum()):,}, which the "
+                     f"{stack} model does not cover ({by})")
+    return MemorySplit(own, x_own, notes, one_idx, x_one)
 
 
 __all__ = ["MemorySplit", "split"]

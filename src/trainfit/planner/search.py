@@ -48,9 +48,10 @@ MAX_GPUS = 2**20
 MAX_GLOBAL_BATCH = 2**24
 
 
-def _encode(ctx: ModelContext, space: LayoutSpace, *, global_batch: int, seq_len: int,
+def _encode(ctx: ModelContext, space: LayoutSpace, *, global_batch: Any, seq_len: int,
             fields: dict[str, Any]) -> SetupArrays:
-    """Every layout of ``space`` as encoded, validated training setups (one per element)."""
+    """Every layout of ``space`` as encoded, validated training setups (one per element; ``global_batch`` may be an
+    array, one per layout)."""
     acc = global_batch // (space.dp * space.mb)
     return encode(ctx.model, ctx.device, batch=global_batch, seq_len=seq_len, precision=ctx.precision,
                   optimizer=ctx.optimizer, checkpointing=np.asarray(CHECKPOINTING)[space.ckpt], accumulation=acc,
@@ -83,8 +84,12 @@ def _memory_of(x: SetupArrays, own: Optional[MemorySplit], **memory_args: Any) -
         if own is None or not own.any:
             return _memory(x if whole else x.take(idx), **memory_args)
         mine = own.own[idx]
-        parts = [(np.flatnonzero(sel), _memory(xs.take(idx[sel]), **memory_args))
-                 for sel, xs in ((~mine, x), (mine, own.x_own)) if sel.any()]
+        at = np.full(x.size, -1)
+        at[own.one] = np.arange(own.one.size)  # position in own.x_one of each layout counted at one micro-batch
+        one = at[idx] >= 0
+        parts = [(np.flatnonzero(sel), _memory(xs.take(pos), **memory_args))
+                 for sel, xs, pos in ((~mine & ~one, x, idx[~mine & ~one]), (mine, own.x_own, idx[mine]),
+                                      (one, own.x_one, at[idx[one]])) if sel.any()]
         out: dict[str, np.ndarray] = {}
         for sel, part in parts:
             for k, v in part.items():
@@ -188,6 +193,13 @@ def _layout(space: LayoutSpace, arr: dict[str, np.ndarray], i: int, usable: floa
                   accumulation=int(arr["accumulation"][i]), memory=memory, total_bytes=total, fits=fits, time=times,
                   step_time={k: float(arr["time_step" if k == "seconds" else f"time_{k}"][i]) for k in STEP_FIGURES},
                   reason=reason)
+
+
+def _rows(space: LayoutSpace) -> np.ndarray:
+    """Every layout of ``space`` as a row of :func:`_space_of` (one per line)."""
+    return np.stack([space.tp, space.pp, space.ep, space.dp, space.zero, space.ckpt, space.mb, space._col("cp"),
+                     space._col("fsdp"), space._col("reshard"), space._col("sched"), space._col("virtual")],
+                    axis=1).astype(np.int64)
 
 
 def _space_of(rows: list[tuple[int, ...]], like: LayoutSpace) -> LayoutSpace:
@@ -303,9 +315,14 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
         the stack to searches, or the stack is hf: one model counts them all)."""
         if stack == "hf" or "stack" in given:
             return None
+        def one_step(idx: np.ndarray, extra: dict[str, Any]) -> SetupArrays:
+            """The layouts at ``idx`` with one micro-batch a step: the same micro-batch on the same ranks."""
+            sub = _space_of([tuple(int(v) for v in r) for r in _rows(sp)[idx]], sp)
+            return _encode(ctx, sub, global_batch=sub.dp * sub.mb, seq_len=int(seq_len), fields={**fields, **extra})
+
         return own_split(stack, m, sp, global_batch // (sp.dp * sp.mb),
                          lambda extra: _encode(ctx, sp, global_batch=int(global_batch), seq_len=int(seq_len),
-                                               fields={**fields, **extra}))
+                                               fields={**fields, **extra}), one_step)
 
     if space.size:
         x = _encode(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
