@@ -9,6 +9,9 @@ domain. The planner then splits the layouts:
 
 * **own model**: every layout the method's own check accepts with ``stack = S`` is counted by it, through the
   same vectorised path as a sweep (so its memory equals ``estimate --stack S`` of that layout to the bit);
+* **the same model at one micro-batch**: an accumulating layout the method refuses only for accumulating, where
+  the method says accumulation keeps the one-micro-batch peak (``accumulation_keeps_peak``: megatron's step with
+  one pipeline stage), is counted as the same micro-batch on the same ranks without accumulation;
 * **nearest model**: every other layout is counted as the hf stack runs the step (the transformers model under
   plain PyTorch, DDP/ZeRO/FSDP as trainfit models them): the method's refusal says why, and the plan's note
   gives how many layouts were counted each way, by reason.
@@ -81,9 +84,10 @@ def split(stack: str, method: Any, space: LayoutSpace, accumulation: np.ndarray,
     reasons: dict[str, int] = {}
     why = np.full(len(first), -1)
     texts: list[str] = []
-    for g, i in enumerate(first):
+    probes = [x_own.setup_at(int(i)) for i in first]
+    for g, probe in enumerate(probes):
         try:
-            method.check(x_own.setup_at(int(i)))
+            method.check(probe)
             covered[g] = True
         except TrainfitError as exc:
             r, text = _reason(exc)
@@ -96,9 +100,9 @@ def split(stack: str, method: Any, space: LayoutSpace, accumulation: np.ndarray,
     because = ""
     if keeps is not None and encode_one is not None:
         for g, i in enumerate(first):
-            if covered[g] or not keys[i, -1]:
+            s = probes[g]
+            if covered[g] or not keys[i, -1] or not keeps(s):  # (what it reads does not change with accumulation)
                 continue
-            s = x_own.setup_at(int(i))
             try:
                 one = s.replace(batch=s.micro_batch * s.parallel.dp, accumulation=1)
                 reason = keeps(one)
