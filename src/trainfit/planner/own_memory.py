@@ -134,7 +134,7 @@ def split(stack: str, method: Any, space: LayoutSpace, accumulation: np.ndarray,
     rest[one_idx] = False
     if rest.any():
         counts = np.bincount(why[inverse][rest], minlength=len(texts))
-        by = "; ".join(f"{int(c):,} like {texts[j]}" for j, c in sorted(enumerate(counts), key=lambda t: -t[1]) if c)
+        by = "; ".join(f"{int(c):,} like {texts[r]}" for r, c in sorted(enumerate(counts), key=lambda t: -t[1]) if c)
         notes.append(f"memory counted as the hf stack runs the step for the other {int(rest.sum()):,}, which the "
                      f"{stack} model does not cover ({by})")
     return MemorySplit(own, x_own, notes, one_idx, x_one)
