@@ -7,7 +7,8 @@
 Each round runs, as new processes (``python -m trainfit``, round-robin so load from other work hits every
 command alike), ``trainfit plan llama-3.1-70b --hardware h100 --gpus 1024 --batch 1024 --seq 8192 --stack S``
 for S = hf, torchtitan, megatron, deepspeed, the 64-GPU torchtitan plan (``--gpus 64 --batch 512``: the
-FSDP-heavy one) and ``python -c "import trainfit.cli"`` (the start-up floor). Reported per command: the median
+FSDP-heavy one) and ``python -c "import trainfit.cli"`` (the start-up floor); ``--exhaustive`` adds each plan with
+``--exhaustive`` (memory of every layout). Reported, with the load average before and after: per command the median
 wall time over rounds, the median CPU time (user + system of the process: less sensitive to a loaded
 machine than the wall time) and, with ``--against``, the same for the other tree and the ratio old / new.
 
@@ -66,10 +67,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--against", type=Path, help="another source tree (its src/) to time beside this one")
     ap.add_argument("--only", nargs="*", help="commands whose name contains one of these words")
     ap.add_argument("--json", help="also write the figures to this JSON file")
+    ap.add_argument("--exhaustive", action="store_true",
+                    help="also time each plan with --exhaustive (memory of every layout, not only of those that can "
+                         "still matter to the ranking)")
     args = ap.parse_args(argv)
 
     trees = {"this": SRC} | ({"against": args.against.resolve()} if args.against else {})
-    cmds = {k: v for k, v in COMMANDS.items() if not args.only or any(w in k for w in args.only)}
+    every = dict(COMMANDS)
+    if args.exhaustive:
+        every.update({f"{k}, exhaustive": v + ["--exhaustive"] for k, v in COMMANDS.items() if "plan" in k})
+    cmds = {k: v for k, v in every.items() if not args.only or any(w in k for w in args.only)}
+    load_before = os.getloadavg()
     envs = {t: _env(p) for t, p in trees.items()}
     for t in trees:  # warm-up: bytecode caches written, data files in the page cache
         for c in cmds.values():
@@ -80,12 +88,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for t in trees:
                 runs[(t, k)].append(run_once(c, envs[t]))
 
+    load_after = os.getloadavg()
     out: dict[str, Any] = {"machine": machine(), "repeats": args.repeats, "trees": {t: str(p) for t, p in trees.items()},
-                           "target_s": TARGET_S, "commands": {}}
-    head = f"{'command':34s} {'wall s':>8s} {'cpu s':>8s}"
+                           "target_s": TARGET_S, "load_average_before": list(load_before),
+                           "load_average_after": list(load_after), "commands": {}}
+    head = f"{'command':46s} {'wall s':>8s} {'cpu s':>8s}"
     if args.against:
         head += f" {'old wall':>9s} {'old cpu':>8s} {'wall x':>7s} {'cpu x':>7s}"
-    print(f"median of {args.repeats} runs; load average {out['machine'].get('load_average_1m', float('nan')):.2f}; "
+    print(f"median of {args.repeats} runs; load average (1, 5, 15 min) before "
+          f"{', '.join(f'{v:.2f}' for v in load_before)}, after {', '.join(f'{v:.2f}' for v in load_after)}; "
           f"target {TARGET_S} s per plan (wall)\n{head}")
     for k in cmds:
         row: dict[str, Any] = {}
@@ -93,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row[t] = {"wall_s": statistics.median(w for w, _ in runs[(t, k)]),
                       "cpu_s": statistics.median(c for _, c in runs[(t, k)]),
                       "runs": runs[(t, k)]}
-        line = f"{k:34s} {row['this']['wall_s']:8.2f} {row['this']['cpu_s']:8.2f}"
+        line = f"{k:46s} {row['this']['wall_s']:8.2f} {row['this']['cpu_s']:8.2f}"
         if args.against:
             old = row["against"]
             row["ratio_wall"] = old["wall_s"] / row["this"]["wall_s"]

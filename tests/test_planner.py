@@ -95,8 +95,10 @@ def test_property_enumeration_count_equals_brute_force(model, n, batch):
 
 
 def test_memory_breakdown_is_solve_with_1f1b_inflight_activations():
+    # exhaustive: the fit counts compared below cover every layout (the default search evaluates what the ranking
+    # needs)
     p = plan("llama-3.1-70b", "h100", 64, global_batch=256, seq_len=4096, top=20, rejected=20, method="first-order",
-             stack="megatron")
+             stack="megatron", exhaustive=True)
     assert p.top and p.rejected
     for x in p.top + p.rejected:
         r = SOLVE("llama-3.1-70b", "h100", batch_size=256, seq_len=4096, precision="bf16", optimizer="adam",
@@ -113,7 +115,7 @@ def test_memory_breakdown_is_solve_with_1f1b_inflight_activations():
     assert all(x.fits for x in p.top) and not any(x.fits for x in p.rejected)
     # the seed's one-micro-batch assumption is available and never needs more memory
     q = plan("llama-3.1-70b", "h100", 64, global_batch=256, seq_len=4096, inflight=False, method="first-order",
-             stack="megatron")
+             stack="megatron", exhaustive=True)
     assert q.fitting >= p.fitting
 
 

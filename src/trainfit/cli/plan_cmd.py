@@ -187,10 +187,12 @@ def plan_command(
 
         launch = launch_config(p, node_size=node_size)
         launch.write(emit_file)
-    d = p.to_json()
-    d["plot"] = str(saved) if saved else None
-    if launch is not None:
-        d["emit"] = {"path": emit_file, "stack": launch.stack, "format": launch.kind, "launcher": launch.launcher}
+    d = None
+    if output is Output.json:  # its Pareto front needs every layout's memory: built only when printed
+        d = p.to_json()
+        d["plot"] = str(saved) if saved else None
+        if launch is not None:
+            d["emit"] = {"path": emit_file, "stack": launch.stack, "format": launch.kind, "launcher": launch.launcher}
     emit(plan_document(p), output, json=d)
     if saved and output is not Output.json:
         console.print(f"plot saved to {saved}", markup=False)

@@ -31,7 +31,8 @@ TRAINING_PRECISIONS = tuple(p for p, spec in PRECISIONS.items() if spec.trainabl
 #: the stacks it models are those whose registry entry names it (data/stacks.yaml ``modelled_by``)
 #: stacks modelled over every layout the method takes; a stack whose step is another program's (megatron-core's
 #: GPTModel: ``step: megatron-gpt``) is modelled for the slice its own model covers (its module's ``check``), so it
-#: is estimated when asked for but not offered to searches over layouts (the planner counts it as hf, as it says)
+#: is estimated when asked for but not offered to searches over layouts (the planner asks its check layout by layout:
+#: planner/own_memory.py)
 MODELLED_STACKS: tuple[str, ...] = modelled_by(NAME)
 ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n not in ("trainable_fraction", "compile")},
                            "precision": TRAINING_PRECISIONS,
@@ -156,6 +157,18 @@ class Detailed(MemoryMethod):
             raise TrainfitError("--optimizer-in-backward steps each gradient as it is made: modelled on one device "
                                 f"without gradient accumulation (got --accum {setup.accumulation}, world size "
                                 f"{par.world_size}); accepted: --accum 1 on one device")
+
+    def accumulation_keeps_peak(self, setup: TrainingSetup) -> str:
+        """Why ``setup``'s step with more micro-batches peaks as this one-micro-batch step does, by what its stack's
+        own model states (megatron-core's GPT step with one pipeline stage:
+        :data:`~trainfit.detailed.stacks_megatron.ACCUMULATION_KEEPS_PEAK`); empty when it is not known to. A
+        search over layouts may then count an accumulating layout, which :meth:`check` refuses, at one
+        micro-batch."""
+        if behaviour_of(setup.recipe).step == "megatron-gpt" and setup.parallel.pp == 1:
+            from . import stacks_megatron
+
+            return stacks_megatron.ACCUMULATION_KEEPS_PEAK
+        return ""
 
     def phases(self, setup: TrainingSetup) -> PhaseResult:
         """Per-phase peaks and components of one setup (no device needed: then as on CUDA)."""

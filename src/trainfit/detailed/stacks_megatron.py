@@ -152,6 +152,18 @@ ACCEPTS: dict[str, Any] = {
 }
 
 
+#: With one pipeline stage, gradient accumulation keeps the one-micro-batch step's peak: megatron-core 0.19.2's
+#: ``forward_backward_no_pipelining`` (``megatron/core/pipeline_parallel/schedules.py`` lines 787-835) runs each
+#: micro-batch's forward and backward before the next one's forward and drops its output (``del output_tensor``),
+#: so no micro-batch's activations outlive its backward, and the gradients accumulate in place into the fp32
+#: ``main_grad`` buffer, which the state holds from the start. (The detailed method itself still refuses
+#: ``--accum`` > 1: the measured steps ran one micro-batch; the planner counts such layouts at one micro-batch.)
+ACCUMULATION_KEEPS_PEAK = ("with one pipeline stage megatron-core runs each micro-batch's forward and backward before "
+                           "the next one's forward and accumulates the gradients in place into main_grad, so the step "
+                           "keeps the one-micro-batch peak (megatron-core 0.19.2 pipeline_parallel/schedules.py "
+                           "forward_backward_no_pipelining, lines 787-835)")
+
+
 def check(setup: Any) -> None:
     """Refuse, in one line, what the megatron model does not cover (as the measured step refuses it)."""
     from ..errors import TrainfitError
@@ -315,5 +327,5 @@ def peak_over_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, recompute
     return {"forward": np.maximum(softmax, loss), "backward": np.maximum(softmax_bwd + tied, loss_bwd)}
 
 
-__all__ = ["ACCEPTS", "GptShape", "MegatronState", "check", "optimizer_temporaries", "phase_bytes", "recompute_of", "buffer_layout", "core_attention_saved", "head_saved_bytes",
+__all__ = ["ACCEPTS", "ACCUMULATION_KEEPS_PEAK", "GptShape", "MegatronState", "check", "optimizer_temporaries", "phase_bytes", "recompute_of", "buffer_layout", "core_attention_saved", "head_saved_bytes",
            "layer_saved_bytes", "peak_over_saved_bytes", "persistent_bytes", "rounded", "saved_bytes", "state_bytes"]

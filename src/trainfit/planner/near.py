@@ -90,6 +90,7 @@ def neighbours(row: Row, *, n: int, global_batch: int, candidates: dict[str, lis
     t, p, e, d, z, c, b = row[:7]
     tail = tuple(row[7:])
     fsdp = bool(tail[1]) if tail else False
+    cp = int(tail[0]) if tail else 1  # context parallelism stays: the other degrees share n / cp
     acc = global_batch // (d * b)
     out: list[tuple[str, dict, Row]] = []
     for code in range(c + 1, len(CHECKPOINTING)):
@@ -107,13 +108,13 @@ def neighbours(row: Row, *, n: int, global_batch: int, candidates: dict[str, lis
         degrees = {"tp": t, "pp": p, "ep": e}
 
         def whole(v: int, name: str = name, degrees: dict = degrees) -> bool:
-            return n % (v * (t * p * e // degrees[name])) == 0
+            return n % (v * (t * p * e // degrees[name]) * cp) == 0
 
         v = _next(values, current, whole)
         if v is None:
             continue
         new = {**degrees, name: v}
-        dd = n // (new["tp"] * new["pp"] * new["ep"])
+        dd = n // (new["tp"] * new["pp"] * new["ep"] * cp)
         if global_batch % (dd * b):
             continue  # the micro-batch no longer splits the batch over the new data-parallel ranks
         zz = z if dd > 1 else 0

@@ -94,9 +94,18 @@ class Plan:
     near_misses: list[Any] = field(default_factory=list)  #: :class:`~trainfit.planner.near.NearMiss`, closest first
     #: builds the Pareto front's layouts (a few dozen; built when asked for, see :attr:`front`)
     front_layouts: Optional[Callable[[], list[Layout]]] = field(default=None, repr=False, compare=False)
-    cloud: Optional[Cloud] = field(default=None, repr=False)
+    #: builds the cloud of every searched layout (when asked for: it may evaluate the layouts the ranking did not
+    #: need, see :attr:`cloud`)
+    cloud_of: Optional[Callable[[], Cloud]] = field(default=None, repr=False, compare=False)
     price: Optional[Price] = None  #: US dollars per device-hour (the price list's, or ``price=``)
     tokens: Optional[float] = None  #: the whole run's tokens, for its days and dollars
+
+    @property
+    def cloud(self) -> Optional[Cloud]:
+        """Every searched layout as a point (what ``plan --plot`` draws). A vectorised memory method evaluates the
+        layouts the ranking did not need here, once: the fit count (:attr:`fitting`) keeps covering those the
+        ranking evaluated."""
+        return self.cloud_of() if self.cloud_of is not None else None
 
     @property
     def front(self) -> list[Layout]:

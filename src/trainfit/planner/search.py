@@ -10,7 +10,7 @@ are ranked fastest first (ties: less memory first). Sizes in bytes, times in sec
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -26,6 +26,8 @@ from ..pricing import check_tokens, price_for
 from ..units import GB
 from .near import near_misses as _near_misses
 from .near import pareto_front
+from .own_memory import MemorySplit
+from .own_memory import split as own_split
 from .results import STEP_FIGURES, Cloud, Layout, Plan
 from .space import (CHECKPOINTING, PLAN_ARGUMENTS, SEARCHED, LayoutSpace, ModelContext, context, enumerate_layouts,
                     world_sizes)
@@ -46,9 +48,10 @@ MAX_GPUS = 2**20
 MAX_GLOBAL_BATCH = 2**24
 
 
-def _encode(ctx: ModelContext, space: LayoutSpace, *, global_batch: int, seq_len: int,
+def _encode(ctx: ModelContext, space: LayoutSpace, *, global_batch: Any, seq_len: int,
             fields: dict[str, Any]) -> SetupArrays:
-    """Every layout of ``space`` as encoded, validated training setups (one per element)."""
+    """Every layout of ``space`` as encoded, validated training setups (one per element; ``global_batch`` may be an
+    array, one per layout)."""
     acc = global_batch // (space.dp * space.mb)
     return encode(ctx.model, ctx.device, batch=global_batch, seq_len=seq_len, precision=ctx.precision,
                   optimizer=ctx.optimizer, checkpointing=np.asarray(CHECKPOINTING)[space.ckpt], accumulation=acc,
@@ -73,20 +76,71 @@ def _memory(x: SetupArrays, *, method: str, inflight: bool, options: dict[str, A
     return out
 
 
+def _memory_of(x: SetupArrays, own: Optional[MemorySplit], **memory_args: Any) -> Callable[[np.ndarray], dict]:
+    """Memory arrays of the layouts at flat positions ``idx`` of ``x``: those ``own`` marks by the stack's own
+    model (its encoding ``own.x_own``), the others as ``x`` is encoded (:mod:`~trainfit.planner.own_memory`)."""
+    def run(idx: np.ndarray) -> dict[str, np.ndarray]:
+        whole = len(idx) == x.size and bool(np.all(idx == np.arange(x.size)))
+        if own is None or not own.any:
+            return _memory(x if whole else x.take(idx), **memory_args)
+        mine = own.own[idx]
+        at = np.full(x.size, -1)
+        at[own.one] = np.arange(own.one.size)  # position in own.x_one of each layout counted at one micro-batch
+        one = at[idx] >= 0
+        parts = [(np.flatnonzero(sel), _memory(xs.take(pos), **memory_args))
+                 for sel, xs, pos in ((~mine & ~one, x, idx[~mine & ~one]), (mine, own.x_own, idx[mine]),
+                                      (one, own.x_one, at[idx[one]])) if sel.any()]
+        out: dict[str, np.ndarray] = {}
+        for sel, part in parts:
+            for k, v in part.items():
+                out.setdefault(k, np.zeros(len(idx)))[sel] = v
+        return out
+
+    return run
+
+
+def split_groups(space: LayoutSpace) -> np.ndarray:
+    """Each layout's model split: the layouts that share tp, pp, cp, ep, the pipeline schedule and the checkpointing
+    mode share one evaluation of a vectorised memory method (the detailed method walks each split once and runs the
+    data-parallel sharding, micro-batch and accumulation as arrays: ``detailed/layouts.py``), so evaluating a whole
+    split costs about what one of its layouts does."""
+    cols = np.stack([space.tp, space.pp, space._col("cp"), space.ep, space._col("sched"), space._col("virtual"),
+                     space.ckpt], axis=1)
+    return np.unique(cols, axis=0, return_inverse=True)[1].reshape(-1)
+
+
+def _settled(step: np.ndarray, total: np.ndarray, done: np.ndarray, usable: float, top: int, rejected: int,
+             next_step: float) -> bool:
+    """Whether the ``top`` fastest fitting and ``rejected`` fastest non-fitting layouts are known: the evaluated
+    ones hold that many, and every layout not evaluated (the fastest of them takes ``next_step``) is strictly
+    slower than the last of them (ties would need their memory)."""
+    ok = done & (total <= usable)
+    bad = done & ~ok
+    if ok.sum() < top or bad.sum() < rejected:
+        return False
+    cut = max(np.partition(step[ok], top - 1)[top - 1],  # top >= 1 (plan's rule): the chosen layout is settled
+              np.partition(step[bad], rejected - 1)[rejected - 1] if rejected else -np.inf)
+    return bool(next_step > cut)
+
+
 def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: int, rejected: int,
-          exhaustive: bool, **memory_args: Any) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+          exhaustive: bool, memory_of: Callable[[np.ndarray], dict],
+          groups: Optional[np.ndarray] = None) -> tuple[dict[str, np.ndarray], np.ndarray, int, Callable]:
     """Memory for the layouts needed to rank: all of them (``exhaustive``), or in order of step time until
-    the fastest ``top`` fitting and ``rejected`` non-fitting layouts are known, ties included (for methods
-    without a vectorised form; the layouts never evaluated are all slower). Returns (arrays over all
-    layouts, NaN where not evaluated; the evaluated mask; how many were evaluated)."""
+    the fastest ``top`` fitting and ``rejected`` non-fitting layouts are known, ties included; the layouts never
+    evaluated are all slower, so the ranking, and the near misses (every non-fitting layout faster than the best
+    fitting one), are those of the exhaustive search. With ``groups`` (a vectorised method: one evaluation per
+    model split, :func:`split_groups`) whole splits are evaluated, the split holding the fastest layout not yet
+    evaluated first, in batches growing by half; without, layouts one by one in chunks doubling in size (a method
+    that runs each setup). Returns (arrays over all layouts, NaN where not evaluated; the evaluated mask; how many
+    were evaluated; the function that evaluates more of them in place, given their positions)."""
     n = x.size
     step = times["time_step"]
     arr: dict[str, np.ndarray] = {"total_bytes": np.full(n, np.nan)}
     done = np.zeros(n, dtype=bool)
 
     def fill(idx: np.ndarray) -> None:
-        whole = len(idx) == n and bool(np.all(idx == np.arange(n)))
-        part = _memory(x if whole else x.take(idx), **memory_args)
+        part = memory_of(idx)
         for k, v in part.items():
             if k not in arr:
                 arr[k] = np.zeros(n)
@@ -95,21 +149,32 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
 
     if exhaustive:
         fill(np.arange(n))
-        return arr, done, n
+        return arr, done, n, fill
+    if groups is not None:
+        count = int(groups.max()) + 1
+        fastest = np.full(count, np.inf)
+        np.minimum.at(fastest, groups, step)
+        gorder = np.argsort(fastest, kind="stable")
+        pos, batch = 0, 8.0
+        while pos < count:
+            take = np.zeros(count, dtype=bool)
+            take[gorder[pos:pos + int(batch)]] = True
+            fill(np.flatnonzero(take[groups]))
+            pos = min(count, pos + int(batch))
+            batch *= 1.5  # a split costs about one walk: overshoot at most half of what was needed
+            if pos < count and _settled(step, arr["total_bytes"], done, usable, top, rejected,
+                                        float(fastest[gorder[pos]])):
+                break
+        return arr, done, int(done.sum()), fill
     order = np.argsort(step, kind="stable")
     pos, chunk = 0, max(8, 2 * (top + rejected))
     while pos < n:
         fill(order[pos:pos + chunk])
         pos = min(n, pos + chunk)
         chunk *= 2
-        seen = order[:pos]
-        ok = arr["total_bytes"][seen] <= usable
-        if ok.sum() >= top and (~ok).sum() >= rejected and pos < n:
-            cut = max(step[seen[ok]][top - 1] if top else -np.inf,
-                      step[seen[~ok]][rejected - 1] if rejected else -np.inf)
-            if step[order[pos]] > cut:  # every later layout is strictly slower: the ranking is settled
-                break
-    return arr, done, pos
+        if pos < n and _settled(step, arr["total_bytes"], done, usable, top, rejected, float(step[order[pos]])):
+            break  # every later layout is strictly slower: the ranking is settled
+    return arr, done, pos, fill
 
 
 def _layout(space: LayoutSpace, arr: dict[str, np.ndarray], i: int, usable: float, capacity: float,
@@ -128,6 +193,13 @@ def _layout(space: LayoutSpace, arr: dict[str, np.ndarray], i: int, usable: floa
                   accumulation=int(arr["accumulation"][i]), memory=memory, total_bytes=total, fits=fits, time=times,
                   step_time={k: float(arr["time_step" if k == "seconds" else f"time_{k}"][i]) for k in STEP_FIGURES},
                   reason=reason)
+
+
+def _rows(space: LayoutSpace) -> np.ndarray:
+    """Every layout of ``space`` as a row of :func:`_space_of` (one per line)."""
+    return np.stack([space.tp, space.pp, space.ep, space.dp, space.zero, space.ckpt, space.mb, space._col("cp"),
+                     space._col("fsdp"), space._col("reshard"), space._col("sched"), space._col("virtual")],
+                    axis=1).astype(np.int64)
 
 
 def _space_of(rows: list[tuple[int, ...]], like: LayoutSpace) -> LayoutSpace:
@@ -182,11 +254,12 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     ``node_size``, ``inter_node_bandwidth`` (e.g. ``"400 Gbps"``; default the catalog's NIC) and ``overlap``
     set the step-time model's network and overlap; ``inflight=False`` keeps one micro-batch of activations
     per pipeline stage for a method that counts one (first-order: the seed's assumption) instead of 1F1B's
-    min(pp, micro-batches). ``exhaustive`` evaluates the memory of every layout (the default for methods
-    with a vectorised form); otherwise memory is evaluated in order of step time until the ranking is
-    settled. ``near_misses`` layouts that do not fit are reported closest first, each with the one change that
-    makes it fit (:mod:`trainfit.planner.near`); ``price`` (US dollars per device-hour; default the price
-    list's, :mod:`trainfit.pricing`) and ``tokens`` (the whole run's) price the layouts. ``options`` are the
+    min(pp, micro-batches). ``exhaustive`` evaluates the memory of every layout; by default memory is evaluated
+    in order of step time (for a vectorised method a whole model split at a time) until the ranking and the near
+    misses are settled, and the rest only when the Pareto front or the cloud is asked for. ``near_misses``
+    layouts that do not fit are reported closest first, each with the one change that makes it fit
+    (:mod:`trainfit.planner.near`); ``price`` (US dollars per device-hour; default the price list's,
+    :mod:`trainfit.pricing`) and ``tokens`` (the whole run's) price the layouts. ``options`` are the
     other training-setup fields (``sequence_parallel``, ``lora_rank``, ...),
     the same for every layout, and the memory method's own options.
     """
@@ -235,15 +308,36 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     front = None
     cloud = None
     if exhaustive is None:
-        exhaustive = m.vectorised is not None  # one vectorised pass over every layout
+        exhaustive = False  # memory for the layouts that can still matter to the ranking
+
+    def _own(sp: LayoutSpace, xs: SetupArrays, given: dict[str, Any]) -> Optional[MemorySplit]:
+        """The layouts of ``sp`` the memory method counts by the stack's own model (None: the method offers
+        the stack to searches, or the stack is hf: one model counts them all)."""
+        if stack == "hf" or "stack" in given:
+            return None
+        def one_step(idx: np.ndarray, extra: dict[str, Any]) -> SetupArrays:
+            """The layouts at ``idx`` with one micro-batch a step: the same micro-batch on the same ranks."""
+            sub = _space_of([tuple(int(v) for v in r) for r in _rows(sp)[idx]], sp)
+            return _encode(ctx, sub, global_batch=sub.dp * sub.mb, seq_len=int(seq_len), fields={**fields, **extra})
+
+        return own_split(stack, m, sp, global_batch // (sp.dp * sp.mb),
+                         lambda extra: _encode(ctx, sp, global_batch=int(global_batch), seq_len=int(seq_len),
+                                               fields={**fields, **extra}), one_step)
+
     if space.size:
         x = _encode(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
         st = step_time_arrays(x, node_size=ctx.net.node_size, inter_node_bandwidth=inter_node_bandwidth,
                               overlap=overlap)
         times = {f"time_{k}": v for k, v in st.items()}
-        mem, done, evaluated = _rank(x, times, usable, top=top, rejected=rejected, exhaustive=exhaustive,
-                                     method=method, inflight=inflight, options=method_options)
-        arr = {**times, **mem, "accumulation": global_batch // (space.dp * space.mb)}
+        own = _own(space, x, stack_fields)
+        if own is not None:
+            notes += own.notes
+        mem, done, evaluated, fill = _rank(x, times, usable, top=top, rejected=rejected, exhaustive=exhaustive,
+                                     memory_of=_memory_of(x, own, method=method, inflight=inflight,
+                                                          options=method_options),
+                                     groups=split_groups(space) if m.vectorised is not None else None)
+        acc = global_batch // (space.dp * space.mb)
+        arr = {**times, **mem, "accumulation": acc}
         fits = done & (mem["total_bytes"] <= usable)
         misses = done & ~fits
         fitting = int(fits.sum())
@@ -254,12 +348,29 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
         rej_rows = [_layout(space, arr, int(i), usable, capacity, headroom, parallel)
                     for i in order[misses[order]][:rejected]]
         chosen = int(order[fits[order]][0]) if fitting else None
-        at = lambda i: _layout(space, arr, i, usable, capacity, headroom, parallel)  # noqa: E731
-        on_front = pareto_front(mem["total_bytes"], times["time_step"])
-        cloud = Cloud(total_bytes=mem["total_bytes"], seconds=times["time_step"], fits=fits, pareto=on_front,
-                      chosen=chosen)
-        front_idx = np.flatnonzero(on_front)[np.argsort(mem["total_bytes"][on_front], kind="stable")]
-        front = lambda: [at(int(i)) for i in front_idx]  # noqa: E731
+        # read at call time: completing the evaluation below adds to ``mem``
+        at = lambda i: _layout(space, {**times, **mem, "accumulation": acc}, i, usable, capacity,  # noqa: E731
+                               headroom, parallel)
+        kept: dict[str, Cloud] = {}
+
+        def cloud_of() -> Cloud:
+            """Every layout as a point. The Pareto front and the picture need every layout's memory: a vectorised
+            method evaluates the ones the ranking left out now, once (a method running each setup does not)."""
+            if "cloud" not in kept:
+                if m.vectorised is not None and not done.all():
+                    fill(np.flatnonzero(~done))
+                total = mem["total_bytes"]
+                on_front = pareto_front(total, times["time_step"])
+                kept["cloud"] = Cloud(total_bytes=total, seconds=times["time_step"], fits=done & (total <= usable),
+                                      pareto=on_front, chosen=chosen)
+            return kept["cloud"]
+
+        def front() -> list[Layout]:
+            c = cloud_of()
+            idx = np.flatnonzero(c.pareto)
+            return [at(int(i)) for i in idx[np.argsort(c.total_bytes[idx], kind="stable")]]
+
+        cloud = cloud_of
 
         def outside(rows: list[tuple[int, ...]]) -> list[Optional[Layout]]:
             """The layouts of rows the search did not evaluate, by the same memory method and time model (a
@@ -271,7 +382,8 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                 xs = _encode(ctx, sub, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
                 st2 = {f"time_{k}": v for k, v in step_time_arrays(
                     xs, node_size=ctx.net.node_size, inter_node_bandwidth=inter_node_bandwidth, overlap=overlap).items()}
-                mem2 = _memory(xs, method=method, inflight=inflight, options=method_options)
+                mem2 = _memory_of(xs, _own(sub, xs, stack_fields), method=method, inflight=inflight,
+                                  options=method_options)(np.arange(xs.size))
             except TrainfitError:  # some row the setup's rules refuse: the others one by one
                 return [lay for row in rows for lay in outside([row])] if len(rows) > 1 else [None]
             arr2 = {**st2, **mem2, "accumulation": global_batch // (sub.dp * sub.mb)}
@@ -282,9 +394,12 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                               faster_than=float(times["time_step"][chosen]) if chosen is not None else None,
                               layout_at=at, evaluate=outside)
         if evaluated < space.size:
+            later = ("; the Pareto front and the picture (JSON output, --plot) evaluate them when asked for"
+                     if m.vectorised is not None else "; the Pareto front and the picture cover the evaluated ones")
             notes.append(f"memory evaluated for the {evaluated:,} fastest layouts only (method {method!r}); the "
-                         f"other {space.size - evaluated:,} are all slower, so the ranking is exact, but the fit "
-                         "count covers the evaluated ones (--exhaustive evaluates every layout)")
+                         f"other {space.size - evaluated:,} are all slower, so the ranking and the near misses are "
+                         f"exact, but the fit count covers the evaluated ones{later} (--exhaustive evaluates every "
+                         "layout)")
         if m.vectorised is None:
             notes.append(f"the {method!r} memory method has no vectorised version: it ran layout by layout")
     else:
@@ -299,7 +414,7 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                 optimizer=ctx.optimizer, headroom=float(headroom), capacity_bytes=capacity, searched=space.size,
                 fitting=fitting, evaluated=evaluated, top=top_rows, rejected=rej_rows, candidates=space.candidates,
                 excluded=space.excluded, assumptions=lines, elapsed_s=time.perf_counter() - started, notes=notes,
-                near_misses=misses, front_layouts=front, cloud=cloud, price=unit_price, tokens=tokens,
+                near_misses=misses, front_layouts=front, cloud_of=cloud, price=unit_price, tokens=tokens,
                 stack=space.stack)
 
 

@@ -258,7 +258,8 @@ def search_options(stack: str, fields: dict[str, Any],
 
     ``cp``, ``fsdp``, ``reshard_after_forward`` and ``pp_schedule`` given by the caller restrict the search to
     that value; a field the method does not model stays at its default (said in a note); ``stack`` itself is
-    passed to the method when it models that stack (otherwise memory is counted as the hf stack's, said)."""
+    passed to the method when it models that stack over every layout (otherwise
+    :mod:`~trainfit.planner.own_memory` splits the layouts between the stack's own model and hf's accounting)."""
     r = rules(stack)
     if "pp_virtual" in fields:
         raise TrainfitError("pp_virtual is chosen by the planner's search (the stack's interleaved schedule); "
@@ -283,9 +284,8 @@ def search_options(stack: str, fields: dict[str, Any],
         restrict["pp_schedules"] = [s for s in restrict.get("pp_schedules", modelled) if s in modelled]
     setup: dict[str, Any] = {}
     if _models(accepts, "stack", r.key):
-        setup["stack"] = r.key
-    elif r.key != "hf":
-        notes.append(f"memory counted as the hf stack runs the step: the memory method does not model {r.key}")
+        setup["stack"] = r.key  # otherwise the planner counts each layout by the stack's own model where the
+        # method has one for it, as the hf stack runs the step elsewhere (planner/own_memory.py), and says so
     return restrict, setup, notes
 
 

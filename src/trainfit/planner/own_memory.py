@@ -1,0 +1,143 @@
+"""Each stack's memory by its own model where that model covers a layout, by the hf stack's accounting elsewhere.
+
+A memory method may model a stack's own program for part of the layouts that stack runs: the detailed method
+walks megatron-core's GPT step (``step: megatron-gpt`` in ``data/stacks.yaml``) for one pipeline stage without
+context or sequence parallelism and one micro-batch a step, and DeepSpeed's ZeRO engine (``step:
+deepspeed-zero``) at stages 1-3 without a pipeline or accumulation. Such a method does not offer the stack to
+searches over layouts (its ``accepts`` leaves it out), yet it answers ``estimate --stack S`` inside that
+domain. The planner then splits the layouts:
+
+* **own model**: every layout the method's own check accepts with ``stack = S`` is counted by it, through the
+  same vectorised path as a sweep (so its memory equals ``estimate --stack S`` of that layout to the bit);
+* **the same model at one micro-batch**: an accumulating layout the method refuses only for accumulating, where
+  the method says accumulation keeps the one-micro-batch peak (``accumulation_keeps_peak``: megatron's step with
+  one pipeline stage), is counted as the same micro-batch on the same ranks without accumulation;
+* **nearest model**: every other layout is counted as the hf stack runs the step (the transformers model under
+  plain PyTorch, DDP/ZeRO/FSDP as trainfit models them): the method's refusal says why, and the plan's note
+  gives how many layouts were counted each way, by reason.
+
+The check runs once per distinct combination of what it can refuse in a plan's space (every layout field but the
+micro-batch; accumulation only as one or more than one step), in the stack's own words.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..errors import TrainfitError
+from ..sweep import SetupArrays
+from .space import LayoutSpace
+
+
+@dataclass(frozen=True)
+class MemorySplit:
+    """Which layouts of a space a stack's own model counts (``own``), their setups encoded with the stack
+    (``x_own``: every layout, only the ``own`` ones are evaluated), the accumulating layouts it counts at one
+    micro-batch (``one``: their positions; ``x_one``: those layouts alone, with accumulation 1) and the notes."""
+
+    own: np.ndarray  #: bool per layout
+    x_own: Optional[SetupArrays]
+    notes: list[str] = field(default_factory=list)
+    one: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    x_one: Optional[SetupArrays] = None
+
+    @property
+    def any(self) -> bool:
+        return bool(self.own.any()) or bool(self.one.size)
+
+
+def _keys(space: LayoutSpace, accumulation: np.ndarray) -> np.ndarray:
+    """One row per layout of what a memory method may refuse: the degrees, the sharding, the schedule, the
+    checkpointing and whether it accumulates (the micro-batch and the number of steps are never refused)."""
+    f = space.setup_fields()
+    cols = [f["tp"], f["pp"], f["cp"], f["ep"], f["dp"], f["zero"], f["fsdp"], f["reshard_after_forward"],
+            space._col("sched"), f["pp_virtual"], space.ckpt, accumulation > 1]
+    return np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
+
+
+def _reason(exc: TrainfitError) -> tuple[str, str]:
+    """(a refusal's cause, shared by every layout it refuses for that cause: numbers elided; its first clause as
+    the method words it)."""
+    text = str(exc).split(" (sweep element")[0].split("; ")[0]
+    return re.sub(r"\d[\d.,e+]*", "N", text), text
+
+
+def split(stack: str, method: Any, space: LayoutSpace, accumulation: np.ndarray,
+          encode_with: Callable[[dict[str, Any]], SetupArrays],
+          encode_one: Optional[Callable[[np.ndarray, dict[str, Any]], SetupArrays]] = None) -> MemorySplit:
+    """Split ``space`` (``accumulation`` steps per layout) into the layouts ``method`` counts with ``stack``'s own
+    model and the others. ``encode_with(fields)`` encodes the space with extra setup fields; ``encode_one(idx,
+    fields)`` the layouts at ``idx`` with one micro-batch a step (the batch of one micro-batch per rank), for the
+    accumulating layouts whose peak the method says accumulation keeps (``accumulation_keeps_peak``)."""
+    none = np.zeros(space.size, dtype=bool)
+    try:
+        x_own = encode_with({"stack": stack})
+    except TrainfitError as exc:  # a rule between fields the stack's registry states: all counted as hf
+        return MemorySplit(none, None, [f"memory counted as the hf stack runs the step: {_reason(exc)[1]}"])
+    keys = _keys(space, accumulation)
+    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    covered = np.zeros(len(first), dtype=bool)
+    reasons: dict[str, int] = {}
+    why = np.full(len(first), -1)
+    texts: list[str] = []
+    probes = [x_own.setup_at(int(i)) for i in first]
+    for g, probe in enumerate(probes):
+        try:
+            method.check(probe)
+            covered[g] = True
+        except TrainfitError as exc:
+            r, text = _reason(exc)
+            if r not in reasons:
+                reasons[r] = len(texts)
+                texts.append(text)
+            why[g] = reasons[r]
+    keeps = getattr(method, "accumulation_keeps_peak", None)
+    at_one = np.zeros(len(first), dtype=bool)
+    because = ""
+    if keeps is not None and encode_one is not None:
+        for g, i in enumerate(first):
+            s = probes[g]
+            if covered[g] or not keys[i, -1] or not keeps(s):  # (what it reads does not change with accumulation)
+                continue
+            try:
+                one = s.replace(batch=s.micro_batch * s.parallel.dp, accumulation=1)
+                reason = keeps(one)
+                if reason:
+                    method.check(one)
+                    at_one[g] = True
+                    because = because or reason
+            except TrainfitError:
+                pass
+    one_idx = np.flatnonzero(at_one[inverse])
+    x_one = None
+    if one_idx.size:
+        try:
+            x_one = encode_one(one_idx, {"stack": stack})
+        except TrainfitError:
+            one_idx = np.zeros(0, dtype=np.int64)
+    own = covered[inverse]
+    n, k, j = space.size, int(own.sum()), int(one_idx.size)
+    if not k and not j:
+        first_reason = texts[0] if texts else "no layout"
+        return MemorySplit(none, None, [f"memory counted as the hf stack runs the step: the {method.name} method's "
+                                        f"{stack} model covers none of these layouts ({first_reason})"])
+    notes = [f"memory of {k:,} of {n:,} layouts by the {method.name} method's own {stack} model (as estimate "
+             f"--stack {stack})"]
+    if j:
+        notes.append(f"memory of {j:,} accumulating layouts by the same model at one micro-batch a step: "
+                     f"{because}")
+    rest = ~own
+    rest[one_idx] = False
+    if rest.any():
+        counts = np.bincount(why[inverse][rest], minlength=len(texts))
+        by = "; ".join(f"{int(c):,} like {texts[r]}" for r, c in sorted(enumerate(counts), key=lambda t: -t[1]) if c)
+        notes.append(f"memory counted as the hf stack runs the step for the other {int(rest.sum()):,}, which the "
+                     f"{stack} model does not cover ({by})")
+    return MemorySplit(own, x_own, notes, one_idx, x_one)
+
+
+__all__ = ["MemorySplit", "split"]
