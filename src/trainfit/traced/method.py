@@ -474,6 +474,8 @@ class Traced(MemoryMethod):
         discrete = tuple(f for f in FIELD_NAMES if f not in ("batch", "seq_len"))
         for idx, row in x.distinct(discrete):
             fields = {k: row[k] for k in discrete}
+            # the group's own batch (the timeline does not depend on it; the default could leave ranks idle)
+            fields["batch"] = int(x.value_at("batch", x.first_index(idx)))
             setup = TrainingSetup.build(x.models[row["model_index"]], x.devices[row["device_index"]], **fields)
             tl = self.timeline(setup, cache=cache)
             out = tl.evaluate(micro[idx], seq[idx])
