@@ -90,13 +90,15 @@ def note(m: MemoryMethod, space: LayoutSpace, global_batch: int, why: str) -> st
 
 
 def within(space: LayoutSpace, m: MemoryMethod, *, global_batch: int, encode: Callable[[LayoutSpace], SetupArrays],
-           memory: Callable[[SetupArrays], dict[str, np.ndarray]],
+           memory: Optional[Callable[[SetupArrays], dict[str, np.ndarray]]],
            family_key: Callable[[dict[str, Any]], tuple[Any, ...]]
            ) -> tuple[LayoutSpace, Optional[SetupArrays], dict[str, np.ndarray], list[str]]:
     """The layouts of ``space`` method ``m`` models and answers, encoded, with their memory: (space, setups, memory
     arrays ``memory`` returns, one per layout, notes on the families left out). ``encode`` encodes a space as the
     search does, ``memory`` evaluates encoded layouts by ``m``; ``family_key`` names a family (the model and its
-    fields) for the failures remembered in this process."""
+    fields) for the failures remembered in this process. ``memory`` None (a method without a vectorised form: a
+    measurement per layout) leaves the memory to the search's own evaluation in order of step time: the memory
+    returned is empty."""
     space = take(space, np.flatnonzero(accepted(space, m, global_batch)))
     notes: list[str] = []
     if not space.size:
@@ -120,7 +122,7 @@ def within(space: LayoutSpace, m: MemoryMethod, *, global_batch: int, encode: Ca
             refused[why] = refused.get(why, 0) + np.size(np.arange(space.size)[idx])
     mem: dict[str, np.ndarray] = {}
     ok = np.flatnonzero(keep)
-    if ok.size:
+    if ok.size and memory is not None:
         try:
             mem = memory(x.take(ok))
         except TrainfitError:  # some family the method cannot answer: family by family, the others kept

@@ -249,13 +249,15 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
         space = enumerate_layouts(ctx, int(world_size), int(global_batch), zero_stages=zs, ckpt_codes=cks_m,
                                   stack=stack, seq_len=int(seq_len), **restrict)
         pre = None
-        if left_out(m) and space.size:
+        narrowed = bool(left_out(m) and space.size)
+        if narrowed:
             why = m.why_default if method == tries[0] and len(tries) > 1 else "the method asked for"
             searched_note = note(m, space, int(global_batch), why)
             space, x_pre, mem_pre, more = within(
                 space, m, global_batch=int(global_batch),
                 encode=lambda sp: _encode(ctx, sp, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields),
-                memory=lambda xs: _memory(xs, method=method, inflight=inflight, options=method_options),
+                memory=None if m.vectorised is None else
+                lambda xs: _memory(xs, method=method, inflight=inflight, options=method_options),
                 family_key=lambda row: (method, _model_key(ctx), int(seq_len), ctx.precision, ctx.optimizer,
                                         repr(sorted(fields.items())), repr(sorted(method_options.items(), key=str)),
                                         tuple(sorted(row.items()))))
@@ -264,7 +266,7 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                           f"memory by the {tries[k + 1]} method, which models every searched field"]
                 continue
             notes += [searched_note, *more]
-            pre = (x_pre, mem_pre)
+            pre = (x_pre, mem_pre) if mem_pre else None
         notes += stack_notes + skipped
         break
     capacity = float(ctx.device.capacity_bytes)
@@ -335,7 +337,7 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                          "count covers the evaluated ones (--exhaustive evaluates every layout)")
         if m.vectorised is None:
             notes.append(f"the {method!r} memory method has no vectorised version: it ran layout by layout")
-    else:
+    elif not narrowed:  # (a narrowed search said why it has none)
         notes.append("no valid layout: no tp x pp x ep x dp split of the accelerators reaches the global batch exactly")
     peak = ctx.hw.flops(PRECISIONS[ctx.precision].flops)
     lines = assumptions(net=ctx.net, overlap=overlap, hardware=ctx.hw.name, precision=ctx.precision, peak_flops=peak,
