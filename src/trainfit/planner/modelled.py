@@ -141,7 +141,8 @@ def within(space: LayoutSpace, m: MemoryMethod, *, global_batch: int, encode: Ca
             if ok.size:
                 where = np.full(space.size, -1)
                 where[ok] = np.arange(ok.size)
-                names = parts[0][1].keys()
+                names = list(dict.fromkeys(k for _, got in parts for k in got))  # (a one-GPU family has no
+                # communication buffers: zero there)
                 mem = {k: np.zeros(ok.size) for k in names}
                 for sel, got in parts:
                     for k in names:
