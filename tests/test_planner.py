@@ -279,17 +279,21 @@ def test_lazy_evaluation_for_slower_methods_gives_the_exhaustive_ranking():
         del METHODS["first-order-lazy-test"]
 
 
-def test_a_type_only_the_traced_method_reads_is_planned_by_first_order():
-    """Granite is answered by the traced method (one GPU, or one rank of DDP, FSDP or tensor parallelism); the
-    planner's layouts also vary pp, ZeRO and accumulation, which it does not model, so memory comes from first-order
-    and the plan says why."""
+def test_a_type_only_the_traced_method_reads_is_planned_by_first_order_only_where_traced_cannot_run(monkeypatch):
+    """Granite is answered by the traced method (one GPU, or one rank of DDP, FSDP or tensor parallelism), and the
+    planner ranks the layouts it models (tests/test_plan_traced.py). Where the traced method cannot run (here: made
+    not to apply, as without the measure extra), memory comes from first-order and the plan says why in the traced
+    method's words."""
     from trainfit.engine import default_method
+    from trainfit.traced import Traced
     from trainfit.training_setup import TrainingSetup
 
     assert default_method(TrainingSetup.build("granite-3.3-8b", "h100")) == "traced"
+    monkeypatch.setattr(Traced, "applies", lambda self, setup: False)
+    monkeypatch.setattr(Traced, "unavailable", lambda self, setup: "the traced method needs torch (stand-in)")
     p = plan("granite-3.3-8b", "h100", 8)
     assert p.method == "first-order" and p.top
-    assert any("the traced method, this model's default, does not model pp, ep, zero, accumulation" in n
+    assert any("memory by the first-order method: the traced method needs torch (stand-in)" in n
                for n in p.notes), p.notes
 
 

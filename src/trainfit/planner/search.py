@@ -9,6 +9,7 @@ are ranked fastest first (ties: less memory first). Sizes in bytes, times in sec
 """
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -23,6 +24,7 @@ from ..steptime import (DEFAULT_NODE_SIZE, DEFAULT_OVERLAP, TIME_COMPONENTS, Ove
 from ..sweep import SetupArrays, encode
 from ..training_setup import DEFAULTS, PARALLEL_FIELDS, PRECISIONS, Parallelism, TrainingSetup
 from ..pricing import check_tokens, price_for
+from ..refs import resolve_model
 from ..units import GB
 from .near import near_misses as _near_misses
 from .near import pareto_front
@@ -31,6 +33,7 @@ from .own_memory import split as own_split
 from .results import STEP_FIGURES, Cloud, Layout, Plan
 from .space import (CHECKPOINTING, PLAN_ARGUMENTS, SEARCHED, LayoutSpace, ModelContext, context, enumerate_layouts,
                     world_sizes)
+from .modelled import left_out, note, unavailable, with_shape, within
 from .stacks import search_options
 
 #: defaults of :func:`plan` (the command line reads them): sequences per optimizer step, the fraction of
@@ -212,6 +215,20 @@ def _space_of(rows: list[tuple[int, ...]], like: LayoutSpace) -> LayoutSpace:
                        candidates=like.candidates, excluded=[], stack=like.stack, **tail)
 
 
+def _shaped(model: Any, hardware: Any) -> tuple[Any, Optional[str]]:
+    """The resolved model with a parameter count and shape (:func:`.modelled.with_shape`), and where it came from."""
+    ref = resolve_model(model)
+    if ref.shape is not None or ref.config is None:
+        return ref, None
+    return with_shape(TrainingSetup.build(ref, hardware, batch=1, seq_len=1))
+
+
+def _model_key(ctx: ModelContext) -> str:
+    """The model's identity for a family that failed (its config where it has one)."""
+    cfg = ctx.model.config
+    return json.dumps(dict(cfg), sort_keys=True, default=str) if cfg is not None else ctx.name
+
+
 def _validate(world_size: Any, global_batch: Any, seq_len: Any, headroom: Any, top: Any, rejected: Any,
               method: Optional[str]) -> None:
     V.whole(world_size, "gpus", maximum=MAX_GPUS)
@@ -267,7 +284,8 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     if isinstance(near_misses, bool) or not isinstance(near_misses, int) or near_misses < 0:
         raise TrainfitError(f"near_misses must be a whole number >= 0, got {near_misses!r}")
     tokens = check_tokens(tokens)
-    ctx = context(model, hardware, precision, optimizer, node_size, inter_node_bandwidth)
+    ref, shape_note = _shaped(model, hardware)
+    ctx = context(ref, hardware, precision, optimizer, node_size, inter_node_bandwidth)
     unit_price = price_for(ctx.device, price)
     started = time.perf_counter()  # the search itself; loading the catalogs on first use is not counted
     zs = _restriction(zero_stages, (0, 1, 2, 3), "ZeRO stage", lambda v: V.zero_stage(v, "ZeRO stage"))
@@ -279,25 +297,51 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     if fixed:
         raise TrainfitError(f"{fixed[0]} is chosen by the planner's search; pass the search's own arguments "
                             "(world_size, global_batch, seq_len, precision, optimizer, zero_stages, checkpointing)")
-    notes: list[str] = []
+    notes: list[str] = [shape_note] if shape_note else []
+    given = dict(fields)
     if method is None:
+        # the model's default method, over the layouts it models (planner.modelled), and where it answers none,
+        # the first method that models every searched field
         probe = TrainingSetup.build(ctx.model, ctx.device, batch=int(global_batch), seq_len=int(seq_len),
                                     precision=ctx.precision, optimizer=ctx.optimizer, **fields)
-        method = default_method(probe, searching=SEARCHED)
         single = default_method(probe)
-        if single != method:
-            missing = [f for f in SEARCHED if f not in get_method(single).accepts]
-            notes.append(f"memory by the {method} method: the {single} method, this model's default, does not model "
-                         f"{', '.join(missing)}, which the search varies")
-    m = get_method(method)
-    restrict, stack_fields, stack_notes = search_options(stack, fields, m.accepts)
-    notes += stack_notes
-    fields.update(stack_fields)
-    if ctx.heads is None and 0 in cks:
-        cks = [c for c in cks if c]
-        notes.append("checkpointing 'none' skipped: the model states no attention-head count")
-    space = enumerate_layouts(ctx, int(world_size), int(global_batch), zero_stages=zs, ckpt_codes=cks, stack=stack,
-                              seq_len=int(seq_len), **restrict)
+        tries = list(dict.fromkeys([single, default_method(probe, searching=SEARCHED)]))
+        notes += [f"memory by the {single} method: {why}" for why in unavailable(probe, single)]
+    else:
+        tries = [method]
+    for k, method in enumerate(tries):
+        m = get_method(method)
+        fields = dict(given)
+        restrict, stack_fields, stack_notes = search_options(stack, fields, m.accepts)
+        fields.update(stack_fields)
+        cks_m = list(cks)
+        skipped = []
+        if ctx.heads is None and 0 in cks_m:
+            cks_m = [c for c in cks_m if c]
+            skipped = ["checkpointing 'none' skipped: the model states no attention-head count"]
+        space = enumerate_layouts(ctx, int(world_size), int(global_batch), zero_stages=zs, ckpt_codes=cks_m,
+                                  stack=stack, seq_len=int(seq_len), **restrict)
+        pre = None
+        narrowed = bool(left_out(m) and space.size)
+        if narrowed:
+            why = m.why_default if method == tries[0] and len(tries) > 1 else "the method asked for"
+            searched_note = note(m, space, int(global_batch), why)
+            space, x_pre, mem_pre, more = within(
+                space, m, global_batch=int(global_batch),
+                encode=lambda sp: _encode(ctx, sp, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields),
+                memory=None if m.vectorised is None else
+                lambda xs: _memory(xs, method=method, inflight=inflight, options=method_options),
+                family_key=lambda row: (method, _model_key(ctx), int(seq_len), ctx.precision, ctx.optimizer,
+                                        repr(sorted(fields.items())), repr(sorted(method_options.items(), key=str)),
+                                        tuple(sorted(row.items()))))
+            if not space.size and k + 1 < len(tries):
+                notes += [f"the {method} method answers no layout of this search ({'; '.join(more) or 'none left'}); "
+                          f"memory by the {tries[k + 1]} method, which models every searched field"]
+                continue
+            notes += [searched_note, *more]
+            pre = (x_pre, mem_pre) if mem_pre else None
+        notes += stack_notes + skipped
+        break
     capacity = float(ctx.device.capacity_bytes)
     usable = capacity * (1.0 - headroom)
     top_rows: list[Layout] = []
@@ -325,17 +369,22 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                                                fields={**fields, **extra}), one_step)
 
     if space.size:
-        x = _encode(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
+        x = _encode(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields) \
+            if pre is None else pre[0]
         st = step_time_arrays(x, node_size=ctx.net.node_size, inter_node_bandwidth=inter_node_bandwidth,
                               overlap=overlap)
         times = {f"time_{k}": v for k, v in st.items()}
-        own = _own(space, x, stack_fields)
-        if own is not None:
-            notes += own.notes
-        mem, done, evaluated, fill = _rank(x, times, usable, top=top, rejected=rejected, exhaustive=exhaustive,
-                                     memory_of=_memory_of(x, own, method=method, inflight=inflight,
-                                                          options=method_options),
-                                     groups=split_groups(space) if m.vectorised is not None else None)
+        if pre is None:
+            own = _own(space, x, stack_fields)
+            if own is not None:
+                notes += own.notes
+            mem, done, evaluated, fill = _rank(x, times, usable, top=top, rejected=rejected, exhaustive=exhaustive,
+                                         memory_of=_memory_of(x, own, method=method, inflight=inflight,
+                                                              options=method_options),
+                                         groups=split_groups(space) if m.vectorised is not None else None)
+        else:  # evaluated already, every layout the method models (planner.modelled)
+            mem, done, evaluated = pre[1], np.ones(space.size, dtype=bool), space.size
+            fill = lambda idx: None  # noqa: E731  (nothing left to evaluate)
         acc = global_batch // (space.dp * space.mb)
         arr = {**times, **mem, "accumulation": acc}
         fits = done & (mem["total_bytes"] <= usable)
@@ -375,7 +424,9 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
         def outside(rows: list[tuple[int, ...]]) -> list[Optional[Layout]]:
             """The layouts of rows the search did not evaluate, by the same memory method and time model (a
             method without a vectorised form would measure each: only the evaluated layouts serve as fixes)."""
-            if m.vectorised is None:
+            if m.vectorised is None or pre is not None:
+                # (a narrowed search holds every layout its method models: a row outside it is one the method
+                # does not answer)
                 return [None] * len(rows)
             try:
                 sub = _space_of(rows, space)
@@ -402,7 +453,7 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                          "layout)")
         if m.vectorised is None:
             notes.append(f"the {method!r} memory method has no vectorised version: it ran layout by layout")
-    else:
+    elif not narrowed:  # (a narrowed search said why it has none)
         notes.append("no valid layout: no tp x pp x ep x dp split of the accelerators reaches the global batch exactly")
     peak = ctx.hw.flops(PRECISIONS[ctx.precision].flops)
     lines = assumptions(net=ctx.net, overlap=overlap, hardware=ctx.hw.name, precision=ctx.precision, peak_flops=peak,

@@ -344,8 +344,47 @@ class Traced(MemoryMethod):
     counts_inflight = True  # one rank's step: no pipeline
     presentation = Presentation(details=("phase-peaks",))
 
+    #: why each field it refuses is not traced (its one-line refusals say it; a layout search's notes too)
+    hints = HINTS
+
     def applies(self, setup: TrainingSetup) -> bool:
         return _applies(setup)
+
+    def unavailable(self, setup: TrainingSetup) -> Optional[str]:
+        """Why it does not answer for ``setup``'s model (None when it does): what a search that falls back to
+        another method says."""
+        if setup.model.config is None:
+            return f"the {NAME} method builds the model from its Hugging Face config and {setup.model.name} has none"
+        missing = [d for d in ("torch", "transformers") if importlib.util.find_spec(d) is None]
+        if missing:
+            return (f"the {NAME} method needs {' and '.join(missing)} (pip install 'trainfit[measure]') to build "
+                    "this model type, which trainfit does not hand-model")
+        return None
+
+    def model_shape(self, setup: TrainingSetup) -> Any:
+        """The parameter count and shape (:class:`~trainfit.refs.ModelShape`) of a model known only by its config
+        (a type trainfit does not read): the count of the model transformers builds on the meta device, each
+        shared tensor once (as the measured method counts it; cached on disk with the timelines), the layers,
+        hidden size and heads from the config's usual keys. What a layout search's step-time model reads."""
+        from . import cache
+        from ..refs import _config_shape
+
+        cfg = setup.model.config
+        if cfg is None:
+            raise TrainfitError(f"the {NAME} method builds the model from its Hugging Face config; "
+                                f"{setup.model.name!r} has none ({setup.model.arch_error})")
+        key = cache.cache_key(cfg, {"count": "parameters"}, {})
+        stored = cache.load(key)
+        n = stored.get("n_params") if stored is not None else None
+        if not isinstance(n, int) or n <= 0:
+            from ..measure._deps import require
+            from ..measure.fake import build_model, count_params
+
+            require("torch")
+            require("transformers")
+            n = int(count_params(build_model(cfg, seq=1).model)[0])
+            cache.store(key, {"n_params": n})
+        return _config_shape(setup.model.name, cfg, n)
 
     def check(self, setup: TrainingSetup) -> None:
         if setup.model.config is None:
@@ -435,6 +474,8 @@ class Traced(MemoryMethod):
         discrete = tuple(f for f in FIELD_NAMES if f not in ("batch", "seq_len"))
         for idx, row in x.distinct(discrete):
             fields = {k: row[k] for k in discrete}
+            # the group's own batch (the timeline does not depend on it; the default could leave ranks idle)
+            fields["batch"] = int(x.value_at("batch", x.first_index(idx)))
             setup = TrainingSetup.build(x.models[row["model_index"]], x.devices[row["device_index"]], **fields)
             tl = self.timeline(setup, cache=cache)
             out = tl.evaluate(micro[idx], seq[idx])
