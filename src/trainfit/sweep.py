@@ -381,17 +381,36 @@ def encode(model: Any, hardware: Any, **fields: Any) -> SetupArrays:
                        device_index=dev_code, values=values, choices=choices)
 
 
-def check_supported(x: SetupArrays, names: tuple[str, ...], check: Callable[[TrainingSetup], None]) -> None:
-    """Run a method's scalar ``check`` once per distinct combination of the fields ``names`` it can refuse
-    (the first element of each), so a sweep rejects what the method cannot express with its own message."""
+def _refusals(x: SetupArrays, names: tuple[str, ...], check: Callable[[TrainingSetup], None]
+              ) -> Iterator[tuple[np.ndarray, TrainfitError]]:
+    """(mask of ``x.shape``, the refusal) for each distinct combination of the fields ``names`` that a method's
+    scalar ``check`` refuses, checked once on the first element of each."""
     inverse, firsts, _ = x._groups(names)
     for g, first in enumerate(firsts):
         try:
             check(x.setup_at(np.unravel_index(first, x.shape) if x.shape else ()))
         except TrainfitError as exc:
-            mask = np.ones(x.shape, dtype=bool) if inverse is None else (inverse == g).reshape(x.shape)
-            where = f" (sweep element {V.position(mask)})" if x.shape else ""
-            raise TrainfitError(f"{exc}{where}") from None
+            yield (np.ones(x.shape, dtype=bool) if inverse is None else (inverse == g).reshape(x.shape)), exc
+
+
+def supported(x: SetupArrays, names: tuple[str, ...], check: Callable[[TrainingSetup], None]
+              ) -> tuple[np.ndarray, dict[str, int]]:
+    """Which elements of ``x`` a method's ``check`` accepts (grouped on the fields ``names`` it can refuse): (bool
+    mask of ``x.shape``, each refusal's message with the number of elements it refuses)."""
+    keep = np.ones(x.shape, dtype=bool)
+    refused: dict[str, int] = {}
+    for mask, exc in _refusals(x, names, check):
+        keep &= ~mask
+        refused[str(exc)] = refused.get(str(exc), 0) + int(mask.sum())
+    return keep, refused
+
+
+def check_supported(x: SetupArrays, names: tuple[str, ...], check: Callable[[TrainingSetup], None]) -> None:
+    """Run a method's scalar ``check`` once per distinct combination of the fields ``names`` it can refuse
+    (the first element of each), so a sweep rejects what the method cannot express with its own message."""
+    for mask, exc in _refusals(x, names, check):
+        where = f" (sweep element {V.position(mask)})" if x.shape else ""
+        raise TrainfitError(f"{exc}{where}") from None
 
 
 def evaluate(x: SetupArrays, method: str, fn: Callable[[SetupArrays], SweepOutput]) -> SweepResult:
@@ -449,5 +468,5 @@ def grid(**axes: Any) -> dict[str, np.ndarray]:
     return out
 
 
-__all__ = ["SetupArrays", "SweepOutput", "SweepResult", "check_supported", "elementwise", "encode", "evaluate",
+__all__ = ["SetupArrays", "SweepOutput", "SweepResult", "check_supported", "supported", "elementwise", "encode", "evaluate",
            "grid"]

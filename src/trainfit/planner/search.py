@@ -21,7 +21,8 @@ from ..engine import default_method, get_method, split_options, sweep_encoded
 from ..errors import TrainfitError
 from ..steptime import (DEFAULT_NODE_SIZE, DEFAULT_OVERLAP, TIME_COMPONENTS, Overlap, assumptions, step_time_arrays,
                         time_arch)
-from ..sweep import SetupArrays, encode
+from ..method import refusable
+from ..sweep import SetupArrays, encode, supported
 from ..training_setup import DEFAULTS, PARALLEL_FIELDS, PRECISIONS, Parallelism, TrainingSetup
 from ..pricing import check_tokens, price_for
 from ..refs import resolve_model
@@ -33,7 +34,7 @@ from .own_memory import split as own_split
 from .results import STEP_FIGURES, Cloud, Layout, Plan
 from .space import (CHECKPOINTING, PLAN_ARGUMENTS, SEARCHED, LayoutSpace, ModelContext, context, enumerate_layouts,
                     world_sizes)
-from .modelled import left_out, note, unavailable, with_shape, within
+from .modelled import FAMILY, left_out, note, take, unavailable, with_shape, within
 from .stacks import search_options
 
 #: defaults of :func:`plan` (the command line reads them): sequences per optimizer step, the fraction of
@@ -253,6 +254,18 @@ def _restriction(values: Optional[Sequence[Any]], every: Sequence[Any], what: st
     return out
 
 
+def _left_out_notes(method: str, refused: dict[str, int]) -> list[str]:
+    """One note per refusal of the memory method (its message up to what the layouts had, ``; got ...``), with how
+    many layouts it left out and what they had."""
+    by: dict[str, tuple[int, list[str]]] = {}
+    for why, n in refused.items():
+        rule, _, got = why.partition("; got ")
+        count, gots = by.get(rule, (0, []))
+        by[rule] = (count + n, gots + ([got] if got else []))
+    return [f"{n:,} layout(s) left out: the {method} method does not model them with the options given ({rule}"
+            + (f"; they had {' | '.join(gots)}" if gots else "") + ")" for rule, (n, gots) in by.items()]
+
+
 def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFAULT_GLOBAL_BATCH,
          seq_len: int = DEFAULT_SEQ_LEN, precision: str = DEFAULTS["precision"],
          optimizer: str = DEFAULTS["optimizer"], headroom: float = DEFAULT_HEADROOM,
@@ -368,9 +381,19 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                          lambda extra: _encode(ctx, sp, global_batch=int(global_batch), seq_len=int(seq_len),
                                                fields={**fields, **extra}), one_step)
 
+    x = None
+    if space.size and pre is None:
+        x = _encode(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
+        if given:
+            # options fixed for every layout (--offload params, --loss chunked, ...) that the memory method models
+            # on some layouts only: the others are left out, in the method's own words
+            keep, refused = supported(x, tuple(dict.fromkeys([*refusable(m.accepts, x), *FAMILY])), m.check)
+            if not keep.all():
+                notes += _left_out_notes(method, refused)
+                idx = np.flatnonzero(keep)
+                space, x = take(space, idx), x.take(idx)
     if space.size:
-        x = _encode(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields) \
-            if pre is None else pre[0]
+        x = x if pre is None else pre[0]
         st = step_time_arrays(x, node_size=ctx.net.node_size, inter_node_bandwidth=inter_node_bandwidth,
                               overlap=overlap)
         times = {f"time_{k}": v for k, v in st.items()}
