@@ -380,3 +380,34 @@ def test_stage1_backward_moment_sweep_equals_scalar_where_the_moment_changes():
             "peak_allocated_bytes"], s
         bwd.append(one.extra["phases"]["backward"])
     assert bwd[2] - bwd[0] < 0.002 * bwd[0] < bwd[3] - bwd[2]
+
+
+FP32_CHECKPOINTED = [r for r in _rows() if r["fields"].get("checkpointing", "none") == "full"
+                     and r["fields"]["precision"] == "fp32"]
+
+
+def test_checkpointed_fp32_forward_holds_the_math_kernels_working_set():
+    """fp32 with grouped-query attention runs SDPA's math kernel (transformers passes ``enable_gqa``; the measured
+    rows count only math calls). In a checkpointed block's forward nothing is saved, so its peak is the kernel's
+    working set (trainfit.detailed.activations ``math_sdpa``: the scaled q copy, k and v repeated, the scores and the
+    softmax beside them, and the attention module's input, q, k and v, alive until it returns). The forward phase
+    (the engine's states plus the walk) of every such row is under the measured one by at most the additive causal
+    mask (``seq²`` fp32 elements, one for the batch: the walk's byte-vectors cannot express it) and 4 KiB of
+    scalars; where the forward peaks in the last block's attention (llama-small, vocabulary 2,048) by that mask
+    (measured: 4.02-4.05 bytes x seq²; before the kernel's working set was walked, 3.2 % to 4.6 % under); qwen2-mini
+    (vocabulary 32,000) peaks at the loss, 8 KiB over the walk."""
+    from trainfit.detailed.phases import deepspeed_stage
+    from trainfit.training_setup import setup_of
+
+    assert len(FP32_CHECKPOINTED) >= 9 and {r["fields"]["zero"] for r in FP32_CHECKPOINTED} == {1, 2, 3}
+    for r in FP32_CHECKPOINTED:
+        assert set(r["sdpa_kernels"]) == {"math"}, r["case"]
+        f = r["fields"]
+        model = str(REPO / r["model"]) if r["model"].endswith(".json") else r["model"]
+        s = setup_of(model, stack="deepspeed", **f)
+        res = deepspeed_stage(s.model.arch, s.recipe, s.parallel, f["batch"] // f["dp"], f["seq_len"])
+        gap = r["phases"]["forward"]["peak_bytes"] - float(res.peaks["forward"])
+        mask = 4 * f["seq_len"] ** 2
+        assert 0 <= gap <= mask + 16_384, (r["case"], gap)
+        if "llama-small" in r["case"]:
+            assert mask <= gap, (r["case"], gap)

@@ -291,9 +291,10 @@ class _Walker:
         out = self.core_attention(q, k, v, heads, kvh, qw, kvw, self.masked_window(index))
         L = lins["o"]
         out = self.linear(out, f"{index}.o", L.in_features, L.out_features, "row", L.module, lora=L.module in targets)
-        if r.offload == "activations":
+        if r.offload == "activations" or self.aten_math(q.dtype):
             # the attention module's locals (its input, q, k, v as rotated) live until it returns: seen once saved
-            # tensors no longer keep them (activation offload)
+            # tensors no longer keep them (activation offload; the math kernel, which saves copies of q and k, in a
+            # checkpointed block)
             self.g.use(y, q, k, v)
         if self.attn_weights is not None:
             # transformers' eager attention returns its weights to the attention module, which returns them with its
@@ -473,6 +474,8 @@ class _Walker:
         # eager / math: materialised scores
         if a.attention_sinks:
             return self.sink_attention(q, k, v, heads, kvh, qw, vw)
+        if self.aten_math(dt):
+            return self.math_sdpa(q, k, v, heads, kvh, qw, vw, p_attn)
         if kvh != heads:  # repeat_kv / enable_gqa in math: expanded copies
             k = g.new(tok(qw), dt, k.rg, "k repeated")
             v = g.new(tok(qw), dt, v.rg, "v repeated")
@@ -522,6 +525,58 @@ class _Walker:
         if selective:
             for t in (q, k, v):
                 g.save(t)
+        return out
+
+    def aten_math(self, dt: float) -> bool:
+        """SDPA's math kernel written as ATen runs it (:meth:`math_sdpa`): fp32, full (not selective) attention on
+        separate q, k, v projections without soft-capping. Elsewhere the eager walk below stands for it."""
+        return (self.kernel == "math" and dt == 4 and not self.a.attn_logit_softcapping and self.fused_qkv is None
+                and not (self.r.checkpointing == "selective" and self.beh.selective == "attention-core"))
+
+    def math_sdpa(self, q: Tensor, k: Tensor, v: Tensor, heads: float, kvh: float, qw: float, vw: float,
+                  p_attn: float) -> Tensor:
+        """SDPA's math kernel in fp32 (torch 2.13 ``aten/src/ATen/native/transformers/attention.cpp``
+        ``_scaled_dot_product_attention_math``, which trainfit.measure.emulation ``_math_sdpa`` writes out): ``q``
+        times the square root of the scale (a copy), the causal mask made additive, k and v repeated to every
+        query head (``repeat_interleave``, ``enable_gqa``), the scores ``q @ (kᵀ x scale)`` (the scaled transpose a
+        copy), the mask added in place, ``_safe_softmax`` (a new tensor), then ``probs @ v``. Autograd
+        saves the scaled q, the scaled kᵀ, the softmax output and the repeated v: the same bytes as the eager walk;
+        what differs is the working set, which shows where saves are discarded (a checkpointed block's forward):
+        the scaled q and the repeated k and v live until the kernel returns (its locals), and the attention
+        module's q, k, v until the module returns (:meth:`attention`). Not counted: the additive causal mask
+        (``seq²`` elements, one for the batch: not a byte-vector component; 0.25 MiB at seq 256 in fp32)."""
+        g = self.g
+        dt = q.dtype
+        qs = g.new(tok(qw), dt, q.rg, "q scaled (math)")
+        g.use(q)
+        if kvh != heads:
+            k_exp = g.new(tok(qw), dt, k.rg, "k repeated (math)")
+            v_exp = g.new(tok(qw), dt, v.rg, "v repeated (math)")
+            g.use(k, v)
+        else:
+            k_exp, v_exp = k, v
+        kts = g.new(tok(qw), dt, k.rg, "k transposed, scaled (math)")
+        g.use(k_exp)
+        scores = g.new((0.0, 0.0, heads, 0.0), dt, True, "scores (math, mask added in place)")
+        g.save(qs)
+        g.save(kts)
+        g.use(qs, kts)
+        probs = g.new(scores.size, dt, True, "softmax")
+        g.use(scores)
+        g.save(probs)
+        pc = probs
+        if p_attn > 0:
+            mask = g.new(scores.size, 1, False, "attention dropout mask")
+            dropped = g.new(scores.size, dt, True, "dropped probs")
+            g.use(pc, mask)
+            g.save(mask)
+            pc = dropped
+        g.save(pc)
+        g.save(v_exp)
+        ctx = g.new(tok(vw), dt, True, "attention out (bhsd)")
+        g.use(pc, v_exp, qs, k_exp)
+        out = g.new(tok(vw), dt, True, "attention out contiguous")
+        g.use(ctx)
         return out
 
     def sink_attention(self, q: Tensor, k: Tensor, v: Tensor, heads: float, kvh: float, qw: float, vw: float) -> Tensor:
