@@ -74,6 +74,11 @@ class LayerProfile:
     #: and a selective policy's kept outputs that the recomputation takes from the checkpoint's cache and
     #: consumes without saving them (freed as it runs)
     gone: Vec = ZERO
+    #: SDPA's math kernel in fp32 (``math_sdpa``): the working set of the attention core's backward (the softmax's
+    #: two score-sized gradients, the residual stream's and the attention output's gradients); ZERO elsewhere
+    core_bwd: Vec = ZERO
+    #: of ``saved`` and ``recompute``, what the block's backward has freed by its attention core (saved after it)
+    core_gone: Vec = ZERO
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,8 @@ class _BlockStats:
     out_rg: bool
     input_saved: bool
     released: Vec = ZERO  #: kept outputs the recomputation consumes without saving (see LayerProfile.gone)
+    core_bwd: Vec = ZERO  #: see LayerProfile.core_bwd
+    core_gone: Vec = ZERO  #: see LayerProfile.core_gone
 
 
 def op_policy(recipe: Recipe) -> bool:
@@ -169,6 +176,7 @@ class _Walker:
         self.hw = h / self.tp if self.sp else float(h)  # residual-stream width on this rank
         self.lora_bytes = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}[recipe.lora_dtype]
         self.qlora = recipe.qlora is not None
+        self.core_marks: dict[str, tuple[int, Vec, Tensor]] = {}  #: per block region: (op time, working set) of math_sdpa
         self.fused_qkv: Optional[Tensor] = None  #: the fused q|k|v projection output of the block being walked
         self.attn_weights: Optional[Tensor] = None  #: eager attention's weights, returned with the attention output
 
@@ -577,6 +585,9 @@ class _Walker:
         g.use(pc, v_exp, qs, k_exp)
         out = g.new(tok(vw), dt, True, "attention out contiguous")
         g.use(ctx)
+        # the core's backward: the softmax's input and output gradients beside the saved softmax, and the
+        # attention output's gradient (the residual stream's is added by the caller)
+        self.core_marks[g.region] = (ctx.created, vadd(vscale(scores.size, 2 * dt), tok(vw * dt)), v_exp)
         return out
 
     def sink_attention(self, q: Tensor, k: Tensor, v: Tensor, heads: float, kvh: float, qw: float, vw: float) -> Tensor:
@@ -872,7 +883,23 @@ class _Walker:
                 rec = vadd(rec, b)
             if t.size[0] * t.dtype > biggest[0]:
                 biggest = b
-        return _BlockStats(saved, held, rec, biggest, out.size, out.dtype, out.rg, input_saved, self._released(ts))
+        core_bwd, core_gone = self._core(ts, ts[0].region if ts else "", bool(any(rec)))
+        return _BlockStats(saved, held, rec, biggest, out.size, out.dtype, out.rg, input_saved, self._released(ts),
+                           core_bwd, core_gone)
+
+    def _core(self, ts: list[Tensor], region: str, ck: bool) -> tuple[Vec, Vec]:
+        """(core_bwd, core_gone) of a walked block (LayerProfile): what its attention core's backward holds beyond
+        the block's saved (or recomputed) tensors, and which of those were saved after the core (freed by then)."""
+        mark = self.core_marks.get(region)
+        if mark is None:
+            return ZERO, ZERO
+        at, work, v_exp = mark
+        gone = ZERO
+        for t in ts:
+            # saved after the core, or the values ``probs @ v`` saved (its backward, the core's first, freed them)
+            if (t.created >= at or t is v_exp) and ((t.saved and t.own_saved) or (ck and t.would_save and not t.saved)):
+                gone = vadd(gone, t.bytes)
+        return work, gone
 
     def _replay(self, rep: "_BlockStats", x: Tensor) -> Tensor:
         g = self.g
@@ -1209,6 +1236,7 @@ class _Walker:
                 if rep is None and t.size[0] * t.dtype > biggest[0]:
                     biggest = b
             released = self._released(ts) if ck and rep is None else ZERO
+            core_bwd, core_gone = self._core(ts, f"layer{i}", ck) if rep is None else (rep.core_bwd, rep.core_gone)
             if rep is not None:
                 rec, biggest = (rep.recompute if ck else ZERO), rep.biggest
                 released = rep.released if ck else ZERO
@@ -1216,7 +1244,8 @@ class _Walker:
             # the branch's dtype where that differs (autocast: autograd casts the gradient to the input's dtype)
             res = tok(self.hw * self.p + (self.hw * self.w if self.w != self.p else 0.0))
             lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=vadd(res, vadd(biggest, biggest)),
-                                    gone=vadd(handed_on, released)))
+                                    gone=vadd(handed_on, released),
+                                    core_bwd=vadd(core_bwd, res) if core_bwd != ZERO else ZERO, core_gone=core_gone))
             if i == layers[-1]:
                 for t in ts:
                     if t.held and t.size[0] == 0 and t.size[3]:

@@ -200,19 +200,30 @@ class Stage1Gradients:
 
     blocks: tuple[float, ...]
     embed: float
+    #: at block ``i``'s attention-core backward (SDPA's math kernel: trainfit.detailed.activations
+    #: ``LayerProfile.core_bwd``): the kept gradients of the head, of the blocks after ``i`` and of block ``i``'s
+    #: weights after the core (output projection, MLP, second norm), and ``grads_in_partition`` once allocated
+    cores: tuple[float, ...] = ()
+
+
+def _post_core(t: Any) -> bool:
+    """Whether a block's parameter comes after its attention core (its gradient exists at the core's backward)."""
+    return t.group == "mlp" or t.name.split(".")[2] in ("o", "norm1")
 
 
 @lru_cache(maxsize=1024)
-def stage1_gradients(arch: ArchSpec, dp: int, param_bytes: int, bucket_elems: float) -> Stage1Gradients:
+def stage1_gradients(arch: ArchSpec, dp: int, param_bytes: int, bucket_elems: float,
+                     partition_gradients: bool = False) -> Stage1Gradients:
     """:class:`Stage1Gradients` of ``arch`` over ``dp`` ranks with ``param_bytes`` 2 or 4 and the reduce bucket of
-    ``bucket_elems`` (:func:`~.zero_partitions.reduce_bucket_elements`)."""
+    ``bucket_elems`` (:func:`~.zero_partitions.reduce_bucket_elements`). ``partition_gradients`` (stage 2): other
+    ranks' gradients are freed once reduced (``reduce_ipg_grads``), none kept."""
     bucket = reduce_bucket_elements(arch.hidden_size, bucket_elems)
     tensors = flat_tensors(arch)
     part = float(partition_elements(sum(t.numel for t in tensors), dp))
     pos, kept, inside, last_in = 0, [], 0.0, tensors[0]
     for t in tensors:
         meets = pos < part
-        kept.append(0.0 if meets or t.numel <= bucket else float(param_bytes * t.numel))
+        kept.append(0.0 if meets or partition_gradients or t.numel <= bucket else float(param_bytes * t.numel))
         if meets:
             inside += t.numel
             last_in = t
@@ -224,12 +235,15 @@ def stage1_gradients(arch: ArchSpec, dp: int, param_bytes: int, bucket_elems: fl
     k = -1 if last_in is tensors[0] else last_in.layer
     head = sum(b for t, b in zip(tensors[1:], kept[1:]) if t.layer is None)
     per_block = [sum(b for t, b in zip(tensors, kept) if t.layer == i) for i in range(n_layers)]
-    blocks = []
+    blocks, cores = [], []
     for i in range(n_layers):
         last = [t for t in tensors if t.layer == i and "norm" not in t.name][-1]
         done = k is None or k > i
         blocks.append(head + sum(per_block[i + 1:]) + param_bytes * last.numel + (gip if done else 0.0))
-    return Stage1Gradients(tuple(blocks), head + sum(per_block) + (gip if k != -1 else 0.0))
+        own = sum(b for t, b in zip(tensors, kept) if t.layer == i and _post_core(t))
+        done_core = done or (k == i and _post_core(last_in))
+        cores.append(head + sum(per_block[i + 1:]) + own + (gip if done_core else 0.0))
+    return Stage1Gradients(tuple(blocks), head + sum(per_block) + (gip if k != -1 else 0.0), tuple(cores))
 
 
 def phase_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, walk: dict[str, dict[str, Any]],
@@ -259,7 +273,7 @@ def phase_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, walk: dict[str
             c["gradients"] = held + grad_part + pb * rp.straddle_outside
             c["optimizer_temporaries"] = step_temp
         out[p] = c
-    if par.zero == 1 and profile is not None:
+    if par.zero in (1, 2) and profile is not None:
         out["backward"] = _stage1_backward(arch, recipe, par, out["backward"], profile, bytes_of)
     return out
 
@@ -273,7 +287,7 @@ def _stage1_backward(arch: ArchSpec, recipe: Recipe, par: Parallelism, chosen: d
     tied head's gradient waiting for the embeddings'; the embeddings' saved set, the incoming gradient and the
     dense embedding gradient)."""
     pb = 4 if recipe.precision == "fp32" else 2
-    sg = stage1_gradients(arch, par.dp, pb, float(par.zero_bucket_elems))
+    sg = stage1_gradients(arch, par.dp, pb, float(par.zero_bucket_elems), par.zero == 2)
     g_emb = float(pb * flat_order(arch)[0])
     tied = g_emb if arch.tie_word_embeddings else 0.0
     base = {k: v for k, v in chosen.items() if k not in ("activations", "temporaries")}
@@ -285,6 +299,9 @@ def _stage1_backward(arch: ArchSpec, recipe: Recipe, par: Parallelism, chosen: d
         remaining = vsub(vsub(pr.saved_total, head_loss), later)
         cands.append({**base, "activations": B(vadd(remaining, lp.recompute)),
                       "temporaries": B(lp.transient_bwd) + tied, "gradients": base["gradients"] + sg.blocks[i]})
+        if lp.core_bwd != ZERO:
+            cands.append({**base, "activations": B(vsub(vadd(remaining, lp.recompute), lp.core_gone)),
+                          "temporaries": B(lp.core_bwd) + tied, "gradients": base["gradients"] + sg.cores[i]})
         later = vadd(later, lp.saved)
     cands.append({**base, "activations": B(pr.embed_saved),
                   "temporaries": B(tok(arch.hidden_size * pb)) + (3 * g_emb if tied else g_emb),
