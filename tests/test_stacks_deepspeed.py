@@ -231,20 +231,30 @@ def test_stage1_gradients_of_llama_small_over_two_ranks():
     into block 2's q_proj. Kept through the backward: the untied head (524,288 elements) and blocks 3 and 2's MLP
     weights (3 x 180,224 each); ``grads_in_partition`` holds every parameter meeting the partition, the straddling
     q_proj whole: 2,000,000 + 65,536 - 128 elements (4,130,816 bytes: the allocation in copy_grads_in_partition
-    a traced run records), allocated once block 2 is done."""
+    a traced run records), allocated once block 2 is done; from the first gradient on, setup_buckets' two reduce
+    buckets (2 x 65,536 elements: buf_0 and buf_1, live at the measured fp32 peaks). At block i's attention-core
+    moment its own MLP's kept gradients are made too (their down projection's gradient no longer the one just
+    made)."""
     from trainfit.detailed.stacks_deepspeed import stage1_gradients
     from trainfit.training_setup import setup_of
 
     arch = setup_of(str(REPO / "validation/configs/torchtitan-llama-small.json")).model.arch
     sg = stage1_gradients(arch, 2, 2, 5e8)
     head, mlp, down, gip = 2 * 524_288, 2 * 3 * 180_224, 2 * 180_224, 2 * (2_000_000 + 65_536 - 128)
+    ipg = 2 * 2 * 65_536
     assert gip == 4_130_816
-    assert sg.blocks[3] == head + down and sg.blocks[2] == head + mlp + down
-    assert sg.blocks[1] == head + 2 * mlp + down + gip == sg.blocks[0]
-    assert sg.embed == head + 2 * mlp + gip
-    # a bucket larger than every weight keeps none of them: only the last linear's gradient and the buffer
+    assert sg.blocks[3] == head + down + ipg and sg.blocks[2] == head + mlp + down + ipg
+    assert sg.blocks[1] == head + 2 * mlp + down + gip + ipg == sg.blocks[0]
+    assert sg.embed == head + 2 * mlp + gip + ipg
+    # block 2's q_proj (the partition's last parameter) comes after its core: the buffer exists from block 1 on
+    assert sg.cores[3] == head + mlp + ipg and sg.cores[2] == head + 2 * mlp + ipg
+    assert sg.cores[1] == head + 2 * mlp + gip + ipg  # block 1 lies in the partition: its gradients go there
+    # a bucket larger than every weight keeps none of them: only the last linear's gradient and the buffers
     big = stage1_gradients(arch, 2, 2, 1e6)
-    assert big.blocks[3] == down and big.embed == gip
+    assert big.blocks[3] == down + 4 * 1_000_000 and big.embed == gip + 4 * 1_000_000
+    # stage 2 frees other ranks' gradients once reduced: none kept
+    two = stage1_gradients(arch, 2, 2, 5e8, partition_gradients=True)
+    assert two.blocks[3] == down + ipg and two.embed == gip + ipg
 
 
 def test_the_optimizer_moment_switches_to_the_norms_double_copy():
@@ -278,8 +288,6 @@ def test_the_flat_order_is_transformers_parameters_order():
 
 
 @pytest.mark.parametrize("fields,needle", [
-    (dict(zero=1, checkpointing="full", precision="fp32"), "a checkpointed fp32 block"),
-    (dict(zero=3, checkpointing="full", precision="fp32"), "a checkpointed fp32 block"),
     (dict(zero=2, checkpointing="selective"), "got 'selective'"),
     (dict(zero=2, precision="bf16"), "--precision amp-bf16 or fp32"),
     (dict(zero=2, accumulation=2, batch=8), "--accum 2"),
@@ -411,3 +419,43 @@ def test_checkpointed_fp32_forward_holds_the_math_kernels_working_set():
         assert 0 <= gap <= mask + 16_384, (r["case"], gap)
         if "llama-small" in r["case"]:
             assert mask <= gap, (r["case"], gap)
+
+
+
+def test_checkpointed_fp32_rows_within_half_a_percent():
+    """fp32 with full checkpointing (the math kernel, stages 1-3, dp 2/4/8, sequences 256 and 512, two models):
+    each backward moment of the walk, the attention core's included (its two score-sized gradients beside the saved
+    softmax: trainfit.detailed.activations ``LayerProfile.core_bwd``), weighed with what the engine holds then --
+    stages 1/2 the kept gradients, ``grads_in_partition`` and the two reduce buckets; stage 3 the parameters still
+    gathered (:class:`~trainfit.detailed.stacks_deepspeed.Stage3Gathered`) and the weight gradient just made. The
+    peak and the backward phase: median within 0.5 %, every row within 2 %, the measured peak phase (measured: at
+    most 0.28 %, median 0.01 %; before these moments, -11.8 % to +1.2 %)."""
+    rows = FP32_CHECKPOINTED
+    peak, bwd = [], []
+    for r in rows:
+        e = _detailed(r)
+        assert e.extra["peak_phase"] == r["peak_phase"], r["case"]
+        peak.append(abs(e.extra["peak_allocated_bytes"] / r["peak_allocated_bytes"] - 1))
+        bwd.append(abs(e.extra["phases"]["backward"] / r["phases"]["backward"]["peak_bytes"] - 1))
+    for errs in (peak, bwd):
+        assert float(np.median(errs)) < 5e-3 and max(errs) < 2e-2, errs
+    assert max(peak) < 3.5e-3 and float(np.median(peak)) < 5e-4, peak
+
+
+def test_stage3_gathered_parameters_at_each_backward_moment():
+    """llama-small over 8 ranks (persistence threshold 2,560 elements: the norms stay whole). Gathered in forward and
+    at the loss backward: every weight (embeddings and head 524,288 each; per block q, o 65,536, k, v 32,768, three
+    MLP weights 180,224). The measured peak of llama-small-z3-dp8-fp32-full (the last block's MLP backward) holds 11
+    of the 12 MLP weights, every attention weight and the embeddings: the output layer and that block's down
+    projection are released once their backward is done (``release_sub_module``)."""
+    from trainfit.detailed.stacks_deepspeed import stage3_gathered
+    from trainfit.training_setup import setup_of
+
+    arch = setup_of(str(REPO / "validation/configs/torchtitan-llama-small.json")).model.arch
+    g = stage3_gathered(arch, 8)
+    attn, mlp, emb = 2 * 65_536 + 2 * 32_768, 3 * 180_224, 524_288
+    assert g.loss == 2 * emb + 4 * (attn + mlp)
+    assert g.blocks[3] == emb + 4 * (attn + mlp) - 180_224
+    assert g.cores[3] == emb + 4 * attn + 3 * mlp - 65_536
+    assert g.blocks[0] == emb + attn + mlp - 180_224 and g.embed == emb
+    assert stage3_gathered(arch, 1).loss == 0

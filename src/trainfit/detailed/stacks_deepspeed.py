@@ -48,6 +48,7 @@ optimizers other than AdamW/Adam (foreach).
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -58,8 +59,8 @@ from ..errors import TrainfitError
 from ..training_setup import Parallelism, Recipe, TrainingSetup
 from .graph import ZERO, tok, vadd, vsub
 from .inventory import param_tensors
-from .zero_partitions import (MAX_LIVE_PARAMETERS, flat_group_states, partition_elements, reduce_bucket_elements,
-                              stage3_states)
+from .zero_partitions import (MAX_LIVE_PARAMETERS, flat_group_states, partition_elements, persistence_threshold,
+                              reduce_bucket_elements, stage3_states)
 
 #: what the engine was measured with (the measured method's refusals agree: measure/stacks/deepspeed.py)
 PRECISIONS = ("amp-bf16", "fp32")
@@ -78,11 +79,9 @@ def check(setup: TrainingSetup) -> None:
     if r.precision not in PRECISIONS:
         raise TrainfitError(f"the detailed method models stack {r.stack!r} with --precision "
                             f"{' or '.join(PRECISIONS)} (DeepSpeed's bf16 or fp32 engine); got {r.precision!r}")
-    checkpointed = r.checkpointing == "full" and r.precision == "fp32"
-    if r.checkpointing not in ("none", "full") or checkpointed:
-        raise TrainfitError(f"the detailed method models stack {r.stack!r} with --checkpointing none, or full in "
-                            f"bf16; got {r.checkpointing!r} at --zero {par.zero} in {r.precision} (a checkpointed fp32 "
-                            "block keeps what the walk misses: not modelled yet)")
+    if r.checkpointing not in ("none", "full"):
+        raise TrainfitError(f"the detailed method models stack {r.stack!r} with --checkpointing none or full "
+                            f"(transformers' gradient_checkpointing); got {r.checkpointing!r}")
     if par.zero == 3 and par.dp > 1:
         arch = setup.model.arch
         live = stage3_states(flat_order(arch), par.dp, 2, arch.hidden_size).gathered
@@ -229,6 +228,10 @@ def stage1_gradients(arch: ArchSpec, dp: int, param_bytes: int, bucket_elems: fl
             last_in = t
         pos += t.numel
     gip = float(param_bytes * inside)
+    # setup_buckets (lines 2230-2253), at the backward's first gradient: with contiguous_gradients and overlap_comm
+    # two reduce buckets (buf_0, buf_1) of reduce_bucket_size elements in the parameters' dtype, released by the
+    # step (_release_ipg_buffers)
+    ipg = 2.0 * param_bytes * bucket
     n_layers = arch.num_layers
     # the partition's first parameter in backward order: in block k (None: the head or the final norm, both made
     # before any block; -1: the embeddings, made last)
@@ -239,11 +242,11 @@ def stage1_gradients(arch: ArchSpec, dp: int, param_bytes: int, bucket_elems: fl
     for i in range(n_layers):
         last = [t for t in tensors if t.layer == i and "norm" not in t.name][-1]
         done = k is None or k > i
-        blocks.append(head + sum(per_block[i + 1:]) + param_bytes * last.numel + (gip if done else 0.0))
+        blocks.append(head + sum(per_block[i + 1:]) + param_bytes * last.numel + (gip if done else 0.0) + ipg)
         own = sum(b for t, b in zip(tensors, kept) if t.layer == i and _post_core(t))
         done_core = done or (k == i and _post_core(last_in))
-        cores.append(head + sum(per_block[i + 1:]) + own + (gip if done_core else 0.0))
-    return Stage1Gradients(tuple(blocks), head + sum(per_block) + (gip if k != -1 else 0.0), tuple(cores))
+        cores.append(head + sum(per_block[i + 1:]) + own + (gip if done_core else 0.0) + ipg)
+    return Stage1Gradients(tuple(blocks), head + sum(per_block) + (gip if k != -1 else 0.0) + ipg, tuple(cores))
 
 
 def phase_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, walk: dict[str, dict[str, Any]],
@@ -254,7 +257,7 @@ def phase_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, walk: dict[str
     ``bytes_of`` (its StepShape's ``bytes``) to weigh each backward moment with the gradients then held
     (:func:`stage1_gradients`)."""
     if par.zero == 3:
-        return _stage3_bytes(arch, recipe, par, walk)
+        return _stage3_bytes(arch, recipe, par, walk, profile, bytes_of)
     dp = par.dp
     pb = 4 if recipe.precision == "fp32" else 2
     n = float(sum(flat_order(arch)))
@@ -288,25 +291,86 @@ def _stage1_backward(arch: ArchSpec, recipe: Recipe, par: Parallelism, chosen: d
     dense embedding gradient)."""
     pb = 4 if recipe.precision == "fp32" else 2
     sg = stage1_gradients(arch, par.dp, pb, float(par.zero_bucket_elems), par.zero == 2)
+    g = lambda x: {"gradients": x}  # noqa: E731
+    return _backward_moments(arch, pb, [chosen], chosen, pr, B, {}, [g(x) for x in sg.blocks],
+                             [g(x) for x in sg.cores], g(sg.embed))
+
+
+def _backward_moments(arch: ArchSpec, pb: int, cands: list[dict[str, Any]], base: dict[str, Any], pr: Any, B: Any,
+                      at_loss: dict[str, Any], at_blocks: list[dict[str, Any]], at_cores: list[dict[str, Any]],
+                      at_embed: dict[str, Any]) -> dict[str, Any]:
+    """The largest of ``cands`` and the walk's backward moments (``base``'s components, its activations and
+    temporaries replaced by the moment's) with components raised by what the engine holds then (``{component:
+    bytes}``): ``at_loss`` at the loss backward, ``at_blocks[i]`` / ``at_cores[i]`` at block ``i``'s backward
+    moment / its attention core's (SDPA's math kernel: ``LayerProfile.core_bwd``), ``at_embed`` at the
+    embeddings'. The moments are the walk's own
+    (``trainfit.detailed.phases.stage_phases`` on one device, one micro-batch): the loss backward (every saved
+    tensor and the loss's gradients; the walk's own choice weighs its moments with the hf stack's gradients, which
+    the engine replaces); a block's remaining saved inputs plus its recomputed set and backward working set, a tied
+    head's gradient waiting for the embeddings'; the embeddings' saved set, the incoming gradient and the dense
+    embedding gradient."""
     g_emb = float(pb * flat_order(arch)[0])
     tied = g_emb if arch.tie_word_embeddings else 0.0
-    base = {k: v for k, v in chosen.items() if k not in ("activations", "temporaries")}
-    cands = [chosen]
+    base = {k: v for k, v in base.items() if k not in ("activations", "temporaries")}
+
+    def at(extra: dict[str, Any], activations: Any, temporaries: Any) -> dict[str, Any]:
+        return {**base, "activations": activations, "temporaries": temporaries,
+                **{k: base[k] + v for k, v in extra.items()}}
+
+    cands = [*cands, at(at_loss, B(pr.saved_total), B(pr.loss_backward))]
     head_loss = vadd(pr.head_saved, pr.loss_saved)
     later = ZERO
     for i in range(len(pr.layers) - 1, -1, -1):
         lp = pr.layers[i]
-        remaining = vsub(vsub(pr.saved_total, head_loss), later)
-        cands.append({**base, "activations": B(vadd(remaining, lp.recompute)),
-                      "temporaries": B(lp.transient_bwd) + tied, "gradients": base["gradients"] + sg.blocks[i]})
+        remaining = vsub(vsub(vsub(pr.saved_total, head_loss), later), lp.gone)
+        cands.append(at(at_blocks[i], B(vadd(remaining, lp.recompute)), B(lp.transient_bwd) + tied))
         if lp.core_bwd != ZERO:
-            cands.append({**base, "activations": B(vsub(vadd(remaining, lp.recompute), lp.core_gone)),
-                          "temporaries": B(lp.core_bwd) + tied, "gradients": base["gradients"] + sg.cores[i]})
+            cands.append(at(at_cores[i], B(vsub(vadd(remaining, lp.recompute), lp.core_gone)), B(lp.core_bwd) + tied))
         later = vadd(later, lp.saved)
-    cands.append({**base, "activations": B(pr.embed_saved),
-                  "temporaries": B(tok(arch.hidden_size * pb)) + (3 * g_emb if tied else g_emb),
-                  "gradients": base["gradients"] + sg.embed})
+    cands.append(at(at_embed, B(pr.embed_saved), B(tok(arch.hidden_size * pb)) + (3 * g_emb if tied else g_emb)))
     return _largest(cands)
+
+
+@dataclass(frozen=True)
+class Stage3Gathered:
+    """Elements of non-persistent parameters a ZeRO-3 rank holds gathered at each backward moment (the moments of
+    :func:`_backward_moments`). deepspeed 0.18.4 ``partitioned_param_coordinator.py``: ``fetch_sub_module`` gathers
+    a module's parameters before its forward and, through the pre-backward hooks, before its backward;
+    ``release_sub_module`` (after each module's forward and backward) frees a gathered parameter unless it is
+    persistent or will be used again within ``stage3_max_reuse_distance`` (1e9 by default, which the HF Trainer
+    keeps) of the module trace: so the forward releases nothing, and the backward frees each module's parameters once
+    its backward is done (their next use is the next step's forward). Measured (llama-small over 8 ranks, fp32,
+    full checkpointing: at the last block's MLP backward, every parameter but the output layer's and that block's
+    down projection gathered). The loss backward: all; block ``i``'s moment (its down projection's backward done):
+    all less the output layer, the blocks after ``i`` and its down projection; its attention core's: less its output
+    projection and MLP too; the embeddings': the embedding, gathered again for its backward."""
+
+    loss: float
+    blocks: tuple[float, ...]
+    cores: tuple[float, ...]
+    embed: float
+
+
+@lru_cache(maxsize=1024)
+def stage3_gathered(arch: ArchSpec, dp: int) -> Stage3Gathered:
+    """:class:`Stage3Gathered` of ``arch`` over ``dp`` ranks (nothing is gathered on one rank)."""
+    if dp <= 1:
+        return Stage3Gathered(0.0, (0.0,) * arch.num_layers, (0.0,) * arch.num_layers, 0.0)
+    thr = persistence_threshold(arch.hidden_size)
+    tensors = [t for t in flat_tensors(arch) if t.numel > thr]
+    total = float(sum(t.numel for t in tensors))
+    emb = flat_tensors(arch)[0]
+    head = float(sum(t.numel for t in tensors if t.layer is None and t is not emb))
+    if arch.tie_word_embeddings:
+        head = float(emb.numel) if emb.numel > thr else 0.0
+    per = [float(sum(t.numel for t in tensors if t.layer == i)) for i in range(arch.num_layers)]
+    blocks, cores = [], []
+    for i in range(arch.num_layers):
+        last = [t for t in flat_tensors(arch) if t.layer == i and "norm" not in t.name][-1]
+        rest = total - head - sum(per[i + 1:])
+        blocks.append(rest - (last.numel if last.numel > thr else 0.0))
+        cores.append(rest - sum(t.numel for t in tensors if t.layer == i and _post_core(t)))
+    return Stage3Gathered(total, tuple(blocks), tuple(cores), float(emb.numel) if emb.numel > thr else 0.0)
 
 
 def _largest(cands: list[dict[str, Any]]) -> dict[str, Any]:
@@ -321,13 +385,14 @@ def _largest(cands: list[dict[str, Any]]) -> dict[str, Any]:
             for k in cands[0]}
 
 
-def _stage3_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism,
-                  walk: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _stage3_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, walk: dict[str, dict[str, Any]],
+                  profile: Any = None, bytes_of: Any = None) -> dict[str, dict[str, Any]]:
     """ZeRO-3 (module docstring): the per-parameter partitions and the states of
-    :func:`~.zero_partitions.stage3_states`; in forward and backward every parameter not kept whole is gathered
-    (``pb`` bytes an element: with the HF "auto" buckets and at most ``stage3_max_live_parameters`` of them, none
-    is released before the step's peak); the step holds the fp32 gradient partition and AdamW's foreach
-    ``sqrt`` temporary of the same size."""
+    :func:`~.zero_partitions.stage3_states`; in the forward every parameter not kept whole is gathered (``pb``
+    bytes an element: with the HF "auto" buckets and at most ``stage3_max_live_parameters`` of them, none is
+    released); the backward is the largest of the walk's moments with what is gathered then (:class:`Stage3Gathered`;
+    given the walk's ``profile`` and ``bytes_of``, else every parameter); the step holds the fp32 gradient partition
+    and AdamW's foreach ``sqrt`` temporary of the same size."""
     pb = 4 if recipe.precision == "fp32" else 2
     st = stage3_states(flat_order(arch), par.dp, pb, arch.hidden_size, par.zero_bucket_elems)
     out: dict[str, dict[str, Any]] = {}
@@ -339,6 +404,17 @@ def _stage3_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism,
         if p == "optimizer":
             c["optimizer_temporaries"] = 2 * st.master
         out[p] = c
+    if profile is not None:
+        g = stage3_gathered(arch, par.dp)
+        # a walk whose loss has moments of its own (chunked, fused) keeps its choice, with every parameter gathered
+        own = [out["backward"]] if profile.head_backward is not None or profile.final_norm_backward != ZERO else []
+        # at a block's moment its last linear's 16-bit weight gradient is just made, not yet reduced into the bucket
+        lasts = [[t for t in flat_tensors(arch) if t.layer == i and "norm" not in t.name][-1].numel
+                 for i in range(arch.num_layers)]
+        out["backward"] = _backward_moments(
+            arch, pb, own, {**out["backward"], "parameters": st.params}, profile, bytes_of,
+            {"parameters": pb * g.loss}, [{"parameters": pb * x, "gradients": pb * n} for x, n in zip(g.blocks, lasts)],
+            [{"parameters": pb * x} for x in g.cores], {"parameters": pb * g.embed})
     return out
 
 
