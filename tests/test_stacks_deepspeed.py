@@ -208,7 +208,8 @@ def test_stage1_checkpointed_rows_within_half_a_percent():
     the HF "auto" bucket and an explicit one): the backward holds other ranks' gradients larger than the reduce
     bucket and the partition's ``grads_in_partition`` (trainfit.detailed.stacks_deepspeed.Stage1Gradients). The
     peak and the backward phase: median within 0.5 %, every row within 2 % (measured: median 0.001 %, at most
-    0.46 %, llama-small over 2 ranks whose backward and optimizer peaks lie 0.2 % apart)."""
+    0.09 %, llama-3.2-1b over 8 ranks; with setup_buckets' two reduce buckets counted and each block's output
+    released by its own backward (``LayerProfile.gone``): before, 0.46 %)."""
     rows = STAGE1_CHECKPOINTED
     f = [r["fields"] for r in rows]
     assert len(rows) >= 10 and {x["dp"] for x in f} == {1, 2, 4, 8} and len({r["model"] for r in rows}) == 3
@@ -223,7 +224,7 @@ def test_stage1_checkpointed_rows_within_half_a_percent():
     for errs in (peak, bwd):
         assert float(np.median(errs)) < 5e-3 and max(errs) < 2e-2, errs
     # without the held gradients of other ranks the llama-3.2-1b row was 17 % under
-    assert max(peak) < 5e-3
+    assert max(peak) < 1e-3 and max(bwd) < 1e-3
 
 
 def test_stage1_gradients_of_llama_small_over_two_ranks():

@@ -4,8 +4,8 @@ micro-batch and sequence length.
 
 Read from deepspeed 0.18.4 ``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py`` and
 ``partition_parameters.py``, and fitted to nothing: every term is a tensor the engine allocates, checked against
-the modelled rows of ``validation/stacks-measured.jsonl`` (``trainfit measure --stack deepspeed``; within
-0.006 %, stage 1 with checkpointing within 0.5 %: ``tests/test_stacks_deepspeed.py``).
+the modelled rows of ``validation/stacks-measured.jsonl`` (``trainfit measure --stack deepspeed``; 46 of 47 within
+0.29 %, median 0.003 %: ``tests/test_stacks_deepspeed.py``).
 
 * **forward and backward**: the transformers model's own step, as the detailed method walks it under the hf
   stack on one device with the engine's storage dtype (``bf16: {enabled: true}`` stores bf16 parameters and
@@ -14,13 +14,16 @@ the modelled rows of ``validation/stacks-measured.jsonl`` (``trainfit measure --
   and one full set of 16-bit (fp32) gradients that a step leaves allocated into the next forward (measured:
   present at every forward start, the same at every dp). Stage 3 (:func:`~.zero_partitions.stage3_states`): the
   per-parameter partitions, persistent parameters whole, fp32 master and moments, the 16-bit gradient partition,
-  the contiguous reduce bucket, and every non-persistent parameter gathered (with the HF "auto" buckets none is
-  released before the peak while at most ``stage3_max_live_parameters`` are live).
-* **backward**, stage 1: the gradients of other ranks' parameters larger than the reduce bucket
-  stay allocated until the backward ends, and the partition's gradients are copied into one
-  ``grads_in_partition`` buffer (:class:`Stage1Gradients`); the phase is the largest of the walk's moment and its
-  block and embedding moments with what is held then (with checkpointing it peaks late in the backward: measured
-  within 0.46 % on the ten stage-1 checkpointed bf16 rows, median 0.001 %; one rank runs the same hooks).
+  the contiguous reduce bucket, and every non-persistent parameter gathered in the forward (with the HF "auto"
+  buckets none is released while at most ``stage3_max_live_parameters`` are live).
+* **backward** (:func:`_backward_moments`): the largest of the walk's moments -- the loss backward, each block's
+  and, under SDPA's math kernel (fp32 with grouped-query attention), its attention core's, the embeddings' --
+  each with what the engine holds then. Stages 1/2 (:class:`Stage1Gradients`): the gradients of other ranks'
+  parameters larger than the reduce bucket stay allocated until the backward ends at stage 1 (stage 2 frees them),
+  the partition's gradients are copied into one ``grads_in_partition`` buffer, and two reduce buckets exist from
+  the first gradient on (with checkpointing stage 1 peaks late in the backward: the ten stage-1 checkpointed bf16
+  rows within 0.09 %, median 0.001 %; one rank runs the same hooks). Stage 3 (:class:`Stage3Gathered`): each
+  module's parameters released once its backward is done, and a block's last weight gradient just made.
 * **optimizer**, stages 1/2 (``step()``, lines 2026-2140): at its start the rank holds, beside the states and
   those gradients, its partition's averaged gradients (``pb x partition`` bytes) and, of a parameter that
   straddles the partition's end, the gradient elements outside it (``pb`` each: that gradient is kept whole).
@@ -37,11 +40,11 @@ the modelled rows of ``validation/stacks-measured.jsonl`` (``trainfit measure --
 The flat group's order is the transformers model's ``parameters()`` (embeddings, then per block attention, MLP,
 the two norms; then the final norm and an untied head).
 
-Not modelled (refused in one line by :func:`check`): fp32 with checkpointing (transformers passes ``enable_gqa``,
-so fp32 SDPA runs the math kernel: the forward's peak inside the last checkpointed block's attention is 1.8 MB,
-4.6 %, above the hf walk: the q scaled by a copy, the additive causal mask, k and v held by the attention's locals
-(1.25 MiB there), and four gathered fp32 k_proj weights made by ``cat`` (0.5 MiB); the peak, in backward, is then
-+1.2 %), stage 3 past ``stage3_max_live_parameters`` (parameters released early), fp16 (its loss scaler reads
+fp32 with checkpointing: transformers passes ``enable_gqa``, so fp32 SDPA runs the math kernel, which the walk
+steps as ATen does (``trainfit.detailed.activations`` ``math_sdpa``); the nine measured rows within 0.29 %, the
+forward phase under by the kernel's additive causal mask (``seq²`` fp32 elements; not a byte-vector component).
+
+Not modelled (refused in one line by :func:`check`): stage 3 past ``stage3_max_live_parameters`` (parameters released early), fp16 (its loss scaler reads
 values), LoRA, gradient accumulation, tensor, pipeline, context or expert parallelism, FSDP, CPU offload,
 optimizers other than AdamW/Adam (foreach).
 """
