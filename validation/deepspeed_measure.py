@@ -94,6 +94,11 @@ def cases() -> list[tuple[str, str, dict[str, Any]]]:
                                                    checkpointing="full")),
         ("qwen2-mini-z1-dp2-fp32-full", QWEN, dict(batch=4, seq_len=256, dp=2, zero=1, precision="fp32",
                                                    checkpointing="full")),
+        # ZeRO-3 with more parameters than stage3_max_reuse_distance (1e9): the forward releases parameters
+        ("llama-3.2-1b-z3-dp4-bf16-full", ONE_B, dict(batch=4, seq_len=1024, dp=4, zero=3, precision="amp-bf16",
+                                                      checkpointing="full")),
+        ("llama-3.2-1b-z3-dp2-bf16", ONE_B, dict(batch=2, seq_len=512, dp=2, zero=3, precision="amp-bf16")),
+        ("llama-3.2-1b-z3-dp8-bf16-s256", ONE_B, dict(batch=8, seq_len=256, dp=8, zero=3, precision="amp-bf16")),
     ]
     return out
 

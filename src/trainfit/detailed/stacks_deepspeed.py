@@ -85,14 +85,14 @@ def check(setup: TrainingSetup) -> None:
     if r.checkpointing not in ("none", "full"):
         raise TrainfitError(f"the detailed method models stack {r.stack!r} with --checkpointing none or full "
                             f"(transformers' gradient_checkpointing); got {r.checkpointing!r}")
-    if par.zero == 3 and par.dp > 1:
+    if par.zero == 3 and par.dp > 1 and r.checkpointing == "none":
         arch = setup.model.arch
-        live = stage3_states(flat_order(arch), par.dp, 2, arch.hidden_size).gathered
-        if live > MAX_LIVE_PARAMETERS:
-            raise TrainfitError(f"the detailed method models stack {r.stack!r} at ZeRO-3 while every gathered "
-                                f"parameter stays live (at most stage3_max_live_parameters = {MAX_LIVE_PARAMETERS:.0e}"
-                                f" elements); this model gathers {live:.3e}: DeepSpeed then releases parameters "
-                                "early, not modelled yet (the measured method runs it)")
+        kept = stage3_trace(arch, par.dp, False)["fwd.head"]
+        if kept < stage3_states(flat_order(arch), par.dp, 2, arch.hidden_size).gathered:
+            raise TrainfitError(f"the detailed method models stack {r.stack!r} at ZeRO-3 past "
+                                f"stage3_max_reuse_distance ({MAX_REUSE_DISTANCE:.0e} elements; this model releases "
+                                "parameters in the forward) only with --checkpointing full: without it the measured "
+                                "step gathers some parameters twice, not modelled (the measured method runs it)")
     bad = [f"{k} {v}" for k, v in (("--tp", par.tp), ("--pp", par.pp), ("--cp", par.cp), ("--ep", par.ep),
                                     ("--accum", setup.accumulation)) if v != 1]
     if par.fsdp:
@@ -354,26 +354,122 @@ class Stage3Gathered:
     embed: float
 
 
-@lru_cache(maxsize=1024)
-def stage3_gathered(arch: ArchSpec, dp: int) -> Stage3Gathered:
-    """:class:`Stage3Gathered` of ``arch`` over ``dp`` ranks (nothing is gathered on one rank)."""
+#: ``stage3_max_reuse_distance`` (DeepSpeed's default, which the HF Trainer keeps), in elements
+MAX_REUSE_DISTANCE = 1_000_000_000
+#: ``stage3_prefetch_bucket_size``: the HF Trainer's "auto", 0.9 x hidden² (transformers integrations/deepspeed.py)
+PREFETCH_FRACTION = 0.9
+
+
+def _modules(arch: ArchSpec) -> tuple[list[tuple[str, tuple[int, ...]]], dict[int, int]]:
+    """The module trace of one ZeRO-3 step with full checkpointing or without (the order ``fetch_sub_module`` sees
+    modules with parameters of their own): ``([(module key, parameter ids)], {parameter id: elements})``. Forward:
+    the embeddings; per block its input norm, q, k, v, o projections, second norm, gate, up and down projections;
+    the final norm; the head (a tied head uses the embeddings' parameter). Backward: the head, the final norm; per
+    block from the last, (checkpointed) its forward again, then down, up, gate, the second norm, o, v, k, q (autograd
+    runs the later-made node first), the input norm; the embeddings."""
+    tensors = flat_tensors(arch)
+    numel = {id(t): t.numel for t in tensors}
+    mods: dict[tuple[Any, str], list[int]] = {}
+    for t in tensors:
+        name = t.module or t.name.rsplit(".", 1)[0]
+        mods.setdefault((t.layer, name), []).append(id(t))
+    emb = mods[(None, "embed_tokens")]
+    head = mods.get((None, "lm_head"), emb)
+    fwd_order = ["norm0", "q_proj", "k_proj", "v_proj", "o_proj", "norm1", "gate_proj", "up_proj", "down_proj"]
+    bwd_order = ["down_proj", "up_proj", "gate_proj", "norm1", "o_proj", "v_proj", "k_proj", "q_proj", "norm0"]
+
+    def block(i: int, order: list[str], tag: str) -> list[tuple[str, tuple[int, ...]]]:
+        return [(f"{tag}{i}.{m}", tuple(mods[(i, m)])) for m in order if (i, m) in mods]
+
+    return [("fwd.embed", tuple(emb))] + [x for i in range(arch.num_layers) for x in block(i, fwd_order, "fwd")] + [
+        ("fwd.norm", tuple(mods[(None, "norm")])), ("fwd.head", tuple(head)), ("bwd.head", tuple(head)),
+        ("bwd.norm", tuple(mods[(None, "norm")]))], numel
+
+
+@lru_cache(maxsize=256)
+def stage3_trace(arch: ArchSpec, dp: int, checkpointed: bool,
+                 reuse: float = MAX_REUSE_DISTANCE, max_live: float = MAX_LIVE_PARAMETERS) -> dict[str, float]:
+    """Elements of non-persistent parameters gathered after each module of a ZeRO-3 step (:func:`_modules`), keyed
+    by the module ("fwd.head", "bwd3.down_proj", ...; with ":during", while it runs, before its release), simulating deepspeed 0.18.4
+    ``partitioned_param_coordinator.py`` over the complete trace of a step after the first:
+
+    * ``fetch_sub_module`` (lines 285-421) gathers the module's parameters, then (``prefetch_bucket_sz`` > 0,
+      lines 383-412) prefetches the next parameters of the trace not yet gathered while fewer than
+      ``min(stage3_max_live_parameters - available, stage3_prefetch_bucket_size)`` elements are prefetching (the
+      last one may overshoot), marking each with the step of its use;
+    * ``release_sub_module`` (lines 425-445) and ``__params_to_release`` (lines 527-560) free a module's
+      parameters after its forward or backward unless persistent, prefetched for a later step, or used again by
+      a module of the trace within ``stage3_max_reuse_distance`` elements traversed (the traversal starts at the
+      next module and stops, module by module, once the elements passed reach the distance).
+
+    ``stage3_max_live_parameters`` bounds only the prefetch; nothing is gathered on one rank."""
+    trace, numel = _modules(arch)
+    layers = range(arch.num_layers - 1, -1, -1)
+    fwd_order = [m for m, _ in trace if m.startswith("fwd0.")]
+    tail: list[tuple[str, tuple[int, ...]]] = []
+    by = dict(trace)
+    for i in layers:
+        if checkpointed:
+            tail += [(f"rec{i}.{m.split('.', 1)[1]}", by[f"fwd{i}.{m.split('.', 1)[1]}"]) for m in fwd_order]
+        for m in ["down_proj", "up_proj", "gate_proj", "norm1", "o_proj", "v_proj", "k_proj", "q_proj", "norm0"]:
+            if f"fwd{i}.{m}" in by:
+                tail.append((f"bwd{i}.{m}", by[f"fwd{i}.{m}"]))
+    trace = trace + tail + [("bwd.embed", by["fwd.embed"])]
     if dp <= 1:
-        return Stage3Gathered(0.0, (0.0,) * arch.num_layers, (0.0,) * arch.num_layers, 0.0)
+        return {k: 0.0 for m, _ in trace for k in (m, m + ":during")}
     thr = persistence_threshold(arch.hidden_size)
-    tensors = [t for t in flat_tensors(arch) if t.numel > thr]
-    total = float(sum(t.numel for t in tensors))
-    emb = flat_tensors(arch)[0]
-    head = float(sum(t.numel for t in tensors if t.layer is None and t is not emb))
-    if arch.tie_word_embeddings:
-        head = float(emb.numel) if emb.numel > thr else 0.0
-    per = [float(sum(t.numel for t in tensors if t.layer == i)) for i in range(arch.num_layers)]
-    blocks, cores = [], []
-    for i in range(arch.num_layers):
-        last = [t for t in flat_tensors(arch) if t.layer == i and "norm" not in t.name][-1]
-        rest = total - head - sum(per[i + 1:])
-        blocks.append(rest - (last.numel if last.numel > thr else 0.0))
-        cores.append(rest - sum(t.numel for t in tensors if t.layer == i and _post_core(t)))
-    return Stage3Gathered(total, tuple(blocks), tuple(cores), float(emb.numel) if emb.numel > thr else 0.0)
+    big = {p for p, n in numel.items() if n > thr}
+    bucket = PREFETCH_FRACTION * arch.hidden_size ** 2
+    queue = [(p, s) for s, (_, ps) in enumerate(trace) for p in ps]
+    qpos = 0
+    fetched_for: dict[int, int] = {}
+    avail: set[int] = set()
+    out: dict[str, float] = {}
+    for s, (name, ps) in enumerate(trace):
+        avail |= set(ps) & big
+        # pop the module's own uses off the queue (those no prefetch popped already), then prefetch
+        need = len({p for p in ps if fetched_for.get(p, -1) < s})
+        seen: set[int] = set()
+        while qpos < len(queue) and len(seen) < need:
+            p, at = queue[qpos]
+            qpos += 1
+            fetched_for[p] = at
+            seen.add(p)
+        n_avail = sum(numel[p] for p in avail)
+        budget, prefetching, chosen = min(max_live - n_avail, bucket), 0.0, set()
+        while qpos < len(queue) and prefetching < budget:
+            p, at = queue[qpos]
+            qpos += 1
+            fetched_for[p] = max(fetched_for.get(p, -1), at)
+            if p in big and p not in avail and p not in chosen:
+                chosen.add(p)
+                prefetching += numel[p]
+        avail |= chosen
+        # release after the module ran (step_id was incremented by the fetch: the traversal starts at s + 1)
+        cand = {p for p in ps if p in big and fetched_for.get(p, -1) <= s + 1}
+        passed = 0.0
+        for _, later in trace[s + 1:]:
+            if passed >= reuse or not cand:
+                break
+            for p in later:
+                cand.discard(p)
+                passed += numel[p]
+        during = float(sum(numel[p] for p in avail))
+        avail -= cand
+        out[name] = float(sum(numel[p] for p in avail))
+        out[name + ":during"] = during
+    return out
+
+
+@lru_cache(maxsize=1024)
+def stage3_gathered(arch: ArchSpec, dp: int, checkpointed: bool = True) -> Stage3Gathered:
+    """:class:`Stage3Gathered` of ``arch`` over ``dp`` ranks from the simulated trace (:func:`stage3_trace`):
+    the loss (and the forward's end) after the head's forward; block ``i``'s moment after its down projection's
+    backward, its core's after its output projection's; the embeddings' while their backward runs."""
+    t = stage3_trace(arch, dp, checkpointed)
+    n = arch.num_layers
+    return Stage3Gathered(t["fwd.head"], tuple(t[f"bwd{i}.down_proj"] for i in range(n)),
+                          tuple(t[f"bwd{i}.o_proj"] for i in range(n)), t["bwd.embed:during"])
 
 
 def _largest(cands: list[dict[str, Any]]) -> dict[str, Any]:
@@ -391,24 +487,24 @@ def _largest(cands: list[dict[str, Any]]) -> dict[str, Any]:
 def _stage3_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, walk: dict[str, dict[str, Any]],
                   profile: Any = None, bytes_of: Any = None) -> dict[str, dict[str, Any]]:
     """ZeRO-3 (module docstring): the per-parameter partitions and the states of
-    :func:`~.zero_partitions.stage3_states`; in the forward every parameter not kept whole is gathered (``pb``
-    bytes an element: with the HF "auto" buckets and at most ``stage3_max_live_parameters`` of them, none is
-    released); the backward is the largest of the walk's moments with what is gathered then (:class:`Stage3Gathered`;
-    given the walk's ``profile`` and ``bytes_of``, else every parameter); the step holds the fp32 gradient partition
-    and AdamW's foreach ``sqrt`` temporary of the same size."""
+    :func:`~.zero_partitions.stage3_states`; in the forward the parameters gathered at its end (``pb`` bytes an
+    element; every parameter not kept whole unless the model passes ``stage3_max_reuse_distance``:
+    :func:`stage3_trace`); the backward is the largest of the walk's moments with what is gathered then
+    (:class:`Stage3Gathered`; given the walk's ``profile`` and ``bytes_of``, else as the forward); the step holds the
+    fp32 gradient partition and AdamW's foreach ``sqrt`` temporary of the same size."""
     pb = 4 if recipe.precision == "fp32" else 2
     st = stage3_states(flat_order(arch), par.dp, pb, arch.hidden_size, par.zero_bucket_elems)
+    g = stage3_gathered(arch, par.dp, recipe.checkpointing != "none")
     out: dict[str, dict[str, Any]] = {}
     for p, comps in walk.items():
         c = {k: comps[k] for k in WALK_COMPONENTS}
-        c.update(parameters=st.params + (pb * st.gathered if p != "optimizer" else 0.0), master_weights=st.master,
+        c.update(parameters=st.params + (pb * g.loss if p != "optimizer" else 0.0), master_weights=st.master,
                  optimizer_state=st.opt_states + st.step_counter, gradients=st.grads,
                  communication_buffers=st.reduce_bucket)
         if p == "optimizer":
             c["optimizer_temporaries"] = 2 * st.master
         out[p] = c
     if profile is not None:
-        g = stage3_gathered(arch, par.dp)
         # a walk whose loss has moments of its own (chunked, fused) keeps its choice, with every parameter gathered
         own = [out["backward"]] if profile.head_backward is not None or profile.final_norm_backward != ZERO else []
         # at a block's moment its last linear's 16-bit weight gradient is just made, not yet reduced into the bucket
