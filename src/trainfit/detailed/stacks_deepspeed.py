@@ -4,8 +4,9 @@ micro-batch and sequence length.
 
 Read from deepspeed 0.18.4 ``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py`` and
 ``partition_parameters.py``, and fitted to nothing: every term is a tensor the engine allocates, checked against
-the modelled rows of ``validation/stacks-measured.jsonl`` (``trainfit measure --stack deepspeed``; 46 of 47 within
-0.29 %, median 0.003 %: ``tests/test_stacks_deepspeed.py``).
+the modelled rows of ``validation/stacks-measured.jsonl`` (``trainfit measure --stack deepspeed``; 48 of 50
+modelled, 46 within 0.29 %, median 0.003 %, two stage-3 rows past the reuse distance within 1.1 %:
+``tests/test_stacks_deepspeed.py``).
 
 * **forward and backward**: the transformers model's own step, as the detailed method walks it under the hf
   stack on one device with the engine's storage dtype (``bf16: {enabled: true}`` stores bf16 parameters and
@@ -14,8 +15,8 @@ the modelled rows of ``validation/stacks-measured.jsonl`` (``trainfit measure --
   and one full set of 16-bit (fp32) gradients that a step leaves allocated into the next forward (measured:
   present at every forward start, the same at every dp). Stage 3 (:func:`~.zero_partitions.stage3_states`): the
   per-parameter partitions, persistent parameters whole, fp32 master and moments, the 16-bit gradient partition,
-  the contiguous reduce bucket, and every non-persistent parameter gathered in the forward (with the HF "auto"
-  buckets none is released while at most ``stage3_max_live_parameters`` are live).
+  the contiguous reduce bucket, and the non-persistent parameters gathered at the forward's end: every one below
+  ``stage3_max_reuse_distance``, fewer past it (:func:`stage3_trace`, a simulation of the parameter coordinator).
 * **backward** (:func:`_backward_moments`): the largest of the walk's moments -- the loss backward, each block's
   and, under SDPA's math kernel (fp32 with grouped-query attention), its attention core's, the embeddings' --
   each with what the engine holds then. Stages 1/2 (:class:`Stage1Gradients`): the gradients of other ranks'
@@ -44,7 +45,8 @@ fp32 with checkpointing: transformers passes ``enable_gqa``, so fp32 SDPA runs t
 steps as ATen does (``trainfit.detailed.activations`` ``math_sdpa``); the nine measured rows within 0.29 %, the
 forward phase under by the kernel's additive causal mask (``seq²`` fp32 elements; not a byte-vector component).
 
-Not modelled (refused in one line by :func:`check`): stage 3 past ``stage3_max_live_parameters`` (parameters released early), fp16 (its loss scaler reads
+Not modelled (refused in one line by :func:`check`): stage 3 past ``stage3_max_reuse_distance`` without
+checkpointing (the measured step gathers some parameters twice), fp16 (its loss scaler reads
 values), LoRA, gradient accumulation, tensor, pipeline, context or expert parallelism, FSDP, CPU offload,
 optimizers other than AdamW/Adam (foreach).
 """
@@ -341,12 +343,13 @@ class Stage3Gathered:
     a module's parameters before its forward and, through the pre-backward hooks, before its backward;
     ``release_sub_module`` (after each module's forward and backward) frees a gathered parameter unless it is
     persistent or will be used again within ``stage3_max_reuse_distance`` (1e9 by default, which the HF Trainer
-    keeps) of the module trace: so the forward releases nothing, and the backward frees each module's parameters once
-    its backward is done (their next use is the next step's forward). Measured (llama-small over 8 ranks, fp32,
-    full checkpointing: at the last block's MLP backward, every parameter but the output layer's and that block's
-    down projection gathered). The loss backward: all; block ``i``'s moment (its down projection's backward done):
-    all less the output layer, the blocks after ``i`` and its down projection; its attention core's: less its output
-    projection and MLP too; the embeddings': the embedding, gathered again for its backward."""
+    keeps) of the module trace (:func:`stage3_trace` simulates it): below that distance the forward releases
+    nothing, and the backward frees each module's parameters once its backward is done (their next use is the next
+    step's forward). Measured (llama-small over 8 ranks, fp32, full checkpointing: at the last block's MLP backward,
+    every parameter but the output layer's and that block's down projection gathered). The loss backward: all
+    gathered at the forward's end; block ``i``'s moment (its down projection's backward done): less the output
+    layer, the blocks after ``i`` and its down projection; its attention core's: less its output projection and MLP
+    too; the embeddings': the embedding, gathered again for its backward."""
 
     loss: float
     blocks: tuple[float, ...]
