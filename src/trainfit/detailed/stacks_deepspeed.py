@@ -393,8 +393,9 @@ def _modules(arch: ArchSpec) -> tuple[list[tuple[str, tuple[int, ...]]], dict[in
 def stage3_trace(arch: ArchSpec, dp: int, checkpointed: bool,
                  reuse: float = MAX_REUSE_DISTANCE, max_live: float = MAX_LIVE_PARAMETERS) -> dict[str, float]:
     """Elements of non-persistent parameters gathered after each module of a ZeRO-3 step (:func:`_modules`), keyed
-    by the module ("fwd.head", "bwd3.down_proj", ...; with ":during", while it runs, before its release), simulating deepspeed 0.18.4
-    ``partitioned_param_coordinator.py`` over the complete trace of a step after the first:
+    by the module ("fwd.head", "bwd3.down_proj", ...; with ":during", while it runs, before its release),
+    simulating deepspeed 0.18.4 ``partitioned_param_coordinator.py`` over the complete trace of a step after the
+    first:
 
     * ``fetch_sub_module`` (lines 285-421) gathers the module's parameters, then (``prefetch_bucket_sz`` > 0,
       lines 383-412) prefetches the next parameters of the trace not yet gathered while fewer than
