@@ -176,6 +176,7 @@ class _Walker:
         self.hw = h / self.tp if self.sp else float(h)  # residual-stream width on this rank
         self.lora_bytes = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}[recipe.lora_dtype]
         self.qlora = recipe.qlora is not None
+        self.math_core = False  #: the block being walked runs math_sdpa (its attention module's locals live on)
         self.core_marks: dict[str, tuple[int, Vec, Tensor]] = {}  #: per block region: (op time, working set) of math_sdpa
         self.fused_qkv: Optional[Tensor] = None  #: the fused q|k|v projection output of the block being walked
         self.attn_weights: Optional[Tensor] = None  #: eager attention's weights, returned with the attention output
@@ -296,10 +297,11 @@ class _Walker:
             rope = (self.rope_complex if self.beh.rope == "complex" else self.rope_pairs if a.family.rope_half_table
                     else self.rope)
             q, k = rope(q, qw, cos, sin), rope(k, kvw, cos, sin)
+        self.math_core = False
         out = self.core_attention(q, k, v, heads, kvh, qw, kvw, self.masked_window(index))
         L = lins["o"]
         out = self.linear(out, f"{index}.o", L.in_features, L.out_features, "row", L.module, lora=L.module in targets)
-        if r.offload == "activations" or self.aten_math(q.dtype):
+        if r.offload == "activations" or self.math_core:
             # the attention module's locals (its input, q, k, v as rotated) live until it returns: seen once saved
             # tensors no longer keep them (activation offload; the math kernel, which saves copies of q and k, in a
             # checkpointed block)
@@ -483,6 +485,7 @@ class _Walker:
         if a.attention_sinks:
             return self.sink_attention(q, k, v, heads, kvh, qw, vw)
         if self.aten_math(dt):
+            self.math_core = True
             return self.math_sdpa(q, k, v, heads, kvh, qw, vw, p_attn)
         if kvh != heads:  # repeat_kv / enable_gqa in math: expanded copies
             k = g.new(tok(qw), dt, k.rg, "k repeated")
