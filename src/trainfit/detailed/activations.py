@@ -540,8 +540,10 @@ class _Walker:
 
     def aten_math(self, dt: float) -> bool:
         """SDPA's math kernel written as ATen runs it (:meth:`math_sdpa`): fp32, full (not selective) attention on
-        separate q, k, v projections without soft-capping. Elsewhere the eager walk below stands for it."""
+        separate q, k, v projections without soft-capping, saves kept on the device. Elsewhere (activation offload
+        included: its moments, :mod:`.offload`, were checked on the eager walk) the eager walk below stands for it."""
         return (self.kernel == "math" and dt == 4 and not self.a.attn_logit_softcapping and self.fused_qkv is None
+                and self.r.offload != "activations"
                 and not (self.r.checkpointing == "selective" and self.beh.selective == "attention-core"))
 
     def math_sdpa(self, q: Tensor, k: Tensor, v: Tensor, heads: float, kvh: float, qw: float, vw: float,
