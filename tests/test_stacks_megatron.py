@@ -17,6 +17,7 @@ import os
 import shlex
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from trainfit.errors import TrainfitError
@@ -246,3 +247,39 @@ def test_the_detailed_method_refuses_what_the_megatron_model_does_not_cover(fiel
         estimate("llama-3.2-1b", "h100", method="detailed", suggestions=False, stack="megatron", batch=2,
                  seq_len=512, **fields)
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+RESERVED_ROWS = [r for r in ROWS if "peak_reserved_bytes" in r]
+
+
+def test_the_corpus_records_megatrons_reserved_memory_on_one_pool():
+    """`trainfit measure --stack megatron` replays the caching allocator over the step (trainfit.measure.reserved):
+    every row records ``peak_reserved_bytes``; megatron's DDP buckets, its distributed optimizer's buffers and
+    its step run on the default stream here (no side-stream pool), so the per-stream and the single-pool replays
+    agree; reserved is at least the allocated peak."""
+    assert len(RESERVED_ROWS) == len(ROWS) >= 35
+    for r in RESERVED_ROWS:
+        assert set(r["reserved_by_stream"]) == {"default"}, r["case"]
+        assert r["peak_reserved_bytes"] == r["peak_reserved_single_pool_bytes"] >= r["peak_allocated_bytes"]
+
+
+def test_detailed_reserved_against_megatrons_replayed_allocator():
+    """The detailed method's ``peak_reserved_bytes`` for megatron: the allocated peak plus the default stream's
+    fragmentation term (trainfit.detailed.allocator: 8.6 % of the peak, the single-GPU corpus median; megatron has
+    one pool). Against the 35 replayed rows: the four 1B-8B models within 6 % (-2.9 % to +5.9 %); the 4-layer
+    models, whose 100-400 MiB steps leave 12-45 MiB of partly used 20 MiB and 2 MiB segments, down to -28 %;
+    median -6.5 %. Not modelled: the segment granularity and the fragmentation of full recompute (1B over 8 ranks:
+    +11.8 % measured above its allocated peak)."""
+    from trainfit.engine import estimate
+
+    errs, big = [], []
+    for r in RESERVED_ROWS:
+        model = str(ROOT / r["model"]) if r["model"].endswith(".json") else r["model"]
+        e = estimate(model, "h100", method="detailed", suggestions=False, overheads=False, stack="megatron",
+                     **r["fields"])
+        err = e.extra["peak_reserved_bytes"] / r["peak_reserved_bytes"] - 1
+        errs.append(err)
+        if r["peak_allocated_bytes"] > 2**33:
+            big.append(err)
+    assert len(big) == 4 and max(abs(x) for x in big) < 0.07, big
+    assert -0.30 < min(errs) and max(errs) < 0.07 and abs(float(np.median(errs))) < 0.08, errs

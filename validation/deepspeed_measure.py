@@ -78,6 +78,27 @@ def cases() -> list[tuple[str, str, dict[str, Any]]]:
                                                    checkpointing="full")),
         ("llama-3.2-1b-z1-dp8-bf16-full", ONE_B, dict(batch=8, seq_len=1024, dp=8, zero=1, precision="amp-bf16",
                                                       checkpointing="full")),
+        # fp32 with checkpointing: grouped-query attention in fp32 runs SDPA's math kernel (the scores
+        # materialised), whose working set shows in a checkpointed block's forward
+        ("llama-small-z2-dp2-fp32-full", LLAMA, dict(batch=4, seq_len=256, dp=2, zero=2, precision="fp32",
+                                                     checkpointing="full")),
+        ("llama-small-z2-dp8-fp32-full-s512", LLAMA, dict(batch=8, seq_len=512, dp=8, zero=2, precision="fp32",
+                                                          checkpointing="full")),
+        ("llama-small-z3-dp2-fp32-full", LLAMA, dict(batch=4, seq_len=256, dp=2, zero=3, precision="fp32",
+                                                     checkpointing="full")),
+        ("llama-small-z3-dp4-fp32-full-s512", LLAMA, dict(batch=8, seq_len=512, dp=4, zero=3, precision="fp32",
+                                                          checkpointing="full")),
+        ("qwen2-mini-z2-dp4-fp32-full", QWEN, dict(batch=8, seq_len=256, dp=4, zero=2, precision="fp32",
+                                                   checkpointing="full")),
+        ("qwen2-mini-z3-dp2-fp32-full", QWEN, dict(batch=4, seq_len=256, dp=2, zero=3, precision="fp32",
+                                                   checkpointing="full")),
+        ("qwen2-mini-z1-dp2-fp32-full", QWEN, dict(batch=4, seq_len=256, dp=2, zero=1, precision="fp32",
+                                                   checkpointing="full")),
+        # ZeRO-3 with more parameters than stage3_max_reuse_distance (1e9): the forward releases parameters
+        ("llama-3.2-1b-z3-dp4-bf16-full", ONE_B, dict(batch=4, seq_len=1024, dp=4, zero=3, precision="amp-bf16",
+                                                      checkpointing="full")),
+        ("llama-3.2-1b-z3-dp2-bf16", ONE_B, dict(batch=2, seq_len=512, dp=2, zero=3, precision="amp-bf16")),
+        ("llama-3.2-1b-z3-dp8-bf16-s256", ONE_B, dict(batch=8, seq_len=256, dp=8, zero=3, precision="amp-bf16")),
     ]
     return out
 

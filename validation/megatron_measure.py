@@ -94,6 +94,8 @@ def row(name: str, model: str, fields: dict[str, Any]) -> dict[str, Any]:
     return {"case": name, "stack": "megatron", "megatron_core": x["versions"]["megatron-core"], "model": model,
             "fields": fields, "command": command(model, fields),
             "peak_allocated_bytes": int(est.total_bytes), "peak_allocated_gib": round(est.total_bytes / 2**30, 3),
+            **{k: x[k] for k in ("peak_reserved_bytes", "peak_reserved_single_pool_bytes", "reserved_by_stream")
+               if k in x},
             "peak_phase": x["peak_phase"], "world_size": x["world_size"], "mesh": x["mesh"],
             "recompute": x["stack"]["recompute"], "distributed_optimizer": x["stack"]["distributed_optimizer"],
             "mixed_precision": x["stack"]["mixed_precision"],

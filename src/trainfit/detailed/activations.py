@@ -79,6 +79,11 @@ class LayerProfile:
     #: gradient, and the row maximum's backward, a zeros tensor and its scatter); reached after the MLP's and the
     #: output projection's gradients exist (FSDP2 keeps them unsharded until the block's post-backward)
     attention_bwd: Vec = ZERO
+    #: SDPA's math kernel in fp32 (``math_sdpa``): the working set of the attention core's backward (the softmax's
+    #: two score-sized gradients, the residual stream's and the attention output's gradients); ZERO elsewhere
+    core_bwd: Vec = ZERO
+    #: of ``saved`` and ``recompute``, what the block's backward has freed by its attention core (saved after it)
+    core_gone: Vec = ZERO
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,8 @@ class _BlockStats:
     input_saved: bool
     released: Vec = ZERO  #: kept outputs the recomputation consumes without saving (see LayerProfile.gone)
     attention_bwd: Vec = ZERO  #: see LayerProfile.attention_bwd
+    core_bwd: Vec = ZERO  #: see LayerProfile.core_bwd
+    core_gone: Vec = ZERO  #: see LayerProfile.core_gone
 
 
 def op_policy(recipe: Recipe) -> bool:
@@ -176,6 +183,8 @@ class _Walker:
         self.hw = h / self.tp if self.sp else float(h)  # residual-stream width on this rank
         self.lora_bytes = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}[recipe.lora_dtype]
         self.qlora = recipe.qlora is not None
+        self.math_core = False  #: the block being walked runs math_sdpa (its attention module's locals live on)
+        self.core_marks: dict[str, tuple[int, Vec, Tensor]] = {}  #: per block region: (op time, working set) of math_sdpa
         self.fused_qkv: Optional[Tensor] = None  #: the fused q|k|v projection output of the block being walked
         self.attn_weights: Optional[Tensor] = None  #: eager attention's weights, returned with the attention output
 
@@ -296,12 +305,14 @@ class _Walker:
             rope = (self.rope_complex if self.beh.rope == "complex" else self.rope_pairs if a.family.rope_half_table
                     else self.rope)
             q, k = rope(q, qw, cos, sin), rope(k, kvw, cos, sin)
+        self.math_core = False
         out = self.core_attention(q, k, v, heads, kvh, qw, kvw, self.masked_window(index))
         L = lins["o"]
         out = self.linear(out, f"{index}.o", L.in_features, L.out_features, "row", L.module, lora=L.module in targets)
-        if r.offload == "activations":
+        if r.offload == "activations" or self.math_core:
             # the attention module's locals (its input, q, k, v as rotated) live until it returns: seen once saved
-            # tensors no longer keep them (activation offload)
+            # tensors no longer keep them (activation offload; the math kernel, which saves copies of q and k, in a
+            # checkpointed block)
             self.g.use(y, q, k, v)
         if self.attn_weights is not None:
             # transformers' eager attention returns its weights to the attention module, which returns them with its
@@ -481,6 +492,9 @@ class _Walker:
         # eager / math: materialised scores
         if a.attention_sinks:
             return self.sink_attention(q, k, v, heads, kvh, qw, vw)
+        if self.aten_math(dt):
+            self.math_core = True
+            return self.math_sdpa(q, k, v, heads, kvh, qw, vw, p_attn)
         if kvh != heads:  # repeat_kv / enable_gqa in math: expanded copies
             k = g.new(tok(qw), dt, k.rg, "k repeated")
             v = g.new(tok(qw), dt, v.rg, "v repeated")
@@ -530,6 +544,63 @@ class _Walker:
         if selective:
             for t in (q, k, v):
                 g.save(t)
+        return out
+
+    def aten_math(self, dt: float) -> bool:
+        """SDPA's math kernel written as ATen runs it (:meth:`math_sdpa`): fp32, full (not selective) attention on
+        separate q, k, v projections without soft-capping, saves kept on the device. Elsewhere (activation offload
+        included: its moments, :mod:`.offload`, were checked on the eager walk) the eager walk below stands for it."""
+        return (self.kernel == "math" and dt == 4 and not self.a.attn_logit_softcapping and self.fused_qkv is None
+                and self.r.offload != "activations"
+                and not (self.r.checkpointing == "selective" and self.beh.selective == "attention-core"))
+
+    def math_sdpa(self, q: Tensor, k: Tensor, v: Tensor, heads: float, kvh: float, qw: float, vw: float,
+                  p_attn: float) -> Tensor:
+        """SDPA's math kernel in fp32 (torch 2.13 ``aten/src/ATen/native/transformers/attention.cpp``
+        ``_scaled_dot_product_attention_math``, which trainfit.measure.emulation ``_math_sdpa`` writes out): ``q``
+        times the square root of the scale (a copy), the causal mask made additive, k and v repeated to every
+        query head (``repeat_interleave``, ``enable_gqa``), the scores ``q @ (kᵀ x scale)`` (the scaled transpose a
+        copy), the mask added in place, ``_safe_softmax`` (a new tensor), then ``probs @ v``. Autograd
+        saves the scaled q, the scaled kᵀ, the softmax output and the repeated v: the same bytes as the eager walk;
+        what differs is the working set, which shows where saves are discarded (a checkpointed block's forward):
+        the scaled q and the repeated k and v live until the kernel returns (its locals), and the attention
+        module's q, k, v until the module returns (:meth:`attention`). Not counted: the additive causal mask
+        (``seq²`` elements, one for the batch: not a byte-vector component; 0.25 MiB at seq 256 in fp32)."""
+        g = self.g
+        dt = q.dtype
+        qs = g.new(tok(qw), dt, q.rg, "q scaled (math)")
+        g.use(q)
+        if kvh != heads:
+            k_exp = g.new(tok(qw), dt, k.rg, "k repeated (math)")
+            v_exp = g.new(tok(qw), dt, v.rg, "v repeated (math)")
+            g.use(k, v)
+        else:
+            k_exp, v_exp = k, v
+        kts = g.new(tok(qw), dt, k.rg, "k transposed, scaled (math)")
+        g.use(k_exp)
+        scores = g.new((0.0, 0.0, heads, 0.0), dt, True, "scores (math, mask added in place)")
+        g.save(qs)
+        g.save(kts)
+        g.use(qs, kts)
+        probs = g.new(scores.size, dt, True, "softmax")
+        g.use(scores)
+        g.save(probs)
+        pc = probs
+        if p_attn > 0:
+            mask = g.new(scores.size, 1, False, "attention dropout mask")
+            dropped = g.new(scores.size, dt, True, "dropped probs")
+            g.use(pc, mask)
+            g.save(mask)
+            pc = dropped
+        g.save(pc)
+        g.save(v_exp)
+        ctx = g.new(tok(vw), dt, True, "attention out (bhsd)")
+        g.use(pc, v_exp, qs, k_exp)
+        out = g.new(tok(vw), dt, True, "attention out contiguous")
+        g.use(ctx)
+        # the core's backward: the softmax's input and output gradients beside the saved softmax, and the
+        # attention output's gradient (the residual stream's is added by the caller)
+        self.core_marks[g.region] = (ctx.created, vadd(vscale(scores.size, 2 * dt), tok(vw * dt)), v_exp)
         return out
 
     def sink_attention(self, q: Tensor, k: Tensor, v: Tensor, heads: float, kvh: float, qw: float, vw: float) -> Tensor:
@@ -844,8 +915,23 @@ class _Walker:
                 rec = vadd(rec, b)
             if t.size[0] * t.dtype > biggest[0]:
                 biggest = b
+        core_bwd, core_gone = self._core(ts, ts[0].region if ts else "", bool(any(rec)))
         return _BlockStats(saved, held, rec, biggest, out.size, out.dtype, out.rg, input_saved, self._released(ts),
-                           self.attention_bwd.get(out.region, ZERO))
+                           self.attention_bwd.get(out.region, ZERO), core_bwd, core_gone)
+
+    def _core(self, ts: list[Tensor], region: str, ck: bool) -> tuple[Vec, Vec]:
+        """(core_bwd, core_gone) of a walked block (LayerProfile): what its attention core's backward holds beyond
+        the block's saved (or recomputed) tensors, and which of those were saved after the core (freed by then)."""
+        mark = self.core_marks.get(region)
+        if mark is None:
+            return ZERO, ZERO
+        at, work, v_exp = mark
+        gone = ZERO
+        for t in ts:
+            # saved after the core, or the values ``probs @ v`` saved (its backward, the core's first, freed them)
+            if (t.created >= at or t is v_exp) and ((t.saved and t.own_saved) or (ck and t.would_save and not t.saved)):
+                gone = vadd(gone, t.bytes)
+        return work, gone
 
     def _replay(self, rep: "_BlockStats", x: Tensor) -> Tensor:
         g = self.g
@@ -1183,6 +1269,7 @@ class _Walker:
                     biggest = b
             released = self._released(ts) if ck and rep is None else ZERO
             attn_bwd = self.attention_bwd.get(f"layer{i}", ZERO)
+            core_bwd, core_gone = self._core(ts, f"layer{i}", ck) if rep is None else (rep.core_bwd, rep.core_gone)
             if rep is not None:
                 rec, biggest = (rep.recompute if ck else ZERO), rep.biggest
                 released = rep.released if ck else ZERO
@@ -1191,7 +1278,8 @@ class _Walker:
             # the branch's dtype where that differs (autocast: autograd casts the gradient to the input's dtype)
             res = tok(self.hw * self.p + (self.hw * self.w if self.w != self.p else 0.0))
             lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=vadd(res, vadd(biggest, biggest)),
-                                    gone=vadd(handed_on, released), attention_bwd=attn_bwd))
+                                    gone=vadd(handed_on, released), attention_bwd=attn_bwd,
+                                    core_bwd=vadd(core_bwd, res) if core_bwd != ZERO else ZERO, core_gone=core_gone))
             if i == layers[-1]:
                 for t in ts:
                     if t.held and t.size[0] == 0 and t.size[3]:

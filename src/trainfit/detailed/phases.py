@@ -468,6 +468,10 @@ def deepspeed_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batc
                        comm={p: {} for p in PHASES})
 
 
+#: the block's projections before its attention core (their gradients come after the core's backward)
+ATTENTION_IN_ROLES = ("q", "k", "v", "qkv", "q_a", "q_b", "kv_a", "kv_b")
+
+
 def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, pr: ActivationProfile,
                  comm: dict[str, dict[str, Any]], accumulation: Any, stage: int, micro_batch: Any,
                  seq_len: Any, groups: Any = None) -> PhaseResult:
@@ -501,6 +505,8 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     lins = block_linears(arch, 0)
     first_op_grad = (lins[-1].in_features * lins[-1].out_features / par.tp * recipe.param_bytes
                      if not recipe.lora and lins else 0.0)
+    post_core_grads = (sum(L.in_features * L.out_features for L in lins if L.role not in ATTENTION_IN_ROLES)
+                       / par.tp * recipe.param_bytes if not recipe.lora else 0.0)
     h_res = arch.hidden_size / (par.tp if par.sequence_parallel and par.tp > 1 else 1)
     fwd_cands: list[dict[str, Any]] = []
     bwd_cands: list[dict[str, Any]] = []
@@ -554,6 +560,12 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
                 bwd_cands.append(keep({"activations": B(vadd(remaining, lp.recompute)) + extra_inflight,
                                        "temporaries": B(lp.transient_bwd) + tied,
                                        "gradients": _pick(grads_present, g_all, done)}))
+                if lp.core_bwd != ZERO:  # the math kernel's attention core (LayerProfile.core_bwd): the block's
+                    # weights after it (output projection, MLP) have their gradients
+                    bwd_cands.append(keep({"activations": B(vsub(vadd(remaining, lp.recompute), lp.core_gone))
+                                           + extra_inflight, "temporaries": B(lp.core_bwd) + tied,
+                                           "gradients": _pick(grads_present, g_all,
+                                                              done - first_op_grad + post_core_grads)}))
             later = vadd(later, lp.saved)
         # the embeddings' backward, last: every other gradient exists; the embedding gradient is built
         # (dense, like the table) from the incoming gradient; tied, it is summed with the held head part

@@ -335,7 +335,7 @@ def _estimate_megatron(setup: TrainingSetup, *, warmup: int, semantics: str, t0:
         "stack": {"name": "megatron", "version": megatron.VERSION, "layer_spec": "local",
                   "recompute": run.recompute, "mixed_precision": run.mixed_precision,
                   "distributed_optimizer": run.distributed_optimizer},
-        "peak_allocated_bytes": int(peak.total), "fit_judged_on": "peak_allocated_bytes",
+        "peak_allocated_bytes": int(peak.total), **(run.reserved or {}), "fit_judged_on": "peak_allocated_bytes",
         "sdpa_kernels": dict(run.emulation.sdpa.counts),
         "arch": "gpt (megatron-core GPTModel, local spec)", "n_params": run.n_params,
         "n_trainable_params": run.n_params, "param_dtype": run.param_dtype, "build_notes": [],
@@ -348,6 +348,8 @@ def _estimate_megatron(setup: TrainingSetup, *, warmup: int, semantics: str, t0:
     notes = [f"{megatron.VERSION}'s own GPTModel (local layer spec), DDP, "
              + ("distributed optimizer" if run.distributed_optimizer else "mixed-precision optimizer")
              + f", recompute ({run.recompute}) and vocab-parallel loss, stepped on fake tensors", where + what]
+    if run.reserved:
+        notes.append(_reserved_note(run.reserved))
     return Estimate.of(NAME, setup, total_bytes=float(peak.total), components=components, inputs=inputs_echo,
                        notes=notes, extra=extra)
 

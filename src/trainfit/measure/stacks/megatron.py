@@ -50,7 +50,7 @@ import gc
 import math
 import types
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Optional
 
 from ...errors import TrainfitError
 from ...stacks import get_stack
@@ -362,6 +362,9 @@ class StackRun:
     recompute: str
     mixed_precision: str
     static: dict[str, int]
+    #: the caching-allocator replay (:mod:`..reserved`) under CUDA semantics: peak reserved bytes with one pool per
+    #: stream and with a single pool, and the segments each stream's pool reserved
+    reserved: Optional[dict[str, Any]] = None
 
 
 def build(mg: Any, setup: TrainingSetup) -> tuple[Any, Any]:
@@ -449,6 +452,7 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ..distributed import fake_process_group
+    from ..reserved import StreamPoolListener
     from ..session import new_tracker, stepping
 
     check(setup)
@@ -474,13 +478,14 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
                            for attr in ("shard_fp32_from_float16_groups", "fp32_from_float16_groups")
                            for g in (getattr(o, attr, None) or []) for t in g if t is not None]
                 # the DDP wrapper shadows Module.buffers with its list of grad buffers: track what it wraps
+                pools = StreamPoolListener() if cuda else None
                 tracker, emulation = new_tracker(model.module, tokens, labels, position_ids,
                                                  *[bf.grad_data for bf in _buffers(model)],
                                                  *[bf.param_data for bf in _buffers(model)
                                                    if getattr(bf, "param_data", None) is not None],
-                                                 *masters, cuda=cuda, distributed=world > 1)
+                                                 *masters, cuda=cuda, distributed=world > 1, listener=pools)
                 static: dict[str, int] = {}
-                with stepping(tracker, emulation):
+                with stepping(tracker, emulation), (pools.streams() if pools else contextlib.nullcontext()):
                     for i in range(warmup + 1):
                         gc.collect()
                         if i == warmup:
@@ -491,9 +496,14 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
             mg.parallel_state.destroy_model_parallel()
     mixed = ("bf16 parameters (Float16Module), fp32 main_grad buffers and fp32 master weights" if
              setup.recipe.precision == "amp-bf16" else "fp32")
+    reserved = None
+    if pools is not None:
+        reserved = {"peak_reserved_bytes": pools.replay.peak_reserved,
+                    "peak_reserved_single_pool_bytes": pools.single.peak_reserved,
+                    "reserved_by_stream": pools.reserved_by_stream}
     return StackRun(tracker=tracker, emulation=emulation, world_size=world, mesh={"dp": p.dp, "tp": p.tp},
                     distributed_optimizer=p.zero == 1, n_params=n_params, param_dtype=param_dtype,
-                    recompute=recompute_name(setup), mixed_precision=mixed, static=static)
+                    recompute=recompute_name(setup), mixed_precision=mixed, static=static, reserved=reserved)
 
 
 def _train_step(mg: Any, model: Any, opt: Any, tokens: Any, position_ids: Any, labels: Any, phase: Any) -> None:
