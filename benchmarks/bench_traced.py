@@ -2,6 +2,13 @@
 
     python benchmarks/bench_traced.py                  # a few minutes on a loaded 2-core machine
     python benchmarks/bench_traced.py --json out.json --repeats 7
+    python benchmarks/bench_traced.py --first-trace olmo-2-7b --repeats 3   # cold first traces only
+
+``--first-trace MODEL`` times what a user's first ``trainfit estimate`` of a new type costs: each run a fresh
+interpreter (imports included), an empty cache, one trace; it reports the wall seconds, the CPU seconds of the
+process and of the trace's worker process (the machine is shared: wall seconds alone depend on the load, which
+is reported too), the steps recorded and a hash of the fitted regimes (two versions of the code compare to the
+byte). Runs of two versions compare only when interleaved under the same load.
 
 Measured in one process, against peers in the same run:
 
@@ -20,6 +27,7 @@ figures are medians over rounds, ratios medians of per-round ratios.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -81,7 +89,10 @@ def _first_trace_child(model: str) -> None:
                       "cpu_s": me.ru_utime + me.ru_stime, "worker_cpu_s": kids.ru_utime + kids.ru_stime,
                       "trace_cpu_s": tl.info.get("cpu_seconds"), "trace_worker_cpu_s": tl.info.get("worker_cpu_seconds"),
                       "steps": tl.info["steps"], "depths": tl.info["depths"], "notes": tl.info["trace_notes"],
-                      "peak_b8_s2048": Traced().estimate(setup).total_bytes, "load_1min": os.getloadavg()[0]}))
+                      "peak_b8_s2048": Traced().estimate(setup).total_bytes, "load_1min": os.getloadavg()[0],
+                      # the fitted regimes, hashed: two runs (before and after a change) traced the same timeline
+                      "regimes_sha256": hashlib.sha256(json.dumps(tl.to_json()["regimes"], sort_keys=True)
+                                                       .encode()).hexdigest()[:16]}))
 
 
 def first_traces(model: str, repeats: int) -> dict[str, Any]:
