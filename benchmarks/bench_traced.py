@@ -2,6 +2,13 @@
 
     python benchmarks/bench_traced.py                  # a few minutes on a loaded 2-core machine
     python benchmarks/bench_traced.py --json out.json --repeats 7
+    python benchmarks/bench_traced.py --first-trace olmo-2-7b --repeats 3   # cold first traces only
+
+``--first-trace MODEL`` times what a user's first ``trainfit estimate`` of a new type costs: each run a fresh
+interpreter (imports included), an empty cache, one trace; it reports the wall seconds, the CPU seconds of the
+process and of the trace's worker process (the machine is shared: wall seconds alone depend on the load, which
+is reported too), the steps recorded and a hash of the fitted regimes (two versions of the code compare to the
+byte). Runs of two versions compare only when interleaved under the same load.
 
 Measured in one process, against peers in the same run:
 
@@ -20,6 +27,7 @@ figures are medians over rounds, ratios medians of per-round ratios.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -56,12 +64,76 @@ def machine() -> dict[str, Any]:
             "load_average_1min": load[0] if load else None}
 
 
+def _first_trace_child(model: str) -> None:
+    """One cold first trace in this fresh process (a user's first run): prints a JSON line with the wall seconds
+    of the whole process so far, the CPU seconds of this process and of its children (the trace's worker), the
+    trace's own report and the load average."""
+    import resource
+
+    t0 = time.perf_counter()
+    warnings.filterwarnings("ignore")
+    os.environ["TRAINFIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="trainfit-bench-")
+    from trainfit.traced import Traced
+    from trainfit.training_setup import TrainingSetup
+
+    setup = TrainingSetup.build(model, "h100", batch=8, seq_len=2048)
+    t1 = time.perf_counter()
+    tl = Traced().timeline(setup, cache=False)
+    t2 = time.perf_counter()
+    import multiprocessing
+
+    for child in multiprocessing.active_children():  # the trace's worker, reaped: its CPU time counts below
+        child.join()
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(json.dumps({"model": model, "process_wall_s": t2 - t0, "trace_wall_s": t2 - t1,
+                      "cpu_s": me.ru_utime + me.ru_stime, "worker_cpu_s": kids.ru_utime + kids.ru_stime,
+                      "trace_cpu_s": tl.info.get("cpu_seconds"), "trace_worker_cpu_s": tl.info.get("worker_cpu_seconds"),
+                      "steps": tl.info["steps"], "depths": tl.info["depths"], "notes": tl.info["trace_notes"],
+                      "peak_b8_s2048": Traced().estimate(setup).total_bytes, "load_1min": os.getloadavg()[0],
+                      # the fitted regimes, hashed: two runs (before and after a change) traced the same timeline
+                      "regimes_sha256": hashlib.sha256(json.dumps(tl.to_json()["regimes"], sort_keys=True)
+                                                       .encode()).hexdigest()[:16]}))
+
+
+def first_traces(model: str, repeats: int) -> dict[str, Any]:
+    """``repeats`` cold first traces of ``model``, each in a fresh interpreter (imports included, as a user's
+    first ``trainfit estimate``); medians of the wall and CPU seconds, every run kept."""
+    import subprocess
+
+    runs = []
+    for _ in range(repeats):
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--first-trace-child", model],
+                              capture_output=True, text=True, check=True)
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(f"    {runs[-1]}", flush=True)
+    med = {k: statistics.median(r[k] for r in runs)
+           for k in ("process_wall_s", "trace_wall_s", "cpu_s", "worker_cpu_s", "load_1min")}
+    med["cpu_total_s"] = statistics.median(r["cpu_s"] + r["worker_cpu_s"] for r in runs)
+    return {"median": med, "runs": runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--json", type=str, default=None)
+    ap.add_argument("--first-trace", type=str, default=None, metavar="MODEL",
+                    help="only time cold first traces of MODEL (each in a fresh process), --repeats of them")
+    ap.add_argument("--first-trace-child", type=str, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.first_trace_child:
+        _first_trace_child(args.first_trace_child)
+        return 0
+    if args.first_trace:
+        print(f"machine: {machine()}", flush=True)
+        print(f"first traces of {args.first_trace} (fresh process each):", flush=True)
+        got = first_traces(args.first_trace, args.repeats)
+        print(f"median: {got['median']}")
+        if args.json:
+            from trainfit.files import write_text
+
+            write_text(args.json, json.dumps({"machine": machine(), "first_trace": got}, indent=2))
+        return 0
     warnings.filterwarnings("ignore")
     os.environ["TRAINFIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="trainfit-bench-")
 

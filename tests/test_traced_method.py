@@ -143,3 +143,44 @@ def test_frontier_searches_inside_the_traced_range(cache_dir):
     setup = _setup(DEEP, seq_len=2048)
     assert Traced().estimate(setup.replace(batch=mb)).feasible and not Traced().estimate(setup.replace(batch=mb + 1)).feasible
     assert any("answers micro-batches up to 65,536 and sequences of 1-262,144 tokens" in n for n in f.notes)
+
+
+@pytest.mark.parametrize("recipe", [dict(), dict(lora_rank=4, dropout=False),
+                                    dict(precision="fp32", optimizer="sgd-momentum", checkpointing="full"),
+                                    dict(precision="bf16", opt_impl="fused")])
+def test_a_primed_session_records_the_steps_a_warmed_one_records(recipe):
+    # the full-depth check warms its model up by one optimizer step on zero gradients instead of a whole step: the
+    # steady-state steps after it are the same storages of the same sizes in the same order (the reference is the
+    # whole warm-up step that trainfit measure runs)
+    from trainfit.traced.method import recipe_of
+    from trainfit.traced.record import TraceSession
+
+    setup = _setup(dict(DEEP, num_hidden_layers=3), **recipe)
+    shapes = [(2, 77), (1, 351), (3, 1024)]
+    got = {}
+    for prime in (False, True):
+        with TraceSession(setup.model.config, recipe_of(setup), build_seq=1, prime=prime) as session:
+            got[prime] = [session.record(b, s) for b, s in shapes]
+    for warmed, primed in zip(got[False], got[True]):
+        assert warmed.signature() == primed.signature()
+        assert (warmed.nbytes == primed.nbytes).all() and warmed.static == primed.static
+
+
+def test_a_script_without_a_main_guard_still_checks_in_the_worker(tmp_path):
+    # the worker is a spawned interpreter: it must not run the caller's script again (a script without the
+    # `if __name__ == "__main__":` guard would start a second trace there and the worker would fail)
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_guard.py"
+    script.write_text("import json\nfrom trainfit.refs import resolve_model\nfrom trainfit.traced import Traced\n"
+                      "from trainfit.training_setup import TrainingSetup\n"
+                      f"setup = TrainingSetup.build(resolve_model({dict(DEEP, _name_or_path='no-guard')!r}), 'h100')\n"
+                      "print(json.dumps(Traced().timeline(setup, cache=False).info))\n")
+    env = dict(os.environ, TRAINFIT_TRACE_WORKERS="1", TRAINFIT_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "bootstrapping phase" not in done.stderr
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    assert info["worker_cpu_seconds"] > 0 and info["depths"] == [3, 4, 6] and not info["trace_notes"]

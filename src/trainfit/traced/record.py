@@ -285,22 +285,39 @@ class TraceSession:
     steady-state steps at any (batch, seq). Use as a context manager; :meth:`record` per shape."""
 
     def __init__(self, config: Mapping[str, Any], recipe: Recipe, *, keep: Optional[Sequence[int]] = None,
-                 build_seq: int = 2048) -> None:
+                 build_seq: int = 2048, built: Any = None, prime: bool = False) -> None:
         self.config = dict(config)
         self.recipe = recipe
         self.keep = None if keep is None else tuple(keep)
         self.build_seq = build_seq
         self._stack: Optional[contextlib.ExitStack] = None
         self._warm = False
+        #: a :func:`build` of the same config, recipe and ``build_seq`` to use instead of building again
+        self._built = built
+        #: warm up by :meth:`_prime` (an optimizer step on zero gradients) instead of a whole training step
+        self.prime = prime and recipe.layout is None
+
+    @staticmethod
+    def build(config: Mapping[str, Any], recipe: Recipe, build_seq: int = 2048) -> Any:
+        """The model of ``config`` under ``recipe`` built on the meta device (a
+        :class:`trainfit.measure.session.FakeStepSession` before :meth:`~FakeStepSession.make_fake`): its
+        block stack, parameter counts and position table can be read without giving it tensors; pass it to a
+        :class:`TraceSession` as ``built`` to step it (once: the session cuts and fakes that model)."""
+        require("torch")
+        require("transformers")
+        from ..measure.session import FakeStepSession
+
+        return FakeStepSession(dict(config), recipe, seq=build_seq, task=recipe.task,
+                               distributed=recipe.layout is not None)
 
     def __enter__(self) -> "TraceSession":
         require("torch")
         require("transformers")
         from ..measure.fake import count_params
-        from ..measure.session import FakeStepSession
 
         r = self.recipe
-        session = FakeStepSession(self.config, r, seq=self.build_seq, task=r.task, distributed=r.layout is not None)
+        session = self._built if self._built is not None else self.build(self.config, r, self.build_seq)
+        self._built = None  # (stepped once: the session cuts and fakes its model)
         built = session.built
         self.full_layers = block_count(built.config)
         blocks = _keep_layers(built, self.keep) if self.keep is not None else None
@@ -403,11 +420,29 @@ class TraceSession:
                       if v - before.get(k, 0)}
         return trace
 
+    def _prime(self) -> None:
+        """Warm up without a forward and backward: every trained parameter gets a zero gradient and the optimizer
+        steps once, under the tracker, so that its state exists (what a warm-up step leaves for the steady state of
+        a one-GPU step: parameters, buffers, optimizer state; the gradients are freed by ``zero_grad``). About a
+        tenth of a step's operators. Used where a recording is only compared with a prediction (the full-depth
+        check of :mod:`.trace`, which records again after a whole warm-up step before it rejects one)."""
+        torch = require("torch")
+        self.tracker.new_step()
+        with self.tracker.phase("optimizer"):
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = torch.zeros_like(p)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
     def record(self, batch: int, seq: int) -> StepTrace:
         """The steady-state step at (batch, seq): a warm-up step runs first the first time. ``seq`` is in the
         recipe's :attr:`Recipe.seq_unit` (tokens, except under tensor parallelism with sequence parallelism)."""
         if not self._warm:
-            self._step(batch, seq, record=False)
+            if self.prime:
+                self._prime()
+            else:
+                self._step(batch, seq, record=False)
             self._warm = True
             # Everything alive now (modules, transformers' and torch's own objects) is moved out of the cyclic
             # collector's view, so the collection before each step (as the measurement runs it) only walks

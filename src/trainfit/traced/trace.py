@@ -25,17 +25,18 @@
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
 from ..errors import TrainfitError
 from .fit import Poly, fit_sizes
 from .layers import RepeatPlan, block_signature, repeat_plan
-from .record import ADD, SIZE, Recipe, StepTrace, TraceSession, layer_stack, position_limit
+from .record import ADD, SIZE, Recipe, StepTrace, TraceSession, block_count, layer_stack, position_limit
 from .timeline import V2_CAP, Regime, compile_regime
 from .window import Insertion, PolyTable, Window, concrete_window, expand, insertions, static_delta, window_of
 
@@ -128,6 +129,8 @@ class TraceReport:
     on_step: Optional[Callable[[int, int], None]] = field(default=None, repr=False)
     #: steps the trace expects to record in all (a prior, raised as stages start; see :data:`EXPECTED_CHART`)
     expected: int = 0
+    #: CPU seconds of the worker process (:func:`_worker`), 0.0 when none ran
+    worker_cpu_seconds: float = 0.0
 
     def expect(self, more: int) -> None:
         """The stage starting now expects ``more`` steps (beyond those recorded)."""
@@ -630,11 +633,40 @@ def _worker(config: Mapping[str, Any]) -> Any:
         return None
 
 
+@contextlib.contextmanager
+def _bare_main() -> Iterator[None]:
+    """A spawned interpreter runs the parent's ``__main__`` script again before its task; the worker needs
+    nothing from it, and a caller's script without the ``if __name__ == "__main__":`` guard would start a second
+    trace there (the worker then fails and every step is recorded here). The process starts with a bare
+    ``__main__`` in its place (the pool starts it on the first submit)."""
+    import sys
+    import types
+
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+def _worker_windows(config: Mapping[str, Any], recipe: Recipe, build_seq: int, shapes: Sequence[tuple[int, int]],
+                    s_max: int) -> tuple[dict[tuple[int, int], Any], float]:
+    """:func:`_full_windows` in the worker, with the worker's CPU seconds so far (its start, imports and build
+    included: what the trace costs beyond this process)."""
+    out = _full_windows(config, recipe, build_seq, shapes, s_max)
+    return out, time.process_time()
+
+
 def _full_windows(config: Mapping[str, Any], recipe: Recipe, build_seq: int,
-                  shapes: Sequence[tuple[int, int]], s_max: int) -> dict[tuple[int, int], Any]:
+                  shapes: Sequence[tuple[int, int]], s_max: int, prime: bool = True,
+                  built: Any = None) -> dict[tuple[int, int], Any]:
     """The full model's steady-state steps at ``shapes`` (each length capped at ``s_max`` and at the model's
-    learned position table, as :func:`trace_timeline` caps them) as concrete windows (run in a worker process)."""
-    with TraceSession(config, recipe, build_seq=build_seq) as full:
+    learned position table, as :func:`trace_timeline` caps them) as concrete windows (run in a worker process).
+    ``prime``: warmed up by an optimizer step on zero gradients instead of a whole step (one-GPU recipes;
+    :meth:`.record.TraceSession._prime`)."""
+    with TraceSession(config, recipe, build_seq=build_seq, prime=prime, built=built) as full:
         limit = position_limit(full.built.model, full.built.config)
         cap = min(s_max, limit // recipe.seq_unit) if limit is not None else s_max
         return {(b, min(s, cap)): concrete_window(full.record(b, min(s, cap))) for b, s in shapes}
@@ -654,7 +686,7 @@ def _collect(pending: Any, config: Mapping[str, Any], recipe: Recipe, build_seq:
     from concurrent.futures.process import BrokenProcessPool
 
     try:
-        out = pending.result()
+        out, report.worker_cpu_seconds = pending.result()
     except TrainfitError:
         raise
     except (BrokenProcessPool, OSError, EOFError, ImportError, RuntimeError):
@@ -664,10 +696,20 @@ def _collect(pending: Any, config: Mapping[str, Any], recipe: Recipe, build_seq:
     return out
 
 
+def _mismatch(wanted: Mapping[tuple[int, int], Any], fits: Sequence[RegimeFit], pieces: Sequence[Sequence[Insertion]],
+              copies: int, unit_static: Sequence[Counter], table: PolyTable) -> Optional[tuple[int, int]]:
+    """The first full-depth step the extended timeline does not reproduce allocation by allocation, or None."""
+    for (b, s), want in wanted.items():
+        i = _regime_of(fits, b, s)
+        if i is None or _predict(fits[i].window, pieces[i], copies, unit_static[i], table.polys, b, s) != want:
+            return b, s
+    return None
+
+
 def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_MAX,
                    progress: Optional[Callable[[str], None]] = None) -> tuple[list[Regime], TraceReport, dict]:
     """Trace ``config`` under ``recipe``: (the compiled regimes, how it went, facts about the model)."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     # lengths are traced in the recipe's unit (seq / tp under sequence parallelism): the range shrinks with it
     s_max = s_max // recipe.seq_unit
     report = TraceReport(on_step=getattr(progress, "steps", None))
@@ -675,50 +717,57 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
     worker = _worker(config)
     # the full-depth check steps (a quarter of a trace) start at once in the worker -- its interpreter and model
     # build overlap this process's -- and record while this process charts and fits the few-block models
-    pending = worker.submit(_full_windows, dict(config), recipe, build_seq, VERIFY_SHAPES, s_max) \
-        if worker is not None else None
+    pending = None
+    if worker is not None:
+        with _bare_main():
+            pending = worker.submit(_worker_windows, dict(config), recipe, build_seq, VERIFY_SHAPES, s_max)
     try:
-        return _trace(config, recipe, s_max, report, progress or (lambda _m: None), build_seq, worker, pending, t0)
+        return _trace(config, recipe, s_max, report, progress or (lambda _m: None), build_seq, worker, pending, t0, c0)
     finally:
         if worker is not None:
             _stop(worker)
 
 
 def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceReport, say: Callable[[str], None],
-           build_seq: int, worker: Any, pending: Any, t0: float) -> tuple[list[Regime], TraceReport, dict]:
+           build_seq: int, worker: Any, pending: Any, t0: float, c0: float) -> tuple[list[Regime], TraceReport, dict]:
     table = PolyTable()
     facts: dict[str, Any] = {}
     fits: list[RegimeFit] = []
     plan: Optional[RepeatPlan] = None
     wanted: dict[tuple[int, int], Any] = {}
-    with TraceSession(config, recipe, build_seq=build_seq) as full:
-        n_layers = full.full_layers
-        limit = position_limit(full.built.model, full.built.config)
-        unit = recipe.seq_unit
-        if unit > 1:
-            facts["seq_unit"] = unit
-        if limit is not None and limit // unit < s_max:
-            s_max = limit // unit
-            facts["s_max"] = s_max * unit
-            report.notes.append(f"learned position table: sequences up to {limit} tokens")
-        checks = [(b, min(s, s_max)) for b, s in VERIFY_SHAPES]
-        found = layer_stack(full.built.model, n_layers)
-        plan = repeat_plan([block_signature(b) for b in found[2]]) if found is not None else None
-        facts.update(n_params=full.n_params, n_trainable=full.n_trainable, model_type=full.built.model_type,
-                     task=full.built.task, notes=list(full.built.notes))
-        report.n_layers = n_layers
-        full_pr = Prober(full, report)
-        if plan is None:
-            if worker is not None:
-                _stop(worker)  # traced at full depth here: no check steps to wait for
-                pending = None
-            say(f"tracing all {n_layers or '?'} blocks")
-            report.expect(EXPECTED_CHART)
-            report.depths = [n_layers or 0]
+    # the full model built on the meta device only: its facts and blocks are read without giving it tensors (a
+    # session steps it only when it is traced at full depth or checked in this process)
+    from ..measure.fake import count_params
+
+    full_built = TraceSession.build(config, recipe, build_seq)
+    built = full_built.built
+    n_layers = block_count(built.config)
+    limit = position_limit(built.model, built.config)
+    unit = recipe.seq_unit
+    if unit > 1:
+        facts["seq_unit"] = unit
+    if limit is not None and limit // unit < s_max:
+        s_max = limit // unit
+        facts["s_max"] = s_max * unit
+        report.notes.append(f"learned position table: sequences up to {limit} tokens")
+    checks = [(b, min(s, s_max)) for b, s in VERIFY_SHAPES]
+    found = layer_stack(built.model, n_layers)
+    plan = repeat_plan([block_signature(b) for b in found[2]]) if found is not None else None
+    n_params, n_trainable = count_params(built.model)
+    facts.update(n_params=n_params, n_trainable=n_trainable, model_type=built.model_type, task=built.task,
+                 notes=list(built.notes))
+    report.n_layers = n_layers
+    if plan is None:
+        if worker is not None:
+            _stop(worker)  # traced at full depth here: no check steps to wait for
+            pending = None
+        say(f"tracing all {n_layers or '?'} blocks")
+        report.expect(EXPECTED_CHART)
+        report.depths = [n_layers or 0]
+        with TraceSession(config, recipe, build_seq=build_seq, built=full_built) as full:
+            full_pr = Prober(full, report)
             fits = _discover(full_pr, table, s_max)
             _check_common(full_pr, fits, table, s_max)
-        elif pending is None:
-            wanted = {shape: concrete_window(full_pr.trace(*shape)) for shape in checks}
     pieces: list[list[Insertion]] = [[] for _ in fits]
     unit_static: list[Counter] = [Counter() for _ in fits]
     copies = 0
@@ -728,14 +777,14 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
         d1, d2 = plan.depth(1), plan.depth(2)
         report.depths = [d1, d2, n_layers or 0]
         say(f"tracing {d1} and {d2} of {n_layers} blocks")
-        report.expect(EXPECTED_CHART + 4 * EXPECTED_UNIT + (len(checks) if pending is not None else 0))
+        report.expect(EXPECTED_CHART + 4 * EXPECTED_UNIT + len(checks))
         with TraceSession(config, recipe, keep=plan.keep(1), build_seq=build_seq) as s1:
             pr1 = Prober(s1, report)
             fits = _discover(pr1, table, s_max)
             _check_common(pr1, fits, table, s_max)
         copies = plan.units - 1
         try:
-            report.expect(EXPECTED_UNIT * len(fits) + (len(checks) if pending is not None else 0))
+            report.expect(EXPECTED_UNIT * len(fits) + len(checks))
             with TraceSession(config, recipe, keep=plan.keep(2), build_seq=build_seq) as s2:
                 pr2 = Prober(s2, report)
                 pieces, unit_static = [], []
@@ -743,15 +792,27 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
                     pcs, ust = _unit_of(pr2, f, table)
                     pieces.append(pcs)
                     unit_static.append(ust)
+            say(f"checking against all {n_layers} blocks")
             if pending is not None:
-                say(f"checking against all {n_layers} blocks")
                 wanted = _collect(pending, config, recipe, build_seq, checks, report)
                 pending = None
-            for (b, s), want in wanted.items():
-                i = _regime_of(fits, b, s)
-                if i is None or _predict(fits[i].window, pieces[i], copies, unit_static[i], table.polys, b, s) != want:
-                    raise TrainfitError(f"the {d1}- and {d2}-block traces do not extend exactly to {n_layers} "
-                                        f"blocks (batch {b}, seq {s})")
+            else:
+                report.expect(len(checks))
+                wanted = _full_windows(config, recipe, build_seq, checks, s_max, built=full_built)
+                report.steps += len(checks)
+                report.tick()
+            bad = _mismatch(wanted, fits, pieces, copies, unit_static, table)
+            if bad is not None and recipe.layout is None:
+                # recorded after a primed warm-up: recorded again after a whole warm-up step before the extension
+                # is rejected (the decision is the one a whole warm-up step gives)
+                report.expect(len(checks))
+                wanted = _full_windows(config, recipe, build_seq, checks, s_max, prime=False)
+                report.steps += len(checks)
+                report.tick()
+                bad = _mismatch(wanted, fits, pieces, copies, unit_static, table)
+            if bad is not None:
+                raise TrainfitError(f"the {d1}- and {d2}-block traces do not extend exactly to {n_layers} "
+                                    f"blocks (batch {bad[0]}, seq {bad[1]})")
         except TrainfitError as exc:
             report.notes.append(f"{exc}: traced at full depth")
             say("tracing at full depth")
@@ -774,6 +835,11 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
     facts["sdpa"] = {("b=1" if f.batch_one else "b>=2") + f" s={f.s_lo}-{f.s_hi}" + (
         f" (2^k | s, k in {list(f.v2)})" if f.v2 != tuple(range(V2_CAP + 1)) else ""): f.sdpa for f in fits}
     report.seconds = time.perf_counter() - t0
+    # what the trace cost in CPU time (the machine may be shared: wall seconds alone say little): this process's
+    # since the trace began, and the worker's whole life
+    facts["cpu_seconds"] = round(time.process_time() - c0, 2)
+    if report.worker_cpu_seconds:
+        facts["worker_cpu_seconds"] = round(report.worker_cpu_seconds, 2)
     return regimes, report, facts
 
 
