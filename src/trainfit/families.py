@@ -265,6 +265,9 @@ class Family:
     experts_activation: Literal["swiglu", "clamped-swiglu"] = "swiglu"
     #: transformers has no SDPA path for the type (``_supports_sdpa = False``): ``auto`` attention is eager
     eager_only: bool = False
+    #: the MoE block's forward returns (output, router scores), not the output alone (gpt-oss): a tensor-parallel
+    #: plan lays out the first and leaves the second
+    moe_returns_router_scores: bool = False
     #: under eager attention the model's materialised masks (batch x seq x seq in the embeddings' dtype: one per kind
     #: of block its forward builds them for) are walked, alive from the embeddings to the last block
     eager_masks: tuple[str, ...] = ()
@@ -572,6 +575,7 @@ GPT_OSS = Family(
             "attention_sinks": True, "moe_layers": lambda r, f: tuple(range(f["num_layers"]))},
     layer_types_rule=_config_or(_alternating),
     router="topk-softmax", experts_activation="clamped-swiglu", eager_only=True, rope_half_table=True,
+    moe_returns_router_scores=True,
     eager_masks=("full_attention", "sliding_attention"),  # GptOssModel builds both, whatever the blocks
     norm_weight_before_cast=True,  # GptOssRMSNorm: (weight * x).to(dtype), as OLMo 2
 )

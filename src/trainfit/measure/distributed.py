@@ -527,7 +527,10 @@ def apply_tp(model: Any, config: Any, mesh: Any, layout: Layout, seq_len: int) -
         if moe:
             # the block's input gathered (sequence parallel) as a local tensor; its output (a tuple for gpt-oss:
             # the router's scores too) partial sums, reduce-scattered to the sequence shard or all-reduced
-            outs = (Partial(), None) if config.model_type == "gpt_oss" else (Partial(),)
+            from ..families import FAMILIES
+
+            family = FAMILIES.get(config.model_type)
+            outs = (Partial(), None) if family is not None and family.moe_returns_router_scores else (Partial(),)
             plan[roles["mlp"]] = pm.PrepareModuleInputOutput(
                 input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_input=True,
                 output_layouts=outs, desired_output_layouts=(seq,) + (None,) * (len(outs) - 1), use_local_output=True)
