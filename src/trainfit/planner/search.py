@@ -384,9 +384,11 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     x = None
     if space.size and pre is None:
         x = _encode(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
-        if given:
+        if any(not x.at_default(k) for k in given if k in x.values):
             # options fixed for every layout (--offload params, --loss chunked, ...) that the memory method models
-            # on some layouts only: the others are left out, in the method's own words
+            # on some layouts only: the others are left out, in the method's own words. Options all at their
+            # defaults (as the command line passes every field) leave the setups as a plan without them: nothing to
+            # check (the check runs once per distinct layout family, most of the cost of a plan)
             keep, refused = supported(x, tuple(dict.fromkeys([*refusable(m.accepts, x), *FAMILY])), m.check)
             if not keep.all():
                 notes += _left_out_notes(method, refused)
