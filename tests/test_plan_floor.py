@@ -54,14 +54,25 @@ def test_the_floor_never_exceeds_the_total(monkeypatch, stack, model, n, kw):
         assert (floor > usable).any()
 
 
+def _figures(doc):
+    """A layout's (or near miss's) JSON with the zero entries of its memory components dropped: a component some
+    other evaluated layout has (an allocator term) is listed at 0 where absent, so which layouts were evaluated
+    decides the keys listed, not the figures (tests/test_plan_pruned.py compares the same way)."""
+    if isinstance(doc, dict):
+        return {k: ({c: b for c, b in v.items() if b} if k == "memory_bytes" else _figures(v)) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_figures(v) for v in doc]
+    return doc
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_a_plan_pruned_by_its_floors_answers_as_the_exhaustive_one(stack):
     args = dict(global_batch=16, seq_len=2048, stack=stack)
     lazy = plan("llama-3.1-8b", "h100", 8, **args)
     full = plan("llama-3.1-8b", "h100", 8, exhaustive=True, **args)
-    rows = lambda xs: [x.to_json() for x in xs]  # noqa: E731
+    rows = lambda xs: [_figures(x.to_json()) for x in xs]  # noqa: E731
     assert rows(lazy.top) == rows(full.top) and rows(lazy.rejected) == rows(full.rejected)
-    assert [m.to_json() for m in lazy.near_misses] == [m.to_json() for m in full.near_misses]
+    assert rows(lazy.near_misses) == rows(full.near_misses)
     assert lazy.fitting <= full.fitting and full.ruled_out == 0
     if stack in ("hf", "torchtitan"):
         assert lazy.ruled_out > 0 and any("cannot fit by their model states" in n for n in lazy.notes)
