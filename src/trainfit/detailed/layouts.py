@@ -97,6 +97,28 @@ def layout_phases(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], w
     return _scatter(parts, which.size)
 
 
+def state_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], which: np.ndarray) -> np.ndarray:
+    """A lower bound (bytes per accelerator) on the allocated peak of every element of :func:`layout_phases`
+    (element ``i`` shards as ``pars[which[i]]``): the model-state part of the optimizer phase that
+    :func:`~trainfit.detailed.phases.stage_phases` builds for the first reported pipeline stage -- its ``base``
+    (parameters, model buffers, master weights and fp32 gradients, optimizer state and step counters) plus, unless
+    the optimizer steps in backward, the gradients and the step's temporaries -- from the same (cached)
+    :func:`~trainfit.detailed.states.state_bytes` the evaluation reads. The peak is the largest phase of the
+    busier stage, so it holds at least this; the terms left out (inputs, communication buffers) are >= 0. A step
+    that is another program's (megatron-core's, DeepSpeed's engine: their own phase formulas) gets 0, no bound."""
+    which = np.asarray(which).reshape(-1)
+    if behaviour_of(recipe).step != "pytorch":
+        return np.zeros(which.size)
+    stage = reported_stages(pars[0])[0]
+    in_bwd = recipe.optimizer_in_backward
+    per = []
+    for p in pars:
+        st = state_bytes(arch, recipe, p, stage)
+        v = st.params + st.buffers + st.master + st.fp32_grads + st.opt_states + st.step_counters
+        per.append(float(v if in_bwd else v + st.grads + st.opt_temp))
+    return np.asarray(per, dtype=np.float64)[which]
+
+
 def _fsdp_stage(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], which: np.ndarray,
                 accumulation: np.ndarray, stage: int, micro_batch: np.ndarray, seq_len: np.ndarray) -> PhaseResult:
     """Pipeline ``stage`` of FSDP2 elements: element ``i`` shards as ``pars[which[i]]`` (the shardings share
@@ -167,4 +189,4 @@ def sharding_groups(columns: dict[str, np.ndarray], base: Parallelism) -> tuple[
     return pars, np.asarray(which).reshape(-1)
 
 
-__all__ = ["PER_ELEMENT", "SHARDING_FIELDS", "layout_phases", "sharding_groups", "stage_arrays"]
+__all__ = ["PER_ELEMENT", "SHARDING_FIELDS", "layout_phases", "sharding_groups", "stage_arrays", "state_floor"]

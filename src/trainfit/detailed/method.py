@@ -19,7 +19,7 @@ from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, FIELDS, PRECISIONS, TrainingSetup
 from .allocator import reserve_terms
 from .explain import explain as explain_lines
-from .layouts import PER_ELEMENT, SHARDING_FIELDS, layout_phases, sharding_groups
+from .layouts import PER_ELEMENT, SHARDING_FIELDS, layout_phases, sharding_groups, state_floor
 from .overheads import overheads
 from .overheads import overheads as overheads_of
 from .phases import COMPONENTS, PHASES, PhaseResult, compute_phases
@@ -304,6 +304,22 @@ class Detailed(MemoryMethod):
         return SweepOutput(components=out, extra={"peak_allocated_bytes": peak.reshape(shape),
                                                   "peak_reserved_bytes": reserved.reshape(shape),
                                                   "peak_phase": phase.reshape(shape)}, total=total.reshape(shape))
+
+    def memory_floor(self, x: SetupArrays) -> np.ndarray:
+        """A lower bound on each element's :meth:`vectorised` total (bytes per accelerator), without the forward
+        walk: the model states the optimizer phase holds (:func:`~trainfit.detailed.layouts.state_floor`), grouped
+        as :meth:`vectorised` groups; the overheads it adds on top are >= 0. A layout search prunes with it."""
+        shape = x.shape
+        flat = lambda name: np.broadcast_to(x[name], shape).reshape(-1)  # noqa: E731
+        n = int(np.prod(shape)) if shape else 1
+        out = np.zeros(n)
+        shared = tuple(f for f in FIELD_NAMES if f not in PER_ELEMENT)
+        for idx, _ in x.distinct(shared):
+            idx = np.arange(n)[idx] if isinstance(idx, slice) else idx
+            first = effective(x.setup_at(x.first_index(idx)))
+            pars, which = sharding_groups({f: flat(f)[idx] for f in SHARDING_FIELDS}, first.parallel)
+            out[idx] = state_floor(first.model.arch, first.recipe, pars, which)
+        return out.reshape(shape)
 
 
 __all__ = ["ACCEPTS", "Detailed", "NAME", "TRAINING_PRECISIONS", "total_and_overheads"]

@@ -90,6 +90,9 @@ class Plan:
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
     evaluated: int = 0  #: layouts whose memory was evaluated (all of them unless the search stopped early)
+    #: layouts not evaluated because a lower bound on their memory (the method's ``memory_floor``) is over the
+    #: usable memory: they cannot fit
+    ruled_out: int = 0
     stack: str = "hf"  #: the training stack whose layouts were searched (data/stack_layouts.yaml)
     near_misses: list[Any] = field(default_factory=list)  #: :class:`~trainfit.planner.near.NearMiss`, closest first
     #: builds the Pareto front's layouts (a few dozen; built when asked for, see :attr:`front`)

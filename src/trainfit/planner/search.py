@@ -80,18 +80,20 @@ def _memory(x: SetupArrays, *, method: str, inflight: bool, options: dict[str, A
     return out
 
 
-def _memory_of(x: SetupArrays, own: Optional[MemorySplit], **memory_args: Any) -> Callable[[np.ndarray], dict]:
-    """Memory arrays of the layouts at flat positions ``idx`` of ``x``: those ``own`` marks by the stack's own
-    model (its encoding ``own.x_own``), the others as ``x`` is encoded (:mod:`~trainfit.planner.own_memory`)."""
+def _by_encoding(x: SetupArrays, own: Optional[MemorySplit],
+                 evaluate: Callable[[SetupArrays], dict[str, np.ndarray]]) -> Callable[[np.ndarray], dict]:
+    """``evaluate`` (arrays over the setups it is given) of the layouts at flat positions ``idx`` of ``x``: those
+    ``own`` marks by the stack's own model (its encoding ``own.x_own``), the accumulating ones it counts at one
+    micro-batch (``own.x_one``), the others as ``x`` is encoded (:mod:`~trainfit.planner.own_memory`)."""
     def run(idx: np.ndarray) -> dict[str, np.ndarray]:
         whole = len(idx) == x.size and bool(np.all(idx == np.arange(x.size)))
         if own is None or not own.any:
-            return _memory(x if whole else x.take(idx), **memory_args)
+            return evaluate(x if whole else x.take(idx))
         mine = own.own[idx]
         at = np.full(x.size, -1)
         at[own.one] = np.arange(own.one.size)  # position in own.x_one of each layout counted at one micro-batch
         one = at[idx] >= 0
-        parts = [(np.flatnonzero(sel), _memory(xs.take(pos), **memory_args))
+        parts = [(np.flatnonzero(sel), evaluate(xs.take(pos)))
                  for sel, xs, pos in ((~mine & ~one, x, idx[~mine & ~one]), (mine, own.x_own, idx[mine]),
                                       (one, own.x_one, at[idx[one]])) if sel.any()]
         out: dict[str, np.ndarray] = {}
@@ -101,6 +103,24 @@ def _memory_of(x: SetupArrays, own: Optional[MemorySplit], **memory_args: Any) -
         return out
 
     return run
+
+
+def _memory_of(x: SetupArrays, own: Optional[MemorySplit], **memory_args: Any) -> Callable[[np.ndarray], dict]:
+    """Memory arrays of the layouts at flat positions ``idx`` of ``x``, each by the model that counts it
+    (:func:`_by_encoding`)."""
+    return _by_encoding(x, own, lambda xs: _memory(xs, **memory_args))
+
+
+def _floor_of(x: SetupArrays, own: Optional[MemorySplit], method: str,
+              inflight: bool) -> Optional[Callable[[np.ndarray], np.ndarray]]:
+    """A lower bound on the ``total_bytes`` of the layouts at flat positions ``idx``, each as :func:`_memory_of`
+    counts it, from the method's ``memory_floor`` (None when it has none, or when the planner sums the components
+    itself: the in-flight factor of a method that does not count them)."""
+    m = get_method(method)
+    if m.memory_floor is None or (inflight and not m.counts_inflight):
+        return None
+    run = _by_encoding(x, own, lambda xs: {"floor": np.asarray(m.memory_floor(xs), dtype=float).reshape(-1)})
+    return lambda idx: run(idx)["floor"]
 
 
 def split_groups(space: LayoutSpace) -> np.ndarray:
@@ -114,12 +134,15 @@ def split_groups(space: LayoutSpace) -> np.ndarray:
 
 
 def _settled(step: np.ndarray, total: np.ndarray, done: np.ndarray, usable: float, top: int, rejected: int,
-             next_step: float) -> bool:
+             next_step: float, known_bad: Optional[np.ndarray] = None) -> bool:
     """Whether the ``top`` fastest fitting and ``rejected`` fastest non-fitting layouts are known: the evaluated
-    ones hold that many, and every layout not evaluated (the fastest of them takes ``next_step``) is strictly
-    slower than the last of them (ties would need their memory)."""
+    ones (and ``known_bad``, those a lower bound proves do not fit) hold that many, and every other layout not
+    evaluated (the fastest of them takes ``next_step``) is strictly slower than the last of them (ties would need
+    their memory)."""
     ok = done & (total <= usable)
     bad = done & ~ok
+    if known_bad is not None:
+        bad = bad | known_bad
     if ok.sum() < top or bad.sum() < rejected:
         return False
     cut = max(np.partition(step[ok], top - 1)[top - 1],  # top >= 1 (plan's rule): the chosen layout is settled
@@ -128,16 +151,22 @@ def _settled(step: np.ndarray, total: np.ndarray, done: np.ndarray, usable: floa
 
 
 def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: int, rejected: int,
-          exhaustive: bool, memory_of: Callable[[np.ndarray], dict],
-          groups: Optional[np.ndarray] = None) -> tuple[dict[str, np.ndarray], np.ndarray, int, Callable]:
+          exhaustive: bool, memory_of: Callable[[np.ndarray], dict], groups: Optional[np.ndarray] = None,
+          floor_of: Optional[Callable[[np.ndarray], np.ndarray]] = None
+          ) -> tuple[dict[str, np.ndarray], np.ndarray, int, Callable, Optional[np.ndarray]]:
     """Memory for the layouts needed to rank: all of them (``exhaustive``), or in order of step time until
     the fastest ``top`` fitting and ``rejected`` non-fitting layouts are known, ties included; the layouts never
     evaluated are all slower, so the ranking, and the near misses (every non-fitting layout faster than the best
     fitting one), are those of the exhaustive search. With ``groups`` (a vectorised method: one evaluation per
     model split, :func:`split_groups`) whole splits are evaluated, the split holding the fastest layout not yet
     evaluated first, in batches growing by half; without, layouts one by one in chunks doubling in size (a method
-    that runs each setup). Returns (arrays over all layouts, NaN where not evaluated; the evaluated mask; how many
-    were evaluated; the function that evaluates more of them in place, given their positions)."""
+    that runs each setup). With ``floor_of`` (a lower bound on the totals of the layouts at given positions: the
+    method's ``memory_floor``, cheap beside a walk and cached for it) each batch of splits gets its floors first: a
+    layout whose floor exceeds ``usable`` cannot fit, and is not evaluated for the ranking (a split none of whose
+    layouts may fit is never walked), only where the rejected list shows it (the ``rejected`` fastest non-fitting
+    layouts, ties included); the near misses complete their own (:func:`_complete_misses`). Returns (arrays over all layouts, NaN where not evaluated; the evaluated mask; how many
+    were evaluated; the function that evaluates more of them in place, given their positions; the floors, NaN where
+    not computed, or None)."""
     n = x.size
     step = times["time_step"]
     arr: dict[str, np.ndarray] = {"total_bytes": np.full(n, np.nan)}
@@ -153,23 +182,39 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
 
     if exhaustive:
         fill(np.arange(n))
-        return arr, done, n, fill
+        return arr, done, n, fill, None
     if groups is not None:
         count = int(groups.max()) + 1
         fastest = np.full(count, np.inf)
         np.minimum.at(fastest, groups, step)
         gorder = np.argsort(fastest, kind="stable")
+        floor = None if floor_of is None else np.full(n, np.nan)
+        known_bad = None if floor_of is None else np.zeros(n, dtype=bool)  # floor over usable: cannot fit
         pos, batch = 0, 8.0
         while pos < count:
             take = np.zeros(count, dtype=bool)
             take[gorder[pos:pos + int(batch)]] = True
-            fill(np.flatnonzero(take[groups]))
+            idx = np.flatnonzero(take[groups])
+            if floor_of is not None:
+                floor[idx] = floor_of(idx)
+                known_bad[idx] = floor[idx] > usable
+                idx = idx[~known_bad[idx]]
+            if idx.size:
+                fill(idx)
             pos = min(count, pos + int(batch))
             batch *= 1.5  # a split costs about one walk: overshoot at most half of what was needed
             if pos < count and _settled(step, arr["total_bytes"], done, usable, top, rejected,
-                                        float(fastest[gorder[pos]])):
+                                        float(fastest[gorder[pos]]), known_bad):
                 break
-        return arr, done, int(done.sum()), fill
+        if known_bad is not None and rejected:
+            # the rejected list shows its layouts' real totals: the fastest non-fitting ones, ties included
+            bad = (done & (arr["total_bytes"] > usable)) | known_bad
+            need = known_bad & ~done
+            if bad.sum() > rejected:
+                need &= step <= np.partition(step[bad], rejected - 1)[rejected - 1]
+            if need.any():
+                fill(np.flatnonzero(need))
+        return arr, done, int(done.sum()), fill, floor
     order = np.argsort(step, kind="stable")
     pos, chunk = 0, max(8, 2 * (top + rejected))
     while pos < n:
@@ -178,7 +223,39 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
         chunk *= 2
         if pos < n and _settled(step, arr["total_bytes"], done, usable, top, rejected, float(step[order[pos]])):
             break  # every later layout is strictly slower: the ranking is settled
-    return arr, done, pos, fill
+    return arr, done, pos, fill, None
+
+
+def _complete_misses(step: np.ndarray, mem: dict[str, np.ndarray], done: np.ndarray, floor: Optional[np.ndarray],
+                     usable: float, count: int, faster_than: Optional[float], fill: Callable[[np.ndarray], None],
+                     groups: Optional[np.ndarray]) -> None:
+    """Evaluate, in place, the layouts the near misses may name (:func:`~trainfit.planner.near.near_misses`: the
+    ``count`` non-fitting layouts faster than ``faster_than`` with the smallest overshoot) that the ranking left
+    out because ``floor`` proves they do not fit: smallest floor first, a batch of model splits at a time, until
+    the ``count``-th smallest overshoot evaluated is strictly below every unevaluated layout's floor (whose own
+    overshoot can only be larger), so the near misses are the exhaustive search's."""
+    if floor is None or count <= 0:
+        return
+    # (every layout faster than the chosen one is in a split the ranking visited: its floor is known)
+    faster = np.ones(step.size, dtype=bool) if faster_than is None else step < faster_than
+    floor = np.where(np.isnan(floor), -np.inf, floor)  # (none left unknown there; were one, it is evaluated)
+    batch = 8.0
+    while True:
+        left = faster & ~done
+        if not left.any():
+            return
+        total = mem["total_bytes"]
+        miss = done & faster & (total > usable)
+        over = np.sort((total[miss] - usable) / usable)  # as near_misses orders them
+        if over.size >= count and over[count - 1] < (float(floor[left].min()) - usable) / usable:
+            return
+        order = np.flatnonzero(left)[np.argsort(floor[left], kind="stable")]
+        if groups is None:
+            fill(order[:int(batch)])
+        else:
+            splits = list(dict.fromkeys(groups[order].tolist()))[:int(batch)]
+            fill(np.flatnonzero(left & np.isin(groups, splits)))
+        batch *= 1.5
 
 
 def _layout(space: LayoutSpace, arr: dict[str, np.ndarray], i: int, usable: float, capacity: float,
@@ -361,6 +438,7 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     rej_rows: list[Layout] = []
     fitting = 0
     evaluated = 0
+    ruled_out = 0
     misses: list[Any] = []
     front = None
     cloud = None
@@ -384,9 +462,11 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     x = None
     if space.size and pre is None:
         x = _encode(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
-        if given:
+        if any(not x.at_default(k) for k in given if k in x.values):
             # options fixed for every layout (--offload params, --loss chunked, ...) that the memory method models
-            # on some layouts only: the others are left out, in the method's own words
+            # on some layouts only: the others are left out, in the method's own words. Options all at their
+            # defaults (as the command line passes every field) leave the setups as a plan without them: nothing to
+            # check (the check runs once per distinct layout family, most of the cost of a plan)
             keep, refused = supported(x, tuple(dict.fromkeys([*refusable(m.accepts, x), *FAMILY])), m.check)
             if not keep.all():
                 notes += _left_out_notes(method, refused)
@@ -401,12 +481,15 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
             own = _own(space, x, stack_fields)
             if own is not None:
                 notes += own.notes
-            mem, done, evaluated, fill = _rank(x, times, usable, top=top, rejected=rejected, exhaustive=exhaustive,
-                                         memory_of=_memory_of(x, own, method=method, inflight=inflight,
-                                                              options=method_options),
-                                         groups=split_groups(space) if m.vectorised is not None else None)
+            groups = split_groups(space) if m.vectorised is not None else None
+            floor_of = None if exhaustive or groups is None else _floor_of(x, own, method, inflight)
+            mem, done, evaluated, fill, floor = _rank(x, times, usable, top=top, rejected=rejected, exhaustive=exhaustive,
+                                               memory_of=_memory_of(x, own, method=method, inflight=inflight,
+                                                                    options=method_options),
+                                               groups=groups, floor_of=floor_of)
         else:  # evaluated already, every layout the method models (planner.modelled)
             mem, done, evaluated = pre[1], np.ones(space.size, dtype=bool), space.size
+            groups = floor = None
             fill = lambda idx: None  # noqa: E731  (nothing left to evaluate)
         acc = global_batch // (space.dp * space.mb)
         arr = {**times, **mem, "accumulation": acc}
@@ -463,11 +546,22 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
             arr2 = {**st2, **mem2, "accumulation": global_batch // (sub.dp * sub.mb)}
             return [_layout(sub, arr2, i, usable, capacity, headroom, parallel) for i in range(len(rows))]
 
+        _complete_misses(times["time_step"], mem, done, floor, usable, near_misses,
+                         float(times["time_step"][chosen]) if chosen is not None else None, fill, groups)
+        evaluated = int(done.sum())
+        ruled_out = 0 if floor is None else int((~done & (floor > usable)).sum())  # (NaN: not computed)
         misses = _near_misses(space, mem["total_bytes"], times["time_step"], done, usable, n=int(world_size),
                               global_batch=int(global_batch), count=near_misses,
                               faster_than=float(times["time_step"][chosen]) if chosen is not None else None,
                               layout_at=at, evaluate=outside)
-        if evaluated < space.size:
+        if ruled_out:
+            later = ("; the Pareto front and the picture (JSON output, --plot) evaluate them when asked for")
+            notes.append(f"memory evaluated for the {evaluated:,} layouts that can still matter (method {method!r}); "
+                         f"of the other {space.size - evaluated:,}, {ruled_out:,} cannot fit by their model states "
+                         "alone (weights, gradients and optimizer state over the usable memory) and the rest are "
+                         "all slower, so the ranking and the near misses are exact, but the fit count covers the "
+                         f"evaluated ones{later} (--exhaustive evaluates every layout)")
+        elif evaluated < space.size:
             later = ("; the Pareto front and the picture (JSON output, --plot) evaluate them when asked for"
                      if m.vectorised is not None else "; the Pareto front and the picture cover the evaluated ones")
             notes.append(f"memory evaluated for the {evaluated:,} fastest layouts only (method {method!r}); the "
@@ -486,7 +580,7 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     return Plan(model=ctx.name, hardware=ctx.hw.name, method=method, world_size=int(world_size),
                 global_batch=int(global_batch), seq_len=int(seq_len), precision=ctx.precision,
                 optimizer=ctx.optimizer, headroom=float(headroom), capacity_bytes=capacity, searched=space.size,
-                fitting=fitting, evaluated=evaluated, top=top_rows, rejected=rej_rows, candidates=space.candidates,
+                fitting=fitting, evaluated=evaluated, ruled_out=ruled_out, top=top_rows, rejected=rej_rows, candidates=space.candidates,
                 excluded=space.excluded, assumptions=lines, elapsed_s=time.perf_counter() - started, notes=notes,
                 near_misses=misses, front_layouts=front, cloud_of=cloud, price=unit_price, tokens=tokens,
                 stack=space.stack)

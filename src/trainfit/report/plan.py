@@ -50,7 +50,9 @@ def header_lines(p: Plan) -> list[str]:
              + (f", ep in {p.candidates['ep']}" if p.candidates["ep"] != [1] else "")
              + f", ZeRO 0-3, checkpointing, micro-batch x accumulation): {p.fitting:,} fit, "
                f"{p.evaluated - p.fitting:,} do not"
-             + (f", {p.searched - p.evaluated:,} slower ones not evaluated" if p.evaluated < p.searched else "")
+             + (f", {p.ruled_out:,} too big by their model states alone" if p.ruled_out else "")
+             + (f", {p.searched - p.evaluated - p.ruled_out:,} slower ones not evaluated"
+                if p.evaluated + p.ruled_out < p.searched else "")
              + f"; search took {p.elapsed_s * 1e3:.0f} ms"]
     lines += [f"excluded before memory: {e}" for e in p.excluded]
     lines += p.notes
