@@ -76,6 +76,9 @@ def offload_candidates(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile, B:
         # nothing is recomputed here: at a node's moment the branch's outgoing gradient lives beside the residual
         # stream's incoming one, which is all the walk's block working set counts (measured: llama-tiny, fp32, eager)
         out_grad = B(tok(h_res * recipe.param_bytes))
+        norm_unpack, norm_work = norm_moment(arch, recipe)
+        core_unpack, core_work = core_moment(arch, recipe, pr)
+        post_core = g_layers / n_layers - attention_input_grads(arch, recipe)
         for pos_, i in enumerate(order):
             lp = pr.layers[i]
             done = g_head + g_layers * pos_ / n_layers + first_op_grad
@@ -84,6 +87,21 @@ def offload_candidates(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile, B:
             for v in unpacks(pr, f"layer{i}"):
                 bwd.append(keep({"gradients": grads, "activations": B(v),
                                  "temporaries": B(lp.transient_bwd) + out_grad + tied}))
+            if norm_work != ZERO:
+                # the block's first norm, its ``pow`` node (the block's weight gradients all made): see norm_moment
+                done = g_head + g_layers * (pos_ + 1) / n_layers
+                grads = np.where(grads_present, g_all, done) if isinstance(grads_present, np.ndarray) else (
+                    g_all if grads_present else done)
+                bwd.append(keep({"gradients": grads, "activations": B(norm_unpack),
+                                 "temporaries": B(norm_work) + out_grad + tied}))
+            if core_work != ZERO:
+                # the math kernel's softmax node (the gradients of the weights after the attention core made):
+                # see core_moment
+                done = g_head + g_layers * pos_ / n_layers + post_core
+                grads = np.where(grads_present, g_all, done) if isinstance(grads_present, np.ndarray) else (
+                    g_all if grads_present else done)
+                bwd.append(keep({"gradients": grads, "activations": B(core_unpack),
+                                 "temporaries": B(core_work) + out_grad + tied}))
         # the embeddings, last: every other gradient exists; the embedding gradient is built from the incoming one
         grads = np.where(grads_present, g_all, g_all - g_emb) if isinstance(grads_present, np.ndarray) else (
             g_all if grads_present else g_all - g_emb)
@@ -91,6 +109,43 @@ def offload_candidates(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile, B:
             bwd.append(keep({"gradients": grads, "activations": B(v),
                              "temporaries": B(tok(h_res * recipe.param_bytes)) + (3 * g_emb if tied_head else g_emb)}))
     return fwd, bwd
+
+
+def norm_moment(arch: ArchSpec, recipe: Recipe) -> tuple[Vec, Vec]:
+    """(unpacked, working set) per token of a pre-norm block's RMSNorm backward at its ``pow`` node under activation
+    offload (ZERO, ZERO for other norms). Hugging Face's RMSNorm computes in fp32 (``xf = x.float()``,
+    ``xf * rsqrt(mean(xf**2))``); ``xf`` is saved by both the ``mul`` and the ``pow``, so save_on_cpu unpacks it
+    twice, one node at a time (the ``mul`` node's copy is freed when the node returns). At ``PowBackward0``
+    (``grad * 2 * xf``: ``pow(xf, 1)``, ``mul(2)``, ``mul(grad)``, three fp32 tensors alive at once) the device holds,
+    beside the residual stream's incoming gradient: the ``mul`` node's gradient of ``xf`` (waiting to be summed with
+    this one), the ``mean``'s expanded gradient, the unpacked ``xf`` and the three temporaries: six fp32 copies of
+    the hidden state (measured: validation/corpus-offload-blocks-measured.jsonl, bf16, every byte). Where the
+    residual stream is fp32 already (fp32, amp), ``x.float()`` is ``x`` itself: the ``mul`` node's gradient is summed
+    into the residual stream's at once, one fp32 copy fewer (validation/corpus-offload-measured.jsonl, amp-bf16)."""
+    if arch.norm_kind != "rmsnorm" or not arch.pre_norm:
+        return ZERO, ZERO
+    width = arch.hidden_size * 4.0
+    return tok(width), tok((5 if recipe.param_bytes < 4 else 4) * width)
+
+
+def core_moment(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile) -> tuple[Vec, Vec]:
+    """(unpacked, working set) of the math attention kernel's softmax node under activation offload (ZERO, ZERO for
+    other kernels): ``probs @ v``'s backward has made the probabilities' gradient and the (repeated) values'
+    gradient; ``_softmax_backward_data`` then reads the unpacked softmax output and writes the scores' gradient:
+    three batch x heads x seq x seq tensors and one value-width gradient (measured: the fp32 case of
+    validation/corpus-offload-blocks-measured.jsonl, every byte)."""
+    if pr.kernel != "math":
+        return ZERO, ZERO
+    scores = (0.0, 0.0, arch.num_heads * recipe.compute_bytes, 0.0)
+    work = (arch.num_heads * arch.head_dim * recipe.compute_bytes, 0.0, 2 * scores[2], 0.0)
+    return scores, work
+
+
+def attention_input_grads(arch: ArchSpec, recipe: Recipe) -> float:
+    """Bytes of one block's gradients made after its attention core's backward: the q, k, v projections' and the
+    input norm's (their weights only)."""
+    qkv = arch.hidden_size * (arch.num_heads + 2 * arch.num_kv_heads) * arch.head_dim
+    return (qkv + arch.hidden_size) * recipe.param_bytes
 
 
 def loss_moment(pr: ActivationProfile, B: Callable[[Vec], Any]) -> Any:
