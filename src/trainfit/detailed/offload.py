@@ -7,12 +7,15 @@ are saved (``torch.autograd.graph.save_on_cpu(pin_memory=True)``, as ``trainfit 
   in practice;
 * **backward**: the device holds the gradients made so far, the working set of the node running, and that node's
   saves unpacked to fresh device tensors (one copy per save: a tensor saved by three ops is unpacked three times,
-  one node at a time) -- the loss backward first (``loss_backward`` plus the log-softmax output it unpacks), the
-  head, each block, the embeddings;
+  one node at a time; each copy is freed when its node returns) -- the loss backward first (``loss_backward`` plus
+  the log-softmax output it unpacks), the head, each block, the embeddings. A block's own peaks are two nodes'
+  moments: its RMSNorm's ``pow`` node (:func:`norm_moment`) and the math attention kernel's softmax node
+  (:func:`core_moment`); no recomputation;
 * **host**: every save's copy (parameters saved by a matmul for its input's gradient included), all alive when the
   forward ends: ``host_bytes.offloaded_activations``.
 
-Measured: validation/corpus-offload-measured.jsonl (``trainfit measure --offload activations``).
+Measured: validation/corpus-offload-measured.jsonl (loss-backward peaks) and
+validation/corpus-offload-blocks-measured.jsonl (block-backward peaks) (``trainfit measure --offload activations``).
 
 ``--offload params``: FSDP2's ``CPUOffloadPolicy`` (``fully_shard(..., offload_policy=CPUOffloadPolicy())``, torch
 2.13): the sharded parameters, their gradients, the optimizer state and the optimizer step live on the host. Each
@@ -152,13 +155,6 @@ def loss_moment(pr: ActivationProfile, B: Callable[[Vec], Any]) -> Any:
     """The loss backward's own bytes under activation offload (its gradient buffers and the largest node's unpacked
     saves): the moment the measured cases validate (validation/corpus-offload.yaml)."""
     return max(B(v) for v in unpacks(pr, "loss")) + B(pr.loss_backward)
-
-
-#: the note an estimate carries when a block's backward, not the loss's, is its backward peak under activation offload
-BLOCK_NOTE = ("activation offload: the backward peak here is a block's backward, which this model counts only "
-              "approximately under offload (11-20 % short on validation/corpus-offload-blocks.yaml, 1.4 % over on an "
-              "eager-attention case); the loss-backward peaks of validation/corpus-offload.yaml are within 0.5 %")
-
 
 
 #: the optimizers whose CPU step ``--offload params`` models (PyTorch's own, as the measurement steps them)
