@@ -8,9 +8,10 @@ are saved (``torch.autograd.graph.save_on_cpu(pin_memory=True)``, as ``trainfit 
 * **backward**: the device holds the gradients made so far, the working set of the node running, and that node's
   saves unpacked to fresh device tensors (one copy per save: a tensor saved by three ops is unpacked three times,
   one node at a time; each copy is freed when its node returns) -- the loss backward first (``loss_backward`` plus
-  the log-softmax output it unpacks), the head, each block, the embeddings. A block's own peaks are two nodes'
-  moments: its RMSNorm's ``pow`` node (:func:`norm_moment`) and the math attention kernel's softmax node
-  (:func:`core_moment`); no recomputation;
+  the log-softmax output it unpacks), the head, each block, the embeddings. A dense pre-norm RMSNorm block's peaks
+  are three nodes' moments: its RMSNorm's ``pow`` node (:func:`norm_moment`), its gated MLP's product node
+  (:func:`mlp_moment`) and the math or eager attention kernel's softmax node (:func:`core_moment`); nothing is
+  recomputed. Other blocks keep a coarse bound (the working set without offload plus one node's unpacked saves);
 * **host**: every save's copy (parameters saved by a matmul for its input's gradient included), all alive when the
   forward ends: ``host_bytes.offloaded_activations``.
 
@@ -81,23 +82,34 @@ def offload_candidates(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile, B:
         out_grad = B(tok(h_res * recipe.param_bytes))
         norm_unpack, norm_work = norm_moment(arch, recipe)
         core_unpack, core_work = core_moment(arch, recipe, pr)
+        mlp_unpack, mlp_work = mlp_moment(arch, recipe)
         post_core = g_layers / n_layers - attention_input_grads(arch, recipe)
         for pos_, i in enumerate(order):
             lp = pr.layers[i]
             done = g_head + g_layers * pos_ / n_layers + first_op_grad
             grads = np.where(grads_present, g_all, done) if isinstance(grads_present, np.ndarray) else (
                 g_all if grads_present else done)
-            for v in unpacks(pr, f"layer{i}"):
+            # a dense pre-norm RMSNorm block with a gated MLP has its moments modelled node by node below; any other
+            # block keeps the coarse bound: its working set without offload plus one node's unpacked saves
+            modelled = node_modelled(arch) and i not in arch.moe_layers
+            for v in (() if modelled else unpacks(pr, f"layer{i}")):
                 bwd.append(keep({"gradients": grads, "activations": B(v),
                                  "temporaries": B(lp.transient_bwd) + out_grad + tied}))
-            if norm_work != ZERO:
+            if norm_work != ZERO and i not in arch.moe_layers:
                 # the block's first norm, its ``pow`` node (the block's weight gradients all made): see norm_moment
                 done = g_head + g_layers * (pos_ + 1) / n_layers
                 grads = np.where(grads_present, g_all, done) if isinstance(grads_present, np.ndarray) else (
                     g_all if grads_present else done)
                 bwd.append(keep({"gradients": grads, "activations": B(norm_unpack),
                                  "temporaries": B(norm_work) + out_grad + tied}))
-            if core_work != ZERO:
+            if mlp_work != ZERO and i not in arch.moe_layers:
+                # the gated MLP's product node (the down projection's weight gradient made): see mlp_moment
+                done = g_head + g_layers * pos_ / n_layers + first_op_grad
+                grads = np.where(grads_present, g_all, done) if isinstance(grads_present, np.ndarray) else (
+                    g_all if grads_present else done)
+                bwd.append(keep({"gradients": grads, "activations": B(mlp_unpack),
+                                 "temporaries": B(mlp_work) + out_grad + tied}))
+            if core_work != ZERO and i not in arch.moe_layers:
                 # the math kernel's softmax node (the gradients of the weights after the attention core made):
                 # see core_moment
                 done = g_head + g_layers * pos_ / n_layers + post_core
@@ -114,6 +126,13 @@ def offload_candidates(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile, B:
     return fwd, bwd
 
 
+def node_modelled(arch: ArchSpec) -> bool:
+    """Whether a dense block's backward under activation offload is modelled node by node (:func:`norm_moment`,
+    :func:`mlp_moment`, :func:`core_moment`): a pre-norm RMSNorm block with a gated MLP, transformers' Llama
+    family's layout, as measured."""
+    return arch.norm_kind == "rmsnorm" and arch.pre_norm and arch.mlp_gated and arch.intermediate_size > 0
+
+
 def norm_moment(arch: ArchSpec, recipe: Recipe) -> tuple[Vec, Vec]:
     """(unpacked, working set) per token of a pre-norm block's RMSNorm backward at its ``pow`` node under activation
     offload (ZERO, ZERO for other norms). Hugging Face's RMSNorm computes in fp32 (``xf = x.float()``,
@@ -125,22 +144,40 @@ def norm_moment(arch: ArchSpec, recipe: Recipe) -> tuple[Vec, Vec]:
     the hidden state (measured: validation/corpus-offload-blocks-measured.jsonl, bf16, every byte). Where the
     residual stream is fp32 already (fp32, amp), ``x.float()`` is ``x`` itself: the ``mul`` node's gradient is summed
     into the residual stream's at once, one fp32 copy fewer (validation/corpus-offload-measured.jsonl, amp-bf16)."""
-    if arch.norm_kind != "rmsnorm" or not arch.pre_norm:
+    if not node_modelled(arch):
         return ZERO, ZERO
     width = arch.hidden_size * 4.0
     return tok(width), tok((5 if recipe.param_bytes < 4 else 4) * width)
 
 
-def core_moment(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile) -> tuple[Vec, Vec]:
-    """(unpacked, working set) of the math attention kernel's softmax node under activation offload (ZERO, ZERO for
-    other kernels): ``probs @ v``'s backward has made the probabilities' gradient and the (repeated) values'
-    gradient; ``_softmax_backward_data`` then reads the unpacked softmax output and writes the scores' gradient:
-    three batch x heads x seq x seq tensors and one value-width gradient (measured: the fp32 case of
-    validation/corpus-offload-blocks-measured.jsonl, every byte)."""
-    if pr.kernel != "math":
+def mlp_moment(arch: ArchSpec, recipe: Recipe) -> tuple[Vec, Vec]:
+    """(unpacked, working set) per token of a pre-norm RMSNorm block's gated MLP at its product node
+    (``act(gate) * up``) under activation offload (ZERO, ZERO where not modelled: ungated MLPs, other norms). The down
+    projection's node has made the product's gradient; the product node unpacks both factors and writes both their
+    gradients: five intermediate-wide tensors in the compute dtype, beside the residual stream's incoming gradient
+    (under autocast its 16-bit copy for the branch is freed when the down projection's node returns) (measured: validation/corpus-offload-blocks-measured.jsonl,
+    the intermediate = 4 x hidden cases, every byte)."""
+    if not node_modelled(arch):
         return ZERO, ZERO
-    scores = (0.0, 0.0, arch.num_heads * recipe.compute_bytes, 0.0)
-    work = (arch.num_heads * arch.head_dim * recipe.compute_bytes, 0.0, 2 * scores[2], 0.0)
+    width = arch.intermediate_size * recipe.compute_bytes
+    return tok(2 * width), tok(3 * width)
+
+
+def core_moment(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile) -> tuple[Vec, Vec]:
+    """(unpacked, working set) of the math (or eager) attention kernel's softmax node under activation offload (ZERO,
+    ZERO for the fused kernels): ``probs @ v``'s backward has made the probabilities' gradient and the (repeated) values'
+    gradient; ``_softmax_backward_data`` then reads the unpacked softmax output and writes the scores' gradient:
+    three batch x heads x seq x seq tensors and one value-width gradient (measured: the fp32 cases of
+    validation/corpus-offload-blocks-measured.jsonl, every byte; eager: the fp32 eager case of
+    validation/corpus-offload-measured.jsonl, every byte)."""
+    if pr.kernel not in ("math", "eager") or not node_modelled(arch):
+        return ZERO, ZERO
+    # transformers' eager attention takes the softmax in fp32 (``softmax(..., dtype=torch.float32)``) and casts it
+    # back: its gradient, the unpacked output and the scores' gradient are fp32 (measured: bf16 and amp-bf16 eager,
+    # llama-tiny-v64, every byte); the math kernel's are in the compute dtype
+    sdt = 4.0 if pr.kernel == "eager" else recipe.compute_bytes
+    scores = (0.0, 0.0, arch.num_heads * sdt, 0.0)
+    work = (arch.num_heads * arch.value_head_dim * recipe.compute_bytes, 0.0, 2 * scores[2], 0.0)
     return scores, work
 
 
