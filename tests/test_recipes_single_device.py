@@ -342,7 +342,7 @@ def test_activation_offload_block_backward_is_the_modelled_peak():
 
     rows = [json.loads(line) for line in (VALIDATION / "corpus-offload-blocks-measured.jsonl").read_text().splitlines()
             if line.strip()]
-    assert len(rows) == 10 and sum(r["lora_rank"] > 0 for r in rows) == 2
+    assert len(rows) == 9 and sum(r["lora_rank"] > 0 for r in rows) == 1
     assert {r["attention"] for r in rows} == {"auto", "eager"} and {r["precision"] for r in rows} == {
         "bf16", "amp-bf16", "fp32"}
     for r in rows:
