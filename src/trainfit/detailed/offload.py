@@ -66,6 +66,12 @@ def offload_candidates(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile, B:
         held = np.where(grads_present, g_all, 0.0) if isinstance(grads_present, np.ndarray) else (
             g_all if grads_present else 0.0)
         zero = 0.0 * B(tok(1))
+
+        def made(done: Any, grads_present: Any = grads_present) -> Any:
+            """The gradients alive: all of them where the micro-batch's are held, else ``done``."""
+            return np.where(grads_present, g_all, done) if isinstance(grads_present, np.ndarray) else (
+                g_all if grads_present else done)
+
         for v in pr.offload_forward:
             fwd.append(keep({"gradients": held, "activations": B(v), "temporaries": zero}))
         # the loss backward: its gradient buffers and the saves of the node running (the log-softmax's output)
@@ -86,9 +92,7 @@ def offload_candidates(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile, B:
         post_core = g_layers / n_layers - attention_input_grads(arch, recipe)
         for pos_, i in enumerate(order):
             lp = pr.layers[i]
-            done = g_head + g_layers * pos_ / n_layers + first_op_grad
-            grads = np.where(grads_present, g_all, done) if isinstance(grads_present, np.ndarray) else (
-                g_all if grads_present else done)
+            grads = made(g_head + g_layers * pos_ / n_layers + first_op_grad)
             # a dense pre-norm RMSNorm block with a gated MLP has its moments modelled node by node below; any other
             # block keeps the coarse bound: its working set without offload plus one node's unpacked saves
             modelled = node_modelled(arch) and i not in arch.moe_layers
@@ -97,25 +101,18 @@ def offload_candidates(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile, B:
                                  "temporaries": B(lp.transient_bwd) + out_grad + tied}))
             if norm_work != ZERO and i not in arch.moe_layers:
                 # the block's first norm, its ``pow`` node (the block's weight gradients all made): see norm_moment
-                done = g_head + g_layers * (pos_ + 1) / n_layers
-                grads = np.where(grads_present, g_all, done) if isinstance(grads_present, np.ndarray) else (
-                    g_all if grads_present else done)
-                bwd.append(keep({"gradients": grads, "activations": B(norm_unpack),
+                bwd.append(keep({"gradients": made(g_head + g_layers * (pos_ + 1) / n_layers),
+                                 "activations": B(norm_unpack),
                                  "temporaries": B(norm_work) + out_grad + tied}))
             if mlp_work != ZERO and i not in arch.moe_layers:
                 # the gated MLP's product node (the down projection's weight gradient made): see mlp_moment
-                done = g_head + g_layers * pos_ / n_layers + first_op_grad
-                grads = np.where(grads_present, g_all, done) if isinstance(grads_present, np.ndarray) else (
-                    g_all if grads_present else done)
                 bwd.append(keep({"gradients": grads, "activations": B(mlp_unpack),
                                  "temporaries": B(mlp_work) + out_grad + tied}))
             if core_work != ZERO and i not in arch.moe_layers:
-                # the math kernel's softmax node (the gradients of the weights after the attention core made):
+                # the math or eager softmax node (the gradients of the weights after the attention core made):
                 # see core_moment
-                done = g_head + g_layers * pos_ / n_layers + post_core
-                grads = np.where(grads_present, g_all, done) if isinstance(grads_present, np.ndarray) else (
-                    g_all if grads_present else done)
-                bwd.append(keep({"gradients": grads, "activations": B(core_unpack),
+                bwd.append(keep({"gradients": made(g_head + g_layers * pos_ / n_layers + post_core),
+                                 "activations": B(core_unpack),
                                  "temporaries": B(core_work) + out_grad + tied}))
         # the embeddings, last: every other gradient exists; the embedding gradient is built from the incoming one
         grads = np.where(grads_present, g_all, g_all - g_emb) if isinstance(grads_present, np.ndarray) else (
