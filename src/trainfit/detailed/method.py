@@ -230,12 +230,6 @@ class Detailed(MemoryMethod):
             host = float(res.shape.bytes(res.profile.offload_host))
             extra["host_bytes"]["offloaded_activations"] = host
             notes.append(f"activation offload (save_on_cpu): {host / 1e9:.3f} GB of saved tensors in pinned host RAM")
-            from .offload import BLOCK_NOTE, loss_moment
-
-            bwd = res.phases["backward"]
-            if phase == "backward" and float(bwd["activations"] + bwd["temporaries"]) > float(
-                    loss_moment(res.profile, res.shape.bytes)) * (1 + 1e-9):
-                notes.append(BLOCK_NOTE)
         if setup.recipe.offload == "params":
             from .offload import params_note
 

@@ -7,12 +7,16 @@ are saved (``torch.autograd.graph.save_on_cpu(pin_memory=True)``, as ``trainfit 
   in practice;
 * **backward**: the device holds the gradients made so far, the working set of the node running, and that node's
   saves unpacked to fresh device tensors (one copy per save: a tensor saved by three ops is unpacked three times,
-  one node at a time) -- the loss backward first (``loss_backward`` plus the log-softmax output it unpacks), the
-  head, each block, the embeddings;
+  one node at a time; each copy is freed when its node returns) -- the loss backward first (``loss_backward`` plus
+  the log-softmax output it unpacks), the head, each block, the embeddings. A dense pre-norm RMSNorm block's peaks
+  are three nodes' moments: its RMSNorm's ``pow`` node (:func:`norm_moment`), its gated MLP's product node
+  (:func:`mlp_moment`) and the math or eager attention kernel's softmax node (:func:`core_moment`); nothing is
+  recomputed. Other blocks keep a coarse bound (the working set without offload plus one node's unpacked saves);
 * **host**: every save's copy (parameters saved by a matmul for its input's gradient included), all alive when the
   forward ends: ``host_bytes.offloaded_activations``.
 
-Measured: validation/corpus-offload-measured.jsonl (``trainfit measure --offload activations``).
+Measured: validation/corpus-offload-measured.jsonl (loss-backward peaks) and
+validation/corpus-offload-blocks-measured.jsonl (block-backward peaks) (``trainfit measure --offload activations``).
 
 ``--offload params``: FSDP2's ``CPUOffloadPolicy`` (``fully_shard(..., offload_policy=CPUOffloadPolicy())``, torch
 2.13): the sharded parameters, their gradients, the optimizer state and the optimizer step live on the host. Each
@@ -62,6 +66,12 @@ def offload_candidates(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile, B:
         held = np.where(grads_present, g_all, 0.0) if isinstance(grads_present, np.ndarray) else (
             g_all if grads_present else 0.0)
         zero = 0.0 * B(tok(1))
+
+        def made(done: Any, grads_present: Any = grads_present) -> Any:
+            """The gradients alive: all of them where the micro-batch's are held, else ``done``."""
+            return np.where(grads_present, g_all, done) if isinstance(grads_present, np.ndarray) else (
+                g_all if grads_present else done)
+
         for v in pr.offload_forward:
             fwd.append(keep({"gradients": held, "activations": B(v), "temporaries": zero}))
         # the loss backward: its gradient buffers and the saves of the node running (the log-softmax's output)
@@ -76,14 +86,34 @@ def offload_candidates(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile, B:
         # nothing is recomputed here: at a node's moment the branch's outgoing gradient lives beside the residual
         # stream's incoming one, which is all the walk's block working set counts (measured: llama-tiny, fp32, eager)
         out_grad = B(tok(h_res * recipe.param_bytes))
+        norm_unpack, norm_work = norm_moment(arch, recipe)
+        core_unpack, core_work = core_moment(arch, recipe, pr)
+        mlp_unpack, mlp_work = mlp_moment(arch, recipe)
+        post_core = g_layers / n_layers - attention_input_grads(arch, recipe)
         for pos_, i in enumerate(order):
             lp = pr.layers[i]
-            done = g_head + g_layers * pos_ / n_layers + first_op_grad
-            grads = np.where(grads_present, g_all, done) if isinstance(grads_present, np.ndarray) else (
-                g_all if grads_present else done)
-            for v in unpacks(pr, f"layer{i}"):
+            grads = made(g_head + g_layers * pos_ / n_layers + first_op_grad)
+            # a dense pre-norm RMSNorm block with a gated MLP has its moments modelled node by node below; any other
+            # block keeps the coarse bound: its working set without offload plus one node's unpacked saves
+            modelled = node_modelled(arch) and i not in arch.moe_layers
+            for v in (() if modelled else unpacks(pr, f"layer{i}")):
                 bwd.append(keep({"gradients": grads, "activations": B(v),
                                  "temporaries": B(lp.transient_bwd) + out_grad + tied}))
+            if norm_work != ZERO and i not in arch.moe_layers:
+                # the block's first norm, its ``pow`` node (the block's weight gradients all made): see norm_moment
+                bwd.append(keep({"gradients": made(g_head + g_layers * (pos_ + 1) / n_layers),
+                                 "activations": B(norm_unpack),
+                                 "temporaries": B(norm_work) + out_grad + tied}))
+            if mlp_work != ZERO and i not in arch.moe_layers:
+                # the gated MLP's product node (the down projection's weight gradient made): see mlp_moment
+                bwd.append(keep({"gradients": grads, "activations": B(mlp_unpack),
+                                 "temporaries": B(mlp_work) + out_grad + tied}))
+            if core_work != ZERO and i not in arch.moe_layers:
+                # the math or eager softmax node (the gradients of the weights after the attention core made):
+                # see core_moment
+                bwd.append(keep({"gradients": made(g_head + g_layers * pos_ / n_layers + post_core),
+                                 "activations": B(core_unpack),
+                                 "temporaries": B(core_work) + out_grad + tied}))
         # the embeddings, last: every other gradient exists; the embedding gradient is built from the incoming one
         grads = np.where(grads_present, g_all, g_all - g_emb) if isinstance(grads_present, np.ndarray) else (
             g_all if grads_present else g_all - g_emb)
@@ -93,17 +123,72 @@ def offload_candidates(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile, B:
     return fwd, bwd
 
 
+def node_modelled(arch: ArchSpec) -> bool:
+    """Whether a dense block's backward under activation offload is modelled node by node (:func:`norm_moment`,
+    :func:`mlp_moment`, :func:`core_moment`): a pre-norm RMSNorm block with a gated MLP, transformers' Llama
+    family's layout, as measured."""
+    return arch.norm_kind == "rmsnorm" and arch.pre_norm and arch.mlp_gated and arch.intermediate_size > 0
+
+
+def norm_moment(arch: ArchSpec, recipe: Recipe) -> tuple[Vec, Vec]:
+    """(unpacked, working set) per token of a pre-norm block's RMSNorm backward at its ``pow`` node under activation
+    offload (ZERO, ZERO for other norms). Hugging Face's RMSNorm computes in fp32 (``xf = x.float()``,
+    ``xf * rsqrt(mean(xf**2))``); ``xf`` is saved by both the ``mul`` and the ``pow``, so save_on_cpu unpacks it
+    twice, one node at a time (the ``mul`` node's copy is freed when the node returns). At ``PowBackward0``
+    (``grad * 2 * xf``: ``pow(xf, 1)``, ``mul(2)``, ``mul(grad)``, three fp32 tensors alive at once) the device holds,
+    beside the residual stream's incoming gradient: the ``mul`` node's gradient of ``xf`` (waiting to be summed with
+    this one), the ``mean``'s expanded gradient, the unpacked ``xf`` and the three temporaries: six fp32 copies of
+    the hidden state (measured: validation/corpus-offload-blocks-measured.jsonl, bf16, every byte). Where the
+    residual stream is fp32 already (fp32, amp), ``x.float()`` is ``x`` itself: the ``mul`` node's gradient is summed
+    into the residual stream's at once, one fp32 copy fewer (validation/corpus-offload-measured.jsonl, amp-bf16)."""
+    if not node_modelled(arch):
+        return ZERO, ZERO
+    width = arch.hidden_size * 4.0
+    return tok(width), tok((5 if recipe.param_bytes < 4 else 4) * width)
+
+
+def mlp_moment(arch: ArchSpec, recipe: Recipe) -> tuple[Vec, Vec]:
+    """(unpacked, working set) per token of a pre-norm RMSNorm block's gated MLP at its product node
+    (``act(gate) * up``) under activation offload (ZERO, ZERO where not modelled: ungated MLPs, other norms). The down
+    projection's node has made the product's gradient; the product node unpacks both factors and writes both their
+    gradients: five intermediate-wide tensors in the compute dtype, beside the residual stream's incoming gradient
+    (under autocast its 16-bit copy for the branch is freed when the down projection's node returns) (measured: validation/corpus-offload-blocks-measured.jsonl,
+    the intermediate = 4 x hidden cases, every byte)."""
+    if not node_modelled(arch):
+        return ZERO, ZERO
+    width = arch.intermediate_size * recipe.compute_bytes
+    return tok(2 * width), tok(3 * width)
+
+
+def core_moment(arch: ArchSpec, recipe: Recipe, pr: ActivationProfile) -> tuple[Vec, Vec]:
+    """(unpacked, working set) of the math (or eager) attention kernel's softmax node under activation offload (ZERO,
+    ZERO for the fused kernels): ``probs @ v``'s backward has made the probabilities' gradient and the (repeated) values'
+    gradient; ``_softmax_backward_data`` then reads the unpacked softmax output and writes the scores' gradient:
+    three batch x heads x seq x seq tensors and one value-width gradient (measured: the fp32 cases of
+    validation/corpus-offload-blocks-measured.jsonl, every byte; eager: the fp32 eager case of
+    validation/corpus-offload-measured.jsonl, every byte)."""
+    if pr.kernel not in ("math", "eager") or not node_modelled(arch):
+        return ZERO, ZERO
+    # transformers' eager attention takes the softmax in fp32 (``softmax(..., dtype=torch.float32)``) and casts it
+    # back: its gradient, the unpacked output and the scores' gradient are fp32 (measured: bf16 and amp-bf16 eager,
+    # llama-tiny-v64, every byte); the math kernel's are in the compute dtype
+    sdt = 4.0 if pr.kernel == "eager" else recipe.compute_bytes
+    scores = (0.0, 0.0, arch.num_heads * sdt, 0.0)
+    work = (arch.num_heads * arch.value_head_dim * recipe.compute_bytes, 0.0, 2 * scores[2], 0.0)
+    return scores, work
+
+
+def attention_input_grads(arch: ArchSpec, recipe: Recipe) -> float:
+    """Bytes of one block's gradients made after its attention core's backward: the q, k, v projections' and the
+    input norm's (their weights only)."""
+    qkv = arch.hidden_size * (arch.num_heads + 2 * arch.num_kv_heads) * arch.head_dim
+    return (qkv + arch.hidden_size) * recipe.param_bytes
+
+
 def loss_moment(pr: ActivationProfile, B: Callable[[Vec], Any]) -> Any:
     """The loss backward's own bytes under activation offload (its gradient buffers and the largest node's unpacked
     saves): the moment the measured cases validate (validation/corpus-offload.yaml)."""
     return max(B(v) for v in unpacks(pr, "loss")) + B(pr.loss_backward)
-
-
-#: the note an estimate carries when a block's backward, not the loss's, is its backward peak under activation offload
-BLOCK_NOTE = ("activation offload: the backward peak here is a block's backward, which this model counts only "
-              "approximately under offload (11-20 % short on validation/corpus-offload-blocks.yaml, 1.4 % over on an "
-              "eager-attention case); the loss-backward peaks of validation/corpus-offload.yaml are within 0.5 %")
-
 
 
 #: the optimizers whose CPU step ``--offload params`` models (PyTorch's own, as the measurement steps them)
