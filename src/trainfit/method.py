@@ -129,6 +129,11 @@ class MemoryMethod(Protocol):
         """The declared option ``name``, or None."""
         return next((o for o in self.options if o.name == name), None)
 
+    def command_line_values(self) -> dict[str, Any]:
+        """What a command line passes for the options without a flag (``cli_value``: the traced method's
+        progress line on stderr)."""
+        return {o.name: o.cli_value for o in self.options if o.flag is None and o.cli_value is not None}
+
 
 def check_accepts(setup: TrainingSetup, method: str, accepts: dict[str, Optional[Collection[Any]]],
                   hints: Optional[dict[str, str]] = None) -> None:

@@ -72,7 +72,7 @@ def options_for(m: MemoryMethod, given: dict[str, Any], check: Optional[Callable
     """The keyword options for method ``m``: its options without a flag that a command line sets
     (``cli_value``) and the given ones it declares. A given option ``m`` does not declare is one line
     (after ``check``, so that a setup the method refuses says so first)."""
-    out = {o.name: o.cli_value for o in m.options if o.flag is None and o.cli_value is not None}
+    out = m.command_line_values()
     for name, value in given.items():
         if m.option(name) is None:
             if check is not None:

@@ -164,7 +164,8 @@ def plan_command(
                 optimizer=fields.pop("optimizer"), headroom=headroom, zero_stages=_numbers(_split(zero)),
                 checkpointing=_split(checkpointing), method=method, node_size=node_size,
                 inter_node_bandwidth=inter_node, inflight=not no_inflight, exhaustive=True if exhaustive else None,
-                top=top, rejected=rejected, near_misses=near_misses, price=price, tokens=tokens, **fields)
+                top=top, rejected=rejected, near_misses=near_misses, price=price, tokens=tokens, command_line=True,
+                **fields)
     if min_gpus_flag:
         limit = DEFAULT_MAX_GPUS if gpus is None else gpus
         p, _ = min_gpus(model, hardware, max_gpus=limit, **opts)

@@ -351,7 +351,7 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
          inflight: bool = True, top: int = DEFAULT_TOP, rejected: int = DEFAULT_REJECTED,
          exhaustive: Optional[bool] = None, overlap: Overlap = DEFAULT_OVERLAP,
          near_misses: int = DEFAULT_NEAR_MISSES, price: Optional[float] = None, tokens: Optional[float] = None,
-         **options: Any) -> Plan:
+         command_line: bool = False, **options: Any) -> Plan:
     """Every valid layout of ``model`` on ``world_size`` accelerators of ``hardware``, ranked.
 
     ``global_batch`` in sequences, ``seq_len`` in tokens; ``headroom`` the fraction of memory kept
@@ -366,7 +366,9 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
     misses are settled, and the rest only when the Pareto front or the cloud is asked for. ``near_misses``
     layouts that do not fit are reported closest first, each with the one change that makes it fit
     (:mod:`trainfit.planner.near`); ``price`` (US dollars per device-hour; default the price list's,
-    :mod:`trainfit.pricing`) and ``tokens`` (the whole run's) price the layouts. ``options`` are the
+    :mod:`trainfit.pricing`) and ``tokens`` (the whole run's) price the layouts. ``command_line`` passes the
+    chosen method what a command line does for its options without a flag (the traced method's progress line on
+    stderr while it traces a layout family). ``options`` are the
     other training-setup fields (``sequence_parallel``, ``lora_rank``, ...),
     the same for every layout, and the memory method's own options.
     """
@@ -399,8 +401,10 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
         notes += [f"memory by the {single} method: {why}" for why in unavailable(probe, single)]
     else:
         tries = [method]
+    asked = method_options
     for k, method in enumerate(tries):
         m = get_method(method)
+        method_options = {**m.command_line_values(), **asked} if command_line else asked
         fields = dict(given)
         restrict, stack_fields, stack_notes = search_options(stack, fields, m.accepts)
         fields.update(stack_fields)
