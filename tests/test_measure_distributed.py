@@ -56,9 +56,11 @@ def test_fake_rank_equals_a_real_multi_process_run(cfg, fields):
     fake_phases = {n: p["peak_bytes"] for n, p in fake.extra["phases"].items()}
     assert fake_phases.keys() == real.phase_peaks.keys()
     # gloo frees a finished collective's small work tensors on its own thread: in about one real run in five
-    # one 512-byte block is still alive when the optimizer phase starts (never at the step's peak)
+    # a 512-byte block is still alive when the optimizer phase starts, and now and then a few of a pipeline's
+    # send/receive work tensors when a phase peaks (seen: 2,064 bytes in pp2 x tp2's forward); never at the
+    # step's peak, which is equal above
     for name, real_peak in real.phase_peaks.items():
-        assert 0 <= real_peak - fake_phases[name] <= 512, (name, fake_phases, real.phase_peaks)
+        assert 0 <= real_peak - fake_phases[name] <= 8 * 512, (name, fake_phases, real.phase_peaks)
 
 
 def test_the_json_names_the_world_and_the_mesh():

@@ -461,8 +461,10 @@ class Traced(MemoryMethod):
             "method emulates it; excludes CUDA context, library workspaces, kernel scratch, fragmentation", *where]
         return Estimate.of(NAME, setup, total_bytes=total, components=comps, inputs=inputs, notes=notes, extra=extra)
 
-    def vectorised(self, x: SetupArrays, *, cache: bool = True) -> SweepOutput:
-        """Arrays of setups: one fitted timeline per distinct model and recipe, batch and sequence as arrays."""
+    def vectorised(self, x: SetupArrays, *, cache: bool = True, progress: Optional[Callable[[str], None]] = None
+                   ) -> SweepOutput:
+        """Arrays of setups: one fitted timeline per distinct model and recipe, batch and sequence as arrays
+        (``progress`` as :meth:`estimate`'s, for each timeline traced)."""
         shape = x.shape
         micro = np.broadcast_to(x.micro_batch, shape).reshape(-1).astype(np.float64)
         seq = np.broadcast_to(x["seq_len"], shape).reshape(-1).astype(np.float64)
@@ -477,7 +479,7 @@ class Traced(MemoryMethod):
             # the group's own batch (the timeline does not depend on it; the default could leave ranks idle)
             fields["batch"] = int(x.value_at("batch", x.first_index(idx)))
             setup = TrainingSetup.build(x.models[row["model_index"]], x.devices[row["device_index"]], **fields)
-            tl = self.timeline(setup, cache=cache)
+            tl = self.timeline(setup, cache=cache, progress=progress)
             out = tl.evaluate(micro[idx], seq[idx])
             total[idx] = out["total"]
             phase[idx] = out["phase"]
