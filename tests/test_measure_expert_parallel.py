@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 from trainfit.errors import TrainfitError  # noqa: E402
 from trainfit.measure import measure  # noqa: E402
 from trainfit.measure.expert_parallel import _regroup_indices  # noqa: E402
+from gloo_ranks import run_ranks  # noqa: E402
 
 #: a small Qwen3-MoE shape: 8 experts of width 32, top-2, two blocks
 MOE = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -82,16 +83,7 @@ def test_dispatch_forward_equals_the_unsharded_experts(tmp_path, kind):
     """Two gloo ranks, each with its own tokens: the all-to-all forward on half the experts gives transformers'
     output on all of them, and the same input gradient (gpt-oss: biased experts stored (experts, in, out), each
     received row given its local expert's biases)."""
-    # forkserver, not fork: a process forked after torch started its thread pools (as in the full suite) can hang
-    ctx = mp.get_context("forkserver")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, 2, str(tmp_path / "store"), queue, kind)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    got = sorted(queue.get(timeout=5) for _ in procs)
-    assert got == [(0, True, True), (1, True, True)]
+    assert run_ranks(_rank, tmp_path, kind) == [(0, True, True), (1, True, True)]
 
 
 def test_a_fake_rank_holds_its_share_of_the_experts():

@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 from trainfit.detailed.phases import compute_phases  # noqa: E402
 from trainfit.measure import measure  # noqa: E402
 from trainfit.training_setup import TrainingSetup  # noqa: E402
+from gloo_ranks import run_ranks  # noqa: E402
 
 #: a small gpt-oss shape: 4 experts of width 32 with biases, top-2, clamped SwiGLU, sinks
 OSS = {"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -72,15 +73,7 @@ def _rank(rank: int, world: int, path: str, queue: mp.Queue) -> None:
 
 
 def test_sharded_experts_and_norms_compute_the_unsharded_ones(tmp_path):
-    ctx = mp.get_context("forkserver")  # not fork: see tests/test_measure_expert_parallel.py
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, 2, str(tmp_path / "store"), queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    got = sorted(queue.get(timeout=5) for _ in procs)
-    assert got == [(0, True, True), (1, True, True)]
+    assert run_ranks(_rank, tmp_path) == [(0, True, True), (1, True, True)]
 
 
 @pytest.mark.parametrize("cfg", [OSS, OLMO, DSV3], ids=lambda c: c["model_type"])

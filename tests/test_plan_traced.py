@@ -23,7 +23,6 @@ from trainfit.planner import modelled
 from trainfit.planner.space import LayoutSpace
 from trainfit.refs import resolve_model
 from trainfit.traced import Traced
-from trainfit.traced import method as traced_method
 from trainfit.training_setup import PARALLEL_FIELDS, TrainingSetup
 
 pytest.importorskip("transformers")
@@ -39,16 +38,6 @@ GRANITE = {"model_type": "granite", "hidden_size": 64, "intermediate_size": 128,
 SEARCH = dict(global_batch=32, seq_len=512, checkpointing=["none"])
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRAINFIT_CACHE_DIR", str(path))
-    traced_method._MEMORY.clear()
-    traced_method._KEYS.clear()
-    modelled._FAILED.clear()
-    yield path
-    mp.undo()
 
 
 @pytest.fixture(scope="module")

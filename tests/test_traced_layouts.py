@@ -19,7 +19,6 @@ from trainfit.errors import TrainfitError
 from trainfit.measure import measure
 from trainfit.refs import resolve_model
 from trainfit.traced import Traced
-from trainfit.traced import method as traced_method
 from trainfit.traced.method import RANK_COMPONENTS, Timeline, layout_of, recipe_of
 from trainfit.training_setup import TrainingSetup
 
@@ -36,15 +35,6 @@ def _setup(**fields):
     return TrainingSetup.build(resolve_model(dict(GRANITE)), "h100", **fields)
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRAINFIT_CACHE_DIR", str(path))
-    traced_method._MEMORY.clear()
-    traced_method._KEYS.clear()
-    yield path
-    mp.undo()
 
 
 # ------------------------------------------------------------------------------------- what it declares

@@ -26,16 +26,6 @@ LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "nu
          "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 4096}
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    """One disk cache for the module (each model and recipe is traced once here)."""
-    path = tmp_path_factory.mktemp("cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRAINFIT_CACHE_DIR", str(path))
-    traced_method._MEMORY.clear()
-    traced_method._KEYS.clear()
-    yield path
-    mp.undo()
 
 
 def _setup(cfg, **fields):
