@@ -1,18 +1,19 @@
 """The committed validation corpus (validation/corpus-measured.jsonl) is complete and current."""
 from __future__ import annotations
 
-import json
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from corpus_rows import read_rows
+
 VALIDATION = Path(__file__).resolve().parents[1] / "validation"
 
 
 def _rows() -> list[dict]:
-    return [json.loads(line) for line in (VALIDATION / "corpus-measured.jsonl").read_text().splitlines() if line]
+    return read_rows("corpus-measured.jsonl")
 
 
 def test_corpus_covers_the_required_variety():

@@ -2,7 +2,6 @@
 (trainfit/measure/param_offload.py), and the detailed method against validation/corpus-offload-params-measured.jsonl."""
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
@@ -16,6 +15,7 @@ from trainfit.arch import arch_from_config
 from trainfit.detailed.method import Detailed
 from trainfit.engine import estimate
 from trainfit.errors import TrainfitError
+from corpus_rows import model_of, read_rows
 
 VALIDATION = Path(__file__).resolve().parent.parent / "validation"
 MEASURED = VALIDATION / "corpus-offload-params-measured.jsonl"
@@ -26,13 +26,11 @@ TINY = dict(model_type="llama", hidden_size=256, num_hidden_layers=2, num_attent
 
 
 def _rows() -> list[dict]:
-    return [json.loads(line) for line in MEASURED.read_text().splitlines() if line.strip()]
+    return read_rows(MEASURED)
 
 
 def _setup(row: dict) -> TrainingSetup:
-    local = VALIDATION / row["model"]
-    model = str(local) if local.suffix == ".json" and local.exists() else row["model"]
-    return TrainingSetup.build(model, None, **{k: row[k] for k in KEYS if k in row})
+    return TrainingSetup.build(model_of(row), None, **{k: row[k] for k in KEYS if k in row})
 
 
 def test_the_measured_rows_hold_no_sharded_state_on_the_device():

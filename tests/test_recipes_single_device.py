@@ -18,6 +18,7 @@ from trainfit.detailed.method import Detailed
 from trainfit.errors import TrainfitError
 from trainfit.units import cuda_block_bytes as rounded
 from setups import states
+from corpus_rows import model_of, read_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 VALIDATION = ROOT / "validation"
@@ -29,16 +30,11 @@ TINY = dict(model_type="llama", hidden_size=256, num_hidden_layers=2, num_attent
 
 
 def _rows() -> list[dict]:
-    return [json.loads(line) for line in MEASURED.read_text().splitlines() if line.strip()]
-
-
-def _model(row: dict) -> str:
-    local = VALIDATION / row["model"]
-    return str(local) if local.suffix == ".json" and local.exists() else row["model"]
+    return read_rows(MEASURED)
 
 
 def _predict(row: dict) -> tuple[float, dict]:
-    setup = TrainingSetup.build(_model(row), None, **{k: row[k] for k in SETUP_KEYS if k in row})
+    setup = TrainingSetup.build(model_of(row), None, **{k: row[k] for k in SETUP_KEYS if k in row})
     est = Detailed().estimate(setup, overheads=False)
     return est.extra["peak_allocated_bytes"], est.extra["host_bytes"]
 
@@ -265,8 +261,7 @@ def test_measured_activation_offload_corpus():
     """validation/corpus-offload-measured.jsonl (`trainfit measure --offload activations`): every case leaves no saved
     tensor on the device after the forward (its end is its start but for the loss scalar), and its host copies are
     reported; the device peak is then in the backward (a node's unpacked copies) or the optimizer step."""
-    rows = [json.loads(line) for line in (VALIDATION / "corpus-offload-measured.jsonl").read_text().splitlines()
-            if line.strip()]
+    rows = read_rows("corpus-offload-measured.jsonl")
     assert len(rows) >= 16
     for r in rows:
         fwd = r["phases"]["forward"]
@@ -284,10 +279,10 @@ def test_detailed_matches_the_measured_activation_offload(corpus, phases):
     validation/corpus-offload-blocks-measured.jsonl (block-backward peaks): device peak median |error| <= 0.5 %,
     max <= 2 %; the phases' own peaks within 2 % (the blocks corpus: the backward's; its fp32 case's forward, math
     attention, is 4.5 % short); save_on_cpu's host copies within 0.1 %."""
-    rows = [json.loads(line) for line in (VALIDATION / corpus).read_text().splitlines() if line.strip()]
+    rows = read_rows(corpus)
     errors = []
     for r in rows:
-        setup = TrainingSetup.build(_model(r), None, **{k: r[k] for k in SETUP_KEYS if k in r})
+        setup = TrainingSetup.build(model_of(r), None, **{k: r[k] for k in SETUP_KEYS if k in r})
         est = Detailed().estimate(setup, overheads=False)
         errors.append(abs(est.extra["peak_allocated_bytes"] / r["peak_bytes"] - 1))
         for phase in phases:
@@ -340,14 +335,13 @@ def test_activation_offload_block_backward_is_the_modelled_peak():
     pow node, the gated MLP's product node, the math or eager softmax node), within 0.5 % of the measured one."""
     from trainfit.detailed.offload import loss_moment
 
-    rows = [json.loads(line) for line in (VALIDATION / "corpus-offload-blocks-measured.jsonl").read_text().splitlines()
-            if line.strip()]
+    rows = read_rows("corpus-offload-blocks-measured.jsonl")
     assert len(rows) == 9 and sum(r["lora_rank"] > 0 for r in rows) == 1
     assert {r["attention"] for r in rows} == {"auto", "eager"} and {r["precision"] for r in rows} == {
         "bf16", "amp-bf16", "fp32"}
     for r in rows:
         assert r["peak_phase"] == "backward"
-        setup = TrainingSetup.build(_model(r), None, **{k: r[k] for k in SETUP_KEYS if k in r})
+        setup = TrainingSetup.build(model_of(r), None, **{k: r[k] for k in SETUP_KEYS if k in r})
         res = Detailed().phases(setup)
         bwd = res.phases["backward"]
         assert float(bwd["activations"] + bwd["temporaries"]) > 2 * float(loss_moment(res.profile, res.shape.bytes))
