@@ -169,3 +169,29 @@ def test_the_app_shows_the_same_plan_figure(p8):
 
     png = views.plot_plan_png(p8)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_layout_names_tell_apart_what_the_stacks_search():
+    """The table's layout column names every degree and option a stack's search varies (context and expert
+    parallelism, FSDP and its resharding, the interleaved schedule's virtual stages), so no two rows of a plan read
+    the same unless they are the same layout."""
+    import dataclasses
+
+    from trainfit.planner.results import Layout
+    from trainfit.report.plan import layout_name
+    from trainfit.training_setup import Parallelism
+
+    def name(**kw):
+        return layout_name(Layout(parallel=Parallelism(**kw), checkpointing="full", micro_batch=1, accumulation=1,
+                                  memory={}, total_bytes=0.0, fits=True, time={}, step_time={}))
+
+    assert name(tp=2, pp=2, dp=4) == "tp2 pp2 dp4"
+    assert name(tp=2, pp=2, cp=4, dp=1, pp_schedule="interleaved", pp_virtual=2) == "tp2 pp2 v2 cp4 dp1"
+    assert name(pp=2, dp=2, pp_schedule="gpipe") == "tp1 pp2 gpipe dp2"
+    assert name(dp=8, fsdp=True) == "tp1 pp1 dp8 fsdp"
+    assert name(dp=8, fsdp=True, reshard_after_forward=False) == "tp1 pp1 dp8 fsdp (no reshard)"
+    assert name(dp=8, ep=8) == "tp1 pp1 dp8 ep8"
+    p = plan("llama-3.1-8b", "h100", 16, global_batch=64, seq_len=65536, stack="torchtitan", top=10)
+    shown = [(dataclasses.astuple(x.parallel), x.checkpointing, x.micro_batch) for x in p.top + p.rejected]
+    labels = [(layout_name(x), x.checkpointing, x.micro_batch) for x in p.top + p.rejected]
+    assert len(set(labels)) == len(set(shown))

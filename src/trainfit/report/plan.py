@@ -23,8 +23,19 @@ PLOT_X = ("time", "cost")
 
 
 def layout_name(x: Layout) -> str:
+    """The degrees of a layout, with what tells two layouts of the same degrees apart: context and expert
+    parallelism, FSDP (and whether it keeps blocks gathered) and a pipeline schedule other than 1F1B
+    (``v2``: interleaved with two virtual stages per rank)."""
     p = x.parallel
-    return f"tp{p.tp} pp{p.pp} dp{p.dp}" + (f" ep{p.ep}" if p.ep > 1 else "")
+    name = f"tp{p.tp} pp{p.pp}"
+    if p.pp > 1 and p.pp_schedule == "interleaved":
+        name += f" v{p.pp_virtual}"
+    elif p.pp > 1 and p.pp_schedule != "1f1b":
+        name += f" {p.pp_schedule}"
+    name += (f" cp{p.cp}" if p.cp > 1 else "") + f" dp{p.dp}" + (f" ep{p.ep}" if p.ep > 1 else "")
+    if p.fsdp:
+        name += " fsdp" + ("" if p.reshard_after_forward else " (no reshard)")
+    return name
 
 
 def _mem_columns(rows: list[Layout], most: int = 6) -> list[str]:
@@ -48,6 +59,7 @@ def header_lines(p: Plan) -> list[str]:
              f"tokens per step; {p.precision}; optimizer {p.optimizer}",
              f"searched {p.searched:,} layouts (tp in {p.candidates['tp']}, pp in {p.candidates['pp']}"
              + (f", ep in {p.candidates['ep']}" if p.candidates["ep"] != [1] else "")
+             + (f", cp in {p.candidates['cp']}" if p.candidates.get("cp", [1]) != [1] else "")
              + f", ZeRO 0-3, checkpointing, micro-batch x accumulation): {p.fitting:,} fit, "
                f"{p.evaluated - p.fitting:,} do not"
              + (f", {p.ruled_out:,} too big by their model states alone" if p.ruled_out else "")
