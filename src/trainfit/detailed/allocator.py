@@ -6,7 +6,7 @@ The caching allocator (c10/cuda/CUDACachingAllocator.cpp) rounds requests (512 B
 never returns a segment to the driver during training, and keeps a freed block for **the stream it was
 allocated on**: blocks of FSDP2's all-gather copy-in stream and of its reduce-scatter stream form pools the
 default stream cannot reuse. So reserved = allocated peak + the other streams' pool peaks + what the default
-stream's pool cannot reuse. Two models, chosen by the stack's ``reserve`` behaviour (data/stacks.yaml):
+stream's pool cannot reuse. Three models, chosen by the stack's ``reserve`` behaviour (data/stacks.yaml):
 
 * ``median-fraction``: one term, 8.6 % of the allocated peak, the median of the allocator replay of the
   measured single-GPU corpus (:mod:`.overheads`);
@@ -25,12 +25,17 @@ stream's pool cannot reuse. Two models, chosen by the stack's ``reserve`` behavi
     the sharded gradients (``foreach_reduce``: ``param.grad`` is a view of them), so the pool ends every
     backward holding all of them, and keeps them reserved through the next forward's peak.
 
+* ``segments`` (megatron: one pool, everything on the default stream): the allocated peak plus the segments the
+  allocator's size classes leave partly unused at the peak (see :func:`segment_terms`).
+
 Checked against torchtitan's published max reserved (benchmarks/llama3_h100_202412_torchtitan.md; see
 validation/real-gpu.md): 82.4 / 67.0 GiB for Llama 3.1 8B on 8 / 128 H100s.
 """
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from ..arch import ArchSpec
 from ..stacks import behaviour_of
@@ -40,11 +45,73 @@ from .states import rank_groups
 from .overheads import ALLOCATOR_RESERVE_FRACTION, Overhead
 
 
+MiB = 2**20
+SMALL_SIZE = MiB  #: kSmallSize: requests up to 1 MiB come from the small pool
+SMALL_BUFFER = 2 * MiB  #: kSmallBuffer: a small-pool segment
+LARGE_BUFFER = 20 * MiB  #: kLargeBuffer: the segment made for a request of 1-10 MiB
+MIN_LARGE_ALLOC = 10 * MiB  #: kMinLargeAlloc: requests from here get a segment of their own (rounded to 2 MiB)
+
+
+def _rounded(n: Any) -> Any:
+    """Bytes the caching allocator hands out for ``n`` (512-byte blocks; arrays element-wise)."""
+    return np.ceil(np.asarray(n, dtype=np.float64) / 512) * 512
+
+
+def segment_terms(arch: ArchSpec, recipe: Recipe, par: Parallelism, tokens: Any, scores: Any) -> list[Overhead]:
+    """The reserved-minus-allocated terms of one pool (megatron-core's step: its buckets, optimizer and activations
+    all on the default stream), from the caching allocator's size classes (PyTorch 2.13
+    c10/cuda/CUDACachingAllocator.cpp: ``get_allocation_size``, ``get_free_block``; bytes, arrays element-wise):
+
+    * ``small_pool_segment``: requests of at most 1 MiB share 2 MiB segments; the last one made is partly used
+      at the peak (one ``kSmallBuffer``);
+    * ``mid_pool_segment``: requests of 1-10 MiB share 20 MiB segments (``kLargeBuffer``); where the step makes
+      such tensors (a layer's hidden-size, QKV, MLP or score tensors), one of them is partly used at the peak;
+    * ``score_gradient_segment`` (bf16, fp32 score matrix of at least 10 MiB): the forward's two bf16
+      score-sized tensors (the scores and the probabilities cast back, each half an fp32 score matrix) leave
+      blocks that the backward's fp32 score-sized gradients cannot use (a free block is reused only by a
+      request it can hold), so the space of one fp32 score matrix stays reserved, unused, at the peak.
+
+    Checked against the allocator replayed over megatron-core's measured steps (``validation/stacks-measured.jsonl``,
+    ``tests/test_stacks_megatron.py``)."""
+    bf16 = recipe.precision == "amp-bf16"
+    cb = 2 if bf16 else 4
+    tp = max(1, par.tp)
+    heads, groups = arch.num_heads // tp, max(1, arch.num_kv_heads // tp)
+    tokens = np.asarray(tokens, dtype=np.float64)
+    s4 = _rounded(np.asarray(scores, dtype=np.float64) * heads * 4)  # one fp32 score matrix (b·a/tp·s²·4 B)
+    sizes = [tokens * arch.hidden_size * cb, tokens * arch.hidden_size * 4,  # hidden states; the norm's fp32 input
+             tokens * (heads + 2 * groups) * arch.head_dim * cb, tokens * 2 * arch.intermediate_size / tp * cb,
+             tokens * arch.intermediate_size / tp * cb, s4 * cb / 4, s4]
+    mid = np.zeros(np.shape(tokens), dtype=bool)
+    for n in sizes:
+        r = _rounded(n)
+        mid = mid | ((r > SMALL_SIZE) & (r < MIN_LARGE_ALLOC))
+    score = np.where(s4 >= MIN_LARGE_ALLOC, s4, 0.0) if bf16 else 0.0 * s4
+
+    def arr(x: Any) -> Any:
+        x = np.asarray(x, dtype=np.float64)
+        return float(x) if x.ndim == 0 else x
+
+    return [Overhead("small_pool_segment", arr(SMALL_BUFFER + 0 * tokens), "one 2 MiB small-pool segment",
+                     "requests up to 1 MiB share 2 MiB segments; the last one is partly used at the peak "
+                     "(CUDACachingAllocator kSmallBuffer)"),
+            Overhead("mid_pool_segment", arr(np.where(mid, LARGE_BUFFER, 0.0)),
+                     "one 20 MiB segment where the step makes tensors of 1-10 MiB",
+                     "requests of 1-10 MiB share 20 MiB segments; one is partly used at the peak "
+                     "(CUDACachingAllocator kLargeBuffer)"),
+            Overhead("score_gradient_segment", arr(score), "one fp32 score matrix, b x heads/tp x s^2 x 4 B (bf16)",
+                     "the forward's two bf16 score-sized blocks, too small for the backward's fp32 score-sized "
+                     "gradients (CUDACachingAllocator: a block is reused only by a request it can hold)")]
+
+
 def reserve_terms(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, tokens: Any,
-                  peak_allocated: Any) -> list[Overhead]:
-    """The reserved-minus-allocated terms (bytes; ``tokens`` and ``peak_allocated`` may be arrays) of the
-    stack's allocator model: one ``allocator_reserve`` term (median-fraction) or the stream-pool terms."""
+                  peak_allocated: Any, scores: Any = None) -> list[Overhead]:
+    """The reserved-minus-allocated terms (bytes; ``tokens``, ``scores`` (attention-score elements per head, the
+    step shape's) and ``peak_allocated`` may be arrays) of the stack's allocator model: one
+    ``allocator_reserve`` term (median-fraction), the stream-pool terms, or the size-class segments."""
     beh = behaviour_of(recipe)
+    if beh.reserve == "segments":
+        return segment_terms(arch, recipe, par, tokens, scores)
     frag = Overhead("allocator_reserve", ALLOCATOR_RESERVE_FRACTION * peak_allocated,
                     f"{ALLOCATOR_RESERVE_FRACTION:.3f} x peak allocated",
                     "caching-allocator reserved minus allocated (median of the dev-corpus allocator replay)")
@@ -85,4 +152,4 @@ def reserve_terms(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, 
                      "default-stream pool: reserved minus allocated, median of the dev-corpus allocator replay"), *out]
 
 
-__all__ = ["reserve_terms"]
+__all__ = ["reserve_terms", "segment_terms"]
