@@ -57,6 +57,17 @@ def _rounded(n: Any) -> Any:
     return np.ceil(np.asarray(n, dtype=np.float64) / 512) * 512
 
 
+def pool_segments(sizes: list[int]) -> int:
+    """Bytes of the segments a pool makes to hold ``sizes`` (bytes, all alive together) by the caching allocator's
+    size classes: requests up to 1 MiB packed into 2 MiB segments, 1-10 MiB ones into 20 MiB segments, larger
+    ones each in a segment rounded up to 2 MiB (CUDACachingAllocator ``get_allocation_size``)."""
+    rounded = [-(-int(n) // 512) * 512 for n in sizes if n > 0]
+    small = sum(n for n in rounded if n <= SMALL_SIZE)
+    mid = sum(n for n in rounded if SMALL_SIZE < n < MIN_LARGE_ALLOC)
+    large = sum(-(-n // SMALL_BUFFER) * SMALL_BUFFER for n in rounded if n >= MIN_LARGE_ALLOC)
+    return -(-small // SMALL_BUFFER) * SMALL_BUFFER + -(-mid // LARGE_BUFFER) * LARGE_BUFFER + large
+
+
 def segment_terms(arch: ArchSpec, recipe: Recipe, par: Parallelism, tokens: Any, scores: Any) -> list[Overhead]:
     """The reserved-minus-allocated terms of one pool (megatron-core's step: its buckets, optimizer and activations
     all on the default stream), from the caching allocator's size classes (PyTorch 2.13
@@ -129,22 +140,25 @@ def reserve_terms(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, 
         root, blocks, _, _ = rank_groups(arch, recipe, par, stage)
         if "all-gather" in beh.fsdp_streams:
             big = max((g.all_gather for g in blocks), default=0)
-            out.append(Overhead("all_gather_pool", float(root.all_gather + big),
-                                f"root {root.all_gather:,} B + largest block {big:,} B all-gather outputs",
+            out.append(Overhead("all_gather_pool", float(pool_segments([root.all_gather, big])),
+                                f"the segments of root {root.all_gather:,} B + largest block {big:,} B all-gather "
+                                "outputs",
                                 "FSDP2 all-gather copy-in stream's own pool (_fsdp_collectives.foreach_all_gather)"))
         if "reduce-scatter" in beh.fsdp_streams and recipe.offload == "params":
             # CPU offload: each output is copied to the host and freed at once; the root's and the largest block's
             # segments stay reserved (measured: the trainfit measure replay of validation/corpus-offload-params.yaml
             # row 0 reserves 650,117,120 B on that stream for 525,340,672 + 121,647,104 B)
             big = max((g.sharded_grads for g in blocks), default=0)
-            out.append(Overhead("reduce_scatter_pool", float(root.sharded_grads + big),
-                                f"root {root.sharded_grads:,} B + largest block {big:,} B reduce-scatter outputs "
-                                "(copied to the host)",
+            out.append(Overhead("reduce_scatter_pool", float(pool_segments([root.sharded_grads, big])),
+                                f"the segments of root {root.sharded_grads:,} B + largest block {big:,} B "
+                                "reduce-scatter outputs (copied to the host)",
                                 "FSDP2 reduce-scatter stream's own pool (_fsdp_collectives.foreach_reduce)"))
         elif "reduce-scatter" in beh.fsdp_streams:
             sharded = sum(g.sharded_grads for g in blocks) + root.sharded_grads
-            out.append(Overhead("reduce_scatter_pool", float(sharded),
-                                f"every group's reduce-scatter output (the sharded gradients) {sharded:,} B",
+            out.append(Overhead("reduce_scatter_pool",
+                                float(pool_segments([g.sharded_grads for g in blocks] + [root.sharded_grads])),
+                                f"the segments of every group's reduce-scatter output (the sharded gradients) "
+                                f"{sharded:,} B",
                                 "FSDP2 reduce-scatter stream's own pool (_fsdp_collectives.foreach_reduce)"))
     if not out:  # one pool and nothing it cannot reuse: the single term
         return [frag]
@@ -152,4 +166,4 @@ def reserve_terms(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, 
                      "default-stream pool: reserved minus allocated, median of the dev-corpus allocator replay"), *out]
 
 
-__all__ = ["reserve_terms", "segment_terms"]
+__all__ = ["pool_segments", "reserve_terms", "segment_terms"]
