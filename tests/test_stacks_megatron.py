@@ -303,5 +303,8 @@ def test_megatron_reserved_terms_vectorised_as_scalar():
     for i, row in enumerate(rows):
         one = estimate("llama-3.2-1b", "h100", method="detailed", suggestions=False, **row, **kw)
         assert res["peak_reserved_bytes"][i] == one.extra["peak_reserved_bytes"], row
+        assert res["total_bytes"][i] == one.total_bytes, row
+        for comp, nbytes in one.components.items():
+            assert res[f"{comp}_bytes"][i] == nbytes, (row, comp)
         values.append(one.extra["peak_reserved_bytes"] - one.extra["peak_allocated_bytes"])
     assert len(set(values)) > 2  # the terms switch on and off across these shapes
