@@ -1,8 +1,9 @@
 """Reserved memory (``torch.cuda.max_memory_reserved``): what PyTorch's caching allocator holds beyond the
 allocated peak, as named terms.
 
-The caching allocator (c10/cuda/CUDACachingAllocator.cpp) rounds requests (512 B blocks; requests of
-1 MiB or less come from 2 MiB small-pool segments, larger ones from large segments rounded to 2 MiB),
+The caching allocator (PyTorch 2.13 c10/cuda/CUDACachingAllocator.cpp) rounds requests (512 B blocks; requests
+of 1 MiB or less come from 2 MiB small-pool segments, 1-10 MiB ones from 20 MiB segments, larger ones from
+segments of their own rounded to 2 MiB; a free block serves only a request it can hold),
 never returns a segment to the driver during training, and keeps a freed block for **the stream it was
 allocated on**: blocks of FSDP2's all-gather copy-in stream and of its reduce-scatter stream form pools the
 default stream cannot reuse. So reserved = allocated peak + the other streams' pool peaks + what the default
@@ -24,6 +25,10 @@ stream's pool cannot reuse. Three models, chosen by the stack's ``reserve`` beha
   - **reduce-scatter pool**: the reduce-scatter outputs are allocated on the reduce-scatter stream and stay as
     the sharded gradients (``foreach_reduce``: ``param.grad`` is a view of them), so the pool ends every
     backward holding all of them, and keeps them reserved through the next forward's peak.
+
+  Each side pool is counted as the segments the allocator makes for its tensors (:func:`pool_segments`): on
+  Llama 3.1 8B the reduce-scatter pools are then the replay's to the byte (3,894 / 252 MiB on 8 / 128 ranks),
+  and on the corpus' small models both pools are the 20 MiB segments their 1-10 MiB outputs share.
 
 * ``segments`` (megatron: one pool, everything on the default stream): the allocated peak plus the segments the
   allocator's size classes leave partly unused at the peak (see :func:`segment_terms`).
