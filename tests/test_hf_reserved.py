@@ -4,8 +4,8 @@ torchtitan's, so FSDP2's all-gather copy-in and reduce-scatter streams keep thei
 Measured: ``validation/hf-reserved-measured.jsonl`` (``validation/hf_reserved_measure.py``: ``trainfit measure
 ... --dp N --fsdp``, the allocator replayed over every tracked allocation with one pool per stream, each row with
 its command). The detailed method's reserve (data/stacks.yaml ``reserve: stream-pools``: the 8.6 % single-GPU
-corpus median for the default stream, plus the two stream pools) is within 7 % of every row (-6.0 to
-+5.0 %; with the single 8.6 % term it was -7 to -18 %); the default
+corpus median for the default stream, plus the segments of the two stream pools) is within 7 % of every row
+(-5.7 to +5.2 %; with the single 8.6 % term it was -7 to -18 %); the default
 stream's share is the residual (the replay's default pool holds 1-4 % over the allocated peak in these steps,
 the single-GPU corpus median is 8.6 %)."""
 from __future__ import annotations

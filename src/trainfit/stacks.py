@@ -35,7 +35,7 @@ class Behaviour(BaseModel):
     every_k: Literal["from-first", "from-kth"] = "from-first"
     fsdp_streams: tuple[Literal["all-gather", "reduce-scatter"], ...] = ()
     fsdp_root_reshard: bool = False
-    reserve: Literal["median-fraction", "stream-pools"] = "median-fraction"
+    reserve: Literal["median-fraction", "stream-pools", "segments"] = "median-fraction"
     fsdp_keep_last_block: bool = False
     step: Literal["pytorch", "megatron-gpt", "deepspeed-zero"] = "pytorch"
 

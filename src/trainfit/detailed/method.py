@@ -80,7 +80,7 @@ def reserve_of(arch: Any, setup: TrainingSetup, res: PhaseResult) -> list:
     if platform_of(setup) not in FUSED_ATTENTION_PLATFORMS:
         return []
     return reserve_terms(arch, setup.recipe, setup.parallel, int(np.asarray(res.stage).flat[0]), res.shape.tokens,
-                         res.peak)
+                         res.peak, res.shape.scores)
 
 
 def total_and_overheads(arch: Any, setup: TrainingSetup, res: PhaseResult, include: bool) -> tuple[Any, list]:
@@ -285,7 +285,8 @@ class Detailed(MemoryMethod):
                     sel = (which == k) & (stages == stage)
                     pk = peak[idx[sel]]
                     toks = np.broadcast_to(res.shape.tokens, size)[sel]
-                    rsv = (reserve_terms(arch, first.recipe, par, int(stage), toks, pk)
+                    scs = np.broadcast_to(res.shape.scores, size)[sel]
+                    rsv = (reserve_terms(arch, first.recipe, par, int(stage), toks, pk, scs)
                            if platform in FUSED_ATTENTION_PLATFORMS else [])
                     reserved[idx[sel]] = pk + sum(o.bytes for o in rsv)  # as estimate's peak_reserved_bytes
                     if not overheads:
