@@ -50,6 +50,16 @@ def test_the_median_case_is_within_a_tenth_of_a_percent():
     assert statistics.median(abs(_error(r)) for r in ROWS) < 0.001
 
 
+def test_the_corpus_covers_several_models_and_layouts():
+    """Issue's bar for a stack's measured corpus: at least 30 cases, single and multi-GPU, several models."""
+    shapes = {tuple(json.loads((ROOT / r["model"]).read_text())[k] for k in
+                    ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                     "intermediate_size", "vocab_size")) if r["model"].endswith(".json") else r["model"] for r in ROWS}
+    assert len(ROWS) >= 30 and len(shapes) >= 3
+    assert {r["world_size"] == 1 for r in ROWS} == {True, False}
+    assert {r["activation_checkpoint"].split(":")[0] for r in ROWS} == {"none", "selective", "full"}
+
+
 def _small_profile(**fields):
     from trainfit.detailed.activations import activation_profile
     from trainfit.detailed.phases import walk_parallelism, walk_recipe
