@@ -11,12 +11,21 @@ Two sets of cases:
   over 2 and 4 fake ranks in fp32 and bf16 mixed precision, tensor parallel over 2 with and without loss
   parallelism, FSDP 2 x TP 2; AC none, selective:op, selective:2, full; AdamW / Adam, foreach / fused):
   seconds each, for the detailed method to be checked against.
+* ``shapes``: more of torchtitan's Llama 3 family (``validation/configs/torchtitan-*.json``): a multi-head
+  attention shape (8 heads = 8 KV heads, FFN 4x, 3 layers) and the full-size shapes of Llama 3.2 1B and 3B
+  (https://huggingface.co/meta-llama/Llama-3.2-1B and -3B config.json: dims, heads, KV heads, FFN, vocabulary,
+  rope theta), untied as torchtitan's Llama always is; one GPU (fp32), FSDP2 over 2, 4 and 8 ranks, TP 2/4
+  with and without loss parallelism, FSDP x TP up to 8 ranks, every AC mode (none, selective:op,
+  selective:1/2/4, full), fp32 and bf16, sequences 512 to 16384: seconds to a minute each.
 
 Every row holds the command that reproduces it. Run from the repository root::
 
     PYTHONPATH=src python validation/stacks_measure.py small [--out validation/stacks-measured.jsonl]
+    PYTHONPATH=src python validation/stacks_measure.py shapes
     PYTHONPATH=src python validation/stacks_measure.py full
-    PYTHONPATH=src python validation/stacks_measure.py small full   # both (rows replaced by case name)
+    PYTHONPATH=src python validation/stacks_measure.py small full   # both
+
+A case run again replaces its own line; a new case is appended; every other line is kept byte for byte.
 """
 from __future__ import annotations
 
@@ -73,6 +82,59 @@ def small_cases() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+#: the shapes set: (config under validation/configs, short name) -- torchtitan's Llama 3 family beyond llama-small
+MHA = "torchtitan-llama-mha.json"  # 512 wide, 3 layers, 8 heads = 8 KV heads, FFN 4x (2048), vocab 4096
+L1B = "torchtitan-llama-3.2-1b-untied.json"  # Llama 3.2 1B's shape, its own output layer (torchtitan's Llama)
+L3B = "torchtitan-llama-3.2-3b-untied.json"  # Llama 3.2 3B's shape, likewise untied
+
+
+def shape_cases() -> list[tuple[str, str, dict[str, Any]]]:
+    """(name, config, fields) of the shapes set: multi-head attention with a 4x FFN, Llama 3.2 1B and 3B shapes
+    (untied: torchtitan's Llama always has its own output layer), over one GPU (fp32: torchtitan casts to bf16
+    only through FSDP2), FSDP2 over 2-8 ranks, TP 2/4 and FSDP x TP, every AC mode, long sequences."""
+    none, op, full = (dict(checkpointing="none"), dict(checkpointing="selective"), dict(checkpointing="full"))
+    bf16 = dict(precision="amp-bf16")
+    fp32 = dict(precision="fp32")
+    lp = dict(loss_parallel=True)
+    return [
+        ("mha-1gpu-fp32-none", MHA, dict(batch=2, seq_len=512, **fp32, **none)),
+        ("mha-1gpu-fp32-sac-op", MHA, dict(batch=2, seq_len=512, **fp32, **op)),
+        ("mha-1gpu-fp32-full", MHA, dict(batch=2, seq_len=512, **fp32, **full)),
+        ("mha-1gpu-fp32-sac-op-b1-s4096", MHA, dict(batch=1, seq_len=4096, **fp32, **op)),
+        ("mha-fsdp2-bf16-sac-2", MHA, dict(batch=4, seq_len=512, dp=2, fsdp=True, **bf16, checkpointing="every-k",
+                                            checkpoint_every=2)),
+        ("mha-fsdp8-bf16-none", MHA, dict(batch=16, seq_len=512, dp=8, fsdp=True, **bf16, **none)),
+        ("mha-fsdp8-bf16-sac-op", MHA, dict(batch=16, seq_len=512, dp=8, fsdp=True, **bf16, **op)),
+        ("mha-fsdp4-bf16-full-b1-s8192", MHA, dict(batch=4, seq_len=8192, dp=4, fsdp=True, **bf16, **full)),
+        ("mha-fsdp2-fp32-none-adam-fused", MHA, dict(batch=4, seq_len=512, dp=2, fsdp=True, **fp32, **none,
+                                                      optimizer="adam", opt_impl="fused")),
+        ("mha-tp4-fp32-sac-op-loss-parallel", MHA, dict(batch=2, seq_len=512, tp=4, **fp32, **op, **lp)),
+        ("mha-tp4-fp32-full", MHA, dict(batch=2, seq_len=512, tp=4, **fp32, **full)),
+        ("mha-tp2-fp32-none", MHA, dict(batch=2, seq_len=512, tp=2, **fp32, **none)),
+        ("mha-fsdp2xtp4-bf16-sac-op-loss-parallel", MHA, dict(batch=4, seq_len=512, dp=2, fsdp=True, tp=4, **bf16,
+                                                               **op, **lp)),
+        ("mha-fsdp4xtp2-bf16-none", MHA, dict(batch=8, seq_len=512, dp=4, fsdp=True, tp=2, **bf16, **none)),
+        ("mha-fsdp2-bf16-sac-1", MHA, dict(batch=4, seq_len=1024, dp=2, fsdp=True, **bf16, checkpointing="every-k",
+                                            checkpoint_every=1)),
+        ("llama-3.2-1b-fsdp8-bf16-none", L1B, dict(batch=8, seq_len=2048, dp=8, fsdp=True, **bf16, **none)),
+        ("llama-3.2-1b-fsdp2-fp32-sac-op", L1B, dict(batch=2, seq_len=1024, dp=2, fsdp=True, **fp32, **op)),
+        ("llama-3.2-1b-tp4-fp32-sac-op-loss-parallel", L1B, dict(batch=1, seq_len=2048, tp=4, **fp32, **op, **lp)),
+        ("llama-3.2-1b-fsdp8-bf16-sac-op", L1B, dict(batch=8, seq_len=2048, dp=8, fsdp=True, **bf16, **op)),
+        ("llama-3.2-1b-fsdp8-bf16-full-b1-s8192", L1B, dict(batch=8, seq_len=8192, dp=8, fsdp=True, **bf16, **full)),
+        ("llama-3.2-1b-fsdp2-bf16-sac-4", L1B, dict(batch=2, seq_len=2048, dp=2, fsdp=True, **bf16,
+                                                     checkpointing="every-k", checkpoint_every=4)),
+        ("llama-3.2-1b-1gpu-fp32-full", L1B, dict(batch=1, seq_len=2048, **fp32, **full)),
+        ("llama-3.2-1b-fsdp4xtp2-bf16-sac-op-loss-parallel", L1B, dict(batch=4, seq_len=2048, dp=4, fsdp=True, tp=2,
+                                                                        **bf16, **op, **lp)),
+        ("llama-3.2-3b-fsdp8-bf16-sac-op", L3B, dict(batch=8, seq_len=4096, dp=8, fsdp=True, **bf16, **op)),
+        ("llama-3.2-3b-fsdp4xtp2-bf16-full", L3B, dict(batch=4, seq_len=4096, dp=4, fsdp=True, tp=2, **bf16, **full)),
+        ("llama-3.2-3b-fsdp8-bf16-sac-2-b1-s16384", L3B, dict(batch=8, seq_len=16384, dp=8, fsdp=True, **bf16,
+                                                               checkpointing="every-k", checkpoint_every=2)),
+        ("llama-3.2-3b-fsdp2xtp4-bf16-none", L3B, dict(batch=4, seq_len=2048, dp=2, fsdp=True, tp=4, **bf16, **none)),
+        ("llama-3.2-3b-fsdp4-bf16-full-b2-s4096", L3B, dict(batch=8, seq_len=4096, dp=4, fsdp=True, **bf16, **full)),
+    ]
+
+
 def command(model: str, fields: dict[str, Any]) -> str:
     """The `trainfit measure` command line of a case."""
     flags = {"batch": "--batch", "seq_len": "--seq", "dp": "--dp", "checkpointing": "--checkpointing",
@@ -87,7 +149,7 @@ def command(model: str, fields: dict[str, Any]) -> str:
     return " ".join(parts + ["-o", "json"])
 
 
-def row(name: str, model: Any, fields: dict[str, Any], model_label: str) -> dict[str, Any]:
+def row(model: Any, fields: dict[str, Any], model_label: str, *, name: str) -> dict[str, Any]:
     """Measure one case; the JSON row."""
     from trainfit.measure import measure
 
@@ -115,34 +177,40 @@ def row(name: str, model: Any, fields: dict[str, Any], model_label: str) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("sets", nargs="+", choices=("small", "full"))
+    ap.add_argument("sets", nargs="+", choices=("small", "shapes", "full"))
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--only", nargs="*", help="case names to run")
     a = ap.parse_args(argv)
-    rows: dict[str, dict[str, Any]] = {}
-    if a.out.exists():
-        for line in a.out.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                rows[r["case"]] = r
+    # the file's lines as they are (other stacks' rows, written by their own scripts, kept byte for byte); a case
+    # run again replaces its own line, a new case is appended
+    lines: list[str] = [ln for ln in a.out.read_text().splitlines() if ln.strip()] if a.out.exists() else []
+    index = {json.loads(ln).get("case"): i for i, ln in enumerate(lines)}
     todo: list[tuple[str, Any, dict[str, Any], str, dict[str, Any]]] = []
     if "small" in a.sets:
         cfg = HERE / "configs" / "torchtitan-llama-small.json"
         todo += [(f"torchtitan-small-{n}", str(cfg.relative_to(HERE.parent)), f, "validation/configs/"
                   "torchtitan-llama-small.json", {}) for n, f in small_cases()]
+    if "shapes" in a.sets:
+        todo += [(f"torchtitan-{n}", f"validation/configs/{c}", f, f"validation/configs/{c}", {})
+                 for n, c, f in shape_cases()]
     if "full" in a.sets:
         todo += [(n, m, f, m, {"published_max_reserved_gib": pub, "published_source": BENCHMARK})
                  for n, m, f, pub in FULL]
     for name, model, fields, label, more in todo:
         if a.only and name not in a.only:
             continue
-        r = row(name, model, fields, label)
+        r = row(str(HERE.parent / model) if model.endswith(".json") else model, fields, label, name=name)
         r.update(more)
-        rows[name] = r
+        text = json.dumps(r, sort_keys=True)
+        if name in index:
+            lines[index[name]] = text
+        else:
+            index[name] = len(lines)
+            lines.append(text)
         print(f"{name}: {r['peak_allocated_gib']} GiB allocated"
               + (f", {r['peak_reserved_gib']} GiB reserved" if "peak_reserved_gib" in r else "")
               + f" ({r['peak_phase']}, {r['wall_s']} s)", flush=True)
-        a.out.write_text("".join(json.dumps(v, sort_keys=True) + "\n" for v in rows.values()))
+        a.out.write_text("".join(ln + "\n" for ln in lines))
     return 0
 
 

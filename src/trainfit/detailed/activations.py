@@ -1140,7 +1140,14 @@ class _Walker:
             g.save(x)  # kept until its gradient is sent back
         cos = sin = None
         tables: dict[str, tuple[Tensor, ...]] = {}
-        if a.position_embedding == "rotary":
+        if a.position_embedding == "rotary" and self.beh.rope == "complex":
+            # torchtitan's one freqs_cis buffer (precompute_freqs_cis: max_seq_len = the sequence, head_dim / 2
+            # complex64), whatever the compute dtype; counted as the cos/sin tables are, to the backward's end
+            g.region = "embed"
+            cos = sin = g.new(pos(a.head_dim * a.rotary_fraction / 2), 8.0, False, "freqs_cis (complex64)")
+            g.hold(cos)
+            tables[""] = (cos,)
+        elif a.position_embedding == "rotary":
             g.region = "embed"
             d = a.head_dim * a.rotary_fraction / (2 if a.family.rope_half_table else 1)
             # one cos/sin pair, or one per kind of block the model has (gemma3_text: global and local bases)
