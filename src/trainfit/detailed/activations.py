@@ -451,6 +451,7 @@ class _Walker:
         if g.autocast:
             q, k, v = g.cast(q, 2), g.cast(k, 2), g.cast(v, 2)
         dt = q.dtype
+        gathered_w = kvw  # the width of the keys and values the kernel gets
         if self.beh.gqa == "repeat-kv" and kvh != heads and self.kernel in ("flash", "mem-efficient"):
             # repeat_kv: k and v expanded and copied to every query head; SDPA gets (and saves) the copies
             k2 = g.new(tok(qw), dt, k.rg, "k repeated (repeat_kv)")
@@ -458,10 +459,12 @@ class _Walker:
             v2 = g.new(tok(qw), dt, v.rg, "v repeated (repeat_kv)")
             g.use(v)
             k, v = k2, v2
+            gathered_w = qw
         if self.par.cp > 1:
             # context parallel: every rank attends over the whole sequence, so the other ranks' keys and
-            # values are gathered for the kernel (all-gather CP; a ring holds fewer at once)
-            kv_all = g.new(tok(2 * kvw * (self.par.cp - 1)), dt, False, "context-parallel gathered k, v")
+            # values are gathered for the kernel (all-gather CP; a ring holds fewer at once); after repeat_kv
+            # (torchtitan) the repeated copies are what is gathered
+            kv_all = g.new(tok(2 * gathered_w * (self.par.cp - 1)), dt, False, "context-parallel gathered k, v")
             g.use(kv_all)
         if masked:
             # SDPA turns the boolean mask into an additive bias of q's dtype, saved by the kernel: one per block

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..stacks import behaviour_of
 from ..training_setup import Parallelism
 from ..units import cuda_block_bytes as rounded
 
@@ -55,6 +56,16 @@ def replicated_gradient_bytes(arch: Any, par: Parallelism, tensors: list[Any], p
 def is_fsdp(par: Parallelism) -> bool:
     """FSDP2 sharding across more than one rank (``fsdp`` over ``dp`` > 1)."""
     return bool(par.fsdp) and par.dp > 1
+
+
+def sharding_as_run(recipe: Any, par: Parallelism) -> Parallelism:
+    """The parallelism whose data-parallel sharding the step runs: with context parallelism under a stack that
+    shards over the data-parallel and cp ranks together (behaviour ``fsdp_over_cp``: torchtitan applies FSDP2 on
+    its ``dp_shard_cp`` mesh whenever cp > 1, parallelize_llama.py at 9dec370), FSDP2 over ``dp x cp`` ranks; else
+    ``par``. The micro-batch is the caller's (cp ranks share one)."""
+    if par.cp > 1 and behaviour_of(recipe).fsdp_over_cp and (par.fsdp or par.dp == 1):
+        return dataclasses.replace(par, dp=par.dp * par.cp, fsdp=True)
+    return par
 
 
 def local_rows(t: Any, tp: int, ep: int) -> tuple[int, int]:

@@ -18,6 +18,7 @@ from ..stacks import behaviour_of, check_model, get_stack, modelled_by
 from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, FIELDS, PRECISIONS, TrainingSetup
 from .allocator import reserve_terms
+from .distributed import sharding_as_run
 from .explain import explain as explain_lines
 from .layouts import PER_ELEMENT, SHARDING_FIELDS, layout_phases, sharding_groups, state_floor
 from .overheads import overheads
@@ -173,7 +174,12 @@ class Detailed(MemoryMethod):
     def phases(self, setup: TrainingSetup) -> PhaseResult:
         """Per-phase peaks and components of one setup (no device needed: then as on CUDA)."""
         self.check(setup)
-        return compute_phases(setup.model.arch, effective(setup))
+        eff = effective(setup)
+        par = sharding_as_run(eff.recipe, eff.parallel)
+        if par is not eff.parallel:  # the stack shards over more ranks than dp: the same micro-batch on each
+            return compute_phases(setup.model.arch, eff.replace(dp=par.dp, fsdp=par.fsdp,
+                                                                batch=eff.batch * par.dp // eff.parallel.dp))
+        return compute_phases(setup.model.arch, eff)
 
     def estimate(self, setup: TrainingSetup, *, overheads: bool = True, explain: bool = False) -> Estimate:
         """``components`` are the peak phase's parts plus the overheads (they add up to ``total_bytes``);
@@ -267,6 +273,7 @@ class Detailed(MemoryMethod):
             first = effective(first)
             arch = first.model.arch
             pars, which = sharding_groups({f: flat(f)[idx] for f in SHARDING_FIELDS}, first.parallel)
+            pars = [sharding_as_run(first.recipe, p) for p in pars]
             acc = flat("accumulation")[idx]
             res = layout_phases(arch, first.recipe, pars, which, acc, micro[idx], seq[idx])
             size = idx.shape
@@ -312,6 +319,7 @@ class Detailed(MemoryMethod):
             idx = np.arange(n)[idx] if isinstance(idx, slice) else idx
             first = effective(x.setup_at(x.first_index(idx)))
             pars, which = sharding_groups({f: flat(f)[idx] for f in SHARDING_FIELDS}, first.parallel)
+            pars = [sharding_as_run(first.recipe, p) for p in pars]
             out[idx] = state_floor(first.model.arch, first.recipe, pars, which)
         return out.reshape(shape)
 

@@ -323,6 +323,9 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
                             if pools is not None:
                                 name_fsdp_streams(pools, model)
                         relabel_states(tracker, model, opts.optimizers[0])
+                    if p.cp > 1:  # each step's batch is new (its data loader's), and context_parallel shards it
+                        input_ids = torch.randint(0, vocab, (setup.micro_batch, setup.seq_len), dtype=torch.long)
+                        labels = torch.randint(0, vocab, (setup.micro_batch, setup.seq_len), dtype=torch.long)
                     tracker.new_step()
                     with train_context(), _context_parallel(setup, mesh, input_ids, labels, model):
                         train.train_step(model, [model], opts, input_ids, labels, max_norm=MAX_NORM,
