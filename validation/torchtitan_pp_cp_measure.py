@@ -132,12 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--only", nargs="*", help="case names to run")
-    ap.add_argument("--compare", action="store_true", help="print the detailed method against the rows; measure nothing")
+    ap.add_argument("--compare", action="store_true",
+                    help="print the detailed method against the rows; measure nothing")
     a = ap.parse_args(argv)
     if a.compare:
         return compare(a.out)
     for name, fields in cases():
-        name = f"torchtitan-small-{name}"
+        name = f"torchtitan-pp-cp-small-{name}"
         if a.only and name not in a.only:
             continue
         r = row(name, fields)

@@ -312,7 +312,8 @@ def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegion
     acc = np.where(accumulating, acc, 0.0) if isinstance(accumulating, np.ndarray) else (acc if accumulating else 0.0)
     out = _Candidates()
     _forward_candidates(out, rank, regions, nbytes, saved_total, acc)
-    _backward_candidates(out, rank, arch, pr, nbytes, saved_total, residual_grad, head_ug, embed_ug, acc, host_grads)
+    _backward_candidates(out, rank, arch, pr, nbytes, saved_total, residual_grad, head_ug, embed_ug, acc, host_grads,
+                         ring=par.cp > 1)
     return out.fwd, out.bwd, out.fwd_terms, out.bwd_terms
 
 
@@ -459,10 +460,11 @@ def _forward_candidates(out: _Candidates, rank: _FsdpRank, regions: ForwardRegio
 
 def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, nbytes: Any, saved_total: Any,
                          residual_grad: Any, head_ug: float, embed_ug: float, acc: float,
-                         host_grads: bool = False) -> None:
+                         host_grads: bool = False, ring: bool = False) -> None:
     """The backward's candidates: the loss backward, inside and after the backward of the last two blocks, the
     second one (the last with a prefetch: the most sharded gradients beside an all-gather buffer) and the first
-    one, the embeddings' backward and the root's post-backward."""
+    one, the embeddings' backward and the root's post-backward. ``ring``: context parallelism, whose ring attention
+    backward has a working set of its own (``LayerProfile.core_bwd``)."""
     blocks, raf, rs, R = rank.blocks, rank.raf, rank.rs, rank.root_gathered()
     L = len(blocks)
     sharded_after: list[Any] = [0] * L  # the blocks after each one: whole byte counts, so any order sums exactly
@@ -511,6 +513,15 @@ def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, 
                 # recomputed saved tensors of the MLP freed
                 out.backward({"activations": nbytes(_vsub(remaining, lp.gone)),
                               "temporaries": residual_grad + nbytes(lp.attention_bwd),
+                              "gradients": held_head + sharded_after[i] + blocks[i].attention_bwd_grads + acc},
+                             {**R, **rank.gathered_upto(i), **rank.prefetch(i), **rs_prev})
+            if ring and any(lp.core_bwd):
+                # ring attention's backward: the MLP's and the output projection's gradients made by then, what
+                # was saved after the core (the projection's input) freed, the core's own saved tensors (the
+                # recomputed ones too, under checkpointing) alive
+                out.backward({"activations": nbytes(_vsub(_vadd(_vsub(remaining, lp.gone), lp.recompute),
+                                                          lp.core_gone)),
+                              "temporaries": nbytes(lp.core_bwd),
                               "gradients": held_head + sharded_after[i] + blocks[i].attention_bwd_grads + acc},
                              {**R, **rank.gathered_upto(i), **rank.prefetch(i), **rs_prev})
             # its post-backward: parameters freed, every unsharded gradient copied into the reduce-scatter input

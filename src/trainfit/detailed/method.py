@@ -80,7 +80,8 @@ def reserve_of(arch: Any, setup: TrainingSetup, res: PhaseResult) -> list:
     """The allocator's reserved-minus-allocated terms of the setup's stack (:mod:`.allocator`); none off CUDA/ROCm."""
     if platform_of(setup) not in FUSED_ATTENTION_PLATFORMS:
         return []
-    return reserve_terms(arch, setup.recipe, setup.parallel, int(np.asarray(res.stage).flat[0]), res.shape.tokens,
+    return reserve_terms(arch, setup.recipe, sharding_as_run(setup.recipe, setup.parallel),
+                         int(np.asarray(res.stage).flat[0]), res.shape.tokens,
                          res.peak)
 
 
@@ -273,9 +274,9 @@ class Detailed(MemoryMethod):
             first = effective(first)
             arch = first.model.arch
             pars, which = sharding_groups({f: flat(f)[idx] for f in SHARDING_FIELDS}, first.parallel)
-            pars = [sharding_as_run(first.recipe, p) for p in pars]
+            run_pars = [sharding_as_run(first.recipe, p) for p in pars]  # the sharding the step runs
             acc = flat("accumulation")[idx]
-            res = layout_phases(arch, first.recipe, pars, which, acc, micro[idx], seq[idx])
+            res = layout_phases(arch, first.recipe, run_pars, which, acc, micro[idx], seq[idx])
             size = idx.shape
             codes = np.broadcast_to(np.asarray(res.peak_phase) if not isinstance(res.peak_phase, str)
                                     else PHASES.index(res.peak_phase), size)
@@ -292,7 +293,7 @@ class Detailed(MemoryMethod):
                     sel = (which == k) & (stages == stage)
                     pk = peak[idx[sel]]
                     toks = np.broadcast_to(res.shape.tokens, size)[sel]
-                    rsv = (reserve_terms(arch, first.recipe, par, int(stage), toks, pk)
+                    rsv = (reserve_terms(arch, first.recipe, run_pars[k], int(stage), toks, pk)
                            if platform in FUSED_ATTENTION_PLATFORMS else [])
                     reserved[idx[sel]] = pk + sum(o.bytes for o in rsv)  # as estimate's peak_reserved_bytes
                     if not overheads:

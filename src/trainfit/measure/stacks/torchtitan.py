@@ -23,7 +23,14 @@ How trainfit's fields map onto torchtitan's options (what they cannot express is
   output, q/k/v/w1/w3 column-wise, wo/w2 row-wise, norms sequence-parallel, output column-wise); the mesh is
   ``(dp_shard_cp, tp)``; ``--loss-parallel`` is torchtitan's default loss parallelism (``--no``: its
   ``training.disable_loss_parallel``; trainfit's default is off, so say ``--loss-parallel`` for torchtitan's);
-* ``--optimizer adamw | adam``, ``--opt-impl foreach | fused`` -> ``optimizer.name``, ``optimizer.fused``.
+* ``--optimizer adamw | adam``, ``--opt-impl foreach | fused`` -> ``optimizer.name``, ``optimizer.fused``;
+* ``--pp N [--pp-schedule 1f1b | interleaved | gpipe --pp-virtual V] [--accum M] [--pp-stage S]`` ->
+  ``pipeline_parallel_degree``, ``pipeline_parallel_schedule`` (1F1B, Interleaved1F1B, GPipe),
+  ``pipeline_parallel_microbatches = M``: one pipeline rank (:func:`_measure_stage`; -1, the default: the first
+  and the last stage, the busier reported), with FSDP2 (``--dp N --fsdp``) or alone (fp32);
+* ``--cp N`` -> ``context_parallel_degree = N``: FSDP2 on the ``dp_shard_cp`` mesh (torchtitan applies it
+  whenever cp > 1: bf16 mixed precision, ``--precision amp-bf16``) and train.py's ``context_parallel`` around
+  each step (:func:`_context_parallel`); with ``--dp N --fsdp`` the mesh is ``(dp_shard, cp)``.
 """
 from __future__ import annotations
 
