@@ -20,7 +20,8 @@ from trainfit.engine import estimate
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
 ROWS = [r for r in (json.loads(line) for line in (ROOT / "validation" / "stacks-measured.jsonl").read_text()
-                    .splitlines() if line) if r["stack"] == "torchtitan"]
+                    .splitlines() if line) if r["stack"] == "torchtitan"
+        and r.get("case_set") != "torchtitan-pp-cp"]  # pipeline and context-parallel rows: no per-stream replay
 FSDP_ROWS = [r for r in ROWS if "reduce-scatter" in r["reserved_by_stream"]]
 
 

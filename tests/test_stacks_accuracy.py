@@ -18,7 +18,8 @@ from trainfit.engine import estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = [r for r in (json.loads(line) for line in (ROOT / "validation" / "stacks-measured.jsonl").read_text()
-                    .splitlines() if line) if r["stack"] == "torchtitan"]  # the other stacks' rows: their own tests
+                    .splitlines() if line) if r["stack"] == "torchtitan"  # the other stacks' rows: their own tests
+        and r.get("case_set") != "torchtitan-pp-cp"]  # pipeline and context parallelism: test_stacks_torchtitan_pp_cp
 FLAGS = {"--dp": ("dp", int), "--tp": ("tp", int), "--ckpt-every": ("checkpoint_every", int),
          "--optimizer": ("optimizer", str), "--opt-impl": ("opt_impl", str)}
 SWITCHES = {"--fsdp": "fsdp", "--loss-parallel": "loss_parallel"}

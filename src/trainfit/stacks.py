@@ -37,6 +37,7 @@ class Behaviour(BaseModel):
     fsdp_root_reshard: bool = False
     reserve: Literal["median-fraction", "stream-pools", "segments"] = "median-fraction"
     fsdp_keep_last_block: bool = False
+    fsdp_over_cp: bool = False
     step: Literal["pytorch", "megatron-gpt", "deepspeed-zero"] = "pytorch"
 
 

@@ -451,6 +451,7 @@ class _Walker:
         if g.autocast:
             q, k, v = g.cast(q, 2), g.cast(k, 2), g.cast(v, 2)
         dt = q.dtype
+        gathered_w = kvw  # the width of the keys and values the kernel gets
         if self.beh.gqa == "repeat-kv" and kvh != heads and self.kernel in ("flash", "mem-efficient"):
             # repeat_kv: k and v expanded and copied to every query head; SDPA gets (and saves) the copies
             k2 = g.new(tok(qw), dt, k.rg, "k repeated (repeat_kv)")
@@ -458,10 +459,12 @@ class _Walker:
             v2 = g.new(tok(qw), dt, v.rg, "v repeated (repeat_kv)")
             g.use(v)
             k, v = k2, v2
+            gathered_w = qw
         if self.par.cp > 1:
             # context parallel: every rank attends over the whole sequence, so the other ranks' keys and
-            # values are gathered for the kernel (all-gather CP; a ring holds fewer at once)
-            kv_all = g.new(tok(2 * kvw * (self.par.cp - 1)), dt, False, "context-parallel gathered k, v")
+            # values are gathered for the kernel (all-gather CP; a ring holds fewer at once); after repeat_kv
+            # (torchtitan) the repeated copies are what is gathered
+            kv_all = g.new(tok(2 * gathered_w * (self.par.cp - 1)), dt, False, "context-parallel gathered k, v")
             g.use(kv_all)
         if masked:
             # SDPA turns the boolean mask into an additive bias of q's dtype, saved by the kernel: one per block
@@ -487,6 +490,11 @@ class _Walker:
                 # _context_parallel/_attention.py, _SDPAMerger): the same copy
                 copy = g.new(tok(qw), dt, True, "attention out contiguous")
                 g.use(out)
+                if self.par.cp > 1 and self.beh.fsdp_over_cp:
+                    # ring attention's backward: its working set, reached once the copy is freed (measured where
+                    # CP runs under FSDP2 over the dp x cp ranks, torchtitan's; hf's CP walk keeps its validated form)
+                    self.core_marks[g.region] = (copy.created, ring_backward_bytes(qw, gathered_w, dt, self.par.cp),
+                                                 None)
                 return copy
             return out
         # eager / math: materialised scores
@@ -1306,6 +1314,21 @@ def fused_chunk_rows(tokens: Any, inc: float) -> Any:
 #: added here, or walks would be shared between setups that differ in it)
 WALK_FIELDS = ("tp", "sequence_parallel", "tp_plan", "loss_parallel", "cp", "ep", "pp")
 _WALK_DEFAULT = Parallelism()
+
+
+def ring_backward_bytes(qw: float, kvw: float, dt: float, cp: int) -> Vec:
+    """Per token, the working set of PyTorch's ring flash attention backward on one cp rank (torch 2.13
+    ``_context_parallel/_attention.py``, ``_templated_ring_attention_backward``, all-gather rotation) beyond the
+    tensors its forward saved: the q, k, v gradient accumulators in fp32 (``zeros_like(..., float32)``), the k|v
+    concatenation it rotates (``next_kv``, the kernel's dtype) with the rotater's buffer of every rank's (``cp``
+    times that), one step's kernel gradients of q, k and v (the kernel's dtype), the concatenated fp32 k|v
+    gradients it sends (``next_grad_kv``) beside the buffer receiving them, and the attention output's gradient
+    with the contiguous copy the kernel takes of it (the kernel's dtype). ``kvw``: the key/value width the kernel
+    gets (the repeated copies under repeat_kv). Each term is a live tensor at the measured peak inside this
+    backward (torchtitan's Llama over cp 2 and 4, validation/stacks-measured.jsonl, case set torchtitan-pp-cp)."""
+    kernel_dtype = 2 * kvw * cp + 2 * kvw + (qw + 2 * kvw) + 2 * qw
+    fp32 = (qw + 2 * kvw) + 2 * (2 * kvw)
+    return vadd(vscale(tok(kernel_dtype), dt), vscale(tok(fp32), 4.0))
 
 
 def walk_parallelism(par: Parallelism) -> Parallelism:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..stacks import behaviour_of
 from ..training_setup import Parallelism
 from ..units import cuda_block_bytes as rounded
 
@@ -55,6 +56,16 @@ def replicated_gradient_bytes(arch: Any, par: Parallelism, tensors: list[Any], p
 def is_fsdp(par: Parallelism) -> bool:
     """FSDP2 sharding across more than one rank (``fsdp`` over ``dp`` > 1)."""
     return bool(par.fsdp) and par.dp > 1
+
+
+def sharding_as_run(recipe: Any, par: Parallelism) -> Parallelism:
+    """The parallelism whose data-parallel sharding the step runs: with context parallelism under a stack that
+    shards over the data-parallel and cp ranks together (behaviour ``fsdp_over_cp``: torchtitan applies FSDP2 on
+    its ``dp_shard_cp`` mesh whenever cp > 1, parallelize_llama.py at 9dec370), FSDP2 over ``dp x cp`` ranks; else
+    ``par``. The micro-batch is the caller's (cp ranks share one)."""
+    if par.cp > 1 and behaviour_of(recipe).fsdp_over_cp and (par.fsdp or par.dp == 1):
+        return dataclasses.replace(par, dp=par.dp * par.cp, fsdp=True)
+    return par
 
 
 def local_rows(t: Any, tp: int, ep: int) -> tuple[int, int]:
@@ -301,7 +312,8 @@ def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegion
     acc = np.where(accumulating, acc, 0.0) if isinstance(accumulating, np.ndarray) else (acc if accumulating else 0.0)
     out = _Candidates()
     _forward_candidates(out, rank, regions, nbytes, saved_total, acc)
-    _backward_candidates(out, rank, arch, pr, nbytes, saved_total, residual_grad, head_ug, embed_ug, acc, host_grads)
+    _backward_candidates(out, rank, arch, pr, nbytes, saved_total, residual_grad, head_ug, embed_ug, acc, host_grads,
+                         ring=par.cp > 1)
     return out.fwd, out.bwd, out.fwd_terms, out.bwd_terms
 
 
@@ -448,10 +460,11 @@ def _forward_candidates(out: _Candidates, rank: _FsdpRank, regions: ForwardRegio
 
 def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, nbytes: Any, saved_total: Any,
                          residual_grad: Any, head_ug: float, embed_ug: float, acc: float,
-                         host_grads: bool = False) -> None:
+                         host_grads: bool = False, ring: bool = False) -> None:
     """The backward's candidates: the loss backward, inside and after the backward of the last two blocks, the
     second one (the last with a prefetch: the most sharded gradients beside an all-gather buffer) and the first
-    one, the embeddings' backward and the root's post-backward."""
+    one, the embeddings' backward and the root's post-backward. ``ring``: context parallelism, whose ring attention
+    backward has a working set of its own (``LayerProfile.core_bwd``)."""
     blocks, raf, rs, R = rank.blocks, rank.raf, rank.rs, rank.root_gathered()
     L = len(blocks)
     sharded_after: list[Any] = [0] * L  # the blocks after each one: whole byte counts, so any order sums exactly
@@ -500,6 +513,15 @@ def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, 
                 # recomputed saved tensors of the MLP freed
                 out.backward({"activations": nbytes(_vsub(remaining, lp.gone)),
                               "temporaries": residual_grad + nbytes(lp.attention_bwd),
+                              "gradients": held_head + sharded_after[i] + blocks[i].attention_bwd_grads + acc},
+                             {**R, **rank.gathered_upto(i), **rank.prefetch(i), **rs_prev})
+            if ring and any(lp.core_bwd):
+                # ring attention's backward: the MLP's and the output projection's gradients made by then, what
+                # was saved after the core (the projection's input) freed, the core's own saved tensors (the
+                # recomputed ones too, under checkpointing) alive
+                out.backward({"activations": nbytes(_vsub(_vadd(_vsub(remaining, lp.gone), lp.recompute),
+                                                          lp.core_gone)),
+                              "temporaries": nbytes(lp.core_bwd),
                               "gradients": held_head + sharded_after[i] + blocks[i].attention_bwd_grads + acc},
                              {**R, **rank.gathered_upto(i), **rank.prefetch(i), **rs_prev})
             # its post-backward: parameters freed, every unsharded gradient copied into the reduce-scatter input

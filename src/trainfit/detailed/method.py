@@ -18,6 +18,7 @@ from ..stacks import behaviour_of, check_model, get_stack, modelled_by
 from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, FIELDS, PRECISIONS, TrainingSetup
 from .allocator import reserve_terms
+from .distributed import sharding_as_run
 from .explain import explain as explain_lines
 from .layouts import PER_ELEMENT, SHARDING_FIELDS, layout_phases, sharding_groups, state_floor
 from .overheads import overheads
@@ -79,8 +80,8 @@ def reserve_of(arch: Any, setup: TrainingSetup, res: PhaseResult) -> list:
     """The allocator's reserved-minus-allocated terms of the setup's stack (:mod:`.allocator`); none off CUDA/ROCm."""
     if platform_of(setup) not in FUSED_ATTENTION_PLATFORMS:
         return []
-    return reserve_terms(arch, setup.recipe, setup.parallel, int(np.asarray(res.stage).flat[0]), res.shape.tokens,
-                         res.peak, res.shape.scores)
+    return reserve_terms(arch, setup.recipe, sharding_as_run(setup.recipe, setup.parallel),
+                         int(np.asarray(res.stage).flat[0]), res.shape.tokens, res.peak, res.shape.scores)
 
 
 def total_and_overheads(arch: Any, setup: TrainingSetup, res: PhaseResult, include: bool) -> tuple[Any, list]:
@@ -173,7 +174,12 @@ class Detailed(MemoryMethod):
     def phases(self, setup: TrainingSetup) -> PhaseResult:
         """Per-phase peaks and components of one setup (no device needed: then as on CUDA)."""
         self.check(setup)
-        return compute_phases(setup.model.arch, effective(setup))
+        eff = effective(setup)
+        par = sharding_as_run(eff.recipe, eff.parallel)
+        if par is not eff.parallel:  # the stack shards over more ranks than dp: the same micro-batch on each
+            return compute_phases(setup.model.arch, eff.replace(dp=par.dp, fsdp=par.fsdp,
+                                                                batch=eff.batch * par.dp // eff.parallel.dp))
+        return compute_phases(setup.model.arch, eff)
 
     def estimate(self, setup: TrainingSetup, *, overheads: bool = True, explain: bool = False) -> Estimate:
         """``components`` are the peak phase's parts plus the overheads (they add up to ``total_bytes``);
@@ -267,8 +273,9 @@ class Detailed(MemoryMethod):
             first = effective(first)
             arch = first.model.arch
             pars, which = sharding_groups({f: flat(f)[idx] for f in SHARDING_FIELDS}, first.parallel)
+            run_pars = [sharding_as_run(first.recipe, p) for p in pars]  # the sharding the step runs
             acc = flat("accumulation")[idx]
-            res = layout_phases(arch, first.recipe, pars, which, acc, micro[idx], seq[idx])
+            res = layout_phases(arch, first.recipe, run_pars, which, acc, micro[idx], seq[idx])
             size = idx.shape
             codes = np.broadcast_to(np.asarray(res.peak_phase) if not isinstance(res.peak_phase, str)
                                     else PHASES.index(res.peak_phase), size)
@@ -286,7 +293,7 @@ class Detailed(MemoryMethod):
                     pk = peak[idx[sel]]
                     toks = np.broadcast_to(res.shape.tokens, size)[sel]
                     scs = np.broadcast_to(res.shape.scores, size)[sel]
-                    rsv = (reserve_terms(arch, first.recipe, par, int(stage), toks, pk, scs)
+                    rsv = (reserve_terms(arch, first.recipe, run_pars[k], int(stage), toks, pk, scs)
                            if platform in FUSED_ATTENTION_PLATFORMS else [])
                     reserved[idx[sel]] = pk + sum(o.bytes for o in rsv)  # as estimate's peak_reserved_bytes
                     if not overheads:
@@ -313,6 +320,7 @@ class Detailed(MemoryMethod):
             idx = np.arange(n)[idx] if isinstance(idx, slice) else idx
             first = effective(x.setup_at(x.first_index(idx)))
             pars, which = sharding_groups({f: flat(f)[idx] for f in SHARDING_FIELDS}, first.parallel)
+            pars = [sharding_as_run(first.recipe, p) for p in pars]
             out[idx] = state_floor(first.model.arch, first.recipe, pars, which)
         return out.reshape(shape)
 

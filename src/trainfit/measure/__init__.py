@@ -296,6 +296,7 @@ def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t
                   "data_parallel": "fsdp2" if mesh["dp_shard"] > 1 else "none",
                   "loss_parallel": run.loss_parallel},
         "peak_allocated_bytes": int(peak.total), **(run.reserved or {}),
+        **({"pipeline": run.pipeline} if run.pipeline else {}),
         "fit_judged_on": "peak_allocated_bytes",
         "sdpa_kernels": dict(run.emulation.sdpa.counts),
         "arch": "llama (torchtitan Transformer)", "n_params": run.n_params, "n_trainable_params": run.n_params,
@@ -305,6 +306,14 @@ def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t
     }
     where = (f"rank 0 of {run.world_size} (mesh dp_shard {mesh['dp_shard']} x tp {mesh['tp']}) on a fake process "
              "group; " if distributed else "one GPU; ")
+    if run.pipeline:
+        pl = run.pipeline
+        where = (f"pipeline stage {pl['pp_stage']} of {mesh['pp']} ({pl['pp_schedule']}, {pl['microbatches']} "
+                 f"micro-batches, stages {pl['stage_indices']}, blocks {pl['blocks']}; its schedule run by hand), "
+                 f"dp_shard {mesh['dp_shard']} on a fake process group; ")
+    elif mesh.get("cp", 1) > 1:
+        where = (f"rank 0 of {run.world_size} (mesh dp_shard {mesh['dp_shard']} x cp {mesh['cp']}, FSDP2 over "
+                 "dp_shard_cp, context_parallel over the token ids, labels and freqs_cis) on a fake process group; ")
     what = _peak_note(semantics)
     notes = [f"{torchtitan.VERSION}'s own Llama, activation checkpointing ({run.ac}), parallelisms and loss, "
              "stepped on fake tensors", where + what]

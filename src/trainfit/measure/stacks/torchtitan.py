@@ -23,7 +23,14 @@ How trainfit's fields map onto torchtitan's options (what they cannot express is
   output, q/k/v/w1/w3 column-wise, wo/w2 row-wise, norms sequence-parallel, output column-wise); the mesh is
   ``(dp_shard_cp, tp)``; ``--loss-parallel`` is torchtitan's default loss parallelism (``--no``: its
   ``training.disable_loss_parallel``; trainfit's default is off, so say ``--loss-parallel`` for torchtitan's);
-* ``--optimizer adamw | adam``, ``--opt-impl foreach | fused`` -> ``optimizer.name``, ``optimizer.fused``.
+* ``--optimizer adamw | adam``, ``--opt-impl foreach | fused`` -> ``optimizer.name``, ``optimizer.fused``;
+* ``--pp N [--pp-schedule 1f1b | interleaved | gpipe --pp-virtual V] [--accum M] [--pp-stage S]`` ->
+  ``pipeline_parallel_degree``, ``pipeline_parallel_schedule`` (1F1B, Interleaved1F1B, GPipe),
+  ``pipeline_parallel_microbatches = M``: one pipeline rank (:func:`_measure_stage`; -1, the default: the first
+  and the last stage, the busier reported), with FSDP2 (``--dp N --fsdp``) or alone (fp32);
+* ``--cp N`` -> ``context_parallel_degree = N``: FSDP2 on the ``dp_shard_cp`` mesh (torchtitan applies it
+  whenever cp > 1: bf16 mixed precision, ``--precision amp-bf16``) and train.py's ``context_parallel`` around
+  each step (:func:`_context_parallel`); with ``--dp N --fsdp`` the mesh is ``(dp_shard, cp)``.
 """
 from __future__ import annotations
 
@@ -49,11 +56,11 @@ ACCEPTS: dict[str, Any] = {
     "checkpoint_every": None, "attention": ("auto",), "dropout": None, "stack": ("torchtitan",),
     "dp": None, "fsdp": None, "reshard_after_forward": (True,), "fsdp_prefetch": (1,),
     "tp": None, "sequence_parallel": (True,), "tp_plan": ("dtensor",), "loss_parallel": None,
+    "pp": None, "pp_schedule": ("1f1b", "interleaved", "gpipe"), "pp_virtual": None, "pp_stage": None,
+    "accumulation": None, "cp": None,
 }
-HINTS = {"pp": "torchtitan's pipeline is not measured yet",
-         "cp": "torchtitan's context parallelism is not measured yet", "zero": "torchtitan shards with FSDP2: --fsdp",
-         "compile": "the measured step is eager", "lora_rank": "torchtitan trains every parameter",
-         "accumulation": "torchtitan at this commit runs one micro-batch per step"}
+HINTS = {"zero": "torchtitan shards with FSDP2: --fsdp",
+         "compile": "the measured step is eager", "lora_rank": "torchtitan trains every parameter"}
 #: train.py's default ``training.max_norm`` and the 8B toml's learning rate (values, not memory)
 MAX_NORM = 1.0
 LR = 3e-4
@@ -70,13 +77,16 @@ def check(setup: TrainingSetup) -> None:
                             f"{p.dp} (its DDP, data_parallel_replicate_degree, is not measured)")
     if p.fsdp and p.dp == 1:
         raise TrainfitError("--fsdp shards over the data-parallel ranks: give --dp > 1 (on one GPU, leave --fsdp out)")
-    if not p.fsdp and r.precision != "fp32":
+    if not (p.fsdp or p.cp > 1) and r.precision != "fp32":
         raise TrainfitError(f"torchtitan ({VERSION}) computes in bf16 only through FSDP2's mixed precision "
                             "(mixed_precision_param applies when data_parallel_shard_degree > 1): use --precision fp32 "
                             "on one GPU, or --dp N --fsdp with amp-bf16")
-    if setup.accumulation > 1:
-        raise TrainfitError(f"torchtitan ({VERSION}) runs one micro-batch per step (no gradient accumulation)")
+    if setup.accumulation > 1 and p.pp == 1:
+        raise TrainfitError(f"torchtitan ({VERSION}) runs one micro-batch per step (no gradient accumulation) "
+                            "except in a pipeline, where --accum is pipeline_parallel_microbatches")
     args = model_args_of(setup.model.config, setup.seq_len)
+    if p.pp > 1 or p.cp > 1:
+        _check_pp_cp(setup, args)
     if p.tp > 1:
         ffn = int(setup.model.config["intermediate_size"])
         for what, n in (("heads", args["n_heads"]), ("KV heads", args["n_kv_heads"]), ("FFN width", ffn),
@@ -84,6 +94,32 @@ def check(setup: TrainingSetup) -> None:
             if n % p.tp:
                 raise TrainfitError(f"torchtitan's tensor parallelism splits the {what} over tp: {n} is not a "
                                     f"multiple of tp {p.tp}")
+
+
+def _check_pp_cp(setup: TrainingSetup, args: Mapping[str, Any]) -> None:
+    """Refuse, in one line, a pipeline or context-parallel layout the measured torchtitan step does not run."""
+    p = setup.parallel
+    if p.pp > 1 and (p.tp > 1 or p.cp > 1):
+        raise TrainfitError("the measured torchtitan pipeline stage runs with FSDP2 (--dp N --fsdp) or alone, not with "
+                            "--tp or --cp")
+    if p.cp > 1 and p.tp > 1:
+        raise TrainfitError("the measured torchtitan context parallelism runs with FSDP2 (--dp N --fsdp) or alone, "
+                            "not with --tp")
+    if p.pp > 1:
+        per_rank = p.pp_virtual if p.pp_schedule == "interleaved" else 1
+        if p.pp * per_rank > args["n_layers"]:
+            raise TrainfitError(f"torchtitan's split points give each of pp x virtual = {p.pp * per_rank} stages a "
+                                f"block: the model has {args['n_layers']}")
+        if p.pp_schedule == "interleaved" and setup.accumulation % p.pp:
+            raise TrainfitError(f"torch's interleaved 1F1B schedule runs the micro-batches in rounds of pp: --accum "
+                                f"{setup.accumulation} must be a multiple of pp {p.pp}")
+    if p.cp > 1:
+        if setup.recipe.precision != "amp-bf16":
+            raise TrainfitError("the measured torchtitan context parallelism runs PyTorch's ring attention on the "
+                                "flash kernel: --precision amp-bf16 (FSDP2's bf16 parameters over dp_shard_cp)")
+        if setup.seq_len % (2 * p.cp):
+            raise TrainfitError(f"context parallelism with head-tail load balancing splits the sequence in 2 x cp "
+                                f"chunks: seq_len {setup.seq_len} must be a multiple of {2 * p.cp}")
 
 
 def model_args_of(config: Mapping[str, Any], seq_len: int) -> dict[str, Any]:
@@ -173,6 +209,9 @@ class StackRun:
     #: the caching-allocator replay (:mod:`..reserved`) under CUDA semantics: peak reserved bytes with one pool
     #: per stream and with a single pool, and the segments each stream's pool reserved
     reserved: Optional[dict[str, Any]] = None
+    #: the pipeline stage measured (pp_stage, schedule, micro-batches, virtual stages, the rank's stage indices and
+    #: blocks); None without a pipeline
+    pipeline: Optional[dict[str, Any]] = None
 
 
 def loss_parallel_on(setup: TrainingSetup) -> bool:
@@ -189,13 +228,22 @@ def build(setup: TrainingSetup, mesh: Any) -> Any:
     """torchtitan's model on the meta device with its TP, AC and FSDP applied as ``parallelize_llama`` does, in its
     order, on the ``(dp_shard_cp, tp)`` mesh (dimensions of degree 1 left out; None: one GPU)."""
     torch = require("torch")
-    model_mod, par = _vendored("model"), _vendored("parallelize_llama")
+    model_mod = _vendored("model")
     args = model_mod.ModelArgs(**model_args_of(setup.model.config, setup.seq_len))
     with torch.device("meta"):
         model = model_mod.Transformer.from_model_args(args)
     ffn = model.layers["0"].feed_forward.w1.out_features
     if ffn != int(setup.model.config["intermediate_size"]):  # pragma: no cover - guarded by model_args_of
         raise TrainfitError(f"torchtitan's FeedForward width {ffn} differs from the config's intermediate_size")
+    return parallelize(model, setup, mesh, pp_enabled=False)
+
+
+def parallelize(model: Any, setup: TrainingSetup, mesh: Any, *, pp_enabled: bool) -> Any:
+    """``parallelize_llama`` on one model (or pipeline chunk): TP, AC, then FSDP2 over ``dp_shard_cp`` when data
+    parallelism shards or context parallelism is on (torchtitan applies FSDP2 over the cp ranks even with
+    ``data_parallel_shard_degree`` 1)."""
+    torch = require("torch")
+    par = _vendored("parallelize_llama")
     p = setup.parallel
     if p.tp > 1:
         par.apply_tp(model, mesh["tp"], loss_parallel=p.loss_parallel, enable_float8=False, enable_async_tp=False)
@@ -204,11 +252,28 @@ def build(setup: TrainingSetup, mesh: Any) -> Any:
         # apply_ac counts blocks for selective:N on the wrapper function itself (once per process in torchtitan)
         par.ptd_checkpoint_wrapper._count = 0
         par.apply_ac(model, ac)
-    if p.fsdp:
+    if p.fsdp or p.cp > 1:
         param_dtype = torch.bfloat16 if setup.recipe.precision == "amp-bf16" else torch.float32
         par.apply_fsdp(model, mesh["dp_shard_cp"], param_dtype=param_dtype, reduce_dtype=torch.float32,
-                       pp_enabled=False)
+                       pp_enabled=pp_enabled)
     return model
+
+
+def _mesh(setup: TrainingSetup) -> Any:
+    """``ParallelDims.build_mesh`` for the stage's group: dims ``dp_shard, cp, tp`` (degree 1 left out; the pipeline
+    dimension is not built: a fake process group per stage), ``dp_shard_cp`` flattened from dp_shard and cp."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    p = setup.parallel
+    dp_shard = p.dp if p.fsdp else 1
+    dims = [(n, d) for n, d in (("dp_shard", dp_shard), ("cp", p.cp), ("tp", p.tp)) if d > 1]
+    shard_cp = tuple(n for n, _ in dims if n in ("dp_shard", "cp"))
+    if not dims:
+        return None
+    mesh = init_device_mesh("cpu", tuple(d for _, d in dims), mesh_dim_names=tuple(n for n, _ in dims))
+    if shard_cp:
+        mesh[shard_cp]._flatten(mesh_dim_name="dp_shard_cp")
+    return mesh
 
 
 def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
@@ -229,11 +294,15 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
     train_context = contextlib.nullcontext
     if loss_parallel_on(setup):
         train_context = importlib.import_module("torch.distributed.tensor.parallel").loss_parallel
-    world = (p.dp if p.fsdp else 1) * p.tp
+    if p.pp > 1:
+        return _measure_pipeline(setup, warmup=warmup, cuda=cuda)
+    world = (p.dp if p.fsdp else 1) * p.tp * p.cp
     group = fake_process_group(world) if world > 1 else contextlib.nullcontext()
     with group:
         mesh = None
-        if world > 1:
+        if p.cp > 1:
+            mesh = _mesh(setup)
+        elif world > 1:
             from torch.distributed.device_mesh import init_device_mesh
 
             dims = [(n, d) for n, d in (("dp_shard_cp", p.dp if p.fsdp else 1), ("tp", p.tp)) if d > 1]
@@ -256,27 +325,211 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
                 for i in range(warmup + 1):
                     gc.collect()
                     if i == warmup:
-                        if p.fsdp:
+                        if p.fsdp or p.cp > 1:
                             pin_fsdp_buffers(tracker, model)
                             if pools is not None:
                                 name_fsdp_streams(pools, model)
                         relabel_states(tracker, model, opts.optimizers[0])
+                    if p.cp > 1:  # each step's batch is new (its data loader's), and context_parallel shards it
+                        input_ids = torch.randint(0, vocab, (setup.micro_batch, setup.seq_len), dtype=torch.long)
+                        labels = torch.randint(0, vocab, (setup.micro_batch, setup.seq_len), dtype=torch.long)
                     tracker.new_step()
-                    with train_context():
+                    with train_context(), _context_parallel(setup, mesh, input_ids, labels, model):
                         train.train_step(model, [model], opts, input_ids, labels, max_norm=MAX_NORM,
                                          phase=tracker.phase)
-    mixed = ("bf16 params, fp32 reduce (FSDP2 MixedPrecisionPolicy)" if p.fsdp and setup.recipe.precision == "amp-bf16"
-             else "fp32")
+    mixed = _mixed(setup)
     reserved = None
     if pools is not None:
         reserved = {"peak_reserved_bytes": pools.replay.peak_reserved,
                     "peak_reserved_single_pool_bytes": pools.single.peak_reserved,
                     "reserved_by_stream": pools.reserved_by_stream}
-    mesh_echo = {"dp_shard": p.dp if p.fsdp else 1, "tp": p.tp}
+    mesh_echo = {"dp_shard": p.dp if p.fsdp else 1, "tp": p.tp, **({"cp": p.cp} if p.cp > 1 else {})}
     return StackRun(tracker=tracker, emulation=emulation, world_size=world, mesh=mesh_echo,
                     loss_parallel=loss_parallel_on(setup), n_params=n_params,
                     param_dtype=param_dtype, ac=ac_name(setup), mixed_precision=mixed, reserved=reserved)
 
 
+
+def _mixed(setup: TrainingSetup) -> str:
+    """The mixed-precision policy stepped, in words."""
+    p = setup.parallel
+    if (p.fsdp or p.cp > 1) and setup.recipe.precision == "amp-bf16":
+        return "bf16 params, fp32 reduce (FSDP2 MixedPrecisionPolicy)"
+    return "fp32"
+
+
+def _context_parallel(setup: TrainingSetup, mesh: Any, input_ids: Any, labels: Any, model: Any) -> Any:
+    """train.py's ``create_context_parallel_ctx``: PyTorch's ``context_parallel`` over the ``cp`` mesh with buffers
+    ``[input_ids, labels, model.freqs_cis]``, sequence dims ``[1, 1, 0]``, the token ids and labels not restored
+    (head-tail load balancing, the all-gather rotation: torchtitan's defaults); a null context without cp."""
+    if setup.parallel.cp <= 1:
+        return contextlib.nullcontext()
+    torch = require("torch")
+    cp = importlib.import_module("torch.distributed.tensor.experimental").context_parallel
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if not hasattr(sdpa, "__name__"):  # context_parallel patches the function by its name (the emulation wraps it)
+        sdpa.__name__ = "scaled_dot_product_attention"
+    return cp(mesh["cp"], buffers=[input_ids, labels, model.freqs_cis], buffer_seq_dims=[1, 1, 0],
+              no_restore_buffers={input_ids, labels})
+
+
+def _stage_like(submod: Any) -> Any:
+    """What torch.distributed.pipelining's ``_PipelineStageBase.backward_maybe_with_nosync``, ``perform_reduce_grad``
+    and ``scale_grads`` read of a stage (its ``submod``): those methods are then run as torch's own code."""
+    base = importlib.import_module("torch.distributed.pipelining.stage")._PipelineStageBase
+    st = types.SimpleNamespace(submod=submod)
+    st.scale_grads = lambda factor: base.scale_grads(st, factor)
+    return st
+
+
+def _measure_pipeline(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
+    """The pipeline stage asked for (``--pp-stage``), or with -1 the busier of the first and the last."""
+    p = setup.parallel
+    stages = [p.pp_stage] if p.pp_stage >= 0 else sorted({0, p.pp - 1})
+    runs = [_measure_stage(setup, s, warmup=warmup, cuda=cuda) for s in stages]
+    return max(runs, key=lambda r: r.tracker.steps[-1].peak.total)
+
+
+def _measure_stage(setup: TrainingSetup, stage: int, *, warmup: int, cuda: bool) -> StackRun:
+    """Pipeline rank ``stage`` of torchtitan's pipelined job: the model cut as ``pipeline_llama_manual_split`` cuts
+    it (its split points; with the interleaved schedule ``pp_virtual`` chunks, stages ``stage, stage + pp, ...``),
+    ``parallelize_llama`` on every chunk (AC; FSDP2 with ``pp_enabled``: no resharding after forward), one optimizer
+    per chunk, then its schedule's order for this rank (:func:`..distributed.rank_order`) run by hand."""
+    torch = require("torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..distributed import Layout, eager_dtensor, fake_process_group, pin_fsdp_buffers, rank_order, relabel_states
+    from ..fake import count_params, materialize
+    from ..reserved import StreamPoolListener, name_fsdp_streams
+    from ..session import new_tracker, stepping
+
+    p = setup.parallel
+    virtual = p.pp_virtual if p.pp_schedule == "interleaved" else 1
+    layout = Layout(pp=p.pp, stage=stage, microbatches=setup.accumulation, schedule=p.pp_schedule, virtual=virtual)
+    model_mod, pipe = _vendored("model"), _vendored("pipeline_llama")
+    args = model_mod.ModelArgs(**model_args_of(setup.model.config, setup.seq_len))
+    splits = pipe.generate_split_points(virtual, p.pp, args.n_layers)
+    n_stages = len(splits) + 1
+    world = p.dp if p.fsdp else 1
+    group = fake_process_group(world) if world > 1 else contextlib.nullcontext()
+    with group:
+        mesh = _mesh(setup) if world > 1 else None
+        with torch.device("meta"):
+            whole = model_mod.Transformer.from_model_args(args)
+        parts = pipe.pipeline_llama_manual_split(whole, stage, p.pp, splits)
+        del whole
+        models = [parallelize(m, setup, mesh, pp_enabled=True) for _, m in parts]
+        stage_ids = [s for s, _ in parts]
+        container = torch.nn.ModuleList(models)
+        n_params = count_params(container)[0]
+        fake_mode = FakeTensorMode()
+        materialize(container, fake_mode)
+        container.train()
+        param_dtype = str(next(iter(container.parameters())).dtype).replace("torch.", "")
+        # what a chunk receives: the previous stage's output, in FSDP2's compute dtype
+        hidden_dtype = torch.bfloat16 if p.fsdp and setup.recipe.precision == "amp-bf16" else torch.float32
+        with fake_mode, eager_dtensor():
+            vocab, m = int(setup.model.config["vocab_size"]), setup.accumulation
+            # the rank's local batch, which the schedule splits into m micro-batches (tensor_split: views)
+            input_ids = torch.randint(0, vocab, (setup.micro_batch * m, setup.seq_len), dtype=torch.long)
+            labels = torch.randint(0, vocab, (setup.micro_batch * m, setup.seq_len), dtype=torch.long)
+            pools = StreamPoolListener() if cuda else None
+            tracker, emulation = new_tracker(container, input_ids, labels, cuda=cuda, distributed=True,
+                                             listener=pools)
+            opts = _Optimizers(build_optimizers(models[0], setup).optimizers[0])
+            opts.optimizers += [build_optimizers(c, setup).optimizers[0] for c in models[1:]]
+            stage_likes = [_stage_like(c) for c in models]
+            hidden_shape = (setup.micro_batch, setup.seq_len, args.dim)
+            with stepping(tracker, emulation), (pools.streams() if pools else contextlib.nullcontext()):
+                for i in range(warmup + 1):
+                    gc.collect()
+                    if i == warmup:
+                        if p.fsdp:
+                            pin_fsdp_buffers(tracker, container)
+                            if pools is not None:
+                                for c in models:  # each chunk is an FSDP2 root with its own streams
+                                    name_fsdp_streams(pools, c)
+                        for c, o in zip(models, opts.optimizers):
+                            relabel_states(tracker, c, o)
+                    tracker.new_step()
+                    _pipeline_step(models, stage_ids, n_stages, stage_likes, rank_order(layout), opts, input_ids,
+                                   labels, m, hidden_shape, hidden_dtype, tracker.phase)
+    reserved = None
+    if pools is not None:
+        reserved = {"peak_reserved_bytes": pools.replay.peak_reserved,
+                    "peak_reserved_single_pool_bytes": pools.single.peak_reserved,
+                    "reserved_by_stream": pools.reserved_by_stream}
+    blocks = [[int(k) for k in c.layers.keys()] for c in models]
+    pipeline = {"pp_stage": stage, "pp_schedule": p.pp_schedule, "microbatches": m, "pp_virtual": virtual,
+                "stage_indices": stage_ids, "blocks": blocks, "split_points": splits}
+    return StackRun(tracker=tracker, emulation=emulation, world_size=world * p.pp,
+                    mesh={"dp_shard": p.dp if p.fsdp else 1, "tp": 1, "pp": p.pp}, loss_parallel=False,
+                    n_params=n_params, param_dtype=param_dtype, ac=ac_name(setup), mixed_precision=_mixed(setup),
+                    reserved=reserved, pipeline=pipeline)
+
+
+def _pipeline_step(models: list[Any], stage_ids: list[int], n_stages: int, stage_likes: list[Any],
+                   order: list[tuple[str, int, int]], opts: _Optimizers, input_ids: Any, labels: Any, m: int,
+                   hidden_shape: tuple[int, ...], hidden_dtype: Any, phase: Any) -> None:
+    """One training step of a torchtitan pipeline rank as ``pp_schedule.step`` runs it, by hand in ``order``
+    (("F" | "B", micro-batch, local chunk)): the local batch split in ``m`` micro-batches; a chunk after the first
+    receives a fresh activation buffer (kept to its backward, its gradient then sent and freed) and, before the
+    last, a fresh output-gradient buffer; the last stage's loss is train.py's ``loss_fn`` on each micro-batch's
+    logits, which the stage keeps (``output_chunks``) and the schedule concatenates when the step ends. Backward
+    is torch's own ``backward_maybe_with_nosync`` (FSDP2: no gradient reduction, no resharding until the end),
+    then ``perform_reduce_grad`` (FSDP2's post-backward, gradients divided by ``m``); then train.py's gradient
+    clipping and the optimizers. Phases: "forward" until the first backward, "backward" to the merged outputs,
+    "optimizer"."""
+    torch = require("torch")
+    base = importlib.import_module("torch.distributed.pipelining.stage")._PipelineStageBase
+    merge_chunks = importlib.import_module("torch.distributed.pipelining.microbatch").merge_chunks
+    train = _vendored("train")
+    ids_mb, labels_mb = torch.tensor_split(input_ids, m), torch.tensor_split(labels, m)
+    live: dict[Any, Any] = {}
+    output_chunks: list[Any] = []
+    split = next(k for k, (kind, _, _) in enumerate(order) if kind == "B")
+
+    def forward(i: int, c: int) -> None:
+        first, last = stage_ids[c] == 0, stage_ids[c] == n_stages - 1
+        x = ids_mb[i] if first else torch.empty(hidden_shape, dtype=hidden_dtype).requires_grad_()
+        out = models[c](x)
+        if last:
+            output_chunks.append(out)
+            out = train.loss_fn(out, labels_mb[i])
+        live[(i, c)] = (x, out)
+
+    def backward(i: int, c: int) -> None:
+        first, last = stage_ids[c] == 0, stage_ids[c] == n_stages - 1
+        x, out = live.pop((i, c))
+        if last:
+            kw = {"stage_output": out, "output_grads": None, "input_values": [x]}
+        else:
+            kw = {"stage_output": (out,), "output_grads": (torch.empty_like(out),), "input_values": [x]}
+        grads, _ = base.backward_maybe_with_nosync(stage_likes[c], "full", kw, last_backward=False)
+        del grads, kw, out
+        if last and not first:  # the stage detaches its kept output once its backward is done
+            output_chunks[i].detach_()
+        if not first:
+            x.grad = None  # sent to the previous stage, then freed
+        del x
+
+    optimizers_zero = opts.zero_grad
+    optimizers_zero()
+    with phase("forward"):
+        for kind, i, c in order[:split]:
+            forward(i, c)
+    with phase("backward"):
+        for kind, i, c in order[split:]:
+            (forward if kind == "F" else backward)(i, c)
+        for st in stage_likes:
+            base.perform_reduce_grad(st, m)
+        if output_chunks:  # the last stage returns its merged outputs (train.py drops them)
+            merged = merge_chunks(output_chunks, None)
+            del merged
+        output_chunks.clear()
+    with phase("optimizer"):
+        train.clip_grad_norm_([q for c in models for q in c.parameters()], MAX_NORM, foreach=True, pp_mesh=None)
+        opts.step()
+
 __all__ = ["ACCEPTS", "COMMIT", "StackRun", "VERSION", "ac_config", "ac_name", "build", "build_optimizers", "check",
-           "loss_parallel_on", "measure_rank", "model_args_of"]
+           "loss_parallel_on", "measure_rank", "model_args_of", "parallelize"]
