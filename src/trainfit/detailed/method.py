@@ -122,6 +122,9 @@ class Detailed(MemoryMethod):
                                 f"{', '.join(MODELLED_STACKS)} (the measured method may run it)")
         check_accepts(setup, NAME, {**ACCEPTS, "stack": MODELLED_STACKS})
         check_model(setup)
+        if r.stack == "torchtitan" and setup.model.arch.model_type == "qwen3_moe":
+            raise TrainfitError("the detailed method does not model torchtitan v0.2.0's Qwen3 MoE step yet (its Llama "
+                                "only); the measured method runs it (trainfit measure --stack torchtitan)")
         if behaviour_of(r).step == "megatron-gpt":  # megatron-core's own step: what its model covers
             from . import stacks_megatron
 
