@@ -145,7 +145,9 @@ def check_moe(setup: TrainingSetup) -> None:
     """Refuse, in one line, what torchtitan v0.2.0's Qwen3 MoE step cannot run here."""
     from ...method import check_accepts
 
-    hints = {**HINTS, "accumulation": "the measured step is one micro-batch (gradient_accumulation_steps 1)"}
+    hints = {**HINTS, "accumulation": "the measured step is one micro-batch (gradient_accumulation_steps 1)",
+             "ep": "torchtitan's ExpertParallel sizes its all-to-all from the routed token counts (input_splits."
+                   "tolist(), distributed/expert_parallel.py at v0.2.0), which fake tensors cannot give"}
     check_accepts(setup, f"measured (--stack torchtitan, {MOE_VERSION} MoE)", ACCEPTS, hints)
     p = setup.parallel
     if p.tp > 1:
