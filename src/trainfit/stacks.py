@@ -38,6 +38,7 @@ class Behaviour(BaseModel):
     reserve: Literal["median-fraction", "stream-pools"] = "median-fraction"
     fsdp_keep_last_block: bool = False
     step: Literal["pytorch", "megatron-gpt", "deepspeed-zero"] = "pytorch"
+    moe: Literal["transformers", "torchtitan-grouped"] = "transformers"
 
 
 class Stack(BaseModel):

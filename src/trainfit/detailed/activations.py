@@ -174,6 +174,8 @@ class _Walker:
         self.full = not recipe.lora  # full fine-tuning: every weight trainable
         self.kernel = attention_kernel(arch, recipe)
         self.beh = behaviour_of(recipe)
+        #: torchtitan's MoE model (v0.2.0 Qwen3): torch's nn.RMSNorm, rotate-half rotary, its MoE layer
+        self.tt_moe = self.beh.moe == "torchtitan-grouped" and arch.num_experts > 0
         self.drop = recipe.dropout and self.beh.dropout
         #: torchtitan's op policy: the block's mm count (every odd mm's output saved, _save_list of 9dec370)
         self.op_policy = op_policy(recipe)
@@ -256,7 +258,7 @@ class _Walker:
         if a.norm_kind == "rmsnorm":
             fp32_weight = a.family.norm_one_plus_weight or a.family.norm_weight_before_cast
             return self.g.rmsnorm(x, trainable, gemma=fp32_weight, name=name, rows=rows,
-                                  wdtype=self.p)
+                                  wdtype=self.p, torch_rms=self.tt_moe)
         return self.g.layernorm(x, trainable, name=name, rows=rows)
 
     def activation(self, x: Tensor) -> Tensor:
@@ -302,8 +304,9 @@ class _Walker:
             q = self.norm(q, "q_norm", rows=1.0 if whole else heads)
             k = self.norm(k, "k_norm", rows=1.0 if whole else kvh)
         if cos is not None and a.rotary_fraction > 0:
-            rope = (self.rope_complex if self.beh.rope == "complex" else self.rope_pairs if a.family.rope_half_table
-                    else self.rope)
+            # torchtitan's MoE model (v0.2.0 Qwen3) rotates halves with cos/sin views of its fp32 rope_cache
+            rope = (self.rope_complex if self.beh.rope == "complex" and not self.tt_moe else self.rope_pairs
+                    if a.family.rope_half_table else self.rope)
             q, k = rope(q, qw, cos, sin), rope(k, kvw, cos, sin)
         self.math_core = False
         out = self.core_attention(q, k, v, heads, kvh, qw, kvw, self.masked_window(index))
@@ -670,7 +673,7 @@ class _Walker:
         targets = r.lora_targets if r.lora else ()
         lins = {lin.role: lin for lin in block_linears(a, index)}
         if a.is_moe_layer(index):
-            return self.moe(y, index)
+            return self.moe_torchtitan(y, index) if self.tt_moe else self.moe(y, index)
         y = self.gather_sequence(y, a.hidden_size)
         if a.mlp_gated:
             if "gate_up" in lins:
@@ -749,6 +752,108 @@ class _Walker:
             out = g.add(out, g.mul(sd, gate))
         if dtensor_tp:
             out = g.reduce(out, tok(h / self.tp) if self.sp else tok(h))
+        return out
+
+    def moe_torchtitan(self, y: Tensor, index: int) -> Tensor:
+        """torchtitan v0.2.0's ``MoE.forward`` (torchtitan/models/moe/moe.py, utils.py; vendored in
+        trainfit.stacks_code.torchtitan_29624e3), one GPU: the router (gate mm, fp32 softmax saved, top-k of the
+        scores plus the expert bias: int64 ids saved by the gather of the chosen scores, normalised by their sum:
+        both saved, times route_scale), the reorderer (a stable argsort: int64, saved by the index of the sorted
+        scores; the token ids ``// top_k``: int64, saved by the gather and the scatter_add), the routed copies
+        gathered, padded per expert to the static bound M = tokens x k + experts x 8 rows (``vstack`` with a zero
+        row, then indexed by the int32 permutation, saved), the three grouped products in bf16 (each
+        ``x.bfloat16()`` a copy of the permuted input unless it is bf16 already, each ``w.bfloat16()`` a copy of
+        the expert weight unless the parameters are bf16: all saved), silu (input saved) times the w3 product
+        (both saved), the w2 product cast back (``type_as``), unpermuted into (tokens x k + 1) rows, times the fp32
+        scores (both saved), cast back, and ``scatter_add`` onto zeros in token order."""
+        a, g = self.a, self.g
+        E, k, mi, h = a.num_experts, a.experts_per_token, a.moe_intermediate_size, a.hidden_size
+        xd, pd = y.dtype, self.p
+        # router: gate mm (its shapes forced to recompute under the op policy: never kept, not counted)
+        mm_count = self.mm_count
+        logits = self.linear(y, f"{index}.router", h, E, "", "gate")
+        if self.op_policy and g.checkpointing:
+            self.mm_count = mm_count
+            logits.saved = False
+        scores = g.unary_saving_output(g.cast(logits, 4), "router softmax (fp32)")
+        biased = g.new(tok(E), 4, False, "scores + expert_bias")
+        g.use(scores)
+        top_vals = g.new(tok(k), 4, False, "top-k values (unused)")
+        ids = g.new(tok(k), 8, False, "top-k expert ids")
+        g.use(biased, top_vals)
+        top = g.new(tok(k), 4, True, "chosen scores (gather)")
+        g.save(ids)
+        g.use(scores)
+        den = g.new(tok(1), 4, True, "sum of chosen scores + eps")
+        g.save(den)
+        g.save(top)
+        normed = g.new(tok(k), 4, True, "normalised scores")
+        g.use(top, den)
+        scaled = g.mul(normed, None, "route_scale")
+        g.use(ids)
+        # reorderer
+        order = g.new(tok(k), 8, False, "argsort of expert ids")
+        g.save(order)
+        sorted_scores = g.new(tok(k), 4, True, "scores sorted by expert")
+        g.use(scaled, order)
+        token_ids = g.new(tok(k), 8, False, "token ids (// top_k)")
+        g.save(token_ids)
+        g.use(order)
+        routed = g.new(tok(k * h), xd, y.rg, "routed copies (gather)")
+        g.save(y)  # gather's backward reads its input (gather_backward(grad, self, dim, index))
+        g.use(y)
+        # indices_padding_wrapper(_run_experts_grouped_mm): the permutation (int32, M rows) and the padded input
+        rows = (float(k), 0.0, 0.0, float(E * 8))  # M = tokens x k + experts x 8 (8-aligned bound)
+        perm = g.new(rows, 4, False, "permuted indices (int32)")
+        stacked = g.new(vadd(tok(k * h), const(h)), xd, routed.rg, "vstack with a zero row")
+        g.save(perm)
+        permuted = g.new(vscale(rows, h), xd, routed.rg, "permuted copies")
+        g.use(stacked, perm)
+
+        def bf16_input() -> Tensor:
+            if xd == 2:
+                return permuted
+            c = g.new(permuted.size, 2, permuted.rg, "x.bfloat16()")
+            g.use(permuted)
+            return c
+
+        def bf16_weight(name: str) -> Optional[Tensor]:
+            if pd == 2:
+                return None  # the parameter itself
+            return g.new(const(E * mi * h), 2, self.full, f"{index}.{name}.bfloat16()")
+
+        x1, w1 = bf16_input(), bf16_weight("w1")
+        h1 = g.new(vscale(rows, mi), 2, True, "grouped_mm w1")
+        g.save(x1)
+        g.save(w1)
+        g.use(x1, w1)
+        act = g.unary_saving_input(h1, "silu")
+        x3, w3 = bf16_input(), bf16_weight("w3")
+        h3 = g.new(vscale(rows, mi), 2, True, "grouped_mm w3")
+        g.save(x3)
+        g.save(w3)
+        g.use(x3, w3)
+        m = g.mul(act, h3, "silu * w3")
+        w2 = bf16_weight("w2")
+        out2 = g.new(vscale(rows, h), 2, True, "grouped_mm w2")
+        g.save(m)
+        g.save(w2)
+        g.use(m, w2)
+        out_x = g.cast(out2, xd)  # type_as(x)
+        unperm = g.new(vadd(tok(k * h), const(h)), xd, True, "unpermuted (tokens x k + 1 rows)")
+        g.use(out_x, perm, permuted)
+        zeros = g.new(tok(h), xd, False, "zeros_like(x)")  # made before the scores are applied (no shared expert)
+        up = g.cast(unperm, 4)  # routed_output.to(float32)
+        weighted = g.new(tok(k * h), 4, True, "routed output x scores")
+        g.save(up)
+        g.save(sorted_scores)
+        g.use(up, sorted_scores)
+        back = g.cast(weighted, xd)
+        out = g.new(tok(h), xd, True, "scatter_add")
+        g.save(token_ids)
+        g.use(zeros, back, token_ids)
+        # MoE.forward's locals (its input, the routed copies, the ids and scores) live until it returns
+        g.use(y, routed, ids, scaled)
         return out
 
     def moe_own_router(self, y: Tensor, index: int) -> Tensor:
