@@ -143,8 +143,8 @@ def test_the_stack_names_both_commits_and_takes_qwen3_moe():
     assert "9dec370" in st.version and "29624e3" in st.version and "v0.2.0" in st.version
 
 
-#: the corpus rows the detailed method models: one GPU, AC none or selective (its op policy)
-MODELLED = [r for r in ROWS.values() if r["world_size"] == 1 and r["activation_checkpoint"] in ("none", "selective:op")]
+#: the corpus rows the detailed method models: one GPU, every AC mode
+MODELLED = [r for r in ROWS.values() if r["world_size"] == 1]
 
 
 def _detailed(row: dict, **extra):
@@ -154,7 +154,11 @@ def _detailed(row: dict, **extra):
 
 @pytest.mark.parametrize("row", MODELLED, ids=[r["case"] for r in MODELLED])
 def test_the_detailed_method_matches_torchtitans_measured_moe_step(row):
-    """Allocated peak within 0.5 % of the measured step (measured: at most 0.04 %, the wide shape in fp32)."""
+    """Allocated peak within 0.5 % of the measured step (measured: at most 0.04 %). With checkpointing the peak is
+    in the first block's backward, as its MoE backward starts: the block's saved tensors recomputed, the
+    residual-stream gradient (fp32: no 16-bit copy, the MoE output is in its input's dtype), and three fp32
+    routed-copy tensors (the gathered output gradient, the routed output's gradient, and grad * output for the
+    scores' gradient)."""
     err = _detailed(row).extra["peak_allocated_bytes"] / row["peak_allocated_bytes"] - 1
     assert abs(err) < 0.005, err
 
@@ -189,7 +193,7 @@ def test_the_sweep_and_the_scalar_method_agree_on_the_moe_step():
     cfg = str(REPO / "validation/configs/torchtitan-qwen3-moe-small.json")
     inputs = dict(batch=np.asarray([1, 4, 2, 8]), seq_len=np.asarray([1024, 512, 2048, 256]),
                   precision=np.asarray(["fp32", "amp-bf16", "fp32", "amp-bf16"]),
-                  checkpointing=np.asarray(["none", "selective", "selective", "none"]))
+                  checkpointing=np.asarray(["none", "selective", "full", "every-k"]))
     res = sweep(cfg, "h100", method="detailed", stack="torchtitan", **inputs)
     for i in range(4):
         one = {k: v[i].item() for k, v in inputs.items()}
@@ -198,14 +202,14 @@ def test_the_sweep_and_the_scalar_method_agree_on_the_moe_step():
         assert res["total_bytes"][i] == pytest.approx(e.total_bytes, rel=1e-9), one
 
 
-@pytest.mark.parametrize("fields", [dict(dp=2, fsdp=True, batch=4), dict(checkpointing="full"),
-                                    dict(checkpointing="every-k", checkpoint_every=2)])
+@pytest.mark.parametrize("fields", [dict(dp=2, fsdp=True, batch=4), dict(dp=4, fsdp=True, batch=8,
+                                                                           checkpointing="full")])
 def test_the_detailed_method_refuses_the_moe_step_it_does_not_model_in_one_line(fields):
     cfg = str(REPO / "validation" / "configs" / "torchtitan-qwen3-moe-small.json")
     with pytest.raises(TrainfitError) as e:
         estimate(cfg, "h100", method="detailed", stack="torchtitan", seq_len=1024,
                  **{"batch": 2, "precision": "amp-bf16", **fields})
-    assert "on one GPU with --checkpointing none or selective" in str(e.value) and "\n" not in str(e.value)
+    assert "MoE) on one GPU; got world size" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_the_vendored_files_name_their_commit_and_keep_the_licence():

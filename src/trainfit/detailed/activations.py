@@ -176,6 +176,7 @@ class _Walker:
         self.beh = behaviour_of(recipe)
         #: torchtitan's MoE model (v0.2.0 Qwen3): torch's nn.RMSNorm, rotate-half rotary, its MoE layer
         self.tt_moe = self.beh.moe == "torchtitan-grouped" and arch.num_experts > 0
+        self.moe_bwd: Vec = ZERO  #: the working set of torchtitan's MoE backward (moe_torchtitan)
         self.drop = recipe.dropout and self.beh.dropout
         #: torchtitan's op policy: the block's mm count (every odd mm's output saved, _save_list of 9dec370)
         self.op_policy = op_policy(recipe)
@@ -849,6 +850,12 @@ class _Walker:
         g.save(sorted_scores)
         g.use(up, sorted_scores)
         back = g.cast(weighted, xd)
+        # its backward's working set, beyond the saved tensors, when it starts (the block's peak: every saved tensor
+        # is still there): the gathered output gradient, in fp32 for the scores' product, whose backward makes the
+        # routed output's gradient and grad * output for the scores' (three fp32 routed-copy tensors)
+        # (the residual stream's gradient reaches the MoE in its own dtype: the block's MoE output is in the
+        # input's dtype, fp32 under autocast, so no 16-bit copy of it exists then)
+        self.moe_bwd = vadd(tok(3 * k * h * 4), tok(self.hw * xd) if xd != self.p else ZERO)
         out = g.new(tok(h), xd, True, "scatter_add")
         g.save(token_ids)
         g.use(zeros, back, token_ids)
@@ -1382,7 +1389,11 @@ class _Walker:
             # the residual stream's incoming gradient (the add passes it to the branch as it is), and its copy in
             # the branch's dtype where that differs (autocast: autograd casts the gradient to the input's dtype)
             res = tok(self.hw * self.p + (self.hw * self.w if self.w != self.p else 0.0))
-            lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=vadd(res, vadd(biggest, biggest)),
+            # torchtitan's MoE block: its MoE backward's working set (moe_torchtitan), not the largest-tensor rule
+            work = vadd(res, vadd(biggest, biggest))
+            if self.tt_moe and self.a.is_moe_layer(i):
+                work = vadd(tok(self.hw * self.p), self.moe_bwd)
+            lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=work,
                                     gone=vadd(handed_on, released), attention_bwd=attn_bwd,
                                     core_bwd=vadd(core_bwd, res) if core_bwd != ZERO else ZERO, core_gone=core_gone))
             if i == layers[-1]:

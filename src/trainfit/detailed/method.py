@@ -123,14 +123,12 @@ class Detailed(MemoryMethod):
         check_accepts(setup, NAME, {**ACCEPTS, "stack": MODELLED_STACKS})
         check_model(setup)
         if (behaviour_of(r).moe == "torchtitan-grouped" and setup.model.arch.num_experts > 0
-                and (setup.parallel.world_size > 1 or r.checkpointing not in ("none", "selective"))):
-            # checked against its measured corpus on one GPU with these two modes only: under FSDP2 its v0.2.0
-            # wrapping (embeddings and norm + output as units of their own) and inside a recomputed MoE block's
-            # backward the peak is not walked yet
+                and setup.parallel.world_size > 1):
+            # checked against its measured corpus on one GPU: under FSDP2 its v0.2.0 wrapping (embeddings and
+            # norm + output as units of their own, every block resharded) is not modelled yet
             raise TrainfitError(f"the detailed method models stack {r.stack!r}'s MoE step (torchtitan v0.2.0's Qwen3 "
-                                "MoE) on one GPU with --checkpointing none or selective; got "
-                                f"world size {setup.parallel.world_size}, --checkpointing {r.checkpointing} (the "
-                                "measured method runs it: trainfit measure --stack torchtitan)")
+                                f"MoE) on one GPU; got world size {setup.parallel.world_size} (the measured method runs "
+                                "it: trainfit measure --stack torchtitan)")
         if behaviour_of(r).step == "megatron-gpt":  # megatron-core's own step: what its model covers
             from . import stacks_megatron
 
