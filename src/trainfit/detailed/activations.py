@@ -308,6 +308,11 @@ class _Walker:
             # torchtitan's MoE model (v0.2.0 Qwen3) rotates halves with cos/sin views of its fp32 rope_cache
             rope = (self.rope_complex if self.beh.rope == "complex" and not self.tt_moe else self.rope_pairs
                     if a.family.rope_half_table else self.rope)
+            if self.tt_moe and q.dtype != cos.dtype:
+                # apply_rotary_emb: cos and sin sliced from rope_cache and cast to q's dtype once per call (the
+                # products save the copies)
+                cos = self.g.new(cos.size, q.dtype, False, "cos.to(dtype)")
+                sin = self.g.new(sin.size, q.dtype, False, "sin.to(dtype)")
             q, k = rope(q, qw, cos, sin), rope(k, kvw, cos, sin)
         self.math_core = False
         out = self.core_attention(q, k, v, heads, kvh, qw, kvw, self.masked_window(index))
@@ -844,7 +849,9 @@ class _Walker:
         unperm = g.new(vadd(tok(k * h), const(h)), xd, True, "unpermuted (tokens x k + 1 rows)")
         g.use(out_x, perm, permuted)
         zeros = g.new(tok(h), xd, False, "zeros_like(x)")  # made before the scores are applied (no shared expert)
-        up = g.cast(unperm, 4)  # routed_output.to(float32)
+        # routed_output (the first tokens x k rows).to(float32): a copy of those rows unless they are fp32
+        up = unperm if xd == 4 else g.new(tok(k * h), 4, True, "routed output.to(float32)")
+        g.use(unperm)
         weighted = g.new(tok(k * h), 4, True, "routed output x scores")
         g.save(up)
         g.save(sorted_scores)
@@ -1257,8 +1264,10 @@ class _Walker:
             d = a.head_dim * a.rotary_fraction / (2 if a.family.rope_half_table else 1)
             # one cos/sin pair, or one per kind of block the model has (gemma3_text: global and local bases)
             for kind in (dict.fromkeys(a.layer_types) if a.family.rope_per_layer_type else ("",)):
-                cos = g.new(pos(d), self.p, False, f"rotary cos {kind}".strip())
-                sin = g.new(pos(d), self.p, False, f"rotary sin {kind}".strip())
+                # torchtitan's MoE model keeps them as an fp32 buffer (rope_cache) whatever the parameters' dtype
+                tdt = 4.0 if self.tt_moe else self.p
+                cos = g.new(pos(d), tdt, False, f"rotary cos {kind}".strip())
+                sin = g.new(pos(d), tdt, False, f"rotary sin {kind}".strip())
                 g.hold(cos)
                 g.hold(sin)
                 tables[kind] = (cos, sin)
