@@ -143,8 +143,8 @@ def test_the_stack_names_both_commits_and_takes_qwen3_moe():
     assert "9dec370" in st.version and "29624e3" in st.version and "v0.2.0" in st.version
 
 
-#: the corpus rows the detailed method models: one GPU, every AC mode
-MODELLED = [r for r in ROWS.values() if r["world_size"] == 1]
+#: the corpus rows the detailed method models: all of them (one GPU and FSDP2, every AC mode)
+MODELLED = list(ROWS.values())
 
 
 def _detailed(row: dict, **extra):
@@ -152,15 +152,34 @@ def _detailed(row: dict, **extra):
                     overheads=False, **row["fields"], **extra)
 
 
+def _error(row: dict) -> float:
+    return _detailed(row).extra["peak_allocated_bytes"] / row["peak_allocated_bytes"] - 1
+
+
 @pytest.mark.parametrize("row", MODELLED, ids=[r["case"] for r in MODELLED])
 def test_the_detailed_method_matches_torchtitans_measured_moe_step(row):
-    """Allocated peak within 0.5 % of the measured step (measured: at most 0.04 %). With checkpointing the peak is
-    in the first block's backward, as its MoE backward starts: the block's saved tensors recomputed, the
-    residual-stream gradient (fp32: no 16-bit copy, the MoE output is in its input's dtype), and three fp32
-    routed-copy tensors (the gathered output gradient, the routed output's gradient, and grad * output for the
-    scores' gradient)."""
-    err = _detailed(row).extra["peak_allocated_bytes"] / row["peak_allocated_bytes"] - 1
-    assert abs(err) < 0.005, err
+    """Allocated peak within 2 % of the measured step (measured: one GPU at most 0.04 %, FSDP2 at most 0.49 %).
+    With checkpointing the peak is in the first block's backward, as its MoE backward starts: the block's saved
+    tensors recomputed, the residual-stream gradient (no 16-bit copy: the MoE output is in its input's dtype), and
+    three fp32 routed-copy tensors (the gathered output gradient, the routed output's gradient, and grad * output
+    for the scores' gradient). Under FSDP2, v0.2.0's wrapping: at the loss only norm + output are gathered."""
+    assert abs(_error(row)) < 0.02
+
+
+def test_the_median_moe_case_is_within_half_a_percent():
+    import statistics
+
+    assert statistics.median(abs(_error(r)) for r in MODELLED) < 0.005
+
+
+def test_fsdp2_holds_only_norm_and_output_gathered_at_the_loss():
+    """fsdp2-bf16-none peaks at the loss backward, where torchtitan v0.2.0 holds its norm + output unit gathered
+    (bf16: 2048 x 256 x 2 B + 256 x 2 B, in 512-byte blocks: 1.0 MiB) and nothing else: the measured
+    communication buffers, and the detailed method's."""
+    row = ROWS["torchtitan-moe-fsdp2-bf16-none"]
+    assert row["components"]["communication_buffers"] == 2048 * 256 * 2 + 512
+    e = _detailed(row)
+    assert e.components["communication_buffers"] == pytest.approx(2048 * 256 * 2 + 512, rel=1e-3)
 
 
 def test_the_walked_moe_block_saves_what_torchtitans_block_saves():
@@ -191,25 +210,25 @@ def test_the_sweep_and_the_scalar_method_agree_on_the_moe_step():
     from trainfit.engine import sweep
 
     cfg = str(REPO / "validation/configs/torchtitan-qwen3-moe-small.json")
-    inputs = dict(batch=np.asarray([1, 4, 2, 8]), seq_len=np.asarray([1024, 512, 2048, 256]),
-                  precision=np.asarray(["fp32", "amp-bf16", "fp32", "amp-bf16"]),
-                  checkpointing=np.asarray(["none", "selective", "full", "every-k"]))
+    inputs = dict(batch=np.asarray([1, 4, 2, 8, 4, 8]), seq_len=np.asarray([1024, 512, 2048, 256, 1024, 512]),
+                  precision=np.asarray(["fp32", "amp-bf16", "fp32", "amp-bf16", "amp-bf16", "fp32"]),
+                  checkpointing=np.asarray(["none", "selective", "full", "every-k", "selective", "full"]),
+                  dp=np.asarray([1, 1, 1, 1, 2, 4]), fsdp=np.asarray([False, False, False, False, True, True]))
     res = sweep(cfg, "h100", method="detailed", stack="torchtitan", **inputs)
-    for i in range(4):
+    for i in range(6):
         one = {k: v[i].item() for k, v in inputs.items()}
         e = estimate(cfg, "h100", method="detailed", stack="torchtitan", suggestions=False, **one)
         assert res["peak_allocated_bytes"][i] == pytest.approx(e.extra["peak_allocated_bytes"], rel=1e-9), one
         assert res["total_bytes"][i] == pytest.approx(e.total_bytes, rel=1e-9), one
 
 
-@pytest.mark.parametrize("fields", [dict(dp=2, fsdp=True, batch=4), dict(dp=4, fsdp=True, batch=8,
-                                                                           checkpointing="full")])
+@pytest.mark.parametrize("fields", [dict(tp=2), dict(dp=2, batch=4), dict(ep=2, dp=2, fsdp=True, batch=4)])
 def test_the_detailed_method_refuses_the_moe_step_it_does_not_model_in_one_line(fields):
     cfg = str(REPO / "validation" / "configs" / "torchtitan-qwen3-moe-small.json")
     with pytest.raises(TrainfitError) as e:
         estimate(cfg, "h100", method="detailed", stack="torchtitan", seq_len=1024,
                  **{"batch": 2, "precision": "amp-bf16", **fields})
-    assert "MoE) on one GPU; got world size" in str(e.value) and "\n" not in str(e.value)
+    assert "MoE) on one GPU or under FSDP2" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_the_vendored_files_name_their_commit_and_keep_the_licence():
