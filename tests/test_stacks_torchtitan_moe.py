@@ -158,18 +158,19 @@ def _error(row: dict) -> float:
 
 @pytest.mark.parametrize("row", MODELLED, ids=[r["case"] for r in MODELLED])
 def test_the_detailed_method_matches_torchtitans_measured_moe_step(row):
-    """Allocated peak within 2 % of the measured step (measured: one GPU at most 0.04 %, FSDP2 at most 0.49 %).
+    """Allocated peak within 0.5 % of the measured step (measured: one GPU at most 0.04 %, FSDP2 at most 0.16 %).
     With checkpointing the peak is in the first block's backward, as its MoE backward starts: the block's saved
     tensors recomputed, the residual-stream gradient (no 16-bit copy: the MoE output is in its input's dtype), and
     three fp32 routed-copy tensors (the gathered output gradient, the routed output's gradient, and grad * output
-    for the scores' gradient). Under FSDP2, v0.2.0's wrapping: at the loss only norm + output are gathered."""
-    assert abs(_error(row)) < 0.02
+    for the scores' gradient). Under FSDP2, v0.2.0's wrapping: at the loss only norm + output are gathered, and
+    each block holds the bf16 copy of rope_cache FSDP2's input cast makes."""
+    assert abs(_error(row)) < 0.005
 
 
-def test_the_median_moe_case_is_within_half_a_percent():
+def test_the_median_moe_case_is_within_a_tenth_of_a_percent():
     import statistics
 
-    assert statistics.median(abs(_error(r)) for r in MODELLED) < 0.005
+    assert statistics.median(abs(_error(r)) for r in MODELLED) < 0.001  # measured: 0.02 %
 
 
 def test_fsdp2_holds_only_norm_and_output_gathered_at_the_loss():

@@ -1306,7 +1306,18 @@ class _Walker:
             x_in = x
             if a.family.rope_per_layer_type and tables:
                 cos, sin = tables[a.layer_types[i]]
-            x = self.block(x, i, cos, sin)
+            bcos, bsin = cos, sin
+            if self.tt_moe and cos is not None and sin is not None and cos.dtype != self.p:
+                # FSDP2's MixedPrecisionPolicy casts a module's floating-point arguments to the parameter dtype:
+                # torchtitan passes its fp32 rope_cache to every block, so each block gets its own 16-bit copy,
+                # made outside its checkpoint (which keeps it as an argument)
+                bcos = g.new(cos.size, self.p, False, "rope_cache cast by FSDP2 (cos half)")
+                bsin = g.new(sin.size, self.p, False, "rope_cache cast by FSDP2 (sin half)")
+                if ck:
+                    g.checkpoint_input(bcos)
+                    g.checkpoint_input(bsin)
+            x = self.block(x, i, bcos, bsin)
+            g.use(bcos, bsin)
             if offload:
                 g.use(x_in)  # the caller's reference to the block's input lasts the call
             g.checkpointing = False
