@@ -17,9 +17,7 @@ from trainfit.engine import estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = [r for r in (json.loads(line) for line in (ROOT / "validation" / "stacks-measured.jsonl").read_text()
-                    .splitlines() if line) if r["stack"] == "torchtitan"
-        # the other stacks' rows: their own tests; torchtitan's v0.2.0 MoE rows (not modelled yet): their own tests
-        and r["torchtitan_commit"].startswith("9dec370")]
+                    .splitlines() if line) if r["stack"] == "torchtitan"]  # the other stacks' rows: their own tests
 FLAGS = {"--dp": ("dp", int), "--tp": ("tp", int), "--ckpt-every": ("checkpoint_every", int),
          "--optimizer": ("optimizer", str), "--opt-impl": ("opt_impl", str)}
 SWITCHES = {"--fsdp": "fsdp", "--loss-parallel": "loss_parallel"}
