@@ -39,6 +39,7 @@ class Behaviour(BaseModel):
     fsdp_keep_last_block: bool = False
     fsdp_over_cp: bool = False
     step: Literal["pytorch", "megatron-gpt", "deepspeed-zero"] = "pytorch"
+    moe: Literal["transformers", "torchtitan-grouped"] = "transformers"
 
 
 class Stack(BaseModel):

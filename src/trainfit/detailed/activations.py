@@ -174,6 +174,9 @@ class _Walker:
         self.full = not recipe.lora  # full fine-tuning: every weight trainable
         self.kernel = attention_kernel(arch, recipe)
         self.beh = behaviour_of(recipe)
+        #: torchtitan's MoE model (v0.2.0 Qwen3): torch's nn.RMSNorm, rotate-half rotary, its MoE layer
+        self.tt_moe = self.beh.moe == "torchtitan-grouped" and arch.num_experts > 0
+        self.moe_bwd: Vec = ZERO  #: the working set of torchtitan's MoE backward (moe_torchtitan)
         self.drop = recipe.dropout and self.beh.dropout
         #: torchtitan's op policy: the block's mm count (every odd mm's output saved, _save_list of 9dec370)
         self.op_policy = op_policy(recipe)
@@ -256,7 +259,7 @@ class _Walker:
         if a.norm_kind == "rmsnorm":
             fp32_weight = a.family.norm_one_plus_weight or a.family.norm_weight_before_cast
             return self.g.rmsnorm(x, trainable, gemma=fp32_weight, name=name, rows=rows,
-                                  wdtype=self.p)
+                                  wdtype=self.p, torch_rms=self.tt_moe)
         return self.g.layernorm(x, trainable, name=name, rows=rows)
 
     def activation(self, x: Tensor) -> Tensor:
@@ -302,8 +305,14 @@ class _Walker:
             q = self.norm(q, "q_norm", rows=1.0 if whole else heads)
             k = self.norm(k, "k_norm", rows=1.0 if whole else kvh)
         if cos is not None and a.rotary_fraction > 0:
-            rope = (self.rope_complex if self.beh.rope == "complex" else self.rope_pairs if a.family.rope_half_table
-                    else self.rope)
+            # torchtitan's MoE model (v0.2.0 Qwen3) rotates halves with cos/sin views of its fp32 rope_cache
+            rope = (self.rope_complex if self.beh.rope == "complex" and not self.tt_moe else self.rope_pairs
+                    if a.family.rope_half_table else self.rope)
+            if self.tt_moe and q.dtype != cos.dtype:
+                # apply_rotary_emb: cos and sin sliced from rope_cache and cast to q's dtype once per call (the
+                # products save the copies)
+                cos = self.g.new(cos.size, q.dtype, False, "cos.to(dtype)")
+                sin = self.g.new(sin.size, q.dtype, False, "sin.to(dtype)")
             q, k = rope(q, qw, cos, sin), rope(k, kvw, cos, sin)
         self.math_core = False
         out = self.core_attention(q, k, v, heads, kvh, qw, kvw, self.masked_window(index))
@@ -678,7 +687,7 @@ class _Walker:
         targets = r.lora_targets if r.lora else ()
         lins = {lin.role: lin for lin in block_linears(a, index)}
         if a.is_moe_layer(index):
-            return self.moe(y, index)
+            return self.moe_torchtitan(y, index) if self.tt_moe else self.moe(y, index)
         y = self.gather_sequence(y, a.hidden_size)
         if a.mlp_gated:
             if "gate_up" in lins:
@@ -757,6 +766,116 @@ class _Walker:
             out = g.add(out, g.mul(sd, gate))
         if dtensor_tp:
             out = g.reduce(out, tok(h / self.tp) if self.sp else tok(h))
+        return out
+
+    def moe_torchtitan(self, y: Tensor, index: int) -> Tensor:
+        """torchtitan v0.2.0's ``MoE.forward`` (torchtitan/models/moe/moe.py, utils.py; vendored in
+        trainfit.stacks_code.torchtitan_29624e3), one GPU: the router (gate mm, fp32 softmax saved, top-k of the
+        scores plus the expert bias: int64 ids saved by the gather of the chosen scores, normalised by their sum:
+        both saved, times route_scale), the reorderer (a stable argsort: int64, saved by the index of the sorted
+        scores; the token ids ``// top_k``: int64, saved by the gather and the scatter_add), the routed copies
+        gathered, padded per expert to the static bound M = tokens x k + experts x 8 rows (``vstack`` with a zero
+        row, then indexed by the int32 permutation, saved), the three grouped products in bf16 (each
+        ``x.bfloat16()`` a copy of the permuted input unless it is bf16 already, each ``w.bfloat16()`` a copy of
+        the expert weight unless the parameters are bf16: all saved), silu (input saved) times the w3 product
+        (both saved), the w2 product cast back (``type_as``), unpermuted into (tokens x k + 1) rows, times the fp32
+        scores (both saved), cast back, and ``scatter_add`` onto zeros in token order."""
+        a, g = self.a, self.g
+        E, k, mi, h = a.num_experts, a.experts_per_token, a.moe_intermediate_size, a.hidden_size
+        xd, pd = y.dtype, self.p
+        # router: gate mm (its shapes forced to recompute under the op policy: never kept, not counted)
+        mm_count = self.mm_count
+        logits = self.linear(y, f"{index}.router", h, E, "", "gate")
+        if self.op_policy and g.checkpointing:
+            self.mm_count = mm_count
+            logits.saved = False
+        scores = g.unary_saving_output(g.cast(logits, 4), "router softmax (fp32)")
+        biased = g.new(tok(E), 4, False, "scores + expert_bias")
+        g.use(scores)
+        top_vals = g.new(tok(k), 4, False, "top-k values (unused)")
+        ids = g.new(tok(k), 8, False, "top-k expert ids")
+        g.use(biased, top_vals)
+        top = g.new(tok(k), 4, True, "chosen scores (gather)")
+        g.save(ids)
+        g.use(scores)
+        den = g.new(tok(1), 4, True, "sum of chosen scores + eps")
+        g.save(den)
+        g.save(top)
+        normed = g.new(tok(k), 4, True, "normalised scores")
+        g.use(top, den)
+        scaled = g.mul(normed, None, "route_scale")
+        g.use(ids)
+        # reorderer
+        order = g.new(tok(k), 8, False, "argsort of expert ids")
+        g.save(order)
+        sorted_scores = g.new(tok(k), 4, True, "scores sorted by expert")
+        g.use(scaled, order)
+        token_ids = g.new(tok(k), 8, False, "token ids (// top_k)")
+        g.save(token_ids)
+        g.use(order)
+        routed = g.new(tok(k * h), xd, y.rg, "routed copies (gather)")
+        g.save(y)  # gather's backward reads its input (gather_backward(grad, self, dim, index))
+        g.use(y)
+        # indices_padding_wrapper(_run_experts_grouped_mm): the permutation (int32, M rows) and the padded input
+        rows = (float(k), 0.0, 0.0, float(E * 8))  # M = tokens x k + experts x 8 (8-aligned bound)
+        perm = g.new(rows, 4, False, "permuted indices (int32)")
+        stacked = g.new(vadd(tok(k * h), const(h)), xd, routed.rg, "vstack with a zero row")
+        g.save(perm)
+        permuted = g.new(vscale(rows, h), xd, routed.rg, "permuted copies")
+        g.use(stacked, perm)
+
+        def bf16_input() -> Tensor:
+            if xd == 2:
+                return permuted
+            c = g.new(permuted.size, 2, permuted.rg, "x.bfloat16()")
+            g.use(permuted)
+            return c
+
+        def bf16_weight(name: str) -> Optional[Tensor]:
+            if pd == 2:
+                return None  # the parameter itself
+            return g.new(const(E * mi * h), 2, self.full, f"{index}.{name}.bfloat16()")
+
+        x1, w1 = bf16_input(), bf16_weight("w1")
+        h1 = g.new(vscale(rows, mi), 2, True, "grouped_mm w1")
+        g.save(x1)
+        g.save(w1)
+        g.use(x1, w1)
+        act = g.unary_saving_input(h1, "silu")
+        x3, w3 = bf16_input(), bf16_weight("w3")
+        h3 = g.new(vscale(rows, mi), 2, True, "grouped_mm w3")
+        g.save(x3)
+        g.save(w3)
+        g.use(x3, w3)
+        m = g.mul(act, h3, "silu * w3")
+        w2 = bf16_weight("w2")
+        out2 = g.new(vscale(rows, h), 2, True, "grouped_mm w2")
+        g.save(m)
+        g.save(w2)
+        g.use(m, w2)
+        out_x = g.cast(out2, xd)  # type_as(x)
+        unperm = g.new(vadd(tok(k * h), const(h)), xd, True, "unpermuted (tokens x k + 1 rows)")
+        g.use(out_x, perm, permuted)
+        zeros = g.new(tok(h), xd, False, "zeros_like(x)")  # made before the scores are applied (no shared expert)
+        # routed_output (the first tokens x k rows).to(float32): a copy of those rows unless they are fp32
+        up = unperm if xd == 4 else g.new(tok(k * h), 4, True, "routed output.to(float32)")
+        g.use(unperm)
+        weighted = g.new(tok(k * h), 4, True, "routed output x scores")
+        g.save(up)
+        g.save(sorted_scores)
+        g.use(up, sorted_scores)
+        back = g.cast(weighted, xd)
+        # its backward's working set, beyond the saved tensors, when it starts (the block's peak: every saved tensor
+        # is still there): the gathered output gradient, in fp32 for the scores' product, whose backward makes the
+        # routed output's gradient and grad * output for the scores' (three fp32 routed-copy tensors)
+        # (the residual stream's gradient reaches the MoE in its own dtype: the block's MoE output is in the
+        # input's dtype, fp32 under autocast, so no 16-bit copy of it exists then)
+        self.moe_bwd = vadd(tok(3 * k * h * 4), tok(self.hw * xd) if xd != self.p else ZERO)
+        out = g.new(tok(h), xd, True, "scatter_add")
+        g.save(token_ids)
+        g.use(zeros, back, token_ids)
+        # MoE.forward's locals (its input, the routed copies, the ids and scores) live until it returns
+        g.use(y, routed, ids, scaled)
         return out
 
     def moe_own_router(self, y: Tensor, index: int) -> Tensor:
@@ -1148,7 +1267,7 @@ class _Walker:
             g.save(x)  # kept until its gradient is sent back
         cos = sin = None
         tables: dict[str, tuple[Tensor, ...]] = {}
-        if a.position_embedding == "rotary" and self.beh.rope == "complex":
+        if a.position_embedding == "rotary" and self.beh.rope == "complex" and not self.tt_moe:
             # torchtitan's one freqs_cis buffer (precompute_freqs_cis: max_seq_len = the sequence, head_dim / 2
             # complex64), whatever the compute dtype; counted as the cos/sin tables are, to the backward's end
             g.region = "embed"
@@ -1160,8 +1279,10 @@ class _Walker:
             d = a.head_dim * a.rotary_fraction / (2 if a.family.rope_half_table else 1)
             # one cos/sin pair, or one per kind of block the model has (gemma3_text: global and local bases)
             for kind in (dict.fromkeys(a.layer_types) if a.family.rope_per_layer_type else ("",)):
-                cos = g.new(pos(d), self.p, False, f"rotary cos {kind}".strip())
-                sin = g.new(pos(d), self.p, False, f"rotary sin {kind}".strip())
+                # torchtitan's MoE model keeps them as an fp32 buffer (rope_cache) whatever the parameters' dtype
+                tdt = 4.0 if self.tt_moe else self.p
+                cos = g.new(pos(d), tdt, False, f"rotary cos {kind}".strip())
+                sin = g.new(pos(d), tdt, False, f"rotary sin {kind}".strip())
                 g.hold(cos)
                 g.hold(sin)
                 tables[kind] = (cos, sin)
@@ -1200,7 +1321,18 @@ class _Walker:
             x_in = x
             if a.family.rope_per_layer_type and tables:
                 cos, sin = tables[a.layer_types[i]]
-            x = self.block(x, i, cos, sin)
+            bcos, bsin = cos, sin
+            if self.tt_moe and cos is not None and sin is not None and cos.dtype != self.p:
+                # FSDP2's MixedPrecisionPolicy casts a module's floating-point arguments to the parameter dtype:
+                # torchtitan passes its fp32 rope_cache to every block, so each block gets its own 16-bit copy,
+                # made outside its checkpoint (which keeps it as an argument)
+                bcos = g.new(cos.size, self.p, False, "rope_cache cast by FSDP2 (cos half)")
+                bsin = g.new(sin.size, self.p, False, "rope_cache cast by FSDP2 (sin half)")
+                if ck:
+                    g.checkpoint_input(bcos)
+                    g.checkpoint_input(bsin)
+            x = self.block(x, i, bcos, bsin)
+            g.use(bcos, bsin)
             if offload:
                 g.use(x_in)  # the caller's reference to the block's input lasts the call
             g.checkpointing = False
@@ -1292,7 +1424,11 @@ class _Walker:
             # the residual stream's incoming gradient (the add passes it to the branch as it is), and its copy in
             # the branch's dtype where that differs (autocast: autograd casts the gradient to the input's dtype)
             res = tok(self.hw * self.p + (self.hw * self.w if self.w != self.p else 0.0))
-            lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=vadd(res, vadd(biggest, biggest)),
+            # torchtitan's MoE block: its MoE backward's working set (moe_torchtitan), not the largest-tensor rule
+            work = vadd(res, vadd(biggest, biggest))
+            if self.tt_moe and self.a.is_moe_layer(i):
+                work = vadd(tok(self.hw * self.p), self.moe_bwd)
+            lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=work,
                                     gone=vadd(handed_on, released), attention_bwd=attn_bwd,
                                     core_bwd=vadd(core_bwd, res) if core_bwd != ZERO else ZERO, core_gone=core_gone))
             if i == layers[-1]:

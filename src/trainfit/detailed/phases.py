@@ -624,7 +624,8 @@ def _fsdp(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, pr: Acti
                            saved_total, B(tok(h_res * fsdp_compute_bytes(recipe))), accumulating=accumulation > 1,
                            root_reshard=beh.fsdp_root_reshard and par.pp == 1,
                            keep_last=beh.fsdp_keep_last_block and par.pp == 1,
-                           host_grads=recipe.offload == "params")
+                           host_grads=recipe.offload == "params",
+                           units=beh.moe == "torchtitan-grouped" and arch.num_experts > 0 and par.pp == 1)
 
 
 def _min(a: Any, b: Any) -> Any:
