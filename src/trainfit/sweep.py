@@ -32,6 +32,8 @@ def _element(a: Any, shape: tuple[int, ...], index: Any) -> Any:
     """One element of ``a`` broadcast to ``shape``, as a Python value (a 0-d field is its own element)."""
     if np.ndim(a) == 0:
         return a.item() if hasattr(a, "item") else a
+    if a.shape == shape:  # (most fields of a 1-D sweep: no broadcast view to build)
+        return a[index].item()
     return np.broadcast_to(a, shape)[index].item()
 
 
@@ -142,7 +144,8 @@ class SetupArrays:
         """The :class:`TrainingSetup` of one element."""
         m = int(_element(self.model_index, self.shape, index))
         d = int(_element(self.device_index, self.shape, index))
-        return TrainingSetup.build(self.models[m], self.devices[d], **{n: self.value_at(n, index) for n in FIELD_NAMES})
+        # every element passed the field rules when the sweep was encoded: not run again
+        return TrainingSetup.validated(self.models[m], self.devices[d], {n: self.value_at(n, index) for n in FIELD_NAMES})
 
     def distinct(self, names: tuple[str, ...]) -> list[tuple[Any, dict[str, Any]]]:
         """Group the elements by the values of ``names`` (plus model and device): a list of (flat indices,

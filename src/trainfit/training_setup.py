@@ -365,6 +365,29 @@ class TrainingSetup:
         shape, recipe, parallel = split_fields(fields)
         return cls(model, hardware, **shape, recipe=Recipe(**recipe), parallel=Parallelism(**parallel))
 
+    @classmethod
+    def validated(cls, model: ModelRef, hardware: Optional[DeviceRef], fields: dict[str, Any]) -> "TrainingSetup":
+        """A setup from flat fields that already passed every field rule, canonical (``fields``: every name of
+        :data:`FIELD_NAMES`, as :meth:`trainfit.sweep.SetupArrays.setup_at` decodes one element of a validated
+        sweep; ``model`` and ``hardware`` resolved): the same object :meth:`build` makes, without running the field
+        rules again (the rules between fields and the warnings still run, :func:`~trainfit.rules.check_setup`).
+        Anything else goes through :meth:`build`."""
+        recipe = object.__new__(Recipe)
+        for name in RECIPE_FIELDS:
+            object.__setattr__(recipe, name, fields[name])
+        parallel = object.__new__(Parallelism)
+        for name in PARALLEL_FIELDS:
+            object.__setattr__(parallel, name, fields[name])
+        out = object.__new__(cls)
+        for name, value in (("model", model), ("hardware", hardware), ("batch", fields["batch"]),
+                            ("seq_len", fields["seq_len"]), ("accumulation", fields["accumulation"]),
+                            ("recipe", recipe), ("parallel", parallel)):
+            object.__setattr__(out, name, value)
+        object.__setattr__(out, "warnings", check_setup(out))
+        for line in out.warnings:
+            _warnings.warn(SetupWarning(line), stacklevel=3)
+        return out
+
     def replace(self, **fields: Any) -> "TrainingSetup":
         """A copy with some flat fields changed (``setup.replace(tp=2, checkpointing="full")``), validated."""
         shape, recipe, parallel = split_fields(fields)
