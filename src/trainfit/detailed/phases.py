@@ -362,17 +362,22 @@ def _select(cands: list[dict[str, Any]]) -> dict[str, Any]:
     stacked = np.empty((len(cands),) + shape)
     for i, t in enumerate(totals):
         stacked[i] = t
-    for i, m in masks:
-        stacked[i][~np.broadcast_to(m, shape)] = 0.0
+    absent = None  # where a candidate does not occur
+    if masks:
+        absent = np.zeros(stacked.shape, dtype=bool)
+        for i, m in masks:
+            absent[i] = ~m
+        stacked[absent] = 0.0
     idx = np.argmax(stacked, axis=0)
     zero = 0 * stacked[0]  # (each value is broadcast by adding it: +0.0, as a sum of the components)
     vals = np.empty_like(stacked)
     out = {}
     for k in cands[0]:
         for i, c in enumerate(cands):
-            vals[i] = np.asarray(c[k], dtype=float) + zero
-        for i, m in masks:
-            vals[i][~np.broadcast_to(m, shape)] = 0.0
+            vals[i] = c[k]
+        vals += zero
+        if absent is not None:
+            vals[absent] = 0.0
         out[k] = np.take_along_axis(vals, idx[None], axis=0)[0]
     return out
 
