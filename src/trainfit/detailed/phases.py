@@ -571,10 +571,12 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     fwd_cands: list[dict[str, Any]] = []
     bwd_cands: list[dict[str, Any]] = []
     interleaved = par.pp > 1 and par.pp_schedule == "interleaved"
-    if interleaved:
+    # activation offload and FSDP2 place their own moments (below): these would go unread
+    replaced = recipe.offload == "activations" or is_fsdp(par)
+    if interleaved and not replaced:
         _interleaved_candidates(arch, recipe, par, st, pr, accumulation, stage, B, saved_total, h_res, first_op_grad,
                                 fwd_cands, bwd_cands)
-    for inflight, grads_present, occurs in ([] if interleaved else step_scenarios(par, accumulation, stage)):
+    for inflight, grads_present, occurs in ([] if interleaved or replaced else step_scenarios(par, accumulation, stage)):
         if occurs is False:
             continue
         extra_inflight = (inflight - 1.0) * saved_total
