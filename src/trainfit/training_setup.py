@@ -481,6 +481,17 @@ FIELDS: dict[str, dataclasses.Field] = _field_specs()
 DEFAULTS: dict[str, Any] = {n: f.default for n, f in FIELDS.items()}
 
 
+def validated_replace(part: Any, **fields: Any) -> Any:
+    """A copy of a :class:`Recipe` or :class:`Parallelism` with ``fields`` set to values that already passed their
+    field rules, canonical (as a validated sweep decodes them): what ``dataclasses.replace`` makes, without running
+    the rules again."""
+    out = object.__new__(type(part))
+    out.__dict__.update(part.__dict__)
+    for name, value in fields.items():
+        object.__setattr__(out, name, value)
+    return out
+
+
 def split_fields(fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(shape, recipe, parallel) keyword groups of flat field names; an unknown name is an error."""
     shape, recipe, parallel = {}, {}, {}
@@ -507,4 +518,4 @@ def setup_of(model: Any, hardware: Any = None, **fields: Any) -> TrainingSetup:
 
 __all__ = ["ATTENTION", "CHECKPOINTING", "FLASH_LIKE", "CONDITIONAL_FIELDS", "DEFAULTS", "FIELDS", "FIELD_NAMES", "LORA_DEFAULT_TARGETS", "LOSSES", "OFFLOADS", "OPTIMIZERS",
            "OPT_IMPLS", "PARALLEL_FIELDS", "PRECISIONS", "PP_SCHEDULES", "STACKS", "Parallelism", "TP_PLANS", "Precision", "QLORA",
-           "RECIPE_FIELDS", "Recipe", "SHAPE_FIELDS", "TrainingSetup", "setup_of", "split_fields"]
+           "RECIPE_FIELDS", "Recipe", "SHAPE_FIELDS", "TrainingSetup", "setup_of", "split_fields", "validated_replace"]
