@@ -383,6 +383,7 @@ class TrainingSetup:
                             ("seq_len", fields["seq_len"]), ("accumulation", fields["accumulation"]),
                             ("recipe", recipe), ("parallel", parallel)):
             object.__setattr__(out, name, value)
+        object.__setattr__(out, "_flat", {n: fields[n] for n in FIELD_NAMES})  # (as flat() would read them)
         object.__setattr__(out, "warnings", check_setup(out))
         for line in out.warnings:
             _warnings.warn(SetupWarning(line), stacklevel=3)
@@ -422,7 +423,11 @@ class TrainingSetup:
 
     def flat(self) -> dict[str, Any]:
         """Every flat field by name (the vocabulary of :meth:`build` and the CLI)."""
-        return {n: self.value(n) for n in FIELD_NAMES}
+        known = self.__dict__.get("_flat")  # (a frozen setup: read once; methods' checks ask for it again and again)
+        if known is None:
+            known = {n: self.value(n) for n in FIELD_NAMES}
+            object.__setattr__(self, "_flat", known)
+        return dict(known)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready echo: model, hardware, every field and the derived micro-batch and world size."""
