@@ -385,8 +385,8 @@ class TrainingSetup:
             object.__setattr__(out, name, value)
         object.__setattr__(out, "_flat", {n: fields[n] for n in FIELD_NAMES})  # (as flat() would read them)
         object.__setattr__(out, "warnings", check_setup(out))
-        for line in out.warnings:
-            _warnings.warn(SetupWarning(line), stacklevel=3)
+        for line in out.warnings:  # (issued from one place, as build's are)
+            _warnings.warn(SetupWarning(line), stacklevel=2)
         return out
 
     def replace(self, **fields: Any) -> "TrainingSetup":
