@@ -234,9 +234,10 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
     def layer(i: int) -> Any:
         return pr.layers[min(max(i, 0), len(pr.layers) - 1)] if pr.layers else None
 
-    def g_chunk(k: int) -> Any:
-        vs, count = layout[k]
-        return (g_layers * count / n_layers + (g_emb_all if vs == 0 else 0.0) + (g_head if vs == n - 1 else 0.0))
+    # each chunk's gradients, once (moments ask for them again and again)
+    g_chunks = [g_layers * count / n_layers + (g_emb_all if vs == 0 else 0.0) + (g_head if vs == n - 1 else 0.0)
+                for vs, count in layout]
+    g_chunk = g_chunks.__getitem__
 
     head_loss = vadd(pr.head_saved, pr.loss_saved)
     # the same byte-vectors come back moment after moment: each evaluated once (the same arithmetic)
@@ -354,14 +355,42 @@ def step_shape(par: Parallelism, micro_batch: Any, seq_len: Any) -> StepShape:
 def _select(cands: list[dict[str, Any]]) -> dict[str, Any]:
     """The candidate with the largest total (element-wise for arrays: the first of the largest). A candidate that
     occurs only for some elements (:class:`_When`) counts 0 for the others, every component."""
-    totals = [sum(c.values()) for c in cands]
     masks = [(i, c.occurs) for i, c in enumerate(cands) if isinstance(c, _When)]
-    if not masks and not _is_array(*totals):
-        return cands[int(np.argmax(totals))]
-    shape = np.broadcast_shapes(*(np.shape(t) for t in totals), *(m.shape for _, m in masks))
+    keys = tuple(cands[0])
+    if not masks or any(c.keys() != cands[0].keys() for c in cands):
+        totals = [sum(c.values()) for c in cands]
+        if not masks and not _is_array(*totals):
+            return cands[int(np.argmax(totals))]
+        return _select_arrays(cands, keys, masks, totals)
+    return _select_arrays(cands, keys, masks, None)
+
+
+def _select_arrays(cands: list[dict[str, Any]], keys: tuple[str, ...], masks: list[tuple[int, np.ndarray]],
+                   totals: Any) -> dict[str, Any]:
+    """:func:`_select` over arrays: each component of every candidate in one array (candidates x elements), the
+    totals summed in each candidate's own order of its components (as ``sum(c.values())``), unless given."""
+    if totals is None:
+        shape = np.broadcast_shapes(*(np.shape(v) for c in cands for v in c.values()), *(m.shape for _, m in masks))
+    else:
+        shape = np.broadcast_shapes(*(np.shape(t) for t in totals), *(m.shape for _, m in masks))
+    raw = {k: np.empty((len(cands),) + shape) for k in keys}
+    for i, c in enumerate(cands):
+        for k in keys:
+            raw[k][i] = c[k]
     stacked = np.empty((len(cands),) + shape)
-    for i, t in enumerate(totals):
-        stacked[i] = t
+    if totals is None:
+        orders: dict[tuple[str, ...], list[int]] = {}
+        for i, c in enumerate(cands):
+            orders.setdefault(tuple(c), []).append(i)
+        for order, rows in orders.items():
+            at = np.asarray(rows)
+            t = 0 + raw[order[0]][at]
+            for k in order[1:]:
+                t = t + raw[k][at]
+            stacked[at] = t
+    else:
+        for i, t in enumerate(totals):
+            stacked[i] = t
     absent = None  # where a candidate does not occur
     if masks:
         absent = np.zeros(stacked.shape, dtype=bool)
@@ -370,11 +399,9 @@ def _select(cands: list[dict[str, Any]]) -> dict[str, Any]:
         stacked[absent] = 0.0
     idx = np.argmax(stacked, axis=0)
     zero = 0 * stacked[0]  # (each value is broadcast by adding it: +0.0, as a sum of the components)
-    vals = np.empty_like(stacked)
     out = {}
-    for k in cands[0]:
-        for i, c in enumerate(cands):
-            vals[i] = c[k]
+    for k in keys:
+        vals = raw[k]
         vals += zero
         if absent is not None:
             vals[absent] = 0.0
