@@ -151,7 +151,7 @@ def _plain_phases(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], w
 def _fill(parts: list[tuple[np.ndarray, PhaseResult]], n: int, get: Any) -> np.ndarray:
     out = np.zeros(n)
     for sel, r in parts:
-        out[sel] = np.broadcast_to(np.asarray(get(r), dtype=float), sel.shape)
+        out[sel] = np.asarray(get(r), dtype=float)  # (a number or one value per selected element)
     return out
 
 
