@@ -110,8 +110,10 @@ def test_the_array_engine_equals_the_scalar_one(rows):
 
 
 def _listed(p):
+    # a component that is zero for a layout is listed where another layout evaluated with it has the component
+    # (a sweep's columns are the union of its elements'): compare the non-zero ones
     rows = lambda xs: [(x.parallel, x.checkpointing, x.micro_batch, x.accumulation, x.total_bytes,  # noqa: E731
-                        x.memory, x.time, x.fits) for x in xs]
+                        {k: v for k, v in x.memory.items() if v}, x.time, x.fits) for x in xs]
     misses = [(m.layout.parallel, m.layout.checkpointing, m.layout.micro_batch, m.over_bytes,
                m.fix and (m.fix.change, m.fix.layout.parallel, m.fix.layout.total_bytes)) for m in p.near_misses]
     return rows(p.top), rows(p.rejected), misses
