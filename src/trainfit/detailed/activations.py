@@ -1054,8 +1054,16 @@ class _Walker:
         if mark is None:
             return ZERO, ZERO
         at, work, v_exp = mark
+        # ring attention under a per-op checkpoint policy: the recomputation stops after the block's last tensor
+        # autograd saves, so an op output the policy keeps beyond it (the last projection's) is never taken from the
+        # policy's cache and stays alive until the block's backward ends (measured: torchtitan over cp 2 and 4,
+        # selective:op, its w2 output at ring attention's backward; validation/stacks-measured.jsonl)
+        cached_to_end = (self.par.cp > 1 and ck and self.op_policy and v_exp is None)
+        last_saved = max((t.created for t in ts if t.would_save), default=-1)
         gone = ZERO
         for t in ts:
+            if cached_to_end and t.saved and not t.would_save and t.created > last_saved:
+                continue
             # saved after the core, or the values ``probs @ v`` saved (its backward, the core's first, freed them)
             if (t.created >= at or t is v_exp) and ((t.saved and t.own_saved) or (ck and t.would_save and not t.saved)):
                 gone = vadd(gone, t.bytes)
@@ -1283,6 +1291,7 @@ class _Walker:
                 # shards (freqs_cis above, the inputs in the phases): freqs_cis (2 cp + 1) shards, the ids and
                 # labels cp shards (validation/stacks-measured.jsonl, case set torchtitan-pp-cp: to the byte)
                 cp = self.par.cp
+                # kept with the tables: marked saved once the walk ends, so counted to the backward's end
                 tables["context_parallel"] = (
                     g.new(pos(a.head_dim * a.rotary_fraction / 2 * (2 * cp + 1)), 8.0, False,
                           "context_parallel's freqs_cis copies (complex64)"),
@@ -1484,7 +1493,8 @@ def ring_backward_bytes(qw: float, kvw: float, dt: float, cp: int, heads: float)
       the new ones -- of which, rank 0 with causal load balancing (torchtitan's), q's is half (the step takes the
       second half of q), with the half of the logsumexp it made contiguous (fp32).
 
-    ``kvw``: the key/value width the kernel gets (the repeated copies under repeat_kv). Each term is a live tensor
+    ``kvw``: the key/value width the kernel gets (the repeated copies under repeat_kv); ``heads``: the query heads
+    (the logsumexp's width). Each term is a live tensor
     at the measured peak inside this backward (torchtitan's Llama over cp 2 and 4, validation/stacks-measured.jsonl,
     case set torchtitan-pp-cp: the cat at cp 4, the kernel call at cp 2)."""
     base = 2 * kvw * cp + qw + (qw + 2 * kvw)
