@@ -502,7 +502,8 @@ class _Walker:
                 if self.par.cp > 1 and self.beh.fsdp_over_cp:
                     # ring attention's backward: its working set, reached once the copy is freed (measured where
                     # CP runs under FSDP2 over the dp x cp ranks, torchtitan's; hf's CP walk keeps its validated form)
-                    self.core_marks[g.region] = (copy.created, ring_backward_bytes(qw, gathered_w, dt, self.par.cp),
+                    self.core_marks[g.region] = (copy.created, ring_backward_bytes(qw, gathered_w, dt, self.par.cp,
+                                                                                     heads),
                                                  None)
                 return copy
             return out
@@ -1053,8 +1054,16 @@ class _Walker:
         if mark is None:
             return ZERO, ZERO
         at, work, v_exp = mark
+        # ring attention under a per-op checkpoint policy: the recomputation stops after the block's last tensor
+        # autograd saves, so an op output the policy keeps beyond it (the last projection's) is never taken from the
+        # policy's cache and stays alive until the block's backward ends (measured: torchtitan over cp 2 and 4,
+        # selective:op, its w2 output at ring attention's backward; validation/stacks-measured.jsonl)
+        cached_to_end = (self.par.cp > 1 and ck and self.op_policy and v_exp is None)
+        last_saved = max((t.created for t in ts if t.would_save), default=-1)
         gone = ZERO
         for t in ts:
+            if cached_to_end and t.saved and not t.would_save and t.created > last_saved:
+                continue
             # saved after the core, or the values ``probs @ v`` saved (its backward, the core's first, freed them)
             if (t.created >= at or t is v_exp) and ((t.saved and t.own_saved) or (ck and t.would_save and not t.saved)):
                 gone = vadd(gone, t.bytes)
@@ -1274,6 +1283,21 @@ class _Walker:
             cos = sin = g.new(pos(a.head_dim * a.rotary_fraction / 2), 8.0, False, "freqs_cis (complex64)")
             g.hold(cos)
             tables[""] = (cos,)
+            if self.par.cp > 1 and self.beh.fsdp_over_cp:
+                # torch 2.13's context_parallel (torchtitan's train context, no_restore_buffers = the ids and the
+                # labels), alive the whole step: freqs_cis cloned whole to be restored; the ids, labels and
+                # freqs_cis resized in place to their shard (resize_ to smaller keeps the whole storage); the
+                # shards it made still bound, and its clone of the last one (freqs_cis's). Beyond the walk's own
+                # shards (freqs_cis above, the inputs in the phases): freqs_cis (2 cp + 1) shards, the ids and
+                # labels cp shards (validation/stacks-measured.jsonl, case set torchtitan-pp-cp: to the byte)
+                cp = self.par.cp
+                # kept with the tables: marked saved once the walk ends, so counted to the backward's end
+                tables["context_parallel"] = (
+                    g.new(pos(a.head_dim * a.rotary_fraction / 2 * (2 * cp + 1)), 8.0, False,
+                          "context_parallel's freqs_cis copies (complex64)"),
+                    g.new(tok(2 * cp), 8.0, False, "context_parallel's whole ids and labels (int64)"))
+                for t in tables["context_parallel"]:
+                    g.hold(t)
         elif a.position_embedding == "rotary":
             g.region = "embed"
             d = a.head_dim * a.rotary_fraction / (2 if a.family.rope_half_table else 1)
@@ -1452,17 +1476,31 @@ WALK_FIELDS = ("tp", "sequence_parallel", "tp_plan", "loss_parallel", "cp", "ep"
 _WALK_DEFAULT = Parallelism()
 
 
-def ring_backward_bytes(qw: float, kvw: float, dt: float, cp: int) -> Vec:
-    """Per token, the working set of PyTorch's ring flash attention backward on one cp rank (torch 2.13
+def ring_backward_bytes(qw: float, kvw: float, dt: float, cp: int, heads: float) -> Vec:
+    """Per token, the working set of PyTorch's ring flash attention backward on cp rank 0 (torch 2.13
     ``_context_parallel/_attention.py``, ``_templated_ring_attention_backward``, all-gather rotation) beyond the
-    tensors its forward saved: the q, k, v gradient accumulators in fp32 (``zeros_like(..., float32)``), the k|v
-    concatenation it rotates (``next_kv``, the kernel's dtype) with the rotater's buffer of every rank's (``cp``
-    times that), one step's kernel gradients of q, k and v (the kernel's dtype), the concatenated fp32 k|v
-    gradients it sends (``next_grad_kv``) beside the buffer receiving them, and the attention output's gradient
-    with the contiguous copy the kernel takes of it (the kernel's dtype). ``kvw``: the key/value width the kernel
-    gets (the repeated copies under repeat_kv). Each term is a live tensor at the measured peak inside this
-    backward (torchtitan's Llama over cp 2 and 4, validation/stacks-measured.jsonl, case set torchtitan-pp-cp)."""
-    kernel_dtype = 2 * kvw * cp + 2 * kvw + (qw + 2 * kvw) + 2 * qw
+    tensors its forward saved, at the larger of its two high points. Always alive: the q, k, v gradient
+    accumulators in fp32 (``zeros_like(..., float32)``), the rotater's buffer of every rank's k|v (``cp`` times the
+    k|v concatenation, the kernel's dtype), one step's kernel gradients of q, k and v (the kernel's dtype), the
+    concatenated fp32 k|v gradients it sent (``next_grad_kv``) beside the buffer receiving them, and the attention
+    output's gradient (the kernel's dtype; the residual stream's gradient beside it is the caller's). Then either
+
+    * (cp > 2) the second step's ``next_kv = torch.cat([key.flatten(), value.flatten()])``: the new k|v
+      concatenation made while the first step's is still bound, and the contiguous copies of k and v the first
+      step's kernel got (``key.contiguous()``: torchtitan's k and v are transposed views), still bound as ``k``,
+      ``v``; or
+    * the second step's kernel call: one k|v concatenation, the first step's q, k, v gradients still bound beside
+      the new ones -- of which, rank 0 with causal load balancing (torchtitan's), q's is half (the step takes the
+      second half of q), with the half of the logsumexp it made contiguous (fp32).
+
+    ``kvw``: the key/value width the kernel gets (the repeated copies under repeat_kv); ``heads``: the query heads
+    (the logsumexp's width). Each term is a live tensor
+    at the measured peak inside this backward (torchtitan's Llama over cp 2 and 4, validation/stacks-measured.jsonl,
+    case set torchtitan-pp-cp: the cat at cp 4, the kernel call at cp 2)."""
+    base = 2 * kvw * cp + qw + (qw + 2 * kvw)
+    cat_moment = 3 * (2 * kvw) if cp > 2 else 0.0
+    kernel_moment = 2 * kvw + (qw / 2 + 2 * kvw) + heads * 4 / 2 / dt
+    kernel_dtype = base + max(cat_moment, kernel_moment)
     fp32 = (qw + 2 * kvw) + 2 * (2 * kvw)
     return vadd(vscale(tok(kernel_dtype), dt), vscale(tok(fp32), 4.0))
 
