@@ -75,8 +75,9 @@ HINTS = {"zero": "torchtitan shards with FSDP2: --fsdp",
 #: the commit torchtitan's MoE model is stepped at (tag v0.2.0; pytorch/torchtitan)
 MOE_COMMIT = "29624e37fa6dd319fd671b009338651b5c665da2"
 MOE_VERSION = "torchtitan v0.2.0 (29624e3, 2025-10-17)"
-#: config model_type -> the torchtitan v0.2.0 model it maps onto (the rest of the stack's model_types: its Llama)
-MOE_TYPES = {"qwen3_moe": "qwen3 (Qwen3Model, moe_enabled)"}
+#: the torchtitan v0.2.0 model a mixture-of-experts config of the stack's model types maps onto (its dense ones:
+#: 9dec370's Llama)
+MOE_MODEL = "qwen3 (Qwen3Model, moe_enabled)"
 #: train.py's default ``training.max_norm`` and the 8B toml's learning rate (values, not memory)
 MAX_NORM = 1.0
 LR = 3e-4
@@ -147,7 +148,7 @@ def model_args_of(config: Mapping[str, Any], seq_len: int) -> dict[str, Any]:
     c = dict(config or {})
     mt = c.get("model_type")
     # the types whose config maps onto its Llama ModelArgs (the stack's model types but its MoE ones)
-    llama_types = tuple(t for t in get_stack("torchtitan").model_types if t not in MOE_TYPES)
+    llama_types = tuple(t for t in get_stack("torchtitan").model_types if not _moe_config({"model_type": t}))
     if mt not in llama_types:
         raise TrainfitError(f"--stack torchtitan measures torchtitan's Llama ({VERSION}); {mt!r} is not a Llama "
                             f"config (accepted model types: {', '.join(llama_types)})")
@@ -172,9 +173,16 @@ def model_args_of(config: Mapping[str, Any], seq_len: int) -> dict[str, Any]:
             "max_seq_len": int(seq_len), "norm_type": "rmsnorm"}
 
 
+def _moe_config(config: Mapping[str, Any]) -> bool:
+    """Whether a config (of one of the stack's model types) describes a mixture-of-experts model."""
+    from ...arch import arch_from_config
+
+    return arch_from_config(dict(config)).is_moe
+
+
 def is_moe(setup: TrainingSetup) -> bool:
-    """Whether the setup's model is one of torchtitan v0.2.0's MoE models (:data:`MOE_TYPES`)."""
-    return (setup.model.config or {}).get("model_type") in MOE_TYPES
+    """Whether the setup's model is a mixture of experts: torchtitan v0.2.0's :data:`MOE_MODEL` runs it."""
+    return _moe_config(setup.model.config or {})
 
 
 def check_moe(setup: TrainingSetup) -> None:
@@ -210,8 +218,8 @@ def moe_args_of(config: Mapping[str, Any], seq_len: int) -> dict[str, Any]:
     ones (decoder_sparse_step, mlp_only_layers), tied embeddings, attention biases, sliding windows."""
     c = dict(config or {})
     mt = c.get("model_type")
-    if mt not in MOE_TYPES:  # pragma: no cover - guarded by is_moe
-        raise TrainfitError(f"{mt!r} is not a torchtitan MoE model type (accepted: {', '.join(MOE_TYPES)})")
+    if mt not in get_stack("torchtitan").model_types or not _moe_config(c):  # pragma: no cover - guarded by is_moe
+        raise TrainfitError(f"{mt!r} is not a mixture-of-experts type torchtitan runs ({MOE_VERSION}: {MOE_MODEL})")
     if int(c.get("decoder_sparse_step", 1)) != 1 or c.get("mlp_only_layers"):
         raise TrainfitError(f"torchtitan's Qwen3 ({MOE_VERSION}) makes every block MoE (moe_enabled); this config has "
                             "dense blocks (decoder_sparse_step > 1 or mlp_only_layers)")
@@ -677,6 +685,6 @@ def _pipeline_step(models: list[Any], stage_ids: list[int], n_stages: int, stage
         opts.step()
 
 
-__all__ = ["ACCEPTS", "COMMIT", "MOE_COMMIT", "MOE_TYPES", "MOE_VERSION", "StackRun", "VERSION", "ac_config", "ac_name",
+__all__ = ["ACCEPTS", "COMMIT", "MOE_COMMIT", "MOE_MODEL", "MOE_VERSION", "StackRun", "VERSION", "ac_config", "ac_name",
            "build", "build_moe", "build_optimizers", "check", "check_moe", "integer_histc", "is_moe",
            "loss_parallel_on", "measure_rank", "model_args_of", "moe_args_of", "parallelize"]
