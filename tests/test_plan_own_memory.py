@@ -35,6 +35,12 @@ def _estimate(row, stack, seq, one_step=False):
                     zero=par.zero, fsdp=par.fsdp, pp_schedule=par.pp_schedule, pp_virtual=par.pp_virtual)
 
 
+def _nonzero(memory: dict) -> dict:
+    """A plan's layouts are one sweep, whose columns are the union of its elements' components (a megatron layout
+    shows the hf layouts' ``allocator_reserve`` at zero): compare the non-zero ones."""
+    return {k: v for k, v in memory.items() if v}
+
+
 @pytest.mark.parametrize("stack, n, batch, seq, covered", [
     # megatron: tp 1 (tensor parallelism brings sequence parallelism, which its model does not cover), pp 1, cp 1,
     # DDP or the distributed optimizer, three recompute modes; accumulating layouts at one micro-batch
@@ -54,10 +60,10 @@ def test_a_plans_memory_is_the_stacks_own_estimate_where_its_model_covers_the_la
         # megatron-core's schedule without pipelining keeps the one-micro-batch peak (stacks_megatron
         # ACCUMULATION_KEEPS_PEAK): an accumulating layout is estimate's step of its micro-batch
         e = _estimate(r, stack, seq, one_step=r.accumulation > 1)
-        assert r.total_bytes == e.total_bytes and r.memory == e.components, r
+        assert r.total_bytes == e.total_bytes and _nonzero(r.memory) == _nonzero(e.components), r
     for r in other[:12]:  # the rest as the hf stack runs the step
         e = _estimate(r, "hf", seq)
-        assert r.total_bytes == e.total_bytes and r.memory == e.components, r
+        assert r.total_bytes == e.total_bytes and _nonzero(r.memory) == _nonzero(e.components), r
     if stack == "megatron":  # (DeepSpeed's count depends on what its ZeRO-3 model covers)
         single = [r for r in own if r.accumulation == 1]
         assert single and len(single) < len(own)
