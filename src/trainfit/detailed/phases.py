@@ -201,6 +201,15 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
         kinds = len(dict.fromkeys(arch.layer_types)) if arch.family.rope_per_layer_type else 1
         tables = pos(2.0 * kinds * arch.head_dim * arch.rotary_fraction * recipe.param_bytes)
     chunks = chunk_saved(arch, par, pr, stage, io, tables)
+    if pipe is not None and pr.layers:
+        # torch.distributed.pipelining keeps each chunk's output until that micro-batch's backward (the stage
+        # output it backwards from). The walk holds a block's output only where the next block is checkpointed
+        # (its checkpoint saves its input; an uncheckpointed torchtitan block's norm saves an fp32 copy instead):
+        # every chunk but the rank's last (whose output the walk holds as the stage's, or the head's) adds it
+        # where its successor in the walk is not checkpointed
+        ends_at = [sum(c for _, c in chunk_layers_of(arch, par, stage)[:k + 1]) for k in range(len(chunks))]
+        chunks = [vadd(ch, io) if k < len(chunks) - 1 and pr.layers[min(ends_at[k], len(pr.layers) - 1)].recompute
+                  == ZERO else ch for k, ch in enumerate(chunks)]
     layout = chunk_layers_of(arch, par, stage)
     n = par.pp * max(int(par.pp_virtual), 1)
     n_layers = max(len(pr.layers), 1)
@@ -264,21 +273,27 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
                 bwd_cands.append(keep({"activations": L, "temporaries": B(tok(2 * h_res * recipe.compute_bytes)),
                                        "gradients": held + (own if own is not None else 0.0)}))
             consumed = head_loss if vs == n - 1 else ZERO
+            # a torchtitan rank's kept outputs and rotary buffers, and a chunk before the last virtual stage the
+            # gradient received for its output, held through the chunk's backward; a chunk micro-batch consumed
+            # below leaves the first chunk's rotary buffer in place
+            extra = kept + (B(io) if pipe is not None and vs != n - 1 else 0.0)
+            back = pipe.table if pipe is not None and c == 0 else 0.0
             if last_lp is not None:
                 # the chunk's last block: everything in flight but its head, the block's working set
                 g = held + (own + op_grad if own is not None else (g_head if vs == n - 1 else 0.0) + first_op_grad)
-                bwd_cands.append(keep({"activations": B(vadd(vsub(live, consumed), last_lp.recompute)),
+                bwd_cands.append(keep({"activations": B(vadd(vsub(live, consumed), last_lp.recompute)) + extra,
                                        "temporaries": B(last_lp.transient_bwd), "gradients": g}))
                 # its first block: the rest of the chunk's micro-batch consumed
                 rest = vadd(pr.embed_saved if vs == 0 else ZERO, first_lp.saved)
                 g = held + (own + op_grad if own is not None else
                             (g_head if vs == n - 1 else 0.0) + g_layers * (count - 1) / n_layers + first_op_grad)
-                bwd_cands.append(keep({"activations": B(vadd(vadd(vsub(live, chunks[c]), rest), first_lp.recompute)),
+                bwd_cands.append(keep({"activations": B(vadd(vadd(vsub(live, chunks[c]), rest), first_lp.recompute))
+                                       + extra + back,
                                        "temporaries": B(first_lp.transient_bwd), "gradients": g}))
             if vs == 0:
                 # the embeddings' backward: the embedding gradient built from the incoming gradient
                 g = held + (own if own is not None else g_chunk(c) - g_emb_all)
-                bwd_cands.append(keep({"activations": B(vadd(vsub(live, chunks[c]), pr.embed_saved)),
+                bwd_cands.append(keep({"activations": B(vadd(vsub(live, chunks[c]), pr.embed_saved)) + extra + back,
                                        "temporaries": B(tok(h_res * recipe.param_bytes)) + g_emb_all,
                                        "gradients": 0.0 if in_bwd else g}))
 
@@ -300,7 +315,9 @@ class PipelineHolds:
     * ``table``: one chunk's rotary buffer (torchtitan's complex64 ``freqs_cis``: each chunk a deep copy of the
       model holds its own, once, however many micro-batches are in flight; the walk counts it with a micro-batch's
       saved tensors);
-    * ``io_bytes``: bytes per element of the activation a chunk receives and sends (FSDP2's compute dtype).
+    * ``io_bytes``: bytes per element of the activation a chunk receives and sends (FSDP2's compute dtype);
+    * ``grad_in``: on a stage before the last, the gradient of its output it receives, held through its backward
+      (``backward_maybe_with_nosync``'s ``output_grads``).
 
     Every rank also holds the step's whole local batch (train.py moves the input ids and labels to the device
     before ``pp_schedule.step`` splits them into micro-batches)."""
@@ -311,6 +328,7 @@ class PipelineHolds:
     op_grad: float = 0.0
     table: Any = 0.0
     io_bytes: float = 4.0
+    grad_in: Any = 0.0
 
 
 def _pipeline_holds(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, stage: int, B: Any,
@@ -337,7 +355,10 @@ def _pipeline_holds(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateB
     table = (B(pos(arch.head_dim * arch.rotary_fraction / 2 * 8.0))
              if arch.position_embedding == "rotary" and behaviour_of(recipe).rope == "complex" else 0.0)
     io_bytes = fsdp_compute_bytes(recipe) if is_fsdp(par) else float(recipe.param_bytes)
-    return PipelineHolds(comm=comm, grad_scale=scale, output=output, op_grad=op_grad, table=table, io_bytes=io_bytes)
+    h_res = arch.hidden_size / (par.tp if par.sequence_parallel and par.tp > 1 else 1)
+    grad_in = B(tok(h_res * io_bytes)) if stage != par.pp - 1 else 0.0
+    return PipelineHolds(comm=comm, grad_scale=scale, output=output, op_grad=op_grad, table=table, io_bytes=io_bytes,
+                         grad_in=grad_in)
 
 
 def step_scenarios(par: Parallelism, accumulation: Any, stage: int = 0) -> list[tuple[Any, Any, Any]]:
@@ -619,6 +640,7 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
             into.append(keep({"gradients": held, "activations": _min(live, saved_total) + extra_inflight,
                               "temporaries": live - _min(live, saved_total)}))
         # backward: the loss backward first
+        bwd_from = len(bwd_cands)
         bwd_cands.append(keep({"activations": saved_total + extra_inflight, "temporaries": B(pr.loss_backward),
                                "gradients": held}))
         if pr.final_norm_backward != ZERO:
@@ -660,6 +682,11 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
         if in_bwd:
             bwd_cands.append(keep({"activations": B(pr.embed_saved) + extra_inflight, "gradients": _num(st.largest_grad),
                                    "temporaries": _num(st.largest_step_temp) + 0.0 * sh.tokens}))
+        if pipe is not None:
+            # a stage before the last: the gradient received for its output, through the whole backward
+            g_in = pipe.grad_in if occurs is True else np.where(occurs, pipe.grad_in, 0.0)
+            for c in bwd_cands[bwd_from:]:
+                c["activations"] = c["activations"] + g_in
     if recipe.offload == "activations":
         # saved tensors on the host as they are saved: other moments (:mod:`.offload`)
         from .offload import offload_candidates
