@@ -40,7 +40,7 @@ def test_pool_segments_follow_the_allocator_size_classes(sizes, expected):
 
 def test_fsdp2_stream_pools_are_the_replayed_segments():
     """Every FSDP2 row: the reduce-scatter pool (the segments of every sharded gradient) equals the replay's to the
-    byte; the all-gather pool (the segments of the root's and the largest block's outputs) is a lower bound of the
+    byte (torchtitan v0.2.0's MoE rows: within the one 2 MiB small-pool segment the replay adds); the all-gather pool (the segments of the root's and the largest block's outputs) is a lower bound of the
     replay's: within 2 MiB on the 4-layer grouped-query shape (the replay's 22 MiB adds one small-pool segment),
     within 10 % on Llama 3.1 8B (the replay's pool also keeps segments of earlier gathers: 2,676 against 2,424 MiB
     over 8 ranks), and at least half of it everywhere (the multi-head shape's 8.4 MiB blocks: the replay holds a
@@ -49,7 +49,11 @@ def test_fsdp2_stream_pools_are_the_replayed_segments():
     for r in FSDP_ROWS:
         e = estimate(r["model"], "h100", method="detailed", suggestions=False, stack="torchtitan", **r["fields"])
         pools = r["reserved_by_stream"]
-        assert e.components["reduce_scatter_pool"] == pools["reduce-scatter"], r["case"]
+        rs = e.components["reduce_scatter_pool"]
+        if "moe" in r["case"]:  # torchtitan v0.2.0's MoE wrapping: the replay adds one 2 MiB small-pool segment
+            assert 0 <= pools["reduce-scatter"] - rs <= 2 * MiB, r["case"]
+        else:
+            assert rs == pools["reduce-scatter"], r["case"]
         ag, measured = e.components["all_gather_pool"], pools["all-gather copy-in"]
         assert ag <= measured and ag / measured >= 0.5, r["case"]
         if r["model"].endswith("torchtitan-llama-small.json"):
@@ -59,8 +63,8 @@ def test_fsdp2_stream_pools_are_the_replayed_segments():
 
 
 def test_torchtitan_reserved_against_the_replay():
-    """The detailed method's ``peak_reserved_bytes`` against the 51 torchtitan rows: median -7.2 %, -21.6 % to
-    +12.1 % (on the first 23, with the pools counted as their tensors' bytes: median -30.5 %, down to -55 %); the
+    """The detailed method's ``peak_reserved_bytes`` against the 74 torchtitan rows (Llama at 9dec370 and the v0.2.0
+    Qwen3 MoE): median -5.2 %, -21.6 % to +12.1 % (on the first 23, with the pools counted as their tensors' bytes: median -30.5 %, down to -55 %); the
     small models' default pools keep 20 MiB and score-sized segments that 8.6 % of a 40-160 MiB peak does not
     follow. The two Llama 3.1 8B rows within 1 %."""
     errs = []
@@ -71,5 +75,5 @@ def test_torchtitan_reserved_against_the_replay():
         errs.append(err)
         if "8b" in r["case"]:
             assert abs(err) < 0.01, r["case"]
-    assert len(errs) >= 51
+    assert len(errs) >= 74
     assert -0.23 < min(errs) and max(errs) < 0.13 and -0.09 < float(np.median(errs)) < 0.0, errs

@@ -89,7 +89,7 @@ def test_methods_that_do_not_model_a_stack_refuse_it_in_one_line():
         estimate("llama-3.1-8b", "h100", method="first-order", stack="torchtitan")
     with pytest.raises(TrainfitError, match="models stack 'deepspeed' at ZeRO stages 1, 2 and 3 \\(got --zero 0\\)"):
         estimate("llama-3.1-8b", "h100", method="detailed", stack="deepspeed")
-    with pytest.raises(TrainfitError, match="implements model types llama, not 'qwen2'"):
+    with pytest.raises(TrainfitError, match="implements model types llama, qwen3_moe, not 'qwen2'"):
         estimate("qwen2.5-7b", "h100", method="detailed", stack="torchtitan")
     for e in (TrainfitError("x"),):
         assert "\n" not in str(e)

@@ -40,6 +40,7 @@ class Behaviour(BaseModel):
     fsdp_over_cp: bool = False
     pipeline: Literal["hf", "torchtitan"] = "hf"
     step: Literal["pytorch", "megatron-gpt", "deepspeed-zero"] = "pytorch"
+    moe: Literal["transformers", "torchtitan-grouped"] = "transformers"
 
 
 class Stack(BaseModel):

@@ -32,9 +32,15 @@ def _element(a: Any, shape: tuple[int, ...], index: Any) -> Any:
     """One element of ``a`` broadcast to ``shape``, as a Python value (a 0-d field is its own element)."""
     if np.ndim(a) == 0:
         return a.item() if hasattr(a, "item") else a
+    if a.shape == shape:  # (most fields of a 1-D sweep: no broadcast view to build)
+        return a[index].item()
     return np.broadcast_to(a, shape)[index].item()
 
 
+#: :meth:`SetupArrays.setup_at` decodes every column of a 1-D sweep (of at most ``_DECODE_AT_MOST`` elements) once
+#: it has been asked for more than ``_DECODE_AFTER`` elements
+_DECODE_AFTER = 16
+_DECODE_AT_MOST = 1 << 16
 #: at most this many groups are collected by one comparison each; more by one stable sort
 _FEW_GROUPS = 16
 #: group keys (products of each varying field's distinct codes) counted directly up to this many
@@ -140,9 +146,42 @@ class SetupArrays:
 
     def setup_at(self, index: Any) -> TrainingSetup:
         """The :class:`TrainingSetup` of one element."""
-        m = int(_element(self.model_index, self.shape, index))
-        d = int(_element(self.device_index, self.shape, index))
-        return TrainingSetup.build(self.models[m], self.devices[d], **{n: self.value_at(n, index) for n in FIELD_NAMES})
+        columns = self._columns() if len(self.shape) == 1 else None
+        if columns is not None:
+            i = int(index[0] if isinstance(index, tuple) else index)
+            i = i + self.shape[0] if i < 0 else i
+            m, d, *values = [col if at is None else at[i] for col, at in columns]
+            fields = dict(zip(FIELD_NAMES, values))
+        else:
+            m = int(_element(self.model_index, self.shape, index))
+            d = int(_element(self.device_index, self.shape, index))
+            fields = {n: self.value_at(n, index) for n in FIELD_NAMES}
+        # every element passed the field rules when the sweep was encoded: not run again
+        return TrainingSetup.validated(self.models[m], self.devices[d], fields)
+
+    def _columns(self) -> Optional[list[tuple[Any, Optional[list]]]]:
+        """Model index, device index and every field (:data:`FIELD_NAMES` order) of a 1-D sweep decoded once, as
+        (the value every element shares, None) or (None, one value per element), once :meth:`setup_at` has been
+        asked for more than a few of its elements (a search probing many layouts); None before."""
+        known = self.__dict__.get("_decoded")
+        if isinstance(known, list):
+            return known
+        asked = (known or 0) + 1
+        if asked <= _DECODE_AFTER or self.shape[0] > _DECODE_AT_MOST:
+            object.__setattr__(self, "_decoded", asked)
+            return None
+        out: list[tuple[Any, Optional[list]]] = []
+        for name, a in (("model_index", self.model_index), ("device_index", self.device_index),
+                        *((n, self.values[n]) for n in FIELD_NAMES)):
+            ch = self.choices.get(name)
+            if np.ndim(a) == 0:
+                v = a.item() if hasattr(a, "item") else a
+                out.append((ch[v] if ch is not None else v, None))
+            else:
+                col = np.broadcast_to(a, self.shape).tolist()  # (Python values, as .item() gives them)
+                out.append((None, [ch[v] for v in col] if ch is not None else col))
+        object.__setattr__(self, "_decoded", out)
+        return out
 
     def distinct(self, names: tuple[str, ...]) -> list[tuple[Any, dict[str, Any]]]:
         """Group the elements by the values of ``names`` (plus model and device): a list of (flat indices,

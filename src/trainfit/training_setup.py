@@ -365,6 +365,30 @@ class TrainingSetup:
         shape, recipe, parallel = split_fields(fields)
         return cls(model, hardware, **shape, recipe=Recipe(**recipe), parallel=Parallelism(**parallel))
 
+    @classmethod
+    def validated(cls, model: ModelRef, hardware: Optional[DeviceRef], fields: dict[str, Any]) -> "TrainingSetup":
+        """A setup from flat fields that already passed every field rule, canonical (``fields``: every name of
+        :data:`FIELD_NAMES`, as :meth:`trainfit.sweep.SetupArrays.setup_at` decodes one element of a validated
+        sweep; ``model`` and ``hardware`` resolved): the same object :meth:`build` makes, without running the field
+        rules again (the rules between fields and the warnings still run, :func:`~trainfit.rules.check_setup`).
+        Anything else goes through :meth:`build`."""
+        recipe = object.__new__(Recipe)
+        for name in RECIPE_FIELDS:
+            object.__setattr__(recipe, name, fields[name])
+        parallel = object.__new__(Parallelism)
+        for name in PARALLEL_FIELDS:
+            object.__setattr__(parallel, name, fields[name])
+        out = object.__new__(cls)
+        for name, value in (("model", model), ("hardware", hardware), ("batch", fields["batch"]),
+                            ("seq_len", fields["seq_len"]), ("accumulation", fields["accumulation"]),
+                            ("recipe", recipe), ("parallel", parallel)):
+            object.__setattr__(out, name, value)
+        object.__setattr__(out, "_flat", {n: fields[n] for n in FIELD_NAMES})  # (as flat() would read them)
+        object.__setattr__(out, "warnings", check_setup(out))
+        for line in out.warnings:  # (issued from one place, as build's are)
+            _warnings.warn(SetupWarning(line), stacklevel=2)
+        return out
+
     def replace(self, **fields: Any) -> "TrainingSetup":
         """A copy with some flat fields changed (``setup.replace(tp=2, checkpointing="full")``), validated."""
         shape, recipe, parallel = split_fields(fields)
@@ -399,7 +423,11 @@ class TrainingSetup:
 
     def flat(self) -> dict[str, Any]:
         """Every flat field by name (the vocabulary of :meth:`build` and the CLI)."""
-        return {n: self.value(n) for n in FIELD_NAMES}
+        known = self.__dict__.get("_flat")  # (a frozen setup: read once; methods' checks ask for it again and again)
+        if known is None:
+            known = {n: self.value(n) for n in FIELD_NAMES}
+            object.__setattr__(self, "_flat", known)
+        return dict(known)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready echo: model, hardware, every field and the derived micro-batch and world size."""
@@ -458,6 +486,17 @@ FIELDS: dict[str, dataclasses.Field] = _field_specs()
 DEFAULTS: dict[str, Any] = {n: f.default for n, f in FIELDS.items()}
 
 
+def validated_replace(part: Any, **fields: Any) -> Any:
+    """A copy of a :class:`Recipe` or :class:`Parallelism` with ``fields`` set to values that already passed their
+    field rules, canonical (as a validated sweep decodes them): what ``dataclasses.replace`` makes, without running
+    the rules again."""
+    out = object.__new__(type(part))
+    out.__dict__.update(part.__dict__)
+    for name, value in fields.items():
+        object.__setattr__(out, name, value)
+    return out
+
+
 def split_fields(fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(shape, recipe, parallel) keyword groups of flat field names; an unknown name is an error."""
     shape, recipe, parallel = {}, {}, {}
@@ -484,4 +523,4 @@ def setup_of(model: Any, hardware: Any = None, **fields: Any) -> TrainingSetup:
 
 __all__ = ["ATTENTION", "CHECKPOINTING", "FLASH_LIKE", "CONDITIONAL_FIELDS", "DEFAULTS", "FIELDS", "FIELD_NAMES", "LORA_DEFAULT_TARGETS", "LOSSES", "OFFLOADS", "OPTIMIZERS",
            "OPT_IMPLS", "PARALLEL_FIELDS", "PRECISIONS", "PP_SCHEDULES", "STACKS", "Parallelism", "TP_PLANS", "Precision", "QLORA",
-           "RECIPE_FIELDS", "Recipe", "SHAPE_FIELDS", "TrainingSetup", "setup_of", "split_fields"]
+           "RECIPE_FIELDS", "Recipe", "SHAPE_FIELDS", "TrainingSetup", "setup_of", "split_fields", "validated_replace"]

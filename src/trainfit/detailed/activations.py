@@ -174,6 +174,9 @@ class _Walker:
         self.full = not recipe.lora  # full fine-tuning: every weight trainable
         self.kernel = attention_kernel(arch, recipe)
         self.beh = behaviour_of(recipe)
+        #: torchtitan's MoE model (v0.2.0 Qwen3): torch's nn.RMSNorm, rotate-half rotary, its MoE layer
+        self.tt_moe = self.beh.moe == "torchtitan-grouped" and arch.num_experts > 0
+        self.moe_bwd: Vec = ZERO  #: the working set of torchtitan's MoE backward (moe_torchtitan)
         self.drop = recipe.dropout and self.beh.dropout
         #: torchtitan's op policy: the block's mm count (every odd mm's output saved, _save_list of 9dec370)
         self.op_policy = op_policy(recipe)
@@ -256,7 +259,7 @@ class _Walker:
         if a.norm_kind == "rmsnorm":
             fp32_weight = a.family.norm_one_plus_weight or a.family.norm_weight_before_cast
             return self.g.rmsnorm(x, trainable, gemma=fp32_weight, name=name, rows=rows,
-                                  wdtype=self.p)
+                                  wdtype=self.p, torch_rms=self.tt_moe)
         return self.g.layernorm(x, trainable, name=name, rows=rows)
 
     def activation(self, x: Tensor) -> Tensor:
@@ -302,8 +305,14 @@ class _Walker:
             q = self.norm(q, "q_norm", rows=1.0 if whole else heads)
             k = self.norm(k, "k_norm", rows=1.0 if whole else kvh)
         if cos is not None and a.rotary_fraction > 0:
-            rope = (self.rope_complex if self.beh.rope == "complex" else self.rope_pairs if a.family.rope_half_table
-                    else self.rope)
+            # torchtitan's MoE model (v0.2.0 Qwen3) rotates halves with cos/sin views of its fp32 rope_cache
+            rope = (self.rope_complex if self.beh.rope == "complex" and not self.tt_moe else self.rope_pairs
+                    if a.family.rope_half_table else self.rope)
+            if self.tt_moe and q.dtype != cos.dtype:
+                # apply_rotary_emb: cos and sin sliced from rope_cache and cast to q's dtype once per call (the
+                # products save the copies)
+                cos = self.g.new(cos.size, q.dtype, False, "cos.to(dtype)")
+                sin = self.g.new(sin.size, q.dtype, False, "sin.to(dtype)")
             q, k = rope(q, qw, cos, sin), rope(k, kvw, cos, sin)
         self.math_core = False
         out = self.core_attention(q, k, v, heads, kvh, qw, kvw, self.masked_window(index))
@@ -493,7 +502,8 @@ class _Walker:
                 if self.par.cp > 1 and self.beh.fsdp_over_cp:
                     # ring attention's backward: its working set, reached once the copy is freed (measured where
                     # CP runs under FSDP2 over the dp x cp ranks, torchtitan's; hf's CP walk keeps its validated form)
-                    self.core_marks[g.region] = (copy.created, ring_backward_bytes(qw, gathered_w, dt, self.par.cp),
+                    self.core_marks[g.region] = (copy.created, ring_backward_bytes(qw, gathered_w, dt, self.par.cp,
+                                                                                     heads),
                                                  None)
                 return copy
             return out
@@ -678,7 +688,7 @@ class _Walker:
         targets = r.lora_targets if r.lora else ()
         lins = {lin.role: lin for lin in block_linears(a, index)}
         if a.is_moe_layer(index):
-            return self.moe(y, index)
+            return self.moe_torchtitan(y, index) if self.tt_moe else self.moe(y, index)
         y = self.gather_sequence(y, a.hidden_size)
         if a.mlp_gated:
             if "gate_up" in lins:
@@ -757,6 +767,116 @@ class _Walker:
             out = g.add(out, g.mul(sd, gate))
         if dtensor_tp:
             out = g.reduce(out, tok(h / self.tp) if self.sp else tok(h))
+        return out
+
+    def moe_torchtitan(self, y: Tensor, index: int) -> Tensor:
+        """torchtitan v0.2.0's ``MoE.forward`` (torchtitan/models/moe/moe.py, utils.py; vendored in
+        trainfit.stacks_code.torchtitan_29624e3), one GPU: the router (gate mm, fp32 softmax saved, top-k of the
+        scores plus the expert bias: int64 ids saved by the gather of the chosen scores, normalised by their sum:
+        both saved, times route_scale), the reorderer (a stable argsort: int64, saved by the index of the sorted
+        scores; the token ids ``// top_k``: int64, saved by the gather and the scatter_add), the routed copies
+        gathered, padded per expert to the static bound M = tokens x k + experts x 8 rows (``vstack`` with a zero
+        row, then indexed by the int32 permutation, saved), the three grouped products in bf16 (each
+        ``x.bfloat16()`` a copy of the permuted input unless it is bf16 already, each ``w.bfloat16()`` a copy of
+        the expert weight unless the parameters are bf16: all saved), silu (input saved) times the w3 product
+        (both saved), the w2 product cast back (``type_as``), unpermuted into (tokens x k + 1) rows, times the fp32
+        scores (both saved), cast back, and ``scatter_add`` onto zeros in token order."""
+        a, g = self.a, self.g
+        E, k, mi, h = a.num_experts, a.experts_per_token, a.moe_intermediate_size, a.hidden_size
+        xd, pd = y.dtype, self.p
+        # router: gate mm (its shapes forced to recompute under the op policy: never kept, not counted)
+        mm_count = self.mm_count
+        logits = self.linear(y, f"{index}.router", h, E, "", "gate")
+        if self.op_policy and g.checkpointing:
+            self.mm_count = mm_count
+            logits.saved = False
+        scores = g.unary_saving_output(g.cast(logits, 4), "router softmax (fp32)")
+        biased = g.new(tok(E), 4, False, "scores + expert_bias")
+        g.use(scores)
+        top_vals = g.new(tok(k), 4, False, "top-k values (unused)")
+        ids = g.new(tok(k), 8, False, "top-k expert ids")
+        g.use(biased, top_vals)
+        top = g.new(tok(k), 4, True, "chosen scores (gather)")
+        g.save(ids)
+        g.use(scores)
+        den = g.new(tok(1), 4, True, "sum of chosen scores + eps")
+        g.save(den)
+        g.save(top)
+        normed = g.new(tok(k), 4, True, "normalised scores")
+        g.use(top, den)
+        scaled = g.mul(normed, None, "route_scale")
+        g.use(ids)
+        # reorderer
+        order = g.new(tok(k), 8, False, "argsort of expert ids")
+        g.save(order)
+        sorted_scores = g.new(tok(k), 4, True, "scores sorted by expert")
+        g.use(scaled, order)
+        token_ids = g.new(tok(k), 8, False, "token ids (// top_k)")
+        g.save(token_ids)
+        g.use(order)
+        routed = g.new(tok(k * h), xd, y.rg, "routed copies (gather)")
+        g.save(y)  # gather's backward reads its input (gather_backward(grad, self, dim, index))
+        g.use(y)
+        # indices_padding_wrapper(_run_experts_grouped_mm): the permutation (int32, M rows) and the padded input
+        rows = (float(k), 0.0, 0.0, float(E * 8))  # M = tokens x k + experts x 8 (8-aligned bound)
+        perm = g.new(rows, 4, False, "permuted indices (int32)")
+        stacked = g.new(vadd(tok(k * h), const(h)), xd, routed.rg, "vstack with a zero row")
+        g.save(perm)
+        permuted = g.new(vscale(rows, h), xd, routed.rg, "permuted copies")
+        g.use(stacked, perm)
+
+        def bf16_input() -> Tensor:
+            if xd == 2:
+                return permuted
+            c = g.new(permuted.size, 2, permuted.rg, "x.bfloat16()")
+            g.use(permuted)
+            return c
+
+        def bf16_weight(name: str) -> Optional[Tensor]:
+            if pd == 2:
+                return None  # the parameter itself
+            return g.new(const(E * mi * h), 2, self.full, f"{index}.{name}.bfloat16()")
+
+        x1, w1 = bf16_input(), bf16_weight("w1")
+        h1 = g.new(vscale(rows, mi), 2, True, "grouped_mm w1")
+        g.save(x1)
+        g.save(w1)
+        g.use(x1, w1)
+        act = g.unary_saving_input(h1, "silu")
+        x3, w3 = bf16_input(), bf16_weight("w3")
+        h3 = g.new(vscale(rows, mi), 2, True, "grouped_mm w3")
+        g.save(x3)
+        g.save(w3)
+        g.use(x3, w3)
+        m = g.mul(act, h3, "silu * w3")
+        w2 = bf16_weight("w2")
+        out2 = g.new(vscale(rows, h), 2, True, "grouped_mm w2")
+        g.save(m)
+        g.save(w2)
+        g.use(m, w2)
+        out_x = g.cast(out2, xd)  # type_as(x)
+        unperm = g.new(vadd(tok(k * h), const(h)), xd, True, "unpermuted (tokens x k + 1 rows)")
+        g.use(out_x, perm, permuted)
+        zeros = g.new(tok(h), xd, False, "zeros_like(x)")  # made before the scores are applied (no shared expert)
+        # routed_output (the first tokens x k rows).to(float32): a copy of those rows unless they are fp32
+        up = unperm if xd == 4 else g.new(tok(k * h), 4, True, "routed output.to(float32)")
+        g.use(unperm)
+        weighted = g.new(tok(k * h), 4, True, "routed output x scores")
+        g.save(up)
+        g.save(sorted_scores)
+        g.use(up, sorted_scores)
+        back = g.cast(weighted, xd)
+        # its backward's working set, beyond the saved tensors, when it starts (the block's peak: every saved tensor
+        # is still there): the gathered output gradient, in fp32 for the scores' product, whose backward makes the
+        # routed output's gradient and grad * output for the scores' (three fp32 routed-copy tensors)
+        # (the residual stream's gradient reaches the MoE in its own dtype: the block's MoE output is in the
+        # input's dtype, fp32 under autocast, so no 16-bit copy of it exists then)
+        self.moe_bwd = vadd(tok(3 * k * h * 4), tok(self.hw * xd) if xd != self.p else ZERO)
+        out = g.new(tok(h), xd, True, "scatter_add")
+        g.save(token_ids)
+        g.use(zeros, back, token_ids)
+        # MoE.forward's locals (its input, the routed copies, the ids and scores) live until it returns
+        g.use(y, routed, ids, scaled)
         return out
 
     def moe_own_router(self, y: Tensor, index: int) -> Tensor:
@@ -934,8 +1054,16 @@ class _Walker:
         if mark is None:
             return ZERO, ZERO
         at, work, v_exp = mark
+        # ring attention under a per-op checkpoint policy: the recomputation stops after the block's last tensor
+        # autograd saves, so an op output the policy keeps beyond it (the last projection's) is never taken from the
+        # policy's cache and stays alive until the block's backward ends (measured: torchtitan over cp 2 and 4,
+        # selective:op, its w2 output at ring attention's backward; validation/stacks-measured.jsonl)
+        cached_to_end = (self.par.cp > 1 and ck and self.op_policy and v_exp is None)
+        last_saved = max((t.created for t in ts if t.would_save), default=-1)
         gone = ZERO
         for t in ts:
+            if cached_to_end and t.saved and not t.would_save and t.created > last_saved:
+                continue
             # saved after the core, or the values ``probs @ v`` saved (its backward, the core's first, freed them)
             if (t.created >= at or t is v_exp) and ((t.saved and t.own_saved) or (ck and t.would_save and not t.saved)):
                 gone = vadd(gone, t.bytes)
@@ -1148,20 +1276,37 @@ class _Walker:
             g.save(x)  # kept until its gradient is sent back
         cos = sin = None
         tables: dict[str, tuple[Tensor, ...]] = {}
-        if a.position_embedding == "rotary" and self.beh.rope == "complex":
+        if a.position_embedding == "rotary" and self.beh.rope == "complex" and not self.tt_moe:
             # torchtitan's one freqs_cis buffer (precompute_freqs_cis: max_seq_len = the sequence, head_dim / 2
             # complex64), whatever the compute dtype; counted as the cos/sin tables are, to the backward's end
             g.region = "embed"
             cos = sin = g.new(pos(a.head_dim * a.rotary_fraction / 2), 8.0, False, "freqs_cis (complex64)")
             g.hold(cos)
             tables[""] = (cos,)
+            if self.par.cp > 1 and self.beh.fsdp_over_cp:
+                # torch 2.13's context_parallel (torchtitan's train context, no_restore_buffers = the ids and the
+                # labels), alive the whole step: freqs_cis cloned whole to be restored; the ids, labels and
+                # freqs_cis resized in place to their shard (resize_ to smaller keeps the whole storage); the
+                # shards it made still bound, and its clone of the last one (freqs_cis's). Beyond the walk's own
+                # shards (freqs_cis above, the inputs in the phases): freqs_cis (2 cp + 1) shards, the ids and
+                # labels cp shards (validation/stacks-measured.jsonl, case set torchtitan-pp-cp: to the byte)
+                cp = self.par.cp
+                # kept with the tables: marked saved once the walk ends, so counted to the backward's end
+                tables["context_parallel"] = (
+                    g.new(pos(a.head_dim * a.rotary_fraction / 2 * (2 * cp + 1)), 8.0, False,
+                          "context_parallel's freqs_cis copies (complex64)"),
+                    g.new(tok(2 * cp), 8.0, False, "context_parallel's whole ids and labels (int64)"))
+                for t in tables["context_parallel"]:
+                    g.hold(t)
         elif a.position_embedding == "rotary":
             g.region = "embed"
             d = a.head_dim * a.rotary_fraction / (2 if a.family.rope_half_table else 1)
             # one cos/sin pair, or one per kind of block the model has (gemma3_text: global and local bases)
             for kind in (dict.fromkeys(a.layer_types) if a.family.rope_per_layer_type else ("",)):
-                cos = g.new(pos(d), self.p, False, f"rotary cos {kind}".strip())
-                sin = g.new(pos(d), self.p, False, f"rotary sin {kind}".strip())
+                # torchtitan's MoE model keeps them as an fp32 buffer (rope_cache) whatever the parameters' dtype
+                tdt = 4.0 if self.tt_moe else self.p
+                cos = g.new(pos(d), tdt, False, f"rotary cos {kind}".strip())
+                sin = g.new(pos(d), tdt, False, f"rotary sin {kind}".strip())
                 g.hold(cos)
                 g.hold(sin)
                 tables[kind] = (cos, sin)
@@ -1200,7 +1345,18 @@ class _Walker:
             x_in = x
             if a.family.rope_per_layer_type and tables:
                 cos, sin = tables[a.layer_types[i]]
-            x = self.block(x, i, cos, sin)
+            bcos, bsin = cos, sin
+            if self.tt_moe and cos is not None and sin is not None and cos.dtype != self.p:
+                # FSDP2's MixedPrecisionPolicy casts a module's floating-point arguments to the parameter dtype:
+                # torchtitan passes its fp32 rope_cache to every block, so each block gets its own 16-bit copy,
+                # made outside its checkpoint (which keeps it as an argument)
+                bcos = g.new(cos.size, self.p, False, "rope_cache cast by FSDP2 (cos half)")
+                bsin = g.new(sin.size, self.p, False, "rope_cache cast by FSDP2 (sin half)")
+                if ck:
+                    g.checkpoint_input(bcos)
+                    g.checkpoint_input(bsin)
+            x = self.block(x, i, bcos, bsin)
+            g.use(bcos, bsin)
             if offload:
                 g.use(x_in)  # the caller's reference to the block's input lasts the call
             g.checkpointing = False
@@ -1292,7 +1448,11 @@ class _Walker:
             # the residual stream's incoming gradient (the add passes it to the branch as it is), and its copy in
             # the branch's dtype where that differs (autocast: autograd casts the gradient to the input's dtype)
             res = tok(self.hw * self.p + (self.hw * self.w if self.w != self.p else 0.0))
-            lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=vadd(res, vadd(biggest, biggest)),
+            # torchtitan's MoE block: its MoE backward's working set (moe_torchtitan), not the largest-tensor rule
+            work = vadd(res, vadd(biggest, biggest))
+            if self.tt_moe and self.a.is_moe_layer(i):
+                work = vadd(tok(self.hw * self.p), self.moe_bwd)
+            lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=work,
                                     gone=vadd(handed_on, released), attention_bwd=attn_bwd,
                                     core_bwd=vadd(core_bwd, res) if core_bwd != ZERO else ZERO, core_gone=core_gone))
             if i == layers[-1]:
@@ -1316,17 +1476,31 @@ WALK_FIELDS = ("tp", "sequence_parallel", "tp_plan", "loss_parallel", "cp", "ep"
 _WALK_DEFAULT = Parallelism()
 
 
-def ring_backward_bytes(qw: float, kvw: float, dt: float, cp: int) -> Vec:
-    """Per token, the working set of PyTorch's ring flash attention backward on one cp rank (torch 2.13
+def ring_backward_bytes(qw: float, kvw: float, dt: float, cp: int, heads: float) -> Vec:
+    """Per token, the working set of PyTorch's ring flash attention backward on cp rank 0 (torch 2.13
     ``_context_parallel/_attention.py``, ``_templated_ring_attention_backward``, all-gather rotation) beyond the
-    tensors its forward saved: the q, k, v gradient accumulators in fp32 (``zeros_like(..., float32)``), the k|v
-    concatenation it rotates (``next_kv``, the kernel's dtype) with the rotater's buffer of every rank's (``cp``
-    times that), one step's kernel gradients of q, k and v (the kernel's dtype), the concatenated fp32 k|v
-    gradients it sends (``next_grad_kv``) beside the buffer receiving them, and the attention output's gradient
-    with the contiguous copy the kernel takes of it (the kernel's dtype). ``kvw``: the key/value width the kernel
-    gets (the repeated copies under repeat_kv). Each term is a live tensor at the measured peak inside this
-    backward (torchtitan's Llama over cp 2 and 4, validation/stacks-measured.jsonl, case set torchtitan-pp-cp)."""
-    kernel_dtype = 2 * kvw * cp + 2 * kvw + (qw + 2 * kvw) + 2 * qw
+    tensors its forward saved, at the larger of its two high points. Always alive: the q, k, v gradient
+    accumulators in fp32 (``zeros_like(..., float32)``), the rotater's buffer of every rank's k|v (``cp`` times the
+    k|v concatenation, the kernel's dtype), one step's kernel gradients of q, k and v (the kernel's dtype), the
+    concatenated fp32 k|v gradients it sent (``next_grad_kv``) beside the buffer receiving them, and the attention
+    output's gradient (the kernel's dtype; the residual stream's gradient beside it is the caller's). Then either
+
+    * (cp > 2) the second step's ``next_kv = torch.cat([key.flatten(), value.flatten()])``: the new k|v
+      concatenation made while the first step's is still bound, and the contiguous copies of k and v the first
+      step's kernel got (``key.contiguous()``: torchtitan's k and v are transposed views), still bound as ``k``,
+      ``v``; or
+    * the second step's kernel call: one k|v concatenation, the first step's q, k, v gradients still bound beside
+      the new ones -- of which, rank 0 with causal load balancing (torchtitan's), q's is half (the step takes the
+      second half of q), with the half of the logsumexp it made contiguous (fp32).
+
+    ``kvw``: the key/value width the kernel gets (the repeated copies under repeat_kv); ``heads``: the query heads
+    (the logsumexp's width). Each term is a live tensor
+    at the measured peak inside this backward (torchtitan's Llama over cp 2 and 4, validation/stacks-measured.jsonl,
+    case set torchtitan-pp-cp: the cat at cp 4, the kernel call at cp 2)."""
+    base = 2 * kvw * cp + qw + (qw + 2 * kvw)
+    cat_moment = 3 * (2 * kvw) if cp > 2 else 0.0
+    kernel_moment = 2 * kvw + (qw / 2 + 2 * kvw) + heads * 4 / 2 / dt
+    kernel_dtype = base + max(cat_moment, kernel_moment)
     fp32 = (qw + 2 * kvw) + 2 * (2 * kvw)
     return vadd(vscale(tok(kernel_dtype), dt), vscale(tok(fp32), 4.0))
 

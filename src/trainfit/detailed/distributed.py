@@ -274,7 +274,7 @@ REDUCE_SCATTER = "reduce-scatter input"
 def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegions, root: FsdpGroup,
                     blocks: list[FsdpGroup], head_ug: float, embed_ug: float, nbytes: Any, saved_total: Any,
                     residual_grad: Any, accumulating: bool = False, root_reshard: bool = False,
-                    keep_last: bool = False, host_grads: bool = False
+                    keep_last: bool = False, host_grads: bool = False, units: bool = False
                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, float]], list[dict[str, float]]]:
     """Forward and backward candidates (each a dict of activations, temporaries, gradients and
     communication_buffers, in bytes) of one FSDP2 rank, at the moments that can set the peak, and for each
@@ -302,11 +302,19 @@ def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegion
     reaches the model's output); ``keep_last``, the last block not resharded after its forward (torchtitan's
     ``apply_fsdp``): its parameters stay gathered into the backward, which needs no all-gather for it.
 
+    ``units``: torchtitan v0.2.0's ``apply_fsdp`` (llama4/infra/parallelize.py, which its Qwen3 MoE uses): the
+    embeddings a unit of their own (resharded after forward, prefetched again by block 0's backward), every block
+    resharded, norm + output a unit kept gathered from its forward to its backward (reduce-scattered right after
+    the head's backward), the root holding no parameter (:func:`_units_candidates`).
+
     A layout sweep passes groups with array fields (:func:`stack_groups`) and ``accumulating`` as an array:
     every candidate is then an array over its elements (the named terms then keep zero terms too).
     """
     rank = _FsdpRank(root, tuple(blocks), bool(par.reshard_after_forward), max(int(par.fsdp_prefetch), 0),
                      root_reshard, keep_last)
+    if units:
+        return _units_candidates(rank, arch, pr, regions, nbytes, saved_total, residual_grad, head_ug, embed_ug,
+                                 accumulating)
     all_sharded = sum(g.sharded_grads for g in blocks)
     acc = _float(all_sharded + root.sharded_grads)
     acc = np.where(accumulating, acc, 0.0) if isinstance(accumulating, np.ndarray) else (acc if accumulating else 0.0)
@@ -538,6 +546,78 @@ def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, 
     # the root's post-backward: its parameters freed, its unsharded gradients copied for the reduce-scatter
     out.backward({"activations": 0.0 * saved_total, "temporaries": 0.0 * saved_total,
                   "gradients": _float(all_sharded + head_ug + embed_ug) + acc}, rs("root", rank.root))
+
+
+def _part(g: FsdpGroup, share: float) -> FsdpGroup:
+    """The share of the root group one of its parts holds (its tensors share the root's dtypes and padding)."""
+    return FsdpGroup(gathered=g.gathered * share, all_gather=g.all_gather * share,
+                     reduce_scatter=g.reduce_scatter * share, unsharded_grads=g.unsharded_grads * share,
+                     sharded_grads=g.sharded_grads * share)
+
+
+def _units_candidates(rank: _FsdpRank, arch: Any, pr: Any, regions: ForwardRegions, nbytes: Any, saved_total: Any,
+                      residual_grad: Any, head_ug: float, embed_ug: float, accumulating: Any
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, float]], list[dict[str, float]]]:
+    """:func:`fsdp_candidates` for torchtitan v0.2.0's wrapping (``units``): embeddings, blocks, norm + output."""
+    blocks, ag, rs = rank.blocks, rank.ag, rank.rs
+    L = len(blocks)
+    tot = float(head_ug + embed_ug)
+    emb = _part(rank.root, embed_ug / tot if tot else 0.0)
+    head = _part(rank.root, head_ug / tot if tot else 0.0)
+    all_sharded = sum(g.sharded_grads for g in blocks)
+    acc = _float(all_sharded + rank.root.sharded_grads)
+    acc = np.where(accumulating, acc, 0.0) if isinstance(accumulating, np.ndarray) else (acc if accumulating else 0.0)
+    out = _Candidates()
+    E_g = {"gathered embeddings": _float(emb.gathered)}
+    H_g = {"gathered norm + output (kept from forward to backward)": _float(head.gathered)}
+    big = rank.big_index() if blocks else 0
+    for v in regions.embed:
+        out.forward({**_split(nbytes(v), saved_total), "gradients": acc}, {**E_g, **ag("embeddings", emb.all_gather)})
+    for v in regions.blocks:
+        out.forward({**_split(nbytes(v), saved_total), "gradients": acc},
+                    {**rank.gathered_upto(big), **ag("the block computing", rank.big.all_gather)})
+    for v in regions.head:
+        out.forward({**_split(nbytes(v), saved_total), "gradients": acc}, {**H_g, **ag("norm + output", head.all_gather)})
+    for v in regions.loss:
+        out.forward({**_split(nbytes(v), saved_total), "gradients": acc}, H_g)
+    if blocks:
+        out.forward({**_split(nbytes(regions.before_first_block), saved_total), "gradients": acc},
+                    {**ag("embeddings", emb.all_gather), **ag("block 0", rank.first.all_gather),
+                     **rank.gathered_upto(0)})
+        prev = blocks[-2].all_gather if L > 1 else emb.all_gather
+        out.forward({**_split(nbytes(regions.before_last_block), saved_total), "gradients": acc},
+                    {**rank.gathered_upto(L - 1), **ag(f"block {L - 2}", prev),
+                     **ag(f"block {L - 1}", rank.last.all_gather)})
+    # backward: the loss with norm + output gathered; their gradients reduce-scattered after the head's backward
+    out.backward({"activations": saved_total, "temporaries": nbytes(pr.loss_backward), "gradients": acc}, H_g)
+    sharded_after: list[Any] = [0] * L
+    for i in range(L - 2, -1, -1):
+        sharded_after[i] = sharded_after[i + 1] + blocks[i + 1].sharded_grads
+    held = _float(head.sharded_grads)
+    head_loss = _vadd(pr.head_saved, pr.loss_saved)
+    later = (0.0, 0.0, 0.0, 0.0)
+    for k, i in enumerate(range(L - 1, -1, -1)):
+        lp = pr.layers[i] if i < len(pr.layers) else None
+        if lp is None:
+            continue
+        remaining = _vsub(_vsub(pr.saved_total, head_loss), later)
+        if k in (0, 1, L - 2, L - 1):
+            rs_prev = rs(f"block {i + 1}, until this block's", blocks[i + 1]) if i + 1 < L \
+                else rs("norm + output, until this block's", head)
+            pre = rank.prefetch(i) if i > 0 else ag("embeddings, prefetched", emb.all_gather)
+            out.backward({"activations": nbytes(_vadd(_vsub(remaining, lp.gone), lp.recompute)),
+                          "temporaries": nbytes(lp.transient_bwd),
+                          "gradients": held + sharded_after[i] + blocks[i].first_op_grad + acc},
+                         {**rank.gathered_upto(i), **pre, **rs_prev})
+            out.backward({"activations": nbytes(_vsub(remaining, lp.saved)), "temporaries": residual_grad,
+                          "gradients": held + sharded_after[i] + blocks[i].unsharded_grads + acc},
+                         {**pre, **rs(f"block {i}", blocks[i])})
+        later = _vadd(later, lp.saved)
+    out.backward({"activations": nbytes(pr.embed_saved), "temporaries": residual_grad + embed_ug,
+                  "gradients": held + all_sharded + acc}, {**E_g, **(rs("block 0", rank.first) if blocks else {})})
+    out.backward({"activations": 0.0 * saved_total, "temporaries": 0.0 * saved_total,
+                  "gradients": _float(all_sharded + head.sharded_grads + embed_ug) + acc}, rs("embeddings", emb))
+    return out.fwd, out.bwd, out.fwd_terms, out.bwd_terms
 
 
 def _vadd(a: Any, b: Any) -> Any:

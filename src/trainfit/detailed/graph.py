@@ -285,9 +285,21 @@ class Tape:
         return y
 
     def rmsnorm(self, x: Tensor, trainable: bool, gemma: bool = False, name: str = "rmsnorm",
-                rows: float = 1.0, wdtype: float = 4.0) -> Tensor:
+                rows: float = 1.0, wdtype: float = 4.0, torch_rms: bool = False) -> Tensor:
         """Hugging Face RMSNorm: ``w * (x.float() * rsqrt(mean(x.float()**2) + eps)).to(x.dtype)``;
-        Gemma's: ``(x.float() * rsqrt(...)) * (1 + w.float())``, then cast back."""
+        Gemma's: ``(x.float() * rsqrt(...)) * (1 + w.float())``, then cast back. ``torch_rms``: torch's
+        ``nn.RMSNorm`` (``aten.rms_norm``: the weight product in fp32, then ``type_as(x)``; an fp32 op under
+        autocast, so there the input is cast to fp32 first and the output stays fp32)."""
+        if torch_rms:
+            xin = self.cast(x, 4) if self.autocast else x
+            xf = self.cast(xin, 4)
+            sq = self.unary_saving_input(xf, "pow")
+            var = self.new(tok(rows), 4, xf.rg, "mean")
+            self.use(sq)
+            rs = self.unary_saving_output(var, "rsqrt")
+            hs = self.mul(xf, rs, "normed")
+            out = self.mul(hs, Tensor(const(x.size[0] / rows), wdtype, trainable, "norm weight"), name)
+            return self.cast(out, xin.dtype)
         xf = self.cast(x, 4)
         sq = self.unary_saving_input(xf, "pow")
         var = self.new(tok(rows), 4, xf.rg, "mean")

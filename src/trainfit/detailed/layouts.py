@@ -25,7 +25,7 @@ import numpy as np
 
 from ..arch import ArchSpec
 from ..stacks import behaviour_of
-from ..training_setup import Parallelism, Recipe
+from ..training_setup import Parallelism, Recipe, validated_replace
 from .activations import activation_profile, walk_parallelism
 from .distributed import is_fsdp, stack_groups, walk_recipe
 from .phases import (COMPONENTS, PHASES, PhaseResult, StepShape, busier_stage, comm_buffers, deepspeed_stage,
@@ -151,7 +151,7 @@ def _plain_phases(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], w
 def _fill(parts: list[tuple[np.ndarray, PhaseResult]], n: int, get: Any) -> np.ndarray:
     out = np.zeros(n)
     for sel, r in parts:
-        out[sel] = np.broadcast_to(np.asarray(get(r), dtype=float), sel.shape)
+        out[sel] = np.asarray(get(r), dtype=float)  # (a number or one value per selected element)
     return out
 
 
@@ -182,7 +182,8 @@ def sharding_groups(columns: dict[str, np.ndarray], base: Parallelism) -> tuple[
     pars = []
     for row in uniq:
         vals = dict(zip(SHARDING_FIELDS, row.tolist()))
-        pars.append(dataclasses.replace(
+        # (values of a validated sweep: the field rules are not run again)
+        pars.append(validated_replace(
             base, dp=int(vals["dp"]), zero=int(vals["zero"]), fsdp=bool(vals["fsdp"]),
             fsdp_prefetch=int(vals["fsdp_prefetch"]), ddp_bucket_view=bool(vals["ddp_bucket_view"]),
             ddp_bucket_bytes=float(vals["ddp_bucket_bytes"]), zero_bucket_elems=float(vals["zero_bucket_elems"])))

@@ -123,6 +123,14 @@ class Detailed(MemoryMethod):
                                 f"{', '.join(MODELLED_STACKS)} (the measured method may run it)")
         check_accepts(setup, NAME, {**ACCEPTS, "stack": MODELLED_STACKS})
         check_model(setup)
+        par_ = setup.parallel
+        if (behaviour_of(r).moe == "torchtitan-grouped" and setup.model.arch.num_experts > 0
+                and (par_.tp > 1 or par_.ep > 1 or par_.pp > 1 or par_.cp > 1 or (par_.dp > 1 and not par_.fsdp))):
+            # checked against its measured corpus on one GPU and under FSDP2 (v0.2.0's wrapping); its tensor,
+            # expert, pipeline and context parallelism and DDP are not measured
+            raise TrainfitError(f"the detailed method models stack {r.stack!r}'s MoE step (torchtitan v0.2.0's Qwen3 "
+                                f"MoE) on one GPU or under FSDP2 (--dp N --fsdp); got --tp {par_.tp} --ep {par_.ep} "
+                                f"--pp {par_.pp} --cp {par_.cp} --dp {par_.dp} --fsdp {par_.fsdp}")
         if behaviour_of(r).step == "megatron-gpt":  # megatron-core's own step: what its model covers
             from . import stacks_megatron
 

@@ -18,6 +18,7 @@ Every byte count here is a scalar or a numpy array (batch and sequence may be ar
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -151,14 +152,20 @@ class _Moment:
 
 def interleaved_moments(par: Parallelism, m: int, stage: int) -> list[_Moment]:
     """The distinct moments at which a backward starts on rank ``stage`` (:func:`interleaved_order`)."""
-    v = max(int(par.pp_virtual), 1)
+    return list(_moments(par.pp, max(int(par.pp_virtual), 1), int(m), stage))
+
+
+@lru_cache(maxsize=4096)
+def _moments(pp: int, v: int, m: int, stage: int) -> tuple[_Moment, ...]:
+    """:func:`interleaved_moments` of ``pp`` ranks, ``v`` chunks each and ``m`` micro-batches (what it reads of
+    the layout: every split with the same schedule shares them)."""
     counts = [0] * v
     done: set[int] = set()
     out: list[_Moment] = []
     seen = set()
     fwd = False
     outputs = 0
-    for kind, c in interleaved_order(par.pp, stage, m, v):
+    for kind, c in interleaved_order(pp, stage, m, v):
         if kind == "F":
             counts[c] += 1
             outputs += c == v - 1
@@ -171,7 +178,27 @@ def interleaved_moments(par: Parallelism, m: int, stage: int) -> list[_Moment]:
         counts[c] -= 1
         done.add(c)
         fwd = False
-    return out
+    return tuple(out)
+
+
+class _When(dict):
+    """A candidate moment (components by name, as a dict) that occurs only for the elements where ``occurs``
+    holds: it weighs nothing (every component 0) for the others. :func:`_select` applies the mask once over
+    all candidates, as ``{k: np.where(occurs, v, 0.0)}`` would element by element."""
+
+    occurs: np.ndarray
+
+    def __init__(self, values: dict[str, Any], occurs: np.ndarray):
+        super().__init__(values)
+        self.occurs = occurs
+
+
+def _only(occurs: Any) -> Any:
+    """The candidate maker for a moment that occurs where ``occurs`` holds (True: for every element)."""
+    if occurs is True:
+        return lambda c: c
+    occurs = np.asarray(occurs, dtype=bool)
+    return lambda c: _When(c, occurs)
 
 
 def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, pr: ActivationProfile,
@@ -225,41 +252,59 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
     def layer(i: int) -> Any:
         return pr.layers[min(max(i, 0), len(pr.layers) - 1)] if pr.layers else None
 
-    def g_chunk(k: int) -> Any:
-        vs, count = layout[k]
-        return (g_layers * count / n_layers + (g_emb_all if vs == 0 else 0.0) + (g_head if vs == n - 1 else 0.0))
+    # each chunk's gradients, once (moments ask for them again and again)
+    g_chunks = [g_layers * count / n_layers + (g_emb_all if vs == 0 else 0.0) + (g_head if vs == n - 1 else 0.0)
+                for vs, count in layout]
+    g_chunk = g_chunks.__getitem__
 
     head_loss = vadd(pr.head_saved, pr.loss_saved)
+    # the same byte-vectors come back moment after moment: each evaluated once (the same arithmetic)
+    memo: dict[Vec, Any] = {}
+    B_ = B
+
+    def B(v: Vec) -> Any:
+        out = memo.get(v)
+        if out is None:
+            out = memo[v] = B_(v)
+        return out
+
     # autocast keeps a forward's 16-bit weight copies until that forward returns: a chunk's forward holds its own
     # blocks' (at most the largest chunk's share), the stage walk's forward all of the stage's
     unsaved_wc = B(vsub(pr.weight_copies, pr.weight_copies_saved))
     wc_others = unsaved_wc * (1.0 - max(count for _, count in layout) / n_layers)
+    # each forward candidate's (saved part, temporaries), beside the in-flight chunks' activations
+    fwd_parts = []
+    for v in pr.forward_candidates:
+        x = B(v)
+        x = x - _min(x, wc_others)
+        fwd_parts.append((_min(x, saved_total), x - _min(x, saved_total)))
+    lives: dict[tuple[int, ...], tuple[Vec, Any]] = {}
     values = [int(accumulation)] if not _is_array(accumulation) else [int(u) for u in np.unique(accumulation)]
     for u in values:
-        occurs: Any = True if not _is_array(accumulation) else (np.asarray(accumulation) == u)
-        keep = (lambda c: c) if occurs is True else (lambda c, o=occurs: {k: np.where(o, v, 0.0) for k, v in c.items()})
+        keep = _only(True if not _is_array(accumulation) else (np.asarray(accumulation) == u))
         for mo in interleaved_moments(par, u, stage):
             c = mo.chunk
             vs, count = layout[c]
-            live = ZERO
-            for k, cnt in enumerate(mo.counts):
-                live = vadd(live, tuple(x * cnt for x in chunks[k]))
+            if mo.counts not in lives:
+                live = ZERO
+                for k, cnt in enumerate(mo.counts):
+                    live = vadd(live, tuple(x * cnt for x in chunks[k]))
+                lives[mo.counts] = (live, B(live))
+            live, L = lives[mo.counts]
             # a torchtitan last stage's kept outputs (the one starting its backward among them)
             kept = mo.outputs * pipe.output if pipe is not None else 0.0
             # a torchtitan chunk's rotary buffer: once per chunk, not per micro-batch in flight
             kept = kept + (len(layout) - mo.counts[0]) * pipe.table if pipe is not None else kept
-            L = B(live) + kept
+            L = L + kept
             held = sum((g_chunk(k) for k in mo.done if k != c), 0.0)
             own = g_chunk(c) if c in mo.done else None
             # forwards: the walk's peaks, the other in-flight chunk micro-batches beside them
             if mo.first or mo.forwards:
                 into = fwd_cands if mo.first else bwd_cands
-                for v in pr.forward_candidates:
-                    x = B(v)
-                    x = x - _min(x, wc_others)
+                for saved_part, temps in fwd_parts:
                     into.append(keep({"gradients": held + (own if own is not None else 0.0),
-                                      "activations": _min(x, saved_total) + L - saved_total,
-                                      "temporaries": x - _min(x, saved_total)}))
+                                      "activations": saved_part + L - saved_total,
+                                      "temporaries": temps}))
             last_lp, first_lp = layer(starts[c] + count - 1), layer(starts[c])
             if vs == n - 1:
                 # the loss backward, then (chunked loss) the head's
@@ -400,15 +445,58 @@ def step_shape(par: Parallelism, micro_batch: Any, seq_len: Any) -> StepShape:
 
 
 def _select(cands: list[dict[str, Any]]) -> dict[str, Any]:
-    """The candidate with the largest total (element-wise for arrays)."""
-    totals = [sum(c.values()) for c in cands]
-    if not _is_array(*totals):
-        return cands[int(np.argmax(totals))]
-    stacked = np.stack(np.broadcast_arrays(*totals))
+    """The candidate with the largest total (element-wise for arrays: the first of the largest). A candidate that
+    occurs only for some elements (:class:`_When`) counts 0 for the others, every component."""
+    masks = [(i, c.occurs) for i, c in enumerate(cands) if isinstance(c, _When)]
+    keys = tuple(cands[0])
+    if not masks or any(c.keys() != cands[0].keys() for c in cands):
+        totals = [sum(c.values()) for c in cands]
+        if not masks and not _is_array(*totals):
+            return cands[int(np.argmax(totals))]
+        return _select_arrays(cands, keys, masks, totals)
+    return _select_arrays(cands, keys, masks, None)
+
+
+def _select_arrays(cands: list[dict[str, Any]], keys: tuple[str, ...], masks: list[tuple[int, np.ndarray]],
+                   totals: Any) -> dict[str, Any]:
+    """:func:`_select` over arrays: each component of every candidate in one array (candidates x elements), the
+    totals summed in each candidate's own order of its components (as ``sum(c.values())``), unless given."""
+    if totals is None:
+        shape = np.broadcast_shapes(*(np.shape(v) for c in cands for v in c.values()), *(m.shape for _, m in masks))
+    else:
+        shape = np.broadcast_shapes(*(np.shape(t) for t in totals), *(m.shape for _, m in masks))
+    raw = {k: np.empty((len(cands),) + shape) for k in keys}
+    for i, c in enumerate(cands):
+        for k in keys:
+            raw[k][i] = c[k]
+    stacked = np.empty((len(cands),) + shape)
+    if totals is None:
+        orders: dict[tuple[str, ...], list[int]] = {}
+        for i, c in enumerate(cands):
+            orders.setdefault(tuple(c), []).append(i)
+        for order, rows in orders.items():
+            at = np.asarray(rows)
+            t = 0 + raw[order[0]][at]
+            for k in order[1:]:
+                t = t + raw[k][at]
+            stacked[at] = t
+    else:
+        for i, t in enumerate(totals):
+            stacked[i] = t
+    absent = None  # where a candidate does not occur
+    if masks:
+        absent = np.zeros(stacked.shape, dtype=bool)
+        for i, m in masks:
+            absent[i] = ~m
+        stacked[absent] = 0.0
     idx = np.argmax(stacked, axis=0)
+    zero = 0 * stacked[0]  # (each value is broadcast by adding it: +0.0, as a sum of the components)
     out = {}
-    for k in cands[0]:
-        vals = np.stack(np.broadcast_arrays(*[np.asarray(c[k], dtype=float) + 0 * stacked[0] for c in cands]))
+    for k in keys:
+        vals = raw[k]
+        vals += zero
+        if absent is not None:
+            vals[absent] = 0.0
         out[k] = np.take_along_axis(vals, idx[None], axis=0)[0]
     return out
 
@@ -611,10 +699,12 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     fwd_cands: list[dict[str, Any]] = []
     bwd_cands: list[dict[str, Any]] = []
     interleaved = par.pp > 1 and par.pp_schedule == "interleaved"
-    if interleaved:
+    # activation offload and FSDP2 place their own moments (below): these would go unread
+    replaced = recipe.offload == "activations" or (is_fsdp(par) and pipe is None)
+    if interleaved and not replaced:
         _interleaved_candidates(arch, recipe, par, st, pr, accumulation, stage, B, saved_total, h_res, first_op_grad,
                                 fwd_cands, bwd_cands, pipe)
-    for inflight, grads_present, occurs in ([] if interleaved else step_scenarios(par, accumulation, stage)):
+    for inflight, grads_present, occurs in ([] if interleaved or replaced else step_scenarios(par, accumulation, stage)):
         if occurs is False:
             continue
         extra_inflight = (inflight - 1.0) * saved_total
@@ -624,7 +714,7 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
             kept = (_num(accumulation) if par.pp_schedule == "gpipe" or grads_present is not False else 1.0)
             extra_inflight = extra_inflight + kept * pipe.output - (inflight - 1.0) * pipe.table
         # a moment that occurs only for some elements of a sweep weighs nothing for the others
-        keep = (lambda c: c) if occurs is True else (lambda c: {k: np.where(occurs, v, 0.0) for k, v in c.items()})
+        keep = _only(occurs)
         held = _pick(grads_present, g_all, 0.0)
         # forward: the walk's largest live set. A pipeline's forwards that run once backwards have begun
         # (1F1B's steady state) belong to its backward phase, as the measurement counts them.
@@ -739,7 +829,8 @@ def _fsdp(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, pr: Acti
                            saved_total, B(tok(h_res * fsdp_compute_bytes(recipe))), accumulating=accumulation > 1,
                            root_reshard=beh.fsdp_root_reshard and par.pp == 1,
                            keep_last=beh.fsdp_keep_last_block and par.pp == 1,
-                           host_grads=recipe.offload == "params")
+                           host_grads=recipe.offload == "params",
+                           units=beh.moe == "torchtitan-grouped" and arch.num_experts > 0 and par.pp == 1)
 
 
 def _min(a: Any, b: Any) -> Any:

@@ -277,7 +277,8 @@ def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t
     torch = require("torch")
     from .stacks import torchtitan
 
-    run = _stack_step("torchtitan llama", lambda: torchtitan.measure_rank(setup, warmup=warmup, cuda=semantics == "cuda"))
+    label = "torchtitan qwen3_moe" if torchtitan.is_moe(setup) else "torchtitan llama"
+    run = _stack_step(label, lambda: torchtitan.measure_rank(setup, warmup=warmup, cuda=semantics == "cuda"))
     step, first = run.tracker.steps[-1], run.tracker.steps[0]
     peak = step.peak
     distributed = run.world_size > 1
@@ -291,7 +292,7 @@ def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t
         "static": {"param_bytes": start["parameter"], "optimizer_state_bytes": start["optstate"],
                    "grad_bytes_end_of_backward": step.phases["backward"].end.by_category["gradient"]},
         "world_size": run.world_size, "rank": 0, "mesh": mesh,
-        "stack": {"name": "torchtitan", "version": torchtitan.VERSION, "commit": torchtitan.COMMIT,
+        "stack": {"name": "torchtitan", "version": run.version, "commit": run.commit,
                   "activation_checkpoint": run.ac, "mixed_precision": run.mixed_precision,
                   "data_parallel": "fsdp2" if mesh["dp_shard"] > 1 else "none",
                   "loss_parallel": run.loss_parallel},
@@ -299,10 +300,10 @@ def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t
         **({"pipeline": run.pipeline} if run.pipeline else {}),
         "fit_judged_on": "peak_allocated_bytes",
         "sdpa_kernels": dict(run.emulation.sdpa.counts),
-        "arch": "llama (torchtitan Transformer)", "n_params": run.n_params, "n_trainable_params": run.n_params,
+        "arch": run.arch, "n_params": run.n_params, "n_trainable_params": run.n_params,
         "param_dtype": run.param_dtype, "build_notes": [],
         "timings_s": {"total": round(time.perf_counter() - t0, 2)},
-        "versions": {"torch": torch.__version__, "torchtitan": torchtitan.COMMIT[:7]},
+        "versions": {"torch": torch.__version__, "torchtitan": run.commit[:7]},
     }
     where = (f"rank 0 of {run.world_size} (mesh dp_shard {mesh['dp_shard']} x tp {mesh['tp']}) on a fake process "
              "group; " if distributed else "one GPU; ")
@@ -315,7 +316,7 @@ def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t
         where = (f"rank 0 of {run.world_size} (mesh dp_shard {mesh['dp_shard']} x cp {mesh['cp']}, FSDP2 over "
                  "dp_shard_cp, context_parallel over the token ids, labels and freqs_cis) on a fake process group; ")
     what = _peak_note(semantics)
-    notes = [f"{torchtitan.VERSION}'s own Llama, activation checkpointing ({run.ac}), parallelisms and loss, "
+    notes = [f"{run.version}'s own {'Qwen3 MoE' if torchtitan.is_moe(setup) else 'Llama'}, activation checkpointing ({run.ac}), parallelisms and loss, "
              "stepped on fake tensors", where + what]
     if run.reserved:
         notes.append(_reserved_note(run.reserved))

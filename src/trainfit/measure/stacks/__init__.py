@@ -1,7 +1,8 @@
 """Which programs (``--stack``) the measured method steps on fake tensors, and the one-line refusal of the others.
 
 ``hf`` (transformers + PyTorch) is the measurement of :mod:`trainfit.measure`; ``torchtitan`` runs torchtitan's
-own code, vendored at a pinned commit (:mod:`.torchtitan`, :mod:`trainfit.stacks_code.torchtitan_9dec370`);
+own code, vendored at pinned commits (:mod:`.torchtitan`, :mod:`trainfit.stacks_code.torchtitan_9dec370`, its MoE
+:mod:`trainfit.stacks_code.torchtitan_29624e3`);
 ``megatron`` runs megatron-core 0.19.2's GPTModel (local layer spec) with its DDP and optimizers (:mod:`.megatron`);
 ``deepspeed`` runs the installed DeepSpeed's ZeRO engine around a transformers model (:mod:`.deepspeed`).
 Nothing here imports torch: each stack's runner imports it when it runs.
@@ -17,7 +18,7 @@ from ...errors import TrainfitError
 #: the stacks ``trainfit measure`` runs, with the version of the code it steps
 MEASURED_STACKS: dict[str, str] = {
     "hf": "transformers + PyTorch (the versions installed)",
-    "torchtitan": "torchtitan commit 9dec370 (2024-12-26), vendored",
+    "torchtitan": "torchtitan commit 9dec370 (2024-12-26) for Llama, v0.2.0 (29624e3) for Qwen3 MoE, vendored",
     "megatron": "megatron-core 0.19.2 (installed separately), local layer spec",
     "deepspeed": "DeepSpeed's ZeRO 1-3 engine (the version installed; 0.18.4 measured) around transformers",
 }

@@ -31,6 +31,17 @@ How trainfit's fields map onto torchtitan's options (what they cannot express is
 * ``--cp N`` -> ``context_parallel_degree = N``: FSDP2 on the ``dp_shard_cp`` mesh (torchtitan applies it
   whenever cp > 1: bf16 mixed precision, ``--precision amp-bf16``) and train.py's ``context_parallel`` around
   each step (:func:`_context_parallel`); with ``--dp N --fsdp`` the mesh is ``(dp_shard, cp)``.
+
+A Qwen3 mixture-of-experts config (``model_type`` qwen3_moe) runs torchtitan's Qwen3 MoE model instead, from its
+tag v0.2.0 (commit 29624e3, 2025-10-17; :mod:`trainfit.stacks_code.torchtitan_29624e3`; torchtitan's MoE models
+came after 9dec370): ``Qwen3Model`` with ``moe_enabled`` (every block's FFN a ``MoE``: softmax token-choice top-k
+router, ``GroupedExperts`` on ``torch._grouped_mm`` behind the padded permutation to a static bound, expert-bias
+buffers, no shared expert, as torchtitan's ``30B-A3B`` preset), its ``apply_ac`` with Qwen3's op save list and
+``moe.router.gate`` forced to recompute, llama4's ``apply_fsdp`` (embeddings, every block, norm + output not
+resharded after forward, root) and its step (``maybe_enable_amp``: on one GPU amp-bf16 is ``torch.autocast``
+bf16, with FSDP2 its ``MixedPrecisionPolicy``; ``cross_entropy_loss``; ``del pred``; ``clip_grad_norm_``).
+Its tensor, expert, pipeline and context parallelism are refused (expert: ``ExpertParallel`` sizes its all-to-all from the routed token
+counts (``.tolist()``), which fake tensors cannot give).
 """
 from __future__ import annotations
 
@@ -61,6 +72,11 @@ ACCEPTS: dict[str, Any] = {
 }
 HINTS = {"zero": "torchtitan shards with FSDP2: --fsdp",
          "compile": "the measured step is eager", "lora_rank": "torchtitan trains every parameter"}
+#: the commit torchtitan's MoE model is stepped at (tag v0.2.0; pytorch/torchtitan)
+MOE_COMMIT = "29624e37fa6dd319fd671b009338651b5c665da2"
+MOE_VERSION = "torchtitan v0.2.0 (29624e3, 2025-10-17)"
+#: config model_type -> the torchtitan v0.2.0 model it maps onto (the rest of the stack's model_types: its Llama)
+MOE_TYPES = {"qwen3_moe": "qwen3 (Qwen3Model, moe_enabled)"}
 #: train.py's default ``training.max_norm`` and the 8B toml's learning rate (values, not memory)
 MAX_NORM = 1.0
 LR = 3e-4
@@ -70,6 +86,9 @@ def check(setup: TrainingSetup) -> None:
     """Refuse, in one line, what torchtitan's step at this commit cannot run."""
     from ...method import check_accepts
 
+    if is_moe(setup):
+        check_moe(setup)
+        return
     check_accepts(setup, f"measured (--stack torchtitan, {VERSION})", ACCEPTS, HINTS)
     p, r = setup.parallel, setup.recipe
     if p.dp > 1 and not p.fsdp:
@@ -127,7 +146,8 @@ def model_args_of(config: Mapping[str, Any], seq_len: int) -> dict[str, Any]:
     config torchtitan's Llama cannot build (tied embeddings, biases, a head size other than dim / heads)."""
     c = dict(config or {})
     mt = c.get("model_type")
-    llama_types = get_stack("torchtitan").model_types  # the types whose config maps onto its Llama ModelArgs
+    # the types whose config maps onto its Llama ModelArgs (the stack's model types but its MoE ones)
+    llama_types = tuple(t for t in get_stack("torchtitan").model_types if t not in MOE_TYPES)
     if mt not in llama_types:
         raise TrainfitError(f"--stack torchtitan measures torchtitan's Llama ({VERSION}); {mt!r} is not a Llama "
                             f"config (accepted model types: {', '.join(llama_types)})")
@@ -150,6 +170,70 @@ def model_args_of(config: Mapping[str, Any], seq_len: int) -> dict[str, Any]:
             "vocab_size": int(c["vocab_size"]), "multiple_of": ffn, "ffn_dim_multiplier": ffn / base,
             "norm_eps": float(c.get("rms_norm_eps", 1e-5)), "rope_theta": float(c.get("rope_theta", 10000.0)),
             "max_seq_len": int(seq_len), "norm_type": "rmsnorm"}
+
+
+def is_moe(setup: TrainingSetup) -> bool:
+    """Whether the setup's model is one of torchtitan v0.2.0's MoE models (:data:`MOE_TYPES`)."""
+    return (setup.model.config or {}).get("model_type") in MOE_TYPES
+
+
+def check_moe(setup: TrainingSetup) -> None:
+    """Refuse, in one line, what torchtitan v0.2.0's Qwen3 MoE step cannot run here."""
+    from ...method import check_accepts
+
+    hints = {**HINTS, "accumulation": "the measured step is one micro-batch (gradient_accumulation_steps 1)",
+             "ep": "torchtitan's ExpertParallel sizes its all-to-all from the routed token counts (input_splits."
+                   "tolist(), distributed/expert_parallel.py at v0.2.0), which fake tensors cannot give"}
+    check_accepts(setup, f"measured (--stack torchtitan, {MOE_VERSION} MoE)", ACCEPTS, hints)
+    p = setup.parallel
+    if p.tp > 1:
+        raise TrainfitError(f"torchtitan's MoE tensor parallelism ({MOE_VERSION}: apply_moe_ep_tp) is not measured; "
+                            "use --dp N --fsdp")
+    if p.dp > 1 and not p.fsdp:
+        raise TrainfitError("torchtitan's data parallelism is FSDP2 (data_parallel_shard_degree): add --fsdp to --dp "
+                            f"{p.dp} (its DDP, data_parallel_replicate_degree, is not measured)")
+    if p.fsdp and p.dp == 1:
+        raise TrainfitError("--fsdp shards over the data-parallel ranks: give --dp > 1 (on one GPU, leave --fsdp out)")
+    if p.pp > 1 or p.cp > 1:
+        raise TrainfitError(f"torchtitan's MoE pipeline and context parallelism ({MOE_VERSION}) are not measured; "
+                            "use --dp N --fsdp")
+    if setup.accumulation > 1:
+        raise TrainfitError(f"the measured torchtitan MoE step ({MOE_VERSION}) runs one micro-batch per step")
+    moe_args_of(setup.model.config, setup.seq_len)
+
+
+def moe_args_of(config: Mapping[str, Any], seq_len: int) -> dict[str, Any]:
+    """torchtitan v0.2.0's ``Qwen3ModelArgs`` (keyword arguments; ``moe_args`` a dict of ``MoEArgs``) for a Hugging
+    Face ``qwen3_moe`` config, as its ``30B-A3B`` preset maps Qwen3-30B-A3B (softmax router, route_norm =
+    norm_topk_prob, route_scale 1, scores applied after the experts, no shared expert); ``max_seq_len`` = the
+    sequence (its ``update_from_config``). Refuses what its Qwen3Model cannot build: dense blocks among the MoE
+    ones (decoder_sparse_step, mlp_only_layers), tied embeddings, attention biases, sliding windows."""
+    c = dict(config or {})
+    mt = c.get("model_type")
+    if mt not in MOE_TYPES:  # pragma: no cover - guarded by is_moe
+        raise TrainfitError(f"{mt!r} is not a torchtitan MoE model type (accepted: {', '.join(MOE_TYPES)})")
+    if int(c.get("decoder_sparse_step", 1)) != 1 or c.get("mlp_only_layers"):
+        raise TrainfitError(f"torchtitan's Qwen3 ({MOE_VERSION}) makes every block MoE (moe_enabled); this config has "
+                            "dense blocks (decoder_sparse_step > 1 or mlp_only_layers)")
+    if c.get("tie_word_embeddings", False):
+        raise TrainfitError(f"the measured torchtitan Qwen3 MoE ({MOE_VERSION}) has its own output layer; this "
+                            "config ties the embeddings (tie_word_embeddings)")
+    if c.get("attention_bias"):
+        raise TrainfitError(f"torchtitan's Qwen3 ({MOE_VERSION}) has no attention biases; this config has "
+                            "attention_bias")
+    if c.get("use_sliding_window"):
+        raise TrainfitError(f"torchtitan's Qwen3 ({MOE_VERSION}) attends causally over the whole sequence; this "
+                            "config uses a sliding window")
+    dim, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+    moe = {"num_experts": int(c["num_experts"]), "num_shared_experts": 0, "top_k": int(c["num_experts_per_tok"]),
+           "score_func": "softmax", "route_norm": bool(c.get("norm_topk_prob", False)), "route_scale": 1.0,
+           "score_before_experts": False}
+    return {"dim": dim, "n_layers": int(c["num_hidden_layers"]), "n_heads": heads,
+            "n_kv_heads": int(c.get("num_key_value_heads") or heads), "vocab_size": int(c["vocab_size"]),
+            "head_dim": int(c.get("head_dim") or dim // heads), "hidden_dim": int(c.get("intermediate_size", 3072)),
+            "norm_eps": float(c.get("rms_norm_eps", 1e-6)), "rope_theta": float(c.get("rope_theta", 1e6)),
+            "qk_norm": True, "max_seq_len": int(seq_len), "moe_enabled": True,
+            "moe_inter_dim": int(c["moe_intermediate_size"]), "moe_args": moe}
 
 
 def ac_config(setup: TrainingSetup) -> Any:
@@ -212,6 +296,10 @@ class StackRun:
     #: the pipeline stage measured (pp_stage, schedule, micro-batches, virtual stages, the rank's stage indices and
     #: blocks); None without a pipeline
     pipeline: Optional[dict[str, Any]] = None
+    #: the torchtitan code stepped: its version, commit and model
+    version: str = VERSION
+    commit: str = COMMIT
+    arch: str = "llama (torchtitan Transformer)"
 
 
 def loss_parallel_on(setup: TrainingSetup) -> bool:
@@ -220,8 +308,54 @@ def loss_parallel_on(setup: TrainingSetup) -> bool:
     return setup.parallel.tp > 1 and setup.parallel.loss_parallel
 
 
-def _vendored(name: str) -> Any:
-    return importlib.import_module(f"trainfit.stacks_code.torchtitan_9dec370.{name}")
+def _vendored(name: str, commit: str = COMMIT) -> Any:
+    return importlib.import_module(f"trainfit.stacks_code.torchtitan_{commit[:7]}.{name}")
+
+
+def build_moe(setup: TrainingSetup, mesh: Any) -> Any:
+    """torchtitan v0.2.0's Qwen3 MoE model on the meta device with AC and FSDP2 applied as ``parallelize_qwen3``
+    does (no TP, no EP, no compile), on the ``dp_shard_cp`` mesh (None: one GPU)."""
+    torch = require("torch")
+    model_mod, moe_mod = _vendored("model", MOE_COMMIT), _vendored("moe", MOE_COMMIT)
+    par = _vendored("parallelize", MOE_COMMIT)
+    kw = moe_args_of(setup.model.config, setup.seq_len)
+    args = model_mod.Qwen3ModelArgs(**{**kw, "moe_args": moe_mod.MoEArgs(**kw["moe_args"])})
+    with torch.device("meta"):
+        model = model_mod.Qwen3Model(args)
+    ac = ac_config(setup)
+    if ac is not None:
+        # _apply_layer_sac counts blocks in a module global (once per process in torchtitan)
+        par._layer_sac_count = 0
+        par.apply_ac(model, par.ACConfig(mode=ac.mode, selective_ac_option=ac.selective_ac_option),
+                     op_sac_save_list=par._op_sac_save_list)
+    if setup.parallel.fsdp:
+        param_dtype = torch.bfloat16 if setup.recipe.precision == "amp-bf16" else torch.float32
+        par.apply_fsdp(model, mesh["dp_shard_cp"], param_dtype=param_dtype, reduce_dtype=torch.float32,
+                       pp_enabled=False)
+    return model
+
+
+@contextlib.contextmanager
+def integer_histc() -> Any:
+    """``torch.histc`` of integer indices on fake tensors, as CUDA runs it (torchtitan's router and reorderer count
+    the routed tokens per expert with ``histc`` of the int64 expert indices; CUDA's kernel takes integers and
+    returns the input's dtype, the CPU meta kernel refuses them): an output of ``bins`` elements in the input's
+    dtype, nothing else changed."""
+    torch = require("torch")
+    impls = importlib.import_module("torch._subclasses.fake_impls")
+    op = torch.ops.aten.histc.default
+    if op in impls.op_implementations_dict:  # pragma: no cover - a later torch with its own rule
+        yield
+        return
+
+    def histc(fake_mode: Any, func: Any, x: Any, bins: int = 100, min: Any = 0, max: Any = 0) -> Any:
+        return x.new_empty((bins,))
+
+    impls.op_implementations_dict[op] = histc
+    try:
+        yield
+    finally:
+        impls.op_implementations_dict.pop(op, None)
 
 
 def build(setup: TrainingSetup, mesh: Any) -> Any:
@@ -285,11 +419,12 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
     from ..distributed import eager_dtensor, fake_process_group, pin_fsdp_buffers, relabel_states
     from ..fake import count_params, materialize
     from ..reserved import StreamPoolListener, name_fsdp_streams
-    from ..session import new_tracker, stepping
+    from ..session import autocast_dtype, new_tracker, stepping
 
     check(setup)
     p = setup.parallel
-    train = _vendored("train")
+    moe = is_moe(setup)
+    train = _vendored("train", MOE_COMMIT if moe else COMMIT)
     # torchtitan's utils.get_train_context: loss parallelism around forward and backward when enabled
     train_context = contextlib.nullcontext
     if loss_parallel_on(setup):
@@ -307,7 +442,7 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
 
             dims = [(n, d) for n, d in (("dp_shard_cp", p.dp if p.fsdp else 1), ("tp", p.tp)) if d > 1]
             mesh = init_device_mesh("cpu", tuple(d for _, d in dims), mesh_dim_names=tuple(n for n, _ in dims))
-        model = build(setup, mesh)
+        model = (build_moe if moe else build)(setup, mesh)
         n_params = count_params(model)[0]  # DTensor numel is the global size
         fake_mode = FakeTensorMode()
         materialize(model, fake_mode)
@@ -321,7 +456,11 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
             tracker, emulation = new_tracker(model, input_ids, labels, cuda=cuda, distributed=mesh is not None,
                                              listener=pools)
             opts = build_optimizers(model, setup)
-            with stepping(tracker, emulation), (pools.streams() if pools else contextlib.nullcontext()):
+            # torchtitan v0.2.0's maybe_enable_amp: autocast on one GPU only (FSDP2 casts itself); the CUDA
+            # emulation runs CUDA's autocast policy inside a "cpu" autocast
+            amp = (autocast_dtype(setup.recipe.precision) if moe else None)
+            with stepping(tracker, emulation), (pools.streams() if pools else contextlib.nullcontext()), \
+                    (integer_histc() if moe else contextlib.nullcontext()):
                 for i in range(warmup + 1):
                     gc.collect()
                     if i == warmup:
@@ -335,9 +474,13 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
                         labels = torch.randint(0, vocab, (setup.micro_batch, setup.seq_len), dtype=torch.long)
                     tracker.new_step()
                     with train_context(), _context_parallel(setup, mesh, input_ids, labels, model):
-                        train.train_step(model, [model], opts, input_ids, labels, max_norm=MAX_NORM,
-                                         phase=tracker.phase)
-    mixed = _mixed(setup)
+                        if moe:
+                            train.train_step(model, opts, input_ids, labels, max_norm=MAX_NORM, phase=tracker.phase,
+                                             maybe_enable_amp=train.maybe_enable_amp(p.fsdp, p.tp > 1, "cpu", amp))
+                        else:
+                            train.train_step(model, [model], opts, input_ids, labels, max_norm=MAX_NORM,
+                                             phase=tracker.phase)
+    mixed = _mixed(setup, autocast=moe and amp is not None)
     reserved = None
     if pools is not None:
         reserved = {"peak_reserved_bytes": pools.replay.peak_reserved,
@@ -346,16 +489,18 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
     mesh_echo = {"dp_shard": p.dp if p.fsdp else 1, "tp": p.tp, **({"cp": p.cp} if p.cp > 1 else {})}
     return StackRun(tracker=tracker, emulation=emulation, world_size=world, mesh=mesh_echo,
                     loss_parallel=loss_parallel_on(setup), n_params=n_params,
-                    param_dtype=param_dtype, ac=ac_name(setup), mixed_precision=mixed, reserved=reserved)
+                    param_dtype=param_dtype, ac=ac_name(setup), mixed_precision=mixed, reserved=reserved,
+                    **({"version": MOE_VERSION, "commit": MOE_COMMIT, "arch": "qwen3_moe (torchtitan Qwen3Model, MoE)"}
+                       if moe else {}))
 
 
 
-def _mixed(setup: TrainingSetup) -> str:
-    """The mixed-precision policy stepped, in words."""
+def _mixed(setup: TrainingSetup, autocast: bool = False) -> str:
+    """The mixed-precision policy stepped, in words (``autocast``: the MoE step's ``maybe_enable_amp`` on one GPU)."""
     p = setup.parallel
     if (p.fsdp or p.cp > 1) and setup.recipe.precision == "amp-bf16":
         return "bf16 params, fp32 reduce (FSDP2 MixedPrecisionPolicy)"
-    return "fp32"
+    return "torch.autocast bf16 over fp32 params (maybe_enable_amp)" if autocast else "fp32"
 
 
 def _context_parallel(setup: TrainingSetup, mesh: Any, input_ids: Any, labels: Any, model: Any) -> Any:
@@ -531,5 +676,7 @@ def _pipeline_step(models: list[Any], stage_ids: list[int], n_stages: int, stage
         train.clip_grad_norm_([q for c in models for q in c.parameters()], MAX_NORM, foreach=True, pp_mesh=None)
         opts.step()
 
-__all__ = ["ACCEPTS", "COMMIT", "StackRun", "VERSION", "ac_config", "ac_name", "build", "build_optimizers", "check",
-           "loss_parallel_on", "measure_rank", "model_args_of", "parallelize"]
+
+__all__ = ["ACCEPTS", "COMMIT", "MOE_COMMIT", "MOE_TYPES", "MOE_VERSION", "StackRun", "VERSION", "ac_config", "ac_name",
+           "build", "build_moe", "build_optimizers", "check", "check_moe", "integer_histc", "is_moe",
+           "loss_parallel_on", "measure_rank", "model_args_of", "moe_args_of", "parallelize"]

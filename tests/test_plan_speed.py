@@ -1,0 +1,128 @@
+"""The shortcuts that make a plan fast give the answers of the long way.
+
+* a validated sweep's element becomes a setup without running the field rules again
+  (:meth:`TrainingSetup.validated`): the same object, field types included, as :meth:`TrainingSetup.build`;
+* the shardings of a split replace fields without the rules (:func:`validated_replace`): as ``dataclasses.replace``;
+* a candidate moment that occurs for some elements only (:class:`trainfit.detailed.phases._When`) is masked once in
+  ``_select``: the same choice and components as masking each component with ``np.where`` first (the former way);
+* the detailed method over arrays (interleaved pipelines with several accumulation counts in one split, FSDP2,
+  activation offload) equals the scalar estimate element by element;
+* for every stack a plan answers as its exhaustive search (the same rows, figures and near misses).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from trainfit import estimate
+from trainfit.detailed.phases import _select, _When
+from trainfit.planner import plan
+from trainfit.sweep import encode
+from trainfit.training_setup import FIELD_NAMES, Parallelism, TrainingSetup, validated_replace
+
+
+def test_a_sweep_element_is_the_setup_build_makes():
+    x = encode("llama-3.1-8b", "h100", batch=64, seq_len=np.array([1024, 4096] * 6),
+               tp=np.array([1, 2, 4, 8] * 3), pp=np.array([1, 1, 2, 2, 4, 4] * 2),
+               dp=np.array([8, 4, 4, 2, 2, 1, 8, 4, 4, 2, 2, 1]), accumulation=2,
+               checkpointing=np.array(["none", "full", "selective"] * 4), zero=np.array([0, 1, 2, 3, 1, 2] + [0] * 6),
+               pp_schedule="interleaved", pp_virtual=2, lora_rank=np.array([0, 8] * 6),
+               fsdp=np.array([False] * 6 + [True] * 6), trainable_fraction=1, capacity_factor=0)
+    for i in range(x.size):
+        fast = x.setup_at(i)
+        slow = TrainingSetup.build(x.models[0], x.devices[0], **{n: x.value_at(n, i) for n in FIELD_NAMES})
+        assert fast == slow and fast.warnings == slow.warnings
+        assert hash(fast.recipe) == hash(slow.recipe) and hash(fast.parallel) == hash(slow.parallel)
+        for n in FIELD_NAMES:
+            assert type(fast.value(n)) is type(slow.value(n)), n
+
+
+def test_validated_replace_is_dataclasses_replace():
+    base = Parallelism(tp=2, pp=2, pp_schedule="interleaved", pp_virtual=2)
+    for vals in (dict(dp=4, zero=1, fsdp=False, fsdp_prefetch=1, ddp_bucket_view=False, ddp_bucket_bytes=26214400.0,
+                      zero_bucket_elems=5e8),
+                 dict(dp=8, zero=0, fsdp=True, fsdp_prefetch=2, ddp_bucket_view=True, ddp_bucket_bytes=1e6,
+                      zero_bucket_elems=1e8)):
+        fast, slow = validated_replace(base, **vals), dataclasses.replace(base, **vals)
+        assert fast == slow and hash(fast) == hash(slow)
+        for f in dataclasses.fields(slow):
+            assert type(getattr(fast, f.name)) is type(getattr(slow, f.name)), f.name
+    assert base.dp == 1  # the original is untouched
+
+
+def _select_with_where(cands):
+    """The former way: each component of a partial moment masked by np.where, then the element-wise argmax."""
+    cands = [{k: np.where(c.occurs, v, 0.0) for k, v in c.items()} if isinstance(c, _When) else c for c in cands]
+    totals = [sum(c.values()) for c in cands]
+    stacked = np.stack(np.broadcast_arrays(*totals))
+    idx = np.argmax(stacked, axis=0)
+    return {k: np.take_along_axis(np.stack(np.broadcast_arrays(
+        *[np.asarray(c[k], dtype=float) + 0 * stacked[0] for c in cands])), idx[None], axis=0)[0] for k in cands[0]}
+
+
+def test_masked_moments_select_as_masking_each_component():
+    rng = np.random.default_rng(0)
+    n = 50
+    for _ in range(20):
+        cands = []
+        for _ in range(int(rng.integers(2, 9))):
+            c = {"gradients": float(rng.integers(0, 5)) * 1e9,
+                 "activations": rng.integers(0, 4, n) * 1e9 if rng.random() < 0.7 else 2e9,
+                 "temporaries": rng.integers(-1, 3, n) * 5e8}
+            if rng.random() < 0.5:
+                order = list(c)[::-1]  # another key order: its own sum order
+                c = {k: c[k] for k in order}
+            cands.append(_When(c, rng.random(n) < 0.5) if rng.random() < 0.5 else c)
+        got, want = _select(cands), _select_with_where(cands)
+        assert got.keys() == want.keys()
+        for k in want:
+            assert np.array_equal(got[k], want[k]), k
+
+
+def _rows(stack: str, schedule: str) -> list[dict]:
+    """Layouts of one model split with several accumulation counts (so several masked moment sets)."""
+    out = []
+    for dp, acc, zero in ((2, 4, 0), (2, 8, 1), (4, 2, 0), (4, 4, 1), (2, 16, 0)):
+        out.append(dict(batch=64, seq_len=2048, tp=2, pp=2, dp=dp, accumulation=acc, zero=zero if stack == "hf" else 0,
+                        pp_schedule=schedule, pp_virtual=2 if schedule == "interleaved" else 1,
+                        checkpointing="selective", stack=stack))
+    return out
+
+
+@pytest.mark.parametrize("rows", [
+    _rows("hf", "interleaved"), _rows("hf", "1f1b"), _rows("torchtitan", "interleaved"),
+    [dict(batch=64, seq_len=2048, tp=2, dp=d, accumulation=a, fsdp=True, stack="torchtitan", fsdp_prefetch=p)
+     for d, a, p in ((4, 2, 1), (4, 4, 1), (8, 2, 2), (8, 1, 1))],
+    [dict(batch=32, seq_len=2048, dp=d, accumulation=a, offload="activations") for d, a in ((2, 2), (4, 1), (2, 8))],
+])
+def test_the_array_engine_equals_the_scalar_one(rows):
+    from trainfit import sweep
+
+    cols = {k: np.asarray([r[k] for r in rows]) for k in rows[0]}
+    res = sweep("llama-3.2-1b", "h100", method="detailed", **cols)
+    for i, row in enumerate(rows):
+        one = estimate("llama-3.2-1b", "h100", method="detailed", suggestions=False, **row)
+        assert res["total_bytes"][i] == one.total_bytes, row
+        for comp, b in one.components.items():
+            assert res[f"{comp}_bytes"][i] == b, (row, comp)
+
+
+def _listed(p):
+    # a component that is zero for a layout is listed where another layout evaluated with it has the component
+    # (a sweep's columns are the union of its elements'): compare the non-zero ones
+    rows = lambda xs: [(x.parallel, x.checkpointing, x.micro_batch, x.accumulation, x.total_bytes,  # noqa: E731
+                        {k: v for k, v in x.memory.items() if v}, x.time, x.fits) for x in xs]
+    misses = [(m.layout.parallel, m.layout.checkpointing, m.layout.micro_batch, m.over_bytes,
+               m.fix and (m.fix.change, m.fix.layout.parallel, m.fix.layout.total_bytes)) for m in p.near_misses]
+    return rows(p.top), rows(p.rejected), misses
+
+
+@pytest.mark.parametrize("stack", ["hf", "torchtitan", "megatron", "deepspeed"])
+def test_every_stack_plans_as_its_exhaustive_search(stack):
+    args = dict(global_batch=64, seq_len=4096, stack=stack, top=8, rejected=8, near_misses=8)
+    lazy = plan("llama-3.2-1b", "h100", 32, **args)
+    full = plan("llama-3.2-1b", "h100", 32, exhaustive=True, **args)
+    assert lazy.top and _listed(lazy) == _listed(full)
+    assert np.array_equal(lazy.cloud.total_bytes, full.cloud.total_bytes)
