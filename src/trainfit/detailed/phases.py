@@ -396,7 +396,10 @@ def _pipeline_holds(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateB
         sharded = _num(st.grads)
         scale = np.where(sharded > 0, unsharded / np.maximum(sharded, 1.0), 0.0) if _is_array(sharded) else (
             unsharded / sharded if sharded else 0.0)
-    output = B(tok(arch.vocab_size / par.tp * recipe.compute_bytes)) if stage == par.pp - 1 else 0.0
+    # the logits a last stage keeps: vocabulary-sharded under loss parallelism, else whole (torchtitan's output
+    # projection returns a local, replicated tensor without it: parallelize_llama.py apply_tp, use_local_output)
+    output = (B(tok(arch.vocab_size / (par.tp if par.loss_parallel else 1) * recipe.compute_bytes))
+              if stage == par.pp - 1 else 0.0)
     table = (B(pos(arch.head_dim * arch.rotary_fraction / 2 * 8.0))
              if arch.position_embedding == "rotary" and behaviour_of(recipe).rope == "complex" else 0.0)
     io_bytes = fsdp_compute_bytes(recipe) if is_fsdp(par) else float(recipe.param_bytes)
