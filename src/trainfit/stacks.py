@@ -38,6 +38,7 @@ class Behaviour(BaseModel):
     reserve: Literal["median-fraction", "stream-pools", "segments"] = "median-fraction"
     fsdp_keep_last_block: bool = False
     fsdp_over_cp: bool = False
+    pipeline: Literal["hf", "torchtitan"] = "hf"
     step: Literal["pytorch", "megatron-gpt", "deepspeed-zero"] = "pytorch"
     moe: Literal["transformers", "torchtitan-grouped"] = "transformers"
 

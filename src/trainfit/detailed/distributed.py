@@ -671,4 +671,14 @@ def explain_parallel(arch: Any, setup: Any, stage: int, inflight: float, saved_p
         out["activations"] = (out["activations"] + "; " if out["activations"] else "") + (
             f"pipeline in-flight activations: ({inflight:g} - 1) x {saved_per_microbatch:,.0f} B saved per "
             f"micro-batch = {extra:,.0f} B ({par.pp_schedule}, stage {stage} of {par.pp})")
+        if behaviour_of(setup.recipe).pipeline == "torchtitan":
+            out["activations"] += ("; torchtitan's pipeline: the last stage keeps every micro-batch's logits to the "
+                                   "step's end, a stage before it the gradient received for its output, each chunk "
+                                   "its output and one rotary buffer")
+            if is_fsdp(par):
+                out["communication_buffers"] = ("every chunk's parameters gathered for the whole step (no resharding "
+                                                "under pp)")
+                out["gradients"] = ("unsharded, in FSDP2's reduce dtype, accumulated over the micro-batches (no "
+                                    "reduce-scatter until the step's end), beside the unsharded gradient of the op "
+                                    "running")
     return out

@@ -136,7 +136,10 @@ def explain(arch: ArchSpec, setup: TrainingSetup, res: PhaseResult, overheads: l
              "; ".join(f"{k} {v:,.0f} B" for k, v in comm.items()) or "none (single GPU)",
              "PyTorch DDP reducer buckets / DeepSpeed ZeRO buckets / FSDP2 gathered parameters, all-gather and "
              "reduce-scatter buffers (detailed/distributed.py)"))
-    add(Line("inputs", comp["inputs"], f"16 B x {T:,.0f} tokens (int64 input ids and labels)", "the step's inputs"))
+    whole_batch = par.pp > 1 and stack_of(recipe).behaviour.pipeline == "torchtitan"
+    add(Line("inputs", comp["inputs"], f"16 B x {T:,.0f} tokens (int64 input ids and labels)"
+             + (f" x {setup.accumulation} micro-batches (torchtitan moves the whole local batch to every pipeline "
+                "rank)" if whole_batch else ""), "the step's inputs"))
     for o in overheads:
         add(Line(o.name, float(o.bytes), o.formula, o.assumption))
     return lines

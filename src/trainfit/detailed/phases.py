@@ -26,7 +26,7 @@ import numpy as np
 from ..arch import ArchSpec
 from .activations import ActivationProfile, activation_profile, fused_chunk_rows, walk_parallelism
 from .distributed import (ddp_bucket_bytes, ddp_bucket_label, forward_regions, fsdp_candidates, fsdp_compute_bytes,
-                          is_fsdp, walk_recipe)
+                          fsdp_reduce_bytes, is_fsdp, walk_recipe)
 from .graph import Vec, ZERO, pos, tok, vadd, vbytes, vsub
 from .inventory import block_linears
 from ..stacks import behaviour_of
@@ -147,6 +147,7 @@ class _Moment:
     done: frozenset
     forwards: bool
     first: bool
+    outputs: int = 0  #: forwards the rank's last chunk has run so far (the outputs a last stage keeps)
 
 
 def interleaved_moments(par: Parallelism, m: int, stage: int) -> list[_Moment]:
@@ -163,14 +164,16 @@ def _moments(pp: int, v: int, m: int, stage: int) -> tuple[_Moment, ...]:
     out: list[_Moment] = []
     seen = set()
     fwd = False
+    outputs = 0
     for kind, c in interleaved_order(pp, stage, m, v):
         if kind == "F":
             counts[c] += 1
+            outputs += c == v - 1
             fwd = True
             continue
-        mo = _Moment(tuple(counts), c, frozenset(done), fwd, not out and not seen)
-        if (mo.counts, c, mo.done, fwd) not in seen:
-            seen.add((mo.counts, c, mo.done, fwd))
+        mo = _Moment(tuple(counts), c, frozenset(done), fwd, not out and not seen, outputs)
+        if (mo.counts, c, mo.done, fwd, outputs) not in seen:
+            seen.add((mo.counts, c, mo.done, fwd, outputs))
             out.append(mo)
         counts[c] -= 1
         done.add(c)
@@ -200,32 +203,47 @@ def _only(occurs: Any) -> Any:
 
 def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, pr: ActivationProfile,
                             accumulation: Any, stage: int, B: Any, saved_total: Any, h_res: float,
-                            first_op_grad: float, fwd_cands: list, bwd_cands: list) -> None:
+                            first_op_grad: float, fwd_cands: list, bwd_cands: list,
+                            pipe: PipelineHolds | None = None) -> None:
     """Forward and backward candidates of an interleaved 1F1B rank, chunk by chunk: at each backward's start
     (:func:`interleaved_moments`) the saved activations of every in-flight chunk micro-batch
     (:func:`chunk_saved`), the working set of the chunk starting (the loss backward on the last virtual
     stage, its last and its first block, the embeddings' backward on virtual stage 0) and the gradients of
     the chunks backwarded so far. The forwards before the first backward are the forward phase; those of the
     steady state belong to the backward phase, as the measurement counts them. ``accumulation`` may be an
-    array (each distinct value's moments weigh only for its elements)."""
+    array (each distinct value's moments weigh only for its elements). ``pipe``: what a torchtitan pipeline
+    holds besides (:class:`PipelineHolds`: its gradients' width, the last stage's kept outputs)."""
     in_bwd = recipe.optimizer_in_backward
+    scale = pipe.grad_scale if pipe is not None else 1.0
+    op_grad = pipe.op_grad if pipe is not None else 0.0
+    if op_grad:
+        first_op_grad = op_grad
     # the activation a chunk receives or sends: the residual stream (this rank's sequence shard with sequence
     # parallelism) in the parameters' width, as the walk's own stage input and output
-    io = tok(h_res * recipe.param_bytes)
+    io = tok(h_res * (pipe.io_bytes if pipe is not None else recipe.param_bytes))
     # each chunk's forward makes (and its blocks save) its own rotary cos/sin tables (the walk's: one pair per
     # kind of block, positions x rotary width, in the parameters' width)
     tables = ZERO
-    if arch.position_embedding == "rotary":
+    if arch.position_embedding == "rotary" and not (pipe is not None and behaviour_of(recipe).rope == "complex"):
         kinds = len(dict.fromkeys(arch.layer_types)) if arch.family.rope_per_layer_type else 1
         tables = pos(2.0 * kinds * arch.head_dim * arch.rotary_fraction * recipe.param_bytes)
     chunks = chunk_saved(arch, par, pr, stage, io, tables)
+    if pipe is not None and pr.layers:
+        # torch.distributed.pipelining keeps each chunk's output until that micro-batch's backward (the stage
+        # output it backwards from). The walk holds a block's output only where the next block is checkpointed
+        # (its checkpoint saves its input; an uncheckpointed torchtitan block's norm saves an fp32 copy instead):
+        # every chunk but the rank's last (whose output the walk holds as the stage's, or the head's) adds it
+        # where its successor in the walk is not checkpointed
+        ends_at = [sum(c for _, c in chunk_layers_of(arch, par, stage)[:k + 1]) for k in range(len(chunks))]
+        chunks = [vadd(ch, io) if k < len(chunks) - 1 and pr.layers[min(ends_at[k], len(pr.layers) - 1)].recompute
+                  == ZERO else ch for k, ch in enumerate(chunks)]
     layout = chunk_layers_of(arch, par, stage)
     n = par.pp * max(int(par.pp_virtual), 1)
     n_layers = max(len(pr.layers), 1)
-    g_layers = 0.0 if in_bwd else _num(st.grads - st.grads_head - st.grads_embed)
+    g_layers = 0.0 if in_bwd else _num(st.grads - st.grads_head - st.grads_embed) * scale
     # the embedding group's gradients are the embeddings' on the first rank, the (untied) head's on the last
-    g_emb_all = 0.0 if in_bwd or stage != 0 else _num(st.grads_embed)
-    g_head = 0.0 if in_bwd else _num(st.grads_head) + (_num(st.grads_embed) if stage != 0 else 0.0)
+    g_emb_all = 0.0 if in_bwd or stage != 0 else _num(st.grads_embed) * scale
+    g_head = 0.0 if in_bwd else (_num(st.grads_head) + (_num(st.grads_embed) if stage != 0 else 0.0)) * scale
     starts, at = [], 0
     for _, count in layout:
         starts.append(at)
@@ -273,6 +291,11 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
                     live = vadd(live, tuple(x * cnt for x in chunks[k]))
                 lives[mo.counts] = (live, B(live))
             live, L = lives[mo.counts]
+            # a torchtitan last stage's kept outputs (the one starting its backward among them)
+            kept = mo.outputs * pipe.output if pipe is not None else 0.0
+            # a torchtitan chunk's rotary buffer: once per chunk, not per micro-batch in flight
+            kept = kept + (len(layout) - mo.counts[0]) * pipe.table if pipe is not None else kept
+            L = L + kept
             held = sum((g_chunk(k) for k in mo.done if k != c), 0.0)
             own = g_chunk(c) if c in mo.done else None
             # forwards: the walk's peaks, the other in-flight chunk micro-batches beside them
@@ -295,23 +318,95 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
                 bwd_cands.append(keep({"activations": L, "temporaries": B(tok(2 * h_res * recipe.compute_bytes)),
                                        "gradients": held + (own if own is not None else 0.0)}))
             consumed = head_loss if vs == n - 1 else ZERO
+            # a torchtitan rank's kept outputs and rotary buffers, and a chunk before the last virtual stage the
+            # gradient received for its output, held through the chunk's backward; a chunk micro-batch consumed
+            # below leaves the first chunk's rotary buffer in place
+            extra = kept + (B(io) if pipe is not None and vs != n - 1 else 0.0)
+            back = pipe.table if pipe is not None and c == 0 else 0.0
             if last_lp is not None:
                 # the chunk's last block: everything in flight but its head, the block's working set
-                g = held + (own if own is not None else (g_head if vs == n - 1 else 0.0) + first_op_grad)
-                bwd_cands.append(keep({"activations": B(vadd(vsub(live, consumed), last_lp.recompute)),
+                g = held + (own + op_grad if own is not None else (g_head if vs == n - 1 else 0.0) + first_op_grad)
+                bwd_cands.append(keep({"activations": B(vadd(vsub(live, consumed), last_lp.recompute)) + extra,
                                        "temporaries": B(last_lp.transient_bwd), "gradients": g}))
                 # its first block: the rest of the chunk's micro-batch consumed
                 rest = vadd(pr.embed_saved if vs == 0 else ZERO, first_lp.saved)
-                g = held + (own if own is not None else
+                g = held + (own + op_grad if own is not None else
                             (g_head if vs == n - 1 else 0.0) + g_layers * (count - 1) / n_layers + first_op_grad)
-                bwd_cands.append(keep({"activations": B(vadd(vadd(vsub(live, chunks[c]), rest), first_lp.recompute)),
+                bwd_cands.append(keep({"activations": B(vadd(vadd(vsub(live, chunks[c]), rest), first_lp.recompute))
+                                       + extra + back,
                                        "temporaries": B(first_lp.transient_bwd), "gradients": g}))
             if vs == 0:
                 # the embeddings' backward: the embedding gradient built from the incoming gradient
                 g = held + (own if own is not None else g_chunk(c) - g_emb_all)
-                bwd_cands.append(keep({"activations": B(vadd(vsub(live, chunks[c]), pr.embed_saved)),
+                bwd_cands.append(keep({"activations": B(vadd(vsub(live, chunks[c]), pr.embed_saved)) + extra + back,
                                        "temporaries": B(tok(h_res * recipe.param_bytes)) + g_emb_all,
                                        "gradients": 0.0 if in_bwd else g}))
+
+
+@dataclass(frozen=True)
+class PipelineHolds:
+    """What a torchtitan pipeline stage holds beside the hf walk's (behaviour ``pipeline: torchtitan``; torchtitan
+    9dec370 ``parallelize_llama.apply_fsdp`` with ``pp_enabled`` and torch 2.13 ``torch.distributed.pipelining``).
+
+    * ``comm``: with FSDP2, every chunk's gathered parameters (compute dtype), named: ``reshard_after_forward`` is
+      off under pp, and ``backward_maybe_with_nosync`` leaves them gathered until the step's end;
+    * ``grad_scale``: the held gradients' width against the method's sharded ones: FSDP2 accumulates each
+      micro-batch's gradients unsharded in its reduce dtype (no reduce-scatter until ``perform_reduce_grad``);
+      1 without FSDP2 (plain gradients accumulate as they do unpipelined);
+    * ``output``: bytes of one micro-batch's output on the last stage (its logits, compute dtype), which the
+      schedule keeps (``output_chunks``) until the step ends; 0 on other stages;
+    * ``op_grad``: with FSDP2, the unsharded gradient (compute dtype) of a block's last projection, made first in
+      its backward and held beside the accumulated ones until the block's post-backward folds it in; 0 without;
+    * ``table``: one chunk's rotary buffer (torchtitan's complex64 ``freqs_cis``: each chunk a deep copy of the
+      model holds its own, once, however many micro-batches are in flight; the walk counts it with a micro-batch's
+      saved tensors);
+    * ``io_bytes``: bytes per element of the activation a chunk receives and sends (FSDP2's compute dtype);
+    * ``grad_in``: on a stage before the last, the gradient of its output it receives, held through its backward
+      (``backward_maybe_with_nosync``'s ``output_grads``).
+
+    Every rank also holds the step's whole local batch (train.py moves the input ids and labels to the device
+    before ``pp_schedule.step`` splits them into micro-batches)."""
+
+    comm: dict[str, Any]
+    grad_scale: Any
+    output: Any
+    op_grad: float = 0.0
+    table: Any = 0.0
+    io_bytes: float = 4.0
+    grad_in: Any = 0.0
+
+
+def _pipeline_holds(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, stage: int, B: Any,
+                    groups: Any = None) -> PipelineHolds | None:
+    """:class:`PipelineHolds` of pipeline ``stage`` under a stack whose pipeline is torchtitan's, else None."""
+    if par.pp <= 1 or behaviour_of(recipe).pipeline != "torchtitan":
+        return None
+    comm: dict[str, Any] = {}
+    scale: Any = 1.0
+    op_grad = 0.0
+    if is_fsdp(par):
+        lins = block_linears(arch, 0)
+        op_grad = (lins[-1].in_features * lins[-1].out_features / par.tp * fsdp_compute_bytes(recipe)
+                   if not recipe.lora and lins else 0.0)
+        root, blocks, _, _ = rank_groups(arch, recipe, par, stage) if groups is None else groups
+        gs = (root, *blocks)
+        comm = {"FSDP2 gathered parameters (every chunk of the stage, not resharded under pp)":
+                _num(sum(g.gathered for g in gs))}
+        unsharded = _num(sum(g.unsharded_grads for g in gs)) * fsdp_reduce_bytes(recipe) / fsdp_compute_bytes(recipe)
+        sharded = _num(st.grads)
+        scale = np.where(sharded > 0, unsharded / np.maximum(sharded, 1.0), 0.0) if _is_array(sharded) else (
+            unsharded / sharded if sharded else 0.0)
+    # the logits a last stage keeps: vocabulary-sharded under loss parallelism, else whole (torchtitan's output
+    # projection returns a local, replicated tensor without it: parallelize_llama.py apply_tp, use_local_output)
+    output = (B(tok(arch.vocab_size / (par.tp if par.loss_parallel else 1) * recipe.compute_bytes))
+              if stage == par.pp - 1 else 0.0)
+    table = (B(pos(arch.head_dim * arch.rotary_fraction / 2 * 8.0))
+             if arch.position_embedding == "rotary" and behaviour_of(recipe).rope == "complex" else 0.0)
+    io_bytes = fsdp_compute_bytes(recipe) if is_fsdp(par) else float(recipe.param_bytes)
+    h_res = arch.hidden_size / (par.tp if par.sequence_parallel and par.tp > 1 else 1)
+    grad_in = B(tok(h_res * io_bytes)) if stage != par.pp - 1 else 0.0
+    return PipelineHolds(comm=comm, grad_scale=scale, output=output, op_grad=op_grad, table=table, io_bytes=io_bytes,
+                         grad_in=grad_in)
 
 
 def step_scenarios(par: Parallelism, accumulation: Any, stage: int = 0) -> list[tuple[Any, Any, Any]]:
@@ -595,18 +690,32 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     post_core_grads = (sum(L.in_features * L.out_features for L in lins if L.role not in ATTENTION_IN_ROLES)
                        / par.tp * recipe.param_bytes if not recipe.lora else 0.0)
     h_res = arch.hidden_size / (par.tp if par.sequence_parallel and par.tp > 1 else 1)
+    pipe = _pipeline_holds(arch, recipe, par, st, stage, B, groups)
+    if pipe is not None:
+        base["inputs"] = INPUT_BYTES_PER_TOKEN * sh.tokens * accumulation
+    if pipe is not None and not in_bwd:
+        g_all, g_head, g_layers, g_emb = (x * pipe.grad_scale for x in (g_all, g_head, g_layers, g_emb))
+        if pipe.op_grad:
+            first_op_grad = pipe.op_grad
+    # the gradient a block's backward holds beside those already accumulated (a torchtitan pipeline under FSDP2)
+    op_grad = pipe.op_grad if pipe is not None else 0.0
     fwd_cands: list[dict[str, Any]] = []
     bwd_cands: list[dict[str, Any]] = []
     interleaved = par.pp > 1 and par.pp_schedule == "interleaved"
     # activation offload and FSDP2 place their own moments (below): these would go unread
-    replaced = recipe.offload == "activations" or is_fsdp(par)
+    replaced = recipe.offload == "activations" or (is_fsdp(par) and pipe is None)
     if interleaved and not replaced:
         _interleaved_candidates(arch, recipe, par, st, pr, accumulation, stage, B, saved_total, h_res, first_op_grad,
-                                fwd_cands, bwd_cands)
+                                fwd_cands, bwd_cands, pipe)
     for inflight, grads_present, occurs in ([] if interleaved or replaced else step_scenarios(par, accumulation, stage)):
         if occurs is False:
             continue
         extra_inflight = (inflight - 1.0) * saved_total
+        if pipe is not None:
+            # the last stage's outputs kept until the step ends: the first backward's (all of GPipe's forwards
+            # before it), then every micro-batch's; the forward's own output is among its live set
+            kept = (_num(accumulation) if par.pp_schedule == "gpipe" or grads_present is not False else 1.0)
+            extra_inflight = extra_inflight + kept * pipe.output - (inflight - 1.0) * pipe.table
         # a moment that occurs only for some elements of a sweep weighs nothing for the others
         keep = _only(occurs)
         held = _pick(grads_present, g_all, 0.0)
@@ -615,7 +724,8 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
         into = bwd_cands if (grads_present is True and par.pp > 1) else fwd_cands
         for v in pr.forward_candidates:
             live = B(v)
-            into.append(keep({"gradients": held, "activations": _min(live, saved_total) + extra_inflight,
+            into.append(keep({"gradients": held, "activations": _min(live, saved_total) + extra_inflight
+                              - (pipe.output if pipe is not None else 0.0),
                               "temporaries": live - _min(live, saved_total)}))
         for v, row, inc in pr.loss_chunks:
             # fused linear cross-entropy: a moment inside the first (largest) chunk
@@ -623,6 +733,7 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
             into.append(keep({"gradients": held, "activations": _min(live, saved_total) + extra_inflight,
                               "temporaries": live - _min(live, saved_total)}))
         # backward: the loss backward first
+        bwd_from = len(bwd_cands)
         bwd_cands.append(keep({"activations": saved_total + extra_inflight, "temporaries": B(pr.loss_backward),
                                "gradients": held}))
         if pr.final_norm_backward != ZERO:
@@ -648,12 +759,12 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
                 done = g_head + g_layers * pos_ / n_layers + first_op_grad
                 bwd_cands.append(keep({"activations": B(vadd(remaining, lp.recompute)) + extra_inflight,
                                        "temporaries": B(lp.transient_bwd) + tied,
-                                       "gradients": _pick(grads_present, g_all, done)}))
+                                       "gradients": _pick(grads_present, g_all + op_grad, done)}))
                 if lp.core_bwd != ZERO:  # the math kernel's attention core (LayerProfile.core_bwd): the block's
                     # weights after it (output projection, MLP) have their gradients
                     bwd_cands.append(keep({"activations": B(vsub(vadd(remaining, lp.recompute), lp.core_gone))
                                            + extra_inflight, "temporaries": B(lp.core_bwd) + tied,
-                                           "gradients": _pick(grads_present, g_all,
+                                           "gradients": _pick(grads_present, g_all + op_grad,
                                                               done - first_op_grad + post_core_grads)}))
             later = vadd(later, lp.saved)
         # the embeddings' backward, last: every other gradient exists; the embedding gradient is built
@@ -664,6 +775,11 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
         if in_bwd:
             bwd_cands.append(keep({"activations": B(pr.embed_saved) + extra_inflight, "gradients": _num(st.largest_grad),
                                    "temporaries": _num(st.largest_step_temp) + 0.0 * sh.tokens}))
+        if pipe is not None:
+            # a stage before the last: the gradient received for its output, through the whole backward
+            g_in = pipe.grad_in if occurs is True else np.where(occurs, pipe.grad_in, 0.0)
+            for c in bwd_cands[bwd_from:]:
+                c["activations"] = c["activations"] + g_in
     if recipe.offload == "activations":
         # saved tensors on the host as they are saved: other moments (:mod:`.offload`)
         from .offload import offload_candidates
@@ -671,9 +787,12 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
         fwd_cands, bwd_cands = offload_candidates(arch, recipe, pr, B, step_scenarios(par, accumulation, stage), g_all,
                                                   g_head, g_layers, g_emb, tied, tied_head, first_op_grad, h_res)
     terms: tuple[list, list] = ([], [])
-    if is_fsdp(par):
+    if is_fsdp(par) and pipe is None:
         fwd_cands, bwd_cands, *terms = _fsdp(arch, recipe, par, stage, pr, B, saved_total, h_res, accumulation, groups)
     comm = {k: dict(v) for k, v in comm.items()}
+    if pipe is not None:
+        comm["forward"].update(pipe.comm)
+        comm["backward"].update(pipe.comm)
     fwd = _select(fwd_cands)
     forward = {**base, "communication_buffers": _num(sum(comm["forward"].values())), **fwd}
     bwd = _select(bwd_cands)
