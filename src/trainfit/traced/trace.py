@@ -143,19 +143,45 @@ class TraceReport:
 
 
 class Prober:
-    """Records steps of one session on demand, once per shape."""
+    """Records steps of one session on demand, once per shape.
 
-    def __init__(self, session: TraceSession, report: TraceReport) -> None:
+    ``remote``: shapes the worker process records on its own copy of the same model (a future each,
+    :func:`_worker_step`); ``idle``: shapes that will be asked for later and that this process records while it
+    waits for one of those."""
+
+    def __init__(self, session: TraceSession, report: TraceReport, remote: Optional[dict] = None,
+                 idle: Sequence[tuple[int, int]] = ()) -> None:
         self.session, self.report = session, report
         self.traces: dict[tuple[int, int], StepTrace] = {}
         self.hints = config_lengths(session.config)
+        self.remote: dict[tuple[int, int], Any] = dict(remote or {})
+        self.idle = list(idle)
+
+    def _record(self, key: tuple[int, int]) -> None:
+        self.traces[key] = self.session.record(*key)
+        self.report.steps += 1
+        self.report.tick()
 
     def trace(self, b: int, s: int) -> StepTrace:
         key = (int(b), int(s))
         if key not in self.traces:
-            self.traces[key] = self.session.record(*key)
-            self.report.steps += 1
-            self.report.tick()
+            pending = self.remote.pop(key, None)
+            got = None
+            if pending is not None:
+                while not pending.done() and self.idle:
+                    nxt = self.idle.pop(0)
+                    if nxt not in self.traces and nxt not in self.remote:
+                        self._record(nxt)
+                try:
+                    got = pending.result()
+                except Exception:  # noqa: BLE001 - the worker could not record it: recorded here (a refusal too)
+                    got = None
+            if got is None:
+                self._record(key)
+            else:
+                self.traces[key] = got
+                self.report.steps += 1
+                self.report.tick()
         return self.traces[key]
 
     def sig(self, b: int, s: int) -> bytes:
@@ -651,12 +677,59 @@ def _bare_main() -> Iterator[None]:
             sys.modules["__main__"] = saved
 
 
+#: in the worker process: the few-block session its :func:`_worker_step` tasks record on ((keep, session)), or None
+_OPEN: Optional[tuple[tuple[int, ...], TraceSession]] = None
+
+
+def _close_open() -> None:
+    global _OPEN
+    if _OPEN is not None:
+        _OPEN[1].__exit__(None, None, None)
+        _OPEN = None
+
+
+def _worker_ready() -> float:
+    """The worker's first task: torch, transformers and the measurement imported while this process builds the
+    model and finds its blocks (returns the worker's CPU seconds so far)."""
+    from ..measure._deps import require
+
+    require("torch")
+    require("transformers")
+    from ..measure import session as _session  # noqa: F401
+
+    return time.process_time()
+
+
+def _worker_step(config: Mapping[str, Any], recipe: Recipe, build_seq: int, keep: tuple[int, ...], b: int,
+                 s: int) -> StepTrace:
+    """One steady-state step of the model cut to the blocks ``keep``, recorded in the worker (its session is
+    opened by the first such task, warmed up as the caller's is, and kept for the next; tasks run one at a time in
+    submission order). A step is the same whichever steps the session ran before (each is recorded after a garbage
+    collection from the same live storages: parameters, buffers, optimizer state), so it stands for the step the
+    caller's own session would record."""
+    global _OPEN
+    if _OPEN is None or _OPEN[0] != keep:
+        _close_open()
+        session = TraceSession(config, recipe, keep=keep, build_seq=build_seq)
+        session.__enter__()
+        _OPEN = (keep, session)
+    return _OPEN[1].record(b, s)
+
+
 def _worker_windows(config: Mapping[str, Any], recipe: Recipe, build_seq: int, shapes: Sequence[tuple[int, int]],
                     s_max: int) -> tuple[dict[tuple[int, int], Any], float]:
     """:func:`_full_windows` in the worker, with the worker's CPU seconds so far (its start, imports and build
-    included: what the trace costs beyond this process)."""
+    included: what the trace costs beyond this process). A few-block session left open by :func:`_worker_step` is
+    closed first (two sessions' fake modes and trackers must not nest)."""
+    _close_open()
     out = _full_windows(config, recipe, build_seq, shapes, s_max)
     return out, time.process_time()
+
+
+def _ladder(s_max: int) -> list[int]:
+    """The odd lengths :func:`_chart` records first at batch 2 (the ladder's lengths within the range)."""
+    lat = Lattice(0)
+    return sorted({v for v in (lat.near(x, S_MIN, s_max) for x in (S_MIN, s_max, *LADDER)) if v is not None})
 
 
 def _full_windows(config: Mapping[str, Any], recipe: Recipe, build_seq: int,
@@ -719,8 +792,8 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
     # build overlap this process's -- and record while this process charts and fits the few-block models
     pending = None
     if worker is not None:
-        with _bare_main():
-            pending = worker.submit(_worker_windows, dict(config), recipe, build_seq, VERIFY_SHAPES, s_max)
+        with _bare_main():  # (the worker's interpreter starts now, its imports overlapping this process's build)
+            worker.submit(_worker_ready)
     try:
         return _trace(config, recipe, s_max, report, progress or (lambda _m: None), build_seq, worker, pending, t0, c0)
     finally:
@@ -778,8 +851,22 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
         report.depths = [d1, d2, n_layers or 0]
         say(f"tracing {d1} and {d2} of {n_layers} blocks")
         report.expect(EXPECTED_CHART + 4 * EXPECTED_UNIT + len(checks))
+        remote: dict[tuple[int, int], Any] = {}
+        idle: list[tuple[int, int]] = []
+        if worker is not None:
+            # both cores: the worker records the upper half of the ladder on its own copy of the one-unit model,
+            # then the full-depth check; this process records the lower half and, while it waits for the worker's,
+            # the common shapes it will compare later
+            ladder = _ladder(s_max)
+            mine = (len(ladder) + 1) // 2
+            keep1 = tuple(plan.keep(1))
+            with _bare_main():
+                for x in ladder[mine:]:
+                    remote[(2, x)] = worker.submit(_worker_step, dict(config), recipe, build_seq, keep1, 2, x)
+                pending = worker.submit(_worker_windows, dict(config), recipe, build_seq, VERIFY_SHAPES, s_max)
+            idle = [(b, s) for b, s in COMMON_SHAPES if s <= s_max]
         with TraceSession(config, recipe, keep=plan.keep(1), build_seq=build_seq) as s1:
-            pr1 = Prober(s1, report)
+            pr1 = Prober(s1, report, remote, idle)
             fits = _discover(pr1, table, s_max)
             _check_common(pr1, fits, table, s_max)
         copies = plan.units - 1
