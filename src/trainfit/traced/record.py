@@ -146,6 +146,17 @@ def _lean_class() -> Any:
             # nothing here is compiled: no dynamo-disabling wrapper around this dispatch
             return False
 
+        def get_tracker_snapshot(self, type: str = "current") -> dict:
+            # MemTracker deep-copies {device: {category: bytes}} at every module's hooks (several hundred times a
+            # step); the values are integers, so a copy of each level is the same snapshot
+            if type == "current":
+                src = self._curr_mem_snap
+            elif type == "peak":
+                src = self._peak_mem_snap
+            else:
+                raise ValueError(f"Invalid type {type}")
+            return {dev: dict(snap) for dev, snap in src.items()}
+
         def _track_one(self, reftype: Any, t: Any) -> None:
             if is_traceable_wrapper_subclass(t):  # (not on one GPU's fake tensors: the general walk)
                 self._track(reftype, t)
