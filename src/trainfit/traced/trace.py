@@ -167,13 +167,23 @@ class Prober:
         if key not in self.traces:
             pending = self.remote.pop(key, None)
             got = None
-            if pending is not None:
-                while not pending.done() and self.idle:
-                    nxt = self.idle.pop(0)
-                    if nxt not in self.traces and nxt not in self.remote:
-                        self._record(nxt)
+            if pending is not None and not pending.cancel():  # (one the worker has not started is recorded here)
+                # while the worker records it: the shapes to come, and those the worker has not started (the worker
+                # takes its tasks from the front, this process from the back)
+                while not pending.done():
+                    later = next((k for k in reversed(list(self.remote)) if self.remote[k].cancel()), None)
+                    if later is not None:
+                        del self.remote[later]
+                        self._record(later)
+                    elif self.idle:
+                        nxt = self.idle.pop(0)
+                        if nxt not in self.traces and nxt not in self.remote:
+                            self._record(nxt)
+                    else:
+                        break
                 try:
-                    got = pending.result()
+                    got, cpu = pending.result()
+                    self.report.worker_cpu_seconds = max(self.report.worker_cpu_seconds, cpu)
                 except Exception:  # noqa: BLE001 - the worker could not record it: recorded here (a refusal too)
                     got = None
             if got is None:
@@ -514,13 +524,8 @@ def _unit_of(pr2: Prober, f: RegimeFit, table: PolyTable) -> tuple[list[Insertio
     kinds as the shallower model's, so each is named by the one fitted size that takes its three recorded
     values. When that does not settle every one, the deeper model is fitted in full."""
     lengths = sorted({s for _, s in f.points})
-    b0 = 1 if f.batch_one else 2
-    # the diff runs at the first shape: a long sequence, where different allocations have different sizes
-    # (at a few tokens many coincide and the alignment would say nothing about other shapes)
-    mid = lengths[len(lengths) // 2]
-    pick = [lengths[-1], mid, lengths[0]] if len(lengths) > 1 else lengths * 3
-    shapes = [(b0, pick[0]), (b0 if f.batch_one else 3, pick[1]), (b0 if f.batch_one else 7, pick[2])]
-    if f.batch_one and len(set(pick)) < 3:
+    shapes = _unit_shapes(f)
+    if shapes is None:
         return _unit_by_refit(pr2, f, table, lengths)
     traces = [pr2.trace(b, s) for b, s in shapes]
     if len({t.signature() for t in traces}) == 1:
@@ -538,6 +543,20 @@ def _unit_of(pr2: Prober, f: RegimeFit, table: PolyTable) -> tuple[list[Insertio
             if named is not None:
                 return named
     return _unit_by_refit(pr2, f, table, lengths)
+
+
+def _unit_shapes(f: RegimeFit) -> Optional[list[tuple[int, int]]]:
+    """The three shapes at which :func:`_unit_of` records the deeper model for regime ``f``, or None where it fits
+    the deeper model in full instead (batch one with fewer than three lengths)."""
+    lengths = sorted({s for _, s in f.points})
+    b0 = 1 if f.batch_one else 2
+    # the diff runs at the first shape: a long sequence, where different allocations have different sizes
+    # (at a few tokens many coincide and the alignment would say nothing about other shapes)
+    mid = lengths[len(lengths) // 2]
+    pick = [lengths[-1], mid, lengths[0]] if len(lengths) > 1 else lengths * 3
+    if f.batch_one and len(set(pick)) < 3:
+        return None
+    return [(b0, pick[0]), (b0 if f.batch_one else 3, pick[1]), (b0 if f.batch_one else 7, pick[2])]
 
 
 def _unit_by_refit(pr2: Prober, f: RegimeFit, table: PolyTable,
@@ -701,19 +720,19 @@ def _worker_ready() -> float:
 
 
 def _worker_step(config: Mapping[str, Any], recipe: Recipe, build_seq: int, keep: tuple[int, ...], b: int,
-                 s: int) -> StepTrace:
+                 s: int) -> tuple[StepTrace, float]:
     """One steady-state step of the model cut to the blocks ``keep``, recorded in the worker (its session is
     opened by the first such task, warmed up as the caller's is, and kept for the next; tasks run one at a time in
     submission order). A step is the same whichever steps the session ran before (each is recorded after a garbage
     collection from the same live storages: parameters, buffers, optimizer state), so it stands for the step the
-    caller's own session would record."""
+    caller's own session would record. Returns it with the worker's CPU seconds so far."""
     global _OPEN
     if _OPEN is None or _OPEN[0] != keep:
         _close_open()
         session = TraceSession(config, recipe, keep=keep, build_seq=build_seq)
         session.__enter__()
         _OPEN = (keep, session)
-    return _OPEN[1].record(b, s)
+    return _OPEN[1].record(b, s), time.process_time()
 
 
 def _worker_windows(config: Mapping[str, Any], recipe: Recipe, build_seq: int, shapes: Sequence[tuple[int, int]],
@@ -759,7 +778,8 @@ def _collect(pending: Any, config: Mapping[str, Any], recipe: Recipe, build_seq:
     from concurrent.futures.process import BrokenProcessPool
 
     try:
-        out, report.worker_cpu_seconds = pending.result()
+        out, cpu = pending.result()
+        report.worker_cpu_seconds = max(report.worker_cpu_seconds, cpu)
     except TrainfitError:
         raise
     except (BrokenProcessPool, OSError, EOFError, ImportError, RuntimeError):
@@ -872,8 +892,17 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
         copies = plan.units - 1
         try:
             report.expect(EXPECTED_UNIT * len(fits) + len(checks))
+            remote2: dict[tuple[int, int], Any] = {}
+            if pending is not None and pending.done() and pending.exception() is None:
+                # the worker is free (its full-depth check is done): it records the later shapes of the two-unit
+                # model on its own copy while this process records the first ones
+                shapes2 = list(dict.fromkeys(x for f in fits for x in (_unit_shapes(f) or [])))
+                keep2 = tuple(plan.keep(2))
+                with _bare_main():
+                    for x in shapes2[len(shapes2) // 2 + 1:]:
+                        remote2[x] = worker.submit(_worker_step, dict(config), recipe, build_seq, keep2, *x)
             with TraceSession(config, recipe, keep=plan.keep(2), build_seq=build_seq) as s2:
-                pr2 = Prober(s2, report)
+                pr2 = Prober(s2, report, remote2)
                 pieces, unit_static = [], []
                 for f in fits:
                     pcs, ust = _unit_of(pr2, f, table)
