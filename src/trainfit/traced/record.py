@@ -118,7 +118,8 @@ def _lean_class() -> Any:
     recomputation, else activations; a known storage that grew is resized), then the peak check -- without the
     generic parts that cost most of the tracker's time per operator and do nothing here: three layers of
     ``torch._dynamo``-disabling wrappers around the dispatch, the host-memory rule, a pytree map that rebuilds the
-    output, and the storage walk meant for tensor subclasses. Multi-GPU ranks (DTensor, FSDP's labels) and host
+    output, the storage walk meant for tensor subclasses, and deep copies of the snapshots at every module's hooks.
+    ``tests/test_traced_speed.py`` compares its events with the measurement tracker's. Multi-GPU ranks (DTensor, FSDP's labels) and host
     memory keep the measurement's tracker. Built lazily: importing it imports torch."""
     torch = require("torch")
     from torch._guards import active_fake_mode

@@ -641,9 +641,10 @@ def _check_common(pr: Prober, fits: Sequence[RegimeFit], table: PolyTable, s_max
 
 # ------------------------------------------------------------------------------------------------ trace
 
-#: environment variable: ``0`` records every step in this process, ``1`` always records the full-depth check
-#: steps in a worker process; unset, a worker runs where the machine has two cores or more and the model
-#: :data:`WORKER_MIN_BLOCKS` blocks or more (below that its interpreter's start costs more than it saves)
+#: environment variable: ``0`` records every step in this process, ``1`` always shares the steps with a worker
+#: process (the upper half of the ladder, the full-depth check, the later shapes of the two-unit model); unset, a
+#: worker runs where the machine has two cores or more and the model :data:`WORKER_MIN_BLOCKS` blocks or more
+#: (below that its interpreter's start costs more than it saves)
 WORKERS_ENV = "TRAINFIT_TRACE_WORKERS"
 WORKER_MIN_BLOCKS = 16
 
@@ -658,8 +659,10 @@ def _config_blocks(config: Mapping[str, Any]) -> int:
 
 
 def _worker(config: Mapping[str, Any]) -> Any:
-    """A one-process pool (spawned: a fresh interpreter, no state forked from this one's torch) for the full-depth
-    steps, or None (see :data:`WORKERS_ENV`)."""
+    """A one-process pool (spawned: a fresh interpreter, no state forked from this one's torch) that records steps
+    beside this process, or None (see :data:`WORKERS_ENV`). Its tasks run one at a time in submission order: the
+    upper half of the one-unit model's ladder (:func:`_worker_step`), the full-depth check (:func:`_worker_windows`),
+    and, if it is free by then, the later shapes of the two-unit model."""
     import os
 
     raw = os.environ.get(WORKERS_ENV, "").strip()
