@@ -811,8 +811,8 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
     report = TraceReport(on_step=getattr(progress, "steps", None))
     build_seq = S_MIN  # no position table enlarged: the model as its config describes it
     worker = _worker(config)
-    # the full-depth check steps (a quarter of a trace) start at once in the worker -- its interpreter and model
-    # build overlap this process's -- and record while this process charts and fits the few-block models
+    # the worker starts at once -- its interpreter's imports overlap this process's build -- and gets its steps
+    # once the blocks are known (:func:`_trace`)
     pending = None
     if worker is not None:
         with _bare_main():  # (the worker's interpreter starts now, its imports overlapping this process's build)
@@ -876,18 +876,19 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
         report.expect(EXPECTED_CHART + 4 * EXPECTED_UNIT + len(checks))
         remote: dict[tuple[int, int], Any] = {}
         idle: list[tuple[int, int]] = []
+        shared = worker is not None and recipe.layout is None
         if worker is not None:
-            # both cores: the worker records the upper half of the ladder on its own copy of the one-unit model,
-            # then the full-depth check; this process records the lower half and, while it waits for the worker's,
-            # the common shapes it will compare later
-            ladder = _ladder(s_max)
-            mine = (len(ladder) + 1) // 2
+            # both cores: on one GPU, the worker records the upper half of the ladder on its own copy of the one-unit
+            # model, then the full-depth check; this process records the lower half and, while it waits for the
+            # worker's, the common shapes it will compare later. (A multi-GPU rank's few-block steps stay here.)
             keep1 = tuple(plan.keep(1))
             with _bare_main():
-                for x in ladder[mine:]:
-                    remote[(2, x)] = worker.submit(_worker_step, dict(config), recipe, build_seq, keep1, 2, x)
+                if shared:
+                    ladder = _ladder(s_max)
+                    for x in ladder[(len(ladder) + 1) // 2:]:
+                        remote[(2, x)] = worker.submit(_worker_step, dict(config), recipe, build_seq, keep1, 2, x)
+                    idle = [(b, s) for b, s in COMMON_SHAPES if s <= s_max]
                 pending = worker.submit(_worker_windows, dict(config), recipe, build_seq, VERIFY_SHAPES, s_max)
-            idle = [(b, s) for b, s in COMMON_SHAPES if s <= s_max]
         with TraceSession(config, recipe, keep=plan.keep(1), build_seq=build_seq) as s1:
             pr1 = Prober(s1, report, remote, idle)
             fits = _discover(pr1, table, s_max)
@@ -896,7 +897,7 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
         try:
             report.expect(EXPECTED_UNIT * len(fits) + len(checks))
             remote2: dict[tuple[int, int], Any] = {}
-            if pending is not None and pending.done() and pending.exception() is None:
+            if shared and pending is not None and pending.done() and pending.exception() is None:
                 # the worker is free (its full-depth check is done): it records the later shapes of the two-unit
                 # model on its own copy while this process records the first ones
                 shapes2 = list(dict.fromkeys(x for f in fits for x in (_unit_shapes(f) or [])))
