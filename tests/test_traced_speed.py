@@ -102,3 +102,21 @@ def test_the_prober_uses_the_workers_results_and_records_what_the_worker_has_not
     assert session.recorded == [(2, 9), (2, 11), (4, 2048)] and queued_b.cancelled()
     assert pr.trace(2, 11) == ("here", 2, 11) and pr.trace(4, 2048) == ("here", 4, 2048)
     assert report.steps == 5 and report.worker_cpu_seconds == 2.0
+
+
+@pytest.mark.slow
+def test_sharing_the_few_block_steps_with_the_worker_traces_the_same_timeline(monkeypatch, tmp_path):
+    # a six-block Granite traced from three and four blocks: every step in this process, then the ladder's upper half
+    # and the two-unit model's later shapes in the worker (TRAINFIT_TRACE_SHARE=1): the same fitted regimes
+    from trainfit.traced.trace import trace_timeline
+
+    setup = TrainingSetup.build(resolve_model(dict(GRANITE, num_hidden_layers=6, _name_or_path="share-check")), "h100")
+    out = {}
+    for workers, share in (("0", "0"), ("1", "1")):
+        monkeypatch.setenv("TRAINFIT_TRACE_WORKERS", workers)
+        monkeypatch.setenv("TRAINFIT_TRACE_SHARE", share)
+        regimes, report, facts = trace_timeline(setup.model.config, recipe_of(setup))
+        out[share] = ([r.to_json() for r in regimes], report.steps, report.depths, facts.get("worker_cpu_seconds", 0.0))
+    assert out["1"][2] == out["0"][2] == [3, 4, 6]
+    assert out["1"][0] == out["0"][0] and out["1"][1] == out["0"][1]
+    assert out["1"][3] > 0 and out["0"][3] == 0.0  # the worker ran only in the second trace

@@ -647,6 +647,18 @@ def _check_common(pr: Prober, fits: Sequence[RegimeFit], table: PolyTable, s_max
 #: (below that its interpreter's start costs more than it saves)
 WORKERS_ENV = "TRAINFIT_TRACE_WORKERS"
 WORKER_MIN_BLOCKS = 16
+#: environment variable: ``1`` also shares the few-block models' steps with the worker (the upper half of the
+#: ladder, the later shapes of the two-unit model); off by default: on the shared 2-core machine under load it cost
+#: more CPU in all (the worker builds and warms up its own copies of those models) and more wall time than it saved
+#: (docs/traced.md, Speed)
+SHARE_ENV = "TRAINFIT_TRACE_SHARE"
+
+
+def _sharing() -> bool:
+    """Whether the few-block steps are shared with the worker (:data:`SHARE_ENV`)."""
+    import os
+
+    return os.environ.get(SHARE_ENV, "").strip() == "1"
 
 
 def _config_blocks(config: Mapping[str, Any]) -> int:
@@ -876,7 +888,7 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
         report.expect(EXPECTED_CHART + 4 * EXPECTED_UNIT + len(checks))
         remote: dict[tuple[int, int], Any] = {}
         idle: list[tuple[int, int]] = []
-        shared = worker is not None and recipe.layout is None
+        shared = worker is not None and recipe.layout is None and _sharing()
         if worker is not None:
             # both cores: on one GPU, the worker records the upper half of the ladder on its own copy of the one-unit
             # model, then the full-depth check; this process records the lower half and, while it waits for the
@@ -963,4 +975,4 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
     return regimes, report, facts
 
 
-__all__ = ["B_MAX", "LADDER", "S_MAX", "WORKERS_ENV", "TraceReport", "UntrustedFit", "trace_timeline", "v2"]
+__all__ = ["B_MAX", "LADDER", "S_MAX", "SHARE_ENV", "WORKERS_ENV", "TraceReport", "UntrustedFit", "trace_timeline", "v2"]
