@@ -3,6 +3,7 @@
     python benchmarks/bench_traced.py                  # a few minutes on a loaded 2-core machine
     python benchmarks/bench_traced.py --json out.json --repeats 7
     python benchmarks/bench_traced.py --first-trace olmo-2-7b --repeats 3   # cold first traces only
+    python benchmarks/bench_traced.py --first-trace olmo-2-7b --repeats 3 --against /tmp/old/src  # before/after
 
 ``--first-trace MODEL`` times what a user's first ``trainfit estimate`` of a new type costs: each run a fresh
 interpreter (imports included), an empty cache, one trace; it reports the wall seconds, the CPU seconds of the
@@ -95,21 +96,35 @@ def _first_trace_child(model: str) -> None:
                                                        .encode()).hexdigest()[:16]}))
 
 
-def first_traces(model: str, repeats: int) -> dict[str, Any]:
+def first_traces(model: str, repeats: int, against: str | None = None) -> dict[str, Any]:
     """``repeats`` cold first traces of ``model``, each in a fresh interpreter (imports included, as a user's
-    first ``trainfit estimate``); medians of the wall and CPU seconds, every run kept."""
+    first ``trainfit estimate``); medians of the wall and CPU seconds, every run kept. ``against``: the ``src``
+    folder of another version of trainfit, whose runs are interleaved with these (one of each per round, so that
+    the load of a shared machine hits both alike); its runs are reported under ``"against"``."""
     import subprocess
 
-    runs = []
+    versions = {"this": None} if against is None else {"this": None, "against": os.path.abspath(against)}
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in versions}
     for _ in range(repeats):
-        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--first-trace-child", model],
-                              capture_output=True, text=True, check=True)
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-        print(f"    {runs[-1]}", flush=True)
-    med = {k: statistics.median(r[k] for r in runs)
-           for k in ("process_wall_s", "trace_wall_s", "cpu_s", "worker_cpu_s", "load_1min")}
-    med["cpu_total_s"] = statistics.median(r["cpu_s"] + r["worker_cpu_s"] for r in runs)
-    return {"median": med, "runs": runs}
+        for name, src in versions.items():
+            env = dict(os.environ)
+            if src is not None:
+                env["PYTHONPATH"] = src
+            done = subprocess.run([sys.executable, os.path.abspath(__file__), "--first-trace-child", model],
+                                  capture_output=True, text=True, check=True, env=env)
+            runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"    {name}: {runs[name][-1]}", flush=True)
+
+    def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
+        med = {k: statistics.median(r[k] for r in rs)
+               for k in ("process_wall_s", "trace_wall_s", "cpu_s", "worker_cpu_s", "load_1min")}
+        med["cpu_total_s"] = statistics.median(r["cpu_s"] + r["worker_cpu_s"] for r in rs)
+        return {"median": med, "runs": rs, "regimes_sha256": sorted({r["regimes_sha256"] for r in rs})}
+
+    out = summary(runs["this"])
+    if against is not None:
+        out["against"] = summary(runs["against"])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=str, default=None)
     ap.add_argument("--first-trace", type=str, default=None, metavar="MODEL",
                     help="only time cold first traces of MODEL (each in a fresh process), --repeats of them")
+    ap.add_argument("--against", type=str, default=None, metavar="SRC",
+                    help="with --first-trace: the src folder of another trainfit version, its runs interleaved")
     ap.add_argument("--first-trace-child", type=str, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.first_trace_child:
@@ -127,8 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.first_trace:
         print(f"machine: {machine()}", flush=True)
         print(f"first traces of {args.first_trace} (fresh process each):", flush=True)
-        got = first_traces(args.first_trace, args.repeats)
+        got = first_traces(args.first_trace, args.repeats, args.against)
         print(f"median: {got['median']}")
+        if args.against:
+            print(f"median of {args.against}: {got['against']['median']}")
+            same = got["regimes_sha256"] == got["against"]["regimes_sha256"] and len(got["regimes_sha256"]) == 1
+            print(f"fitted regimes identical: {same} ({got['regimes_sha256']} vs {got['against']['regimes_sha256']})")
         if args.json:
             from trainfit.files import write_text
 

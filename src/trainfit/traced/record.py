@@ -100,6 +100,114 @@ class StepTrace:
         return best, where, best_cat
 
 
+def lean_tracker(round_to_cuda_blocks: bool) -> Any:
+    """A one-GPU tracker whose per-operator path is lean (:class:`_LeanTracker`), same events as the measurement's."""
+    global _LEAN
+    if _LEAN is None:
+        _LEAN = _lean_class()
+    return _LEAN(round_to_cuda_blocks, False)
+
+
+_LEAN: Any = None
+
+
+def _lean_class() -> Any:
+    """The measurement's fixed ``MemTracker`` (:mod:`trainfit.measure.tracker`) with the per-operator path rewritten
+    for a one-GPU step: the same decisions in the same order -- each output storage of an op tracked under the
+    category of the moment (optimizer state inside ``optimizer.step``, temporaries in the backward outside a
+    recomputation, else activations; a known storage that grew is resized), then the peak check -- without the
+    generic parts that cost most of the tracker's time per operator and do nothing here: three layers of
+    ``torch._dynamo``-disabling wrappers around the dispatch, the host-memory rule, a pytree map that rebuilds the
+    output, the storage walk meant for tensor subclasses, and deep copies of the snapshots at every module's hooks.
+    ``tests/test_traced_speed.py`` compares its events with the measurement tracker's. Multi-GPU ranks (DTensor, FSDP's labels) and host
+    memory keep the measurement's tracker. Built lazily: importing it imports torch."""
+    torch = require("torch")
+    from torch._guards import active_fake_mode
+    from torch.distributed._tools import mem_tracker as mt
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    from torch.utils._pytree import tree_map_only
+
+    from ..measure._memtracker import FixedMemTracker
+
+    Tensor = torch.Tensor
+    OPT, TEMP, ACT, ADD_ = mt._MemRefType.OPT, mt._MemRefType.TEMP, mt._MemRefType.ACT, mt._UpdateType.ADD
+    SIZE_ = mt._UpdateType.SIZE
+    graph_task = torch._C._current_graph_task_id
+    wait_tensor = torch.ops._c10d_functional.wait_tensor.default
+    get_mode, FAKE = torch._C._get_dispatch_mode, torch._C._TorchDispatchModeKey.FAKE
+
+    def active_fake() -> Any:
+        # ``active_fake_mode()`` without its walk of the mode stack: a fake mode is the stack's one FAKE mode
+        return get_mode(FAKE)
+
+    class _LeanTracker(FixedMemTracker):  # type: ignore[misc, valid-type]
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # nothing here is compiled: no dynamo-disabling wrapper around this dispatch
+            return False
+
+        def get_tracker_snapshot(self, type: str = "current") -> dict:
+            # MemTracker deep-copies {device: {category: bytes}} at every module's hooks (several hundred times a
+            # step); the values are integers, so a copy of each level is the same snapshot
+            if type == "current":
+                src = self._curr_mem_snap
+            elif type == "peak":
+                src = self._peak_mem_snap
+            else:
+                raise ValueError(f"Invalid type {type}")
+            return {dev: dict(snap) for dev, snap in src.items()}
+
+        def _track_one(self, reftype: Any, t: Any) -> None:
+            if is_traceable_wrapper_subclass(t):  # (not on one GPU's fake tensors: the general walk)
+                self._track(reftype, t)
+                return
+            st = t.untyped_storage()
+            winfo, _ = self._WINFO.get(st, (None, None))
+            if winfo is not None:
+                if winfo.size != st.size():
+                    old = winfo.mem_consumed
+                    winfo.update_mem_consumed(st)
+                    self._update_snap(SIZE_, winfo, old_mem_consumed=old)
+                return
+            winfo, w_st = mt._WeakRefInfo.create_winfo(st, t.device, reftype, self._delete_callback)
+            self._WINFO[st] = (winfo, w_st)
+            if winfo.mem_consumed > 0:
+                self._update_snap(ADD_, winfo)
+
+        def _track_all(self, reftype: Any, res: Any) -> None:
+            if isinstance(res, Tensor):
+                self._track_one(reftype, res)
+            elif type(res) in (tuple, list):
+                for x in res:
+                    if isinstance(x, Tensor):
+                        self._track_one(reftype, x)
+                    elif x is not None and not isinstance(x, (int, float, bool)):
+                        self._track_all(reftype, x)
+            elif res is not None and not isinstance(res, (int, float, bool)):
+                tree_map_only(Tensor, lambda t: self._track_one(reftype, t), res)
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if self.host_rule or self._distributed or DTensor in types:  # (as the measurement's tracker)
+                return FixedMemTracker.__torch_dispatch__(self, func, types, args, kwargs)
+            if func is wait_tensor and active_fake_mode():
+                res = args[0]
+            else:
+                res = func(*args, **(kwargs or {}))
+            if active_fake() is self._fake_mode_on_entry:
+                if self._in_opt:
+                    reftype = OPT
+                elif graph_task() != -1 and not self._in_ac:
+                    reftype = TEMP
+                else:
+                    reftype = ACT
+                self._track_all(reftype, res)
+                self._update_peak_stats(None)
+            return res
+
+    return _LeanTracker
+
+
 class _Recorder(TimelineListener):
     """Listens to the tracker: storages get a global index; inside a window, events are recorded."""
 
@@ -333,7 +441,7 @@ class TraceSession:
                 stack.enter_context(session.make_fake())
                 self.optimizer = session.optimizer()
                 self.recorder = _Recorder()
-                self.tracker = session.track(built.model, listener=self.recorder)
+                self.tracker = self._lean_track(session, built.model)
                 self.emulation = session.emulation
                 stack.enter_context(session.stepping())
         except BaseException:
@@ -341,6 +449,21 @@ class TraceSession:
             raise
         self._stack = stack
         return self
+
+    def _lean_track(self, session: Any, model: Any) -> Any:
+        """The session's tracker and emulation as :meth:`FakeStepSession.track` makes them, the tracker a
+        :func:`lean_tracker` (``TRAINFIT_TRACE_LEAN=0``: the measurement's own, for comparison)."""
+        import os
+
+        from ..measure.emulation import CudaSemantics
+
+        if os.environ.get("TRAINFIT_TRACE_LEAN", "1").strip() == "0" or session.distributed:
+            return session.track(model, listener=self.recorder)
+        tracker = lean_tracker(session.cuda)
+        tracker.listener = self.recorder
+        tracker.track_external(model)
+        session.tracker, session.emulation = tracker, CudaSemantics(enabled=session.cuda)
+        return tracker
 
     def _enter_rank(self, stack: contextlib.ExitStack, blocks: Any) -> None:
         """Rank 0 of the recipe's layout, as ``trainfit measure`` builds and steps it

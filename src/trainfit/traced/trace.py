@@ -143,19 +143,55 @@ class TraceReport:
 
 
 class Prober:
-    """Records steps of one session on demand, once per shape."""
+    """Records steps of one session on demand, once per shape.
 
-    def __init__(self, session: TraceSession, report: TraceReport) -> None:
+    ``remote``: shapes the worker process records on its own copy of the same model (a future each,
+    :func:`_worker_step`); ``idle``: shapes that will be asked for later and that this process records while it
+    waits for one of those."""
+
+    def __init__(self, session: TraceSession, report: TraceReport, remote: Optional[dict] = None,
+                 idle: Sequence[tuple[int, int]] = ()) -> None:
         self.session, self.report = session, report
         self.traces: dict[tuple[int, int], StepTrace] = {}
         self.hints = config_lengths(session.config)
+        self.remote: dict[tuple[int, int], Any] = dict(remote or {})
+        self.idle = list(idle)
+
+    def _record(self, key: tuple[int, int]) -> None:
+        self.traces[key] = self.session.record(*key)
+        self.report.steps += 1
+        self.report.tick()
 
     def trace(self, b: int, s: int) -> StepTrace:
         key = (int(b), int(s))
         if key not in self.traces:
-            self.traces[key] = self.session.record(*key)
-            self.report.steps += 1
-            self.report.tick()
+            pending = self.remote.pop(key, None)
+            got = None
+            if pending is not None and not pending.cancel():  # (one the worker has not started is recorded here)
+                # while the worker records it: the shapes to come, and those the worker has not started (the worker
+                # takes its tasks from the front, this process from the back)
+                while not pending.done():
+                    later = next((k for k in reversed(list(self.remote)) if self.remote[k].cancel()), None)
+                    if later is not None:
+                        del self.remote[later]
+                        self._record(later)
+                    elif self.idle:
+                        nxt = self.idle.pop(0)
+                        if nxt not in self.traces and nxt not in self.remote:
+                            self._record(nxt)
+                    else:
+                        break
+                try:
+                    got, cpu = pending.result()
+                    self.report.worker_cpu_seconds = max(self.report.worker_cpu_seconds, cpu)
+                except Exception:  # noqa: BLE001 - the worker could not record it: recorded here (a refusal too)
+                    got = None
+            if got is None:
+                self._record(key)
+            else:
+                self.traces[key] = got
+                self.report.steps += 1
+                self.report.tick()
         return self.traces[key]
 
     def sig(self, b: int, s: int) -> bytes:
@@ -488,13 +524,8 @@ def _unit_of(pr2: Prober, f: RegimeFit, table: PolyTable) -> tuple[list[Insertio
     kinds as the shallower model's, so each is named by the one fitted size that takes its three recorded
     values. When that does not settle every one, the deeper model is fitted in full."""
     lengths = sorted({s for _, s in f.points})
-    b0 = 1 if f.batch_one else 2
-    # the diff runs at the first shape: a long sequence, where different allocations have different sizes
-    # (at a few tokens many coincide and the alignment would say nothing about other shapes)
-    mid = lengths[len(lengths) // 2]
-    pick = [lengths[-1], mid, lengths[0]] if len(lengths) > 1 else lengths * 3
-    shapes = [(b0, pick[0]), (b0 if f.batch_one else 3, pick[1]), (b0 if f.batch_one else 7, pick[2])]
-    if f.batch_one and len(set(pick)) < 3:
+    shapes = _unit_shapes(f)
+    if shapes is None:
         return _unit_by_refit(pr2, f, table, lengths)
     traces = [pr2.trace(b, s) for b, s in shapes]
     if len({t.signature() for t in traces}) == 1:
@@ -512,6 +543,20 @@ def _unit_of(pr2: Prober, f: RegimeFit, table: PolyTable) -> tuple[list[Insertio
             if named is not None:
                 return named
     return _unit_by_refit(pr2, f, table, lengths)
+
+
+def _unit_shapes(f: RegimeFit) -> Optional[list[tuple[int, int]]]:
+    """The three shapes at which :func:`_unit_of` records the deeper model for regime ``f``, or None where it fits
+    the deeper model in full instead (batch one with fewer than three lengths)."""
+    lengths = sorted({s for _, s in f.points})
+    b0 = 1 if f.batch_one else 2
+    # the diff runs at the first shape: a long sequence, where different allocations have different sizes
+    # (at a few tokens many coincide and the alignment would say nothing about other shapes)
+    mid = lengths[len(lengths) // 2]
+    pick = [lengths[-1], mid, lengths[0]] if len(lengths) > 1 else lengths * 3
+    if f.batch_one and len(set(pick)) < 3:
+        return None
+    return [(b0, pick[0]), (b0 if f.batch_one else 3, pick[1]), (b0 if f.batch_one else 7, pick[2])]
 
 
 def _unit_by_refit(pr2: Prober, f: RegimeFit, table: PolyTable,
@@ -596,11 +641,24 @@ def _check_common(pr: Prober, fits: Sequence[RegimeFit], table: PolyTable, s_max
 
 # ------------------------------------------------------------------------------------------------ trace
 
-#: environment variable: ``0`` records every step in this process, ``1`` always records the full-depth check
-#: steps in a worker process; unset, a worker runs where the machine has two cores or more and the model
-#: :data:`WORKER_MIN_BLOCKS` blocks or more (below that its interpreter's start costs more than it saves)
+#: environment variable: ``0`` records every step in this process, ``1`` always shares the steps with a worker
+#: process (the upper half of the ladder, the full-depth check, the later shapes of the two-unit model); unset, a
+#: worker runs where the machine has two cores or more and the model :data:`WORKER_MIN_BLOCKS` blocks or more
+#: (below that its interpreter's start costs more than it saves)
 WORKERS_ENV = "TRAINFIT_TRACE_WORKERS"
 WORKER_MIN_BLOCKS = 16
+#: environment variable: ``1`` also shares the few-block models' steps with the worker (the upper half of the
+#: ladder, the later shapes of the two-unit model); off by default: on the shared 2-core machine under load it cost
+#: more CPU in all (the worker builds and warms up its own copies of those models) and more wall time than it saved
+#: (docs/traced.md, Speed)
+SHARE_ENV = "TRAINFIT_TRACE_SHARE"
+
+
+def _sharing() -> bool:
+    """Whether the few-block steps are shared with the worker (:data:`SHARE_ENV`)."""
+    import os
+
+    return os.environ.get(SHARE_ENV, "").strip() == "1"
 
 
 def _config_blocks(config: Mapping[str, Any]) -> int:
@@ -613,8 +671,10 @@ def _config_blocks(config: Mapping[str, Any]) -> int:
 
 
 def _worker(config: Mapping[str, Any]) -> Any:
-    """A one-process pool (spawned: a fresh interpreter, no state forked from this one's torch) for the full-depth
-    steps, or None (see :data:`WORKERS_ENV`)."""
+    """A one-process pool (spawned: a fresh interpreter, no state forked from this one's torch) that records steps
+    beside this process, or None (see :data:`WORKERS_ENV`). Its tasks run one at a time in submission order: the
+    upper half of the one-unit model's ladder (:func:`_worker_step`), the full-depth check (:func:`_worker_windows`),
+    and, if it is free by then, the later shapes of the two-unit model."""
     import os
 
     raw = os.environ.get(WORKERS_ENV, "").strip()
@@ -651,12 +711,59 @@ def _bare_main() -> Iterator[None]:
             sys.modules["__main__"] = saved
 
 
+#: in the worker process: the few-block session its :func:`_worker_step` tasks record on ((keep, session)), or None
+_OPEN: Optional[tuple[tuple[int, ...], TraceSession]] = None
+
+
+def _close_open() -> None:
+    global _OPEN
+    if _OPEN is not None:
+        _OPEN[1].__exit__(None, None, None)
+        _OPEN = None
+
+
+def _worker_ready() -> float:
+    """The worker's first task: torch, transformers and the measurement imported while this process builds the
+    model and finds its blocks (returns the worker's CPU seconds so far)."""
+    from ..measure._deps import require
+
+    require("torch")
+    require("transformers")
+    from ..measure import session as _session  # noqa: F401
+
+    return time.process_time()
+
+
+def _worker_step(config: Mapping[str, Any], recipe: Recipe, build_seq: int, keep: tuple[int, ...], b: int,
+                 s: int) -> tuple[StepTrace, float]:
+    """One steady-state step of the model cut to the blocks ``keep``, recorded in the worker (its session is
+    opened by the first such task, warmed up as the caller's is, and kept for the next; tasks run one at a time in
+    submission order). A step is the same whichever steps the session ran before (each is recorded after a garbage
+    collection from the same live storages: parameters, buffers, optimizer state), so it stands for the step the
+    caller's own session would record. Returns it with the worker's CPU seconds so far."""
+    global _OPEN
+    if _OPEN is None or _OPEN[0] != keep:
+        _close_open()
+        session = TraceSession(config, recipe, keep=keep, build_seq=build_seq)
+        session.__enter__()
+        _OPEN = (keep, session)
+    return _OPEN[1].record(b, s), time.process_time()
+
+
 def _worker_windows(config: Mapping[str, Any], recipe: Recipe, build_seq: int, shapes: Sequence[tuple[int, int]],
                     s_max: int) -> tuple[dict[tuple[int, int], Any], float]:
     """:func:`_full_windows` in the worker, with the worker's CPU seconds so far (its start, imports and build
-    included: what the trace costs beyond this process)."""
+    included: what the trace costs beyond this process). A few-block session left open by :func:`_worker_step` is
+    closed first (two sessions' fake modes and trackers must not nest)."""
+    _close_open()
     out = _full_windows(config, recipe, build_seq, shapes, s_max)
     return out, time.process_time()
+
+
+def _ladder(s_max: int) -> list[int]:
+    """The odd lengths :func:`_chart` records first at batch 2 (the ladder's lengths within the range)."""
+    lat = Lattice(0)
+    return sorted({v for v in (lat.near(x, S_MIN, s_max) for x in (S_MIN, s_max, *LADDER)) if v is not None})
 
 
 def _full_windows(config: Mapping[str, Any], recipe: Recipe, build_seq: int,
@@ -686,7 +793,8 @@ def _collect(pending: Any, config: Mapping[str, Any], recipe: Recipe, build_seq:
     from concurrent.futures.process import BrokenProcessPool
 
     try:
-        out, report.worker_cpu_seconds = pending.result()
+        out, cpu = pending.result()
+        report.worker_cpu_seconds = max(report.worker_cpu_seconds, cpu)
     except TrainfitError:
         raise
     except (BrokenProcessPool, OSError, EOFError, ImportError, RuntimeError):
@@ -715,12 +823,12 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
     report = TraceReport(on_step=getattr(progress, "steps", None))
     build_seq = S_MIN  # no position table enlarged: the model as its config describes it
     worker = _worker(config)
-    # the full-depth check steps (a quarter of a trace) start at once in the worker -- its interpreter and model
-    # build overlap this process's -- and record while this process charts and fits the few-block models
+    # the worker starts at once -- its interpreter's imports overlap this process's build -- and gets its steps
+    # once the blocks are known (:func:`_trace`)
     pending = None
     if worker is not None:
-        with _bare_main():
-            pending = worker.submit(_worker_windows, dict(config), recipe, build_seq, VERIFY_SHAPES, s_max)
+        with _bare_main():  # (the worker's interpreter starts now, its imports overlapping this process's build)
+            worker.submit(_worker_ready)
     try:
         return _trace(config, recipe, s_max, report, progress or (lambda _m: None), build_seq, worker, pending, t0, c0)
     finally:
@@ -778,15 +886,39 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
         report.depths = [d1, d2, n_layers or 0]
         say(f"tracing {d1} and {d2} of {n_layers} blocks")
         report.expect(EXPECTED_CHART + 4 * EXPECTED_UNIT + len(checks))
+        remote: dict[tuple[int, int], Any] = {}
+        idle: list[tuple[int, int]] = []
+        shared = worker is not None and recipe.layout is None and _sharing()
+        if worker is not None:
+            # both cores: on one GPU, the worker records the upper half of the ladder on its own copy of the one-unit
+            # model, then the full-depth check; this process records the lower half and, while it waits for the
+            # worker's, the common shapes it will compare later. (A multi-GPU rank's few-block steps stay here.)
+            keep1 = tuple(plan.keep(1))
+            with _bare_main():
+                if shared:
+                    ladder = _ladder(s_max)
+                    for x in ladder[(len(ladder) + 1) // 2:]:
+                        remote[(2, x)] = worker.submit(_worker_step, dict(config), recipe, build_seq, keep1, 2, x)
+                    idle = [(b, s) for b, s in COMMON_SHAPES if s <= s_max]
+                pending = worker.submit(_worker_windows, dict(config), recipe, build_seq, VERIFY_SHAPES, s_max)
         with TraceSession(config, recipe, keep=plan.keep(1), build_seq=build_seq) as s1:
-            pr1 = Prober(s1, report)
+            pr1 = Prober(s1, report, remote, idle)
             fits = _discover(pr1, table, s_max)
             _check_common(pr1, fits, table, s_max)
         copies = plan.units - 1
         try:
             report.expect(EXPECTED_UNIT * len(fits) + len(checks))
+            remote2: dict[tuple[int, int], Any] = {}
+            if shared and pending is not None and pending.done() and pending.exception() is None:
+                # the worker is free (its full-depth check is done): it records the later shapes of the two-unit
+                # model on its own copy while this process records the first ones
+                shapes2 = list(dict.fromkeys(x for f in fits for x in (_unit_shapes(f) or [])))
+                keep2 = tuple(plan.keep(2))
+                with _bare_main():
+                    for x in shapes2[len(shapes2) // 2 + 1:]:
+                        remote2[x] = worker.submit(_worker_step, dict(config), recipe, build_seq, keep2, *x)
             with TraceSession(config, recipe, keep=plan.keep(2), build_seq=build_seq) as s2:
-                pr2 = Prober(s2, report)
+                pr2 = Prober(s2, report, remote2)
                 pieces, unit_static = [], []
                 for f in fits:
                     pcs, ust = _unit_of(pr2, f, table)
@@ -843,4 +975,4 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
     return regimes, report, facts
 
 
-__all__ = ["B_MAX", "LADDER", "S_MAX", "WORKERS_ENV", "TraceReport", "UntrustedFit", "trace_timeline", "v2"]
+__all__ = ["B_MAX", "LADDER", "S_MAX", "SHARE_ENV", "WORKERS_ENV", "TraceReport", "UntrustedFit", "trace_timeline", "v2"]
