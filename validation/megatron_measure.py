@@ -70,11 +70,32 @@ def cases() -> list[tuple[str, str, dict[str, Any]]]:
     return out
 
 
+def pipeline_cases() -> list[tuple[str, str, dict[str, Any]]]:
+    """(name, model, fields) of the pipelined cases: megatron's own 1F1B schedule on the first and the last
+    stage (``--pp-stage``), pp 2 and 4, M = pp and 2 x pp micro-batches, one rank or dp 2 with the distributed
+    optimizer, recompute none / selective / full, bf16; the small grouped-query Llama (4 layers), micro-batch 1
+    or 2 of 512 tokens."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    rc = {"none": {}, "sel": dict(checkpointing="selective"), "full": dict(checkpointing="full")}
+    grid = [  # (pp, M, dp, micro-batch, recompute)
+        (2, 2, 1, 1, "none"), (2, 4, 1, 1, "none"), (2, 4, 1, 2, "full"), (2, 2, 2, 1, "sel"),
+        (2, 4, 2, 1, "none"), (4, 4, 1, 1, "none"), (4, 8, 1, 1, "full"), (4, 8, 2, 1, "none")]
+    for pp, m, dp, mb, r in grid:
+        dist = dict(dp=dp, zero=1) if dp > 1 else {}
+        for stage in (0, pp - 1):
+            where = "first" if stage == 0 else "last"
+            name = f"small-pp{pp}-m{m}-{'dp2-distopt-' if dp > 1 else ''}mb{mb}-bf16-{r}-{where}"
+            out.append((name, GQA, dict(batch=mb * m * dp, seq_len=512, **dist, pp=pp, accumulation=m,
+                                        pp_stage=stage, **BF16, **rc[r])))
+    return out
+
+
 def command(model: str, fields: dict[str, Any]) -> str:
     """The `trainfit measure` command line of a case."""
     flags = {"batch": "--batch", "seq_len": "--seq", "dp": "--dp", "checkpointing": "--checkpointing",
              "checkpoint_every": "--ckpt-every", "precision": "--precision", "optimizer": "--optimizer",
-             "opt_impl": "--opt-impl", "tp": "--tp", "zero": "--zero", "tp_plan": "--tp-plan"}
+             "opt_impl": "--opt-impl", "tp": "--tp", "zero": "--zero", "tp_plan": "--tp-plan", "pp": "--pp",
+             "accumulation": "--accum", "pp_stage": "--pp-stage"}
     parts = ["trainfit", "measure", model, "--stack", "megatron"]
     for k, v in fields.items():
         if k == "sequence_parallel":
@@ -103,6 +124,7 @@ def row(name: str, model: str, fields: dict[str, Any]) -> dict[str, Any]:
             "phases": {k: {"start_bytes": p["start_bytes"], "peak_bytes": p["peak_bytes"], "end_bytes": p["end_bytes"]}
                        for k, p in x["phases"].items()},
             "static": x["static"], "n_params": x["n_params"], "versions": x["versions"],
+            **({"pipeline": x["pipeline"]} if "pipeline" in x else {}),
             "wall_s": round(time.perf_counter() - t0, 1)}
 
 
@@ -112,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", help="case names to run")
     ap.add_argument("--skip", nargs="*", default=[], help="case names not to run")
     a = ap.parse_args(argv)
-    for name, model, fields in cases():
+    for name, model, fields in cases() + pipeline_cases():
         if (a.only and f"megatron-{name}" not in a.only) or f"megatron-{name}" in a.skip:
             continue
         try:

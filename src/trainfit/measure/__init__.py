@@ -346,6 +346,7 @@ def _estimate_megatron(setup: TrainingSetup, *, warmup: int, semantics: str, t0:
                   "recompute": run.recompute, "mixed_precision": run.mixed_precision,
                   "distributed_optimizer": run.distributed_optimizer},
         "peak_allocated_bytes": int(peak.total), **(run.reserved or {}), "fit_judged_on": "peak_allocated_bytes",
+        **({"pipeline": run.pipeline} if run.pipeline else {}),
         "sdpa_kernels": dict(run.emulation.sdpa.counts),
         "arch": "gpt (megatron-core GPTModel, local spec)", "n_params": run.n_params,
         "n_trainable_params": run.n_params, "param_dtype": run.param_dtype, "build_notes": [],
@@ -354,6 +355,11 @@ def _estimate_megatron(setup: TrainingSetup, *, warmup: int, semantics: str, t0:
     }
     where = (f"rank 0 of {run.world_size} (dp {mesh['dp']} x tp {mesh['tp']}) on a fake process group; "
              if distributed else "one GPU; ")
+    if run.pipeline:
+        pl = run.pipeline
+        where = (f"pipeline stage {pl['pp_stage']} of {mesh['pp']} (its own 1F1B schedule over {pl['microbatches']} "
+                 f"micro-batches, layers {pl['first_layer']}-{pl['first_layer'] + pl['layers'] - 1}), dp {mesh['dp']} "
+                 f"x tp {mesh['tp']} on a fake process group; ")
     what = _peak_note(semantics)
     notes = [f"{megatron.VERSION}'s own GPTModel (local layer spec), DDP, "
              + ("distributed optimizer" if run.distributed_optimizer else "mixed-precision optimizer")

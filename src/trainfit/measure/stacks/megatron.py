@@ -67,11 +67,12 @@ ACCEPTS: dict[str, Any] = {
     "opt_impl": ("foreach", "fused"), "checkpointing": ("none", "selective", "full", "every-k"),
     "checkpoint_every": None, "attention": ("auto", "eager"), "dropout": None, "stack": ("megatron",),
     "dp": None, "zero": (0, 1), "tp": None, "sequence_parallel": None, "tp_plan": None,
+    "pp": None, "pp_stage": None, "pp_schedule": ("1f1b",), "accumulation": None,
 }
-HINTS = {"pp": "megatron's pipeline schedules are not measured yet", "cp": "context parallelism is not measured",
+HINTS = {"pp_schedule": "megatron's non-interleaved 1F1B schedule is measured (--pp-schedule 1f1b)", "cp": "context parallelism is not measured",
          "fsdp": "megatron's data parallelism is its DDP with the distributed optimizer (--zero 1), not FSDP2",
          "lora_rank": "megatron trains every parameter", "compile": "the measured step is eager (local spec)",
-         "accumulation": "one micro-batch per step is measured"}
+         }
 #: Megatron-LM's usual pre-training values (not memory)
 LR = 3e-4
 CLIP_GRAD = 1.0
@@ -82,9 +83,12 @@ def check(setup: TrainingSetup) -> None:
     from ...method import check_accepts
 
     check_accepts(setup, f"measured (--stack megatron, {VERSION})", ACCEPTS, HINTS)
-    if setup.accumulation > 1:
-        raise TrainfitError(f"the measured megatron step ({VERSION}) runs one micro-batch (no gradient accumulation)")
     p = setup.parallel
+    if setup.accumulation > 1 and p.pp == 1:
+        raise TrainfitError(f"the measured megatron step ({VERSION}) runs one micro-batch without --pp (no gradient "
+                            "accumulation); with --pp N its 1F1B schedule runs --accum micro-batches")
+    if p.pp > 1:
+        check_pipeline(setup)
     if p.tp > 1 and (p.sequence_parallel or p.tp_plan != "megatron"):
         raise TrainfitError("megatron's tensor parallelism with the local layer spec runs without sequence "
                             "parallelism (its torch norms refuse it): give --tp-plan megatron --no-sequence-parallel")
@@ -365,6 +369,8 @@ class StackRun:
     #: the caching-allocator replay (:mod:`..reserved`) under CUDA semantics: peak reserved bytes with one pool per
     #: stream and with a single pool, and the segments each stream's pool reserved
     reserved: Optional[dict[str, Any]] = None
+    #: with --pp: the stage measured, its schedule, micro-batches and layers (:func:`_measure_pipeline`)
+    pipeline: Optional[dict[str, Any]] = None
 
 
 def build(mg: Any, setup: TrainingSetup) -> tuple[Any, Any]:
@@ -380,13 +386,14 @@ def build(mg: Any, setup: TrainingSetup) -> tuple[Any, Any]:
         activation_func=torch.nn.functional.silu, bf16=bf16, params_dtype=dtype, pipeline_dtype=dtype,
         hidden_dropout=0.0, attention_dropout=float(c.get("attention_dropout", 0.0) or 0.0) if r.dropout else 0.0,
         use_cpu_initialization=True, perform_initialization=False, tensor_model_parallel_size=p.tp,
-        sequence_parallel=False, bias_activation_fusion=False, masked_softmax_fusion=False,
+        **_pipeline_config(setup), sequence_parallel=False, bias_activation_fusion=False, masked_softmax_fusion=False,
         persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
         cross_entropy_loss_fusion=False)
     model = mg.GPTModel(cfg, mg.get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=vocab_of(setup),
                         max_sequence_length=setup.seq_len, position_embedding_type="rope",
                         rotary_base=int(float(c.get("rope_theta", 10000.0))),
-                        share_embeddings_and_output_weights=bool(c.get("tie_word_embeddings", False)))
+                        share_embeddings_and_output_weights=bool(c.get("tie_word_embeddings", False)),
+                        **_stage_ends(mg, setup))
     if bf16:
         from unittest import mock
 
@@ -458,6 +465,8 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
     check(setup)
     mg = load()
     p = setup.parallel
+    if p.pp > 1:
+        return _measure_pipeline(mg, setup, warmup=warmup, cuda=cuda)
     world = p.dp * p.tp
     with fake_process_group(world), shims(torch):
         mg.parallel_state.initialize_model_parallel(p.tp, 1, create_gloo_process_groups=False)
@@ -524,5 +533,170 @@ def _train_step(mg: Any, model: Any, opt: Any, tokens: Any, position_ids: Any, l
         opt.step()
 
 
+# --------------------------------------------------------------------------------------------- pipeline stages
+def check_pipeline(setup: TrainingSetup) -> None:
+    """Refuse, in one line, a pipelined layout the measured 1F1B step cannot run."""
+    p = setup.parallel
+    layers = int(setup.model.config["num_hidden_layers"])
+    if layers % p.pp:
+        raise TrainfitError(f"megatron splits the {layers} layers evenly over the pipeline stages: {layers} is not a "
+                            f"multiple of pp {p.pp} (accepted pp: {', '.join(str(k) for k in range(2, layers + 1) if layers % k == 0)})")
+    if setup.accumulation < p.pp:
+        raise TrainfitError(f"megatron's 1F1B schedule needs at least as many micro-batches as stages: give --accum >= "
+                            f"pp {p.pp} (got {setup.accumulation})")
+
+
+def _pipeline_config(setup: TrainingSetup) -> dict[str, Any]:
+    """TransformerConfig's pipeline fields: the stage count and, as Megatron-LM sets it
+    (``megatron/training/argument_utils.py``), ``deallocate_pipeline_outputs`` (a stage's sent output is freed
+    once sent, its graph kept); nothing without --pp."""
+    pp = setup.parallel.pp
+    return {"pipeline_model_parallel_size": pp, "deallocate_pipeline_outputs": True} if pp > 1 else {}
+
+
+def _stage_ends(mg: Any, setup: TrainingSetup) -> dict[str, Any]:
+    """GPTModel's ``pre_process`` (embedding) and ``post_process`` (final norm, output layer, loss) for this
+    pipeline rank, as Megatron-LM's ``model_provider`` passes them; nothing without --pp."""
+    if setup.parallel.pp == 1:
+        return {}
+    ps = mg.parallel_state
+    return {"pre_process": ps.is_pipeline_first_stage(), "post_process": ps.is_pipeline_last_stage()}
+
+
+@contextlib.contextmanager
+def _no_p2p() -> Iterator[None]:
+    """megatron's point-to-point sends and receives as no-ops: its ``P2PCommunicator._communicate`` still makes
+    each receive buffer itself (``torch.empty(..., requires_grad=True)``, fresh per micro-batch); only the
+    ``isend``/``irecv`` ops (``_p2p_ops``, ``_batched_p2p_ops``) are skipped."""
+    from unittest import mock
+
+    with mock.patch("megatron.core.pipeline_parallel.p2p_communication._p2p_ops", lambda **k: {}), \
+            mock.patch("megatron.core.pipeline_parallel.p2p_communication._batched_p2p_ops", lambda **k: []):
+        yield
+
+
+def _measure_pipeline(mg: Any, setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
+    """The pipeline stage asked for (``--pp-stage``), or with -1 the busier of the first and the last."""
+    p = setup.parallel
+    stages = [p.pp_stage] if p.pp_stage >= 0 else sorted({0, p.pp - 1})
+    runs = [_measure_stage(mg, setup, st, warmup=warmup, cuda=cuda) for st in stages]
+    return max(runs, key=lambda r: r.tracker.steps[-1].peak.total)
+
+
+def _measure_stage(mg: Any, setup: TrainingSetup, stage: int, *, warmup: int, cuda: bool) -> StackRun:
+    """Pipeline rank ``stage`` (data- and tensor-parallel rank 0) of megatron's pipelined job: the fake process
+    group seen from global rank ``stage x dp x tp`` (megatron's rank order tp-cp-ep-dp-pp), its parallel state
+    with ``pp`` stages, GPTModel built for the stage (pre/post process, its layer offset), and megatron's own
+    ``forward_backward_pipelining_without_interleaving`` over ``--accum`` micro-batches (:func:`_pipeline_step`)."""
+    torch = require("torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..distributed import fake_process_group
+    from ..reserved import StreamPoolListener
+    from ..session import new_tracker, stepping
+
+    p = setup.parallel
+    world = p.dp * p.tp * p.pp
+    with fake_process_group(world, rank=stage * p.dp * p.tp), shims(torch), _no_p2p():
+        mg.parallel_state.initialize_model_parallel(p.tp, p.pp, create_gloo_process_groups=False)
+        try:
+            mg.tensor_parallel.model_parallel_cuda_manual_seed(1234)
+            first, last = mg.parallel_state.is_pipeline_first_stage(), mg.parallel_state.is_pipeline_last_stage()
+            fake_mode = FakeTensorMode()
+            with fake_mode, _cuda_mode(torch):
+                model, opt = build(mg, setup)
+                model.train()
+                local_layers = len(model.module.module.decoder.layers) if hasattr(model.module, "module") else \
+                    len(model.module.decoder.layers)
+                n_params = sum(q.numel() for q in model.parameters()) * p.tp * p.pp  # this stage's, x tp x pp
+                param_dtype = str(next(iter(model.parameters())).dtype).replace("torch.", "")
+                b, s = setup.micro_batch, setup.seq_len
+                masters = [t for o in getattr(opt, "chained_optimizers", [opt])
+                           for attr in ("shard_fp32_from_float16_groups", "fp32_from_float16_groups")
+                           for g in (getattr(o, attr, None) or []) for t in g if t is not None]
+                pools = StreamPoolListener() if cuda else None
+                tracker, emulation = new_tracker(model.module, *[bf.grad_data for bf in _buffers(model)],
+                                                 *[bf.param_data for bf in _buffers(model)
+                                                   if getattr(bf, "param_data", None) is not None],
+                                                 *masters, cuda=cuda, distributed=True, listener=pools)
+                static: dict[str, int] = {}
+                with stepping(tracker, emulation), (pools.streams() if pools else contextlib.nullcontext()):
+                    for i in range(warmup + 1):
+                        gc.collect()
+                        if i == warmup:
+                            static = _label_state(tracker, model, opt)
+                        tracker.new_step()
+                        _pipeline_step(mg, model, opt, setup, first, last, tracker.phase)
+        finally:
+            mg.parallel_state.destroy_model_parallel()
+    mixed = ("bf16 parameters (Float16Module), fp32 main_grad buffers and fp32 master weights" if
+             setup.recipe.precision == "amp-bf16" else "fp32")
+    reserved = None
+    if pools is not None:
+        reserved = {"peak_reserved_bytes": pools.replay.peak_reserved,
+                    "peak_reserved_single_pool_bytes": pools.single.peak_reserved,
+                    "reserved_by_stream": pools.reserved_by_stream}
+    m = setup.accumulation
+    pipeline = {"pp_stage": stage, "pp_schedule": "1f1b", "microbatches": m, "layers": local_layers,
+                "first_layer": stage * local_layers, "warmup_microbatches": min(p.pp - stage - 1, m),
+                "embedding": first, "head": last}
+    return StackRun(tracker=tracker, emulation=emulation, world_size=world,
+                    mesh={"dp": p.dp, "tp": p.tp, "pp": p.pp}, distributed_optimizer=p.zero == 1,
+                    n_params=n_params, param_dtype=param_dtype, recompute=recompute_name(setup),
+                    mixed_precision=mixed, static=static, reserved=reserved, pipeline=pipeline)
+
+
+def _pipeline_step(mg: Any, model: Any, opt: Any, setup: TrainingSetup, first: bool, last: bool,
+                   phase: Any) -> None:
+    """Megatron-LM's ``train_step`` on a pipeline rank: ``zero_grad_buffer``; ``optimizer.zero_grad``; megatron's
+    ``forward_backward_pipelining_without_interleaving`` over ``--accum`` micro-batches (its warm-up forwards,
+    1F1B, cool-down backwards; receive buffers made by its p2p code; gradients accumulated into ``main_grad``;
+    ``finalize_model_grads`` at its end; ``grad_scale_func`` the optimizer's ``scale_loss``, as
+    ``megatron/training/training.py`` sets them); ``optimizer.step()``. Each micro-batch's data is made in the
+    forward step as ``pretrain_gpt.get_batch`` hands it out (token ids and positions on the first stage, labels
+    on the last); the loss is the sum of the per-token losses (the one-stage step's). Phases: "forward" until
+    the schedule's first backward, "backward" to the schedule's end (finalize included), "optimizer"."""
+    torch = require("torch")
+    import importlib
+
+    schedules = importlib.import_module("megatron.core.pipeline_parallel.schedules")
+    config = schedules.get_model_config(model)
+    config.grad_scale_func = opt.scale_loss
+    config.finalize_model_grads_func = mg.finalize_model_grads
+    vocab, b, s = vocab_of(setup), setup.micro_batch, setup.seq_len
+
+    def loss_func(losses: Any) -> Any:
+        return losses.sum(), {}
+
+    def forward_step_func(data_iterator: Any, _model: Any) -> Any:
+        tokens = torch.randint(0, vocab, (b, s), dtype=torch.long) if first else None
+        position_ids = torch.arange(s, dtype=torch.long).unsqueeze(0).expand(b, s) if first else None
+        labels = torch.randint(0, vocab, (b, s), dtype=torch.long) if last else None
+        # called on what DDP wraps, as the one-stage step does (the tracker walks it)
+        return model.module(tokens, position_ids, None, labels=labels), loss_func
+
+    fwd, bwd = contextlib.ExitStack(), contextlib.ExitStack()
+    backward_step = schedules.backward_step
+
+    def backward_then(*args: Any, **kwargs: Any) -> Any:
+        if not bwd._exit_callbacks:  # the schedule's first backward: the forward phase ends
+            fwd.close()
+            bwd.enter_context(phase("backward"))
+        return backward_step(*args, **kwargs)
+
+    from unittest import mock
+
+    model.zero_grad_buffer()
+    opt.zero_grad()
+    fwd.enter_context(phase("forward"))
+    with mock.patch.object(schedules, "backward_step", backward_then):
+        schedules.forward_backward_pipelining_without_interleaving(
+            forward_step_func=forward_step_func, data_iterator=None, model=[model],
+            num_microbatches=setup.accumulation, seq_length=s, micro_batch_size=b, forward_only=False)
+    bwd.close()
+    with phase("optimizer"):
+        opt.step()
+
+
 __all__ = ["ACCEPTS", "INSTALL", "PINNED", "StackRun", "VERSION", "build", "check", "config_kwargs", "load",
-           "measure_rank", "recompute_name", "shims"]
+           "check_pipeline", "measure_rank", "recompute_name", "shims"]
