@@ -118,9 +118,11 @@ class MegatronState:
         return self.params + self.main_grad + self.master + self.adam
 
 
-def state_bytes(shape: GptShape, *, tp: int, dp: int, distributed_optimizer: bool, bf16: bool) -> MegatronState:
-    """Parameters, ``main_grad`` buffer, master weights and Adam state of rank 0 (module docstring's sources)."""
-    sizes = shape.param_sizes(tp)
+def state_bytes(shape: GptShape, *, tp: int, dp: int, distributed_optimizer: bool, bf16: bool,
+                sizes: Any = None) -> MegatronState:
+    """Parameters, ``main_grad`` buffer, master weights and Adam state of rank 0 (module docstring's sources);
+    ``sizes``: the local parameters when not the whole model's (a pipeline stage's, :func:`stage_param_sizes`)."""
+    sizes = shape.param_sizes(tp) if sizes is None else sizes
     spans, padded = buffer_layout(sizes, dp, distributed_optimizer)
     pb = 2 if bf16 else 4
     params = rounded(padded * pb) if distributed_optimizer else sum(rounded(n * pb) for n in sizes)
@@ -327,5 +329,113 @@ def peak_over_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, recompute
     return {"forward": np.maximum(softmax, loss), "backward": np.maximum(softmax_bwd + tied, loss_bwd)}
 
 
-__all__ = ["ACCEPTS", "ACCUMULATION_KEEPS_PEAK", "GptShape", "MegatronState", "check", "optimizer_temporaries", "phase_bytes", "recompute_of", "buffer_layout", "core_attention_saved", "head_saved_bytes",
+# ------------------------------------------------------------------------------------------- pipeline stages
+#: what the pipelined model covers, as measured (validation/megatron_measure.py pipeline_cases)
+PIPELINE_RECOMPUTE = ("none", "selective", "full")
+
+
+def check_pipeline(setup: Any) -> None:
+    """Refuse, in one line, a pipelined megatron layout the stage model does not cover (it is checked against
+    megatron's 1F1B schedule on the first and the last stage, bf16, without tensor parallelism)."""
+    from ..errors import TrainfitError
+
+    p, r = setup.parallel, setup.recipe
+    layers = int(setup.model.arch.num_layers)
+    if layers % p.pp:
+        raise TrainfitError(f"megatron splits the {layers} layers evenly over the pipeline stages: {layers} is not a "
+                            f"multiple of pp {p.pp}")
+    if setup.accumulation < p.pp:
+        raise TrainfitError(f"megatron's 1F1B schedule needs at least as many micro-batches as stages: give --accum >= "
+                            f"pp {p.pp} (got {setup.accumulation})")
+    if p.pp_stage not in (-1, 0, p.pp - 1):
+        raise TrainfitError(f"the detailed method models megatron's first and last pipeline stages: give --pp-stage 0 "
+                            f"or {p.pp - 1} (got {p.pp_stage})")
+    if p.tp > 1 or r.precision != "amp-bf16" or r.checkpointing not in PIPELINE_RECOMPUTE or p.pp_schedule != "1f1b":
+        raise TrainfitError("megatron's pipeline stages are modelled with --pp-schedule 1f1b, --precision amp-bf16, "
+                            f"--tp 1 and --checkpointing {' | '.join(PIPELINE_RECOMPUTE)} (as measured); got "
+                            f"--pp-schedule {p.pp_schedule} --precision {r.precision} --tp {p.tp} "
+                            f"--checkpointing {r.checkpointing}")
+
+
+def stage_param_sizes(shape: GptShape, tp: int, pp: int, stage: int) -> list[int]:
+    """Elements of each local parameter of pipeline ``stage`` in ``GPTModel.parameters()`` order: the embedding on
+    the first stage, the stage's ``layers / pp`` layers, the final norm and the output layer on the last (its own
+    weight there even with tied embeddings: ``LanguageModule.setup_embeddings_and_output_layer``)."""
+    per = shape.param_sizes(tp)[1:1 + 6]
+    out = ([shape.vocab // tp * shape.hidden] if stage == 0 else []) + per * (shape.layers // pp)
+    return out + ([shape.hidden, shape.vocab // tp * shape.hidden] if stage == pp - 1 else [])
+
+
+def pipeline_phase_bytes(shape: GptShape, recipe: Any, tp: int, dp: int, zero: int, pp: int, stage: int, m: Any,
+                         b: Any, s: Any) -> dict[str, dict[str, Any]]:
+    """Each phase's peak, by component, on pipeline ``stage`` (0 or pp-1) of megatron-core 0.19.2's
+    ``forward_backward_pipelining_without_interleaving`` over ``m`` micro-batches (``m``, ``b``, ``s`` scalars or
+    arrays; bytes). Source: ``pipeline_parallel/schedules.py`` lines 2120-2470 and ``p2p_communication.py``
+    (``_communicate`` makes every received tensor with ``torch.empty``), checked against ``trainfit measure
+    --stack megatron --pp N --accum M --pp-stage K`` (validation/stacks-measured.jsonl, its ``small-pp*`` rows):
+
+    * the state of the stage's own parameters (:func:`stage_param_sizes`), the attention's global buffer and the
+      rotary cache;
+    * ``n = min(pp - stage, m)`` micro-batches in flight (the ``pp - stage - 1`` warm-up forwards and the one of
+      the steady state); each kept one holds the stage's layers' saved tensors (:func:`layer_saved_bytes`), on
+      the first stage also its token ids (the embedding's backward) and the 1-element output left by
+      ``deallocate_output_tensor``; on a later stage its first layer's input is the received buffer;
+    * the moments of the one-stage step (:func:`peak_over_saved_bytes`) on the stage's layers: the head and loss
+      only on the last stage (the first stage's are those of a headless shape: its softmax moment, which does not
+      depend on the head); the current micro-batch's data and loss / token-count scalars;
+    * before the last, the received output-gradient buffer (``T·h``) from the first backward on, still referenced
+      by the schedule's ``output_tensor_grad`` during the next steady-state forward (which then runs inside the
+      backward phase, when ``m > n``);
+    * on the last stage, two ``T·h`` tensors its backward leaves from one step to the next (measured: alive at
+      every step's start and at its backward moments, not yet named from the source).
+    """
+    bf16 = recipe.precision == "amp-bf16"
+    mode, _ = recompute_of(recipe.checkpointing, recipe.checkpoint_every, shape.layers)
+    first, last = stage == 0, stage == pp - 1
+    sizes = stage_param_sizes(shape, tp, pp, stage)
+    st = state_bytes(shape, tp=tp, dp=dp, distributed_optimizer=zero == 1, bf16=bf16, sizes=sizes)
+    k = shape.layers // pp
+    import dataclasses
+
+    own = dataclasses.replace(shape, layers=k, tied=False)
+    headless = dataclasses.replace(own, vocab=tp)
+    T = b * s
+    H, T8 = rounded(T * shape.hidden * (2 if bf16 else 4)), rounded(T * 8)
+    n = np.minimum(pp - stage, m) if isinstance(m, np.ndarray) else min(pp - stage, m)
+    steady = m > n
+
+    def moments(x: GptShape) -> tuple[Any, Any]:
+        over = peak_over_saved_bytes(x, b, s, tp=tp, recompute=mode, bf16=bf16)
+        saved = saved_bytes(x, b, s, tp=tp, bf16=bf16, recompute=mode)
+        return saved + over["forward"], saved + over["backward"]
+
+    layer = layer_saved_bytes(shape, b, s, tp=tp, bf16=bf16, recompute=mode)
+    per = k * layer + ((T8 + BLOCK) if first else 0 * T)
+    fwd, bwd = moments(own if last else headless)
+    soft, _ = moments(headless)
+    glob = rounded(b * (shape.heads // tp) * s * s * (2 if bf16 else 4)) + rounded(s * shape.head_dim * 4)
+    held = 2 * H if last else 0 * T  # the last stage's two T·h tensors kept between steps
+    grad_in = 0 * T if last else H  # the received output-gradient buffer
+    if first:  # token ids and position ids of the current micro-batch, two scalars (loss, token count)
+        f_x, b_x, s_x = 2 * T8 + 2 * BLOCK, T8 + BLOCK, 2 * T8 + 3 * BLOCK
+    else:  # its labels and three scalars
+        f_x, b_x, s_x = T8 + 3 * BLOCK, T8 + BLOCK, T8 + 3 * BLOCK
+    inflight = (n - 1) * per
+    act_f = inflight + fwd + f_x
+    if isinstance(steady, np.ndarray):
+        act_b = inflight + np.where(steady, np.maximum(bwd + b_x, soft + s_x), bwd + b_x)
+    else:
+        act_b = inflight + (max(bwd + b_x, soft + s_x) if steady else bwd + b_x)
+    base = {"parameters": st.params, "gradients": st.main_grad, "master_weights": st.master,
+            "optimizer_state": st.adam, "inputs": 0 * T}
+    zero_ = 0 * T
+    return {"forward": {**base, "buffers": glob + zero_, "activations": act_f, "optimizer_temporaries": zero_},
+            "backward": {**base, "buffers": glob + held + grad_in, "activations": act_b,
+                         "optimizer_temporaries": zero_},
+            "optimizer": {**base, "buffers": glob + held, "activations": zero_,
+                          "optimizer_temporaries": optimizer_temporaries(st, recipe.opt_impl) + zero_}}
+
+
+__all__ = ["ACCEPTS", "ACCUMULATION_KEEPS_PEAK", "PIPELINE_RECOMPUTE", "check_pipeline", "pipeline_phase_bytes",
+           "stage_param_sizes", "GptShape", "MegatronState", "check", "optimizer_temporaries", "phase_bytes", "recompute_of", "buffer_layout", "core_attention_saved", "head_saved_bytes",
            "layer_saved_bytes", "peak_over_saved_bytes", "persistent_bytes", "rounded", "saved_bytes", "state_bytes"]
