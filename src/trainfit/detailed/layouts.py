@@ -54,6 +54,15 @@ def stage_arrays(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], wh
     return st, comm
 
 
+def _megatron_stages(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulation: np.ndarray,
+                     micro_batch: np.ndarray, seq_len: np.ndarray) -> PhaseResult:
+    """megatron's step for one sharding; with --pp the busier of its first and last stage (or the one named)."""
+    stages = reported_stages(par)
+    res = [megatron_stage(arch, recipe, par, micro_batch, seq_len, stage=k, accumulation=accumulation)
+           for k in stages]
+    return res[0] if len(res) == 1 else busier_stage(res[0], res[1])
+
+
 def layout_phases(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], which: np.ndarray,
                   accumulation: np.ndarray, micro_batch: np.ndarray, seq_len: np.ndarray) -> PhaseResult:
     """Each phase's peak and components for elements that share the model split of ``pars[0]`` (every
@@ -65,8 +74,8 @@ def layout_phases(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], w
     arrays, and every FSDP2 element with the same prefetch depth (which shapes the candidates) runs at once."""
     which = np.asarray(which).reshape(-1)
     if behaviour_of(recipe).step == "megatron-gpt":  # its own phases, one sharding at a time
-        return _scatter([(np.flatnonzero(which == k), megatron_stage(arch, recipe, par, micro_batch[which == k],
-                                                                     seq_len[which == k]))
+        return _scatter([(np.flatnonzero(which == k), _megatron_stages(arch, recipe, par, accumulation[which == k],
+                                                                       micro_batch[which == k], seq_len[which == k]))
                          for k, par in enumerate(pars) if (which == k).any()], which.size)
     if behaviour_of(recipe).step == "deepspeed-zero":  # the engine's phases, one sharding at a time
         return _scatter([(np.flatnonzero(which == k), deepspeed_stage(arch, recipe, par, micro_batch[which == k],

@@ -593,7 +593,7 @@ def busier_stage(first: PhaseResult, last: PhaseResult) -> PhaseResult:
 def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulation: int, stage: int,
                    micro_batch: Any, seq_len: Any) -> PhaseResult:
     if behaviour_of(recipe).step == "megatron-gpt":
-        return megatron_stage(arch, recipe, par, micro_batch, seq_len)
+        return megatron_stage(arch, recipe, par, micro_batch, seq_len, stage=stage, accumulation=accumulation)
     if behaviour_of(recipe).step == "deepspeed-zero":
         return deepspeed_stage(arch, recipe, par, micro_batch, seq_len)
     st = state_bytes(arch, recipe, par, stage)
@@ -602,15 +602,22 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulatio
     return stage_phases(arch, recipe, par, st, pr, comm, accumulation, stage, micro_batch, seq_len)
 
 
-def megatron_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batch: Any, seq_len: Any) -> PhaseResult:
+def megatron_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batch: Any, seq_len: Any,
+                   stage: int = 0, accumulation: Any = 1) -> PhaseResult:
     """A stack whose step is megatron-core's GPTModel (behaviour ``step: megatron-gpt``): each phase from
-    :func:`trainfit.detailed.stacks_megatron.phase_bytes` (its buffers, saved tensors and peak moments); the
-    state and activation walks are kept for what the method reports beside the peak (parameter counts)."""
+    :func:`trainfit.detailed.stacks_megatron.phase_bytes` (its buffers, saved tensors and peak moments), with
+    --pp pipeline ``stage`` of its 1F1B schedule over ``accumulation`` micro-batches
+    (:func:`~trainfit.detailed.stacks_megatron.pipeline_phase_bytes`); the state and activation walks are kept for
+    what the method reports beside the peak (parameter counts)."""
     from . import stacks_megatron
 
     sh = step_shape(par, micro_batch, seq_len)
-    by = stacks_megatron.phase_bytes(stacks_megatron.GptShape.of_arch(arch), recipe, par.tp, par.dp, par.zero,
-                                     micro_batch, seq_len)
+    gpt = stacks_megatron.GptShape.of_arch(arch)
+    if par.pp > 1:
+        by = stacks_megatron.pipeline_phase_bytes(gpt, recipe, par.tp, par.dp, par.zero, par.pp, stage, accumulation,
+                                                  micro_batch, seq_len)
+    else:
+        by = stacks_megatron.phase_bytes(gpt, recipe, par.tp, par.dp, par.zero, micro_batch, seq_len)
     phases = {p: {c: _num(by[p].get(c, 0.0) + 0 * sh.tokens) for c in COMPONENTS} for p in PHASES}
     peaks = {p: sum(phases[p].values()) for p in PHASES}
     if _is_array(*peaks.values()):
@@ -620,10 +627,10 @@ def megatron_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batch
     else:
         phase = max(PHASES, key=lambda p: peaks[p])
         peak = peaks[phase]
-    st = state_bytes(arch, recipe, par, 0)
-    pr = activation_profile(arch, walk_recipe(recipe, par), walk_parallelism(par), 0)
+    st = state_bytes(arch, recipe, par, stage)
+    pr = activation_profile(arch, walk_recipe(recipe, par), walk_parallelism(par), stage)
     return PhaseResult(phases=phases, peaks=peaks, peak=peak, peak_phase=phase, states=st, profile=pr, shape=sh,
-                       comm={p: {} for p in PHASES})
+                       comm={p: {} for p in PHASES}, **({"stage": stage} if par.pp > 1 else {}))
 
 
 def deepspeed_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batch: Any, seq_len: Any) -> PhaseResult:

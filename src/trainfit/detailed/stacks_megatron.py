@@ -151,6 +151,7 @@ ACCEPTS: dict[str, Any] = {
     "opt_impl": ("foreach", "fused"), "checkpointing": ("none", "selective", "full", "every-k"),
     "checkpoint_every": None, "attention": ("auto",), "dropout": None, "stack": None, "dp": None, "zero": (0, 1),
     "tp": None, "sequence_parallel": None, "tp_plan": None,
+    "pp": None, "pp_stage": None, "pp_schedule": ("1f1b",), "accumulation": None,
 }
 
 
@@ -173,8 +174,11 @@ def check(setup: Any) -> None:
 
     check_accepts(setup, "detailed (--stack megatron)", ACCEPTS)
     p = setup.parallel
-    if setup.accumulation > 1:
-        raise TrainfitError("the detailed method models megatron's step for one micro-batch (--accum 1)")
+    if setup.accumulation > 1 and p.pp == 1:
+        raise TrainfitError("the detailed method models megatron's one-stage step for one micro-batch (--accum 1); "
+                            "with --pp N its 1F1B schedule over --accum micro-batches")
+    if p.pp > 1:
+        check_pipeline(setup)
     if p.tp > 1 and (p.sequence_parallel or p.tp_plan != "megatron"):
         raise TrainfitError("megatron's tensor parallelism with the local layer spec runs without sequence "
                             "parallelism: give --tp-plan megatron --no-sequence-parallel")

@@ -1,8 +1,9 @@
 """Each stack's memory by its own model where that model covers a layout, by the hf stack's accounting elsewhere.
 
 A memory method may model a stack's own program for part of the layouts that stack runs: the detailed method
-walks megatron-core's GPT step (``step: megatron-gpt`` in ``data/stacks.yaml``) for one pipeline stage without
-context or sequence parallelism and one micro-batch a step, and DeepSpeed's ZeRO engine (``step:
+walks megatron-core's GPT step (``step: megatron-gpt`` in ``data/stacks.yaml``) without context or sequence
+parallelism: one micro-batch a step on one pipeline stage, or its 1F1B schedule over at least ``pp`` micro-batches
+(bf16, no tensor parallelism, recompute none / selective / full) on a pipeline; and DeepSpeed's ZeRO engine (``step:
 deepspeed-zero``) at stages 1-3 without a pipeline or accumulation. Such a method does not offer the stack to
 searches over layouts (its ``accepts`` leaves it out), yet it answers ``estimate --stack S`` inside that
 domain. The planner then splits the layouts:
@@ -51,10 +52,11 @@ class MemorySplit:
 
 def _keys(space: LayoutSpace, accumulation: np.ndarray) -> np.ndarray:
     """One row per layout of what a memory method may refuse: the degrees, the sharding, the schedule, the
-    checkpointing and whether it accumulates (the micro-batch and the number of steps are never refused)."""
+    checkpointing, whether it accumulates and whether it runs at least one micro-batch per pipeline stage (a 1F1B
+    schedule's need; the micro-batch and the number of steps are never refused otherwise)."""
     f = space.setup_fields()
     cols = [f["tp"], f["pp"], f["cp"], f["ep"], f["dp"], f["zero"], f["fsdp"], f["reshard_after_forward"],
-            space._col("sched"), f["pp_virtual"], space.ckpt, accumulation > 1]
+            space._col("sched"), f["pp_virtual"], space.ckpt, accumulation >= np.asarray(f["pp"]), accumulation > 1]
     return np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1)
 
 
