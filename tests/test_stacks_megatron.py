@@ -400,3 +400,33 @@ def test_pipelined_megatron_refusals(fields, needle):
         estimate("llama-3.2-1b", "h100", method="detailed", suggestions=False, stack="megatron", batch=8,
                  seq_len=512, **fields)
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_megatron_pipeline_stage_runs_its_own_1f1b_schedule():
+    """Both ends of a 2-stage pipeline of the tiny Llama (one layer each) over 2 micro-batches: the first stage
+    holds the embedding, the last the head; each stage's parameters are about half the model's."""
+    _megatron_or_skip()
+    runs = {k: measure(LLAMA, stack="megatron", batch=2, seq_len=64, pp=2, accumulation=2, pp_stage=k,
+                       precision="amp-bf16") for k in (0, 1)}
+    for k, est in runs.items():
+        x = est.extra
+        assert x["mesh"] == {"dp": 1, "tp": 1, "pp": 2} and x["world_size"] == 2
+        pl = x["pipeline"]
+        assert (pl["pp_stage"], pl["layers"], pl["first_layer"], pl["microbatches"]) == (k, 1, k, 2)
+        assert pl["warmup_microbatches"] == 1 - k and pl["embedding"] == (k == 0) and pl["head"] == (k == 1)
+        assert est.total_bytes == x["peak_allocated_bytes"] == max(p["peak_bytes"] for p in x["phases"].values())
+    # bf16 parameters of each stage: its layer, plus the 512 x 64 embedding (first) or final norm and output (last)
+    layer = 128 * 64 + 64 * 64 + 256 * 64 + 64 * 128 + 2 * 64
+    assert runs[0].extra["static"]["param_bytes"] == 2 * (512 * 64 + layer)
+    assert runs[1].extra["static"]["param_bytes"] == 2 * (layer + 64 + 512 * 64)
+
+
+@pytest.mark.parametrize("fields,needle", [
+    (dict(pp=2, accumulation=1), "--accum >= pp 2"), (dict(pp=2, accumulation=2, pp_schedule="gpipe"), "1f1b"),
+    (dict(accumulation=2), "with --pp N its 1F1B schedule runs --accum micro-batches"),
+])
+def test_measured_megatron_pipeline_refusals(fields, needle):
+    with pytest.raises(TrainfitError) as e:
+        measure(LLAMA, stack="megatron", **{"seq_len": 64, "batch": 4, **fields})
+    msg = str(e.value)
+    assert needle in msg and "\n" not in msg, msg
