@@ -390,8 +390,10 @@ def pipeline_phase_bytes(shape: GptShape, recipe: Any, tp: int, dp: int, zero: i
     * before the last, the received output-gradient buffer (``T·h``) from the first backward on, still referenced
       by the schedule's ``output_tensor_grad`` during the next steady-state forward (which then runs inside the
       backward phase, when ``m > n``);
-    * on the last stage, two ``T·h`` tensors its backward leaves from one step to the next (measured: alive at
-      every step's start and at its backward moments, not yet named from the source).
+    * after the first stage, the last received input and its gradient (a leaf's ``.grad``): ``TransformerBlock.
+      set_input_tensor`` keeps the received tensor as ``decoder.input_tensor`` (``transformer/transformer_block.py``
+      line 451) until the next forward replaces it, so two ``T·h`` tensors outlive the step and are alive at the
+      backward moments (measured on the last stage; middle stages are not modelled).
     """
     bf16 = recipe.precision == "amp-bf16"
     mode, _ = recompute_of(recipe.checkpointing, recipe.checkpoint_every, shape.layers)
@@ -418,7 +420,7 @@ def pipeline_phase_bytes(shape: GptShape, recipe: Any, tp: int, dp: int, zero: i
     fwd, bwd = moments(own if last else headless)
     soft, _ = moments(headless)
     glob = rounded(b * (shape.heads // tp) * s * s * (2 if bf16 else 4)) + rounded(s * shape.head_dim * 4)
-    held = 2 * H if last else 0 * T  # the last stage's two T·h tensors kept between steps
+    held = 2 * H if last else 0 * T  # decoder.input_tensor (the last received input) and its gradient
     grad_in = 0 * T if last else H  # the received output-gradient buffer
     if first:  # token ids and position ids of the current micro-batch, two scalars (loss, token count)
         f_x, b_x, s_x = 2 * T8 + 2 * BLOCK, T8 + BLOCK, 2 * T8 + 3 * BLOCK
