@@ -89,6 +89,9 @@ def check(setup: TrainingSetup) -> None:
     if p.tp > 1 and p.tp_plan != "megatron":
         raise TrainfitError(f"megatron's tensor parallelism is its own plan: give --tp-plan megatron (not "
                             f"{p.tp_plan!r})")
+    if sequence_parallel(setup) and setup.seq_len % p.tp:
+        raise TrainfitError(f"megatron's sequence parallelism splits the sequence over tp: --seq {setup.seq_len} "
+                            f"is not a multiple of tp {p.tp} (or give --no-sequence-parallel)")
     if p.zero == 1 and p.dp == 1:
         raise TrainfitError("--zero 1 (megatron's distributed optimizer) shards over the data-parallel ranks: give "
                             "--dp > 1")
@@ -576,4 +579,4 @@ def _train_step(mg: Any, model: Any, opt: Any, tokens: Any, position_ids: Any, l
 
 
 __all__ = ["ACCEPTS", "INSTALL", "PINNED", "StackRun", "VERSION", "build", "check", "config_kwargs", "load",
-           "measure_rank", "recompute_name", "shims"]
+           "measure_rank", "recompute_name", "sequence_parallel", "shims"]
