@@ -92,6 +92,10 @@ def sequence_parallel_cases(rc: dict[str, dict[str, Any]]) -> list[tuple[str, st
         ("small-tp4sp-fp32-full", GQA, dict(batch=2, seq_len=512, **sp(4), **f32, **rc["full"])),
         ("small-tp4spxdp2-distopt-bf16-sel", GQA, dict(batch=4, seq_len=512, dp=2, zero=1, **sp(4), **BF16, **rc["sel"])),
         ("mha-tp2sp-bf16-block2", MHA, dict(batch=2, seq_len=768, **sp(2), **BF16, **rc["block2"])),
+        # other batch / sequence shapes (the score and mask sizes apart from the hidden shard's)
+        ("small-tp4sp-bf16-none-b1-s1024", GQA, dict(batch=1, seq_len=1024, **sp(4), **BF16)),
+        ("small-tp4sp-bf16-none-b4-s256", GQA, dict(batch=4, seq_len=256, **sp(4), **BF16)),
+        ("small-tp2sp-bf16-sel-b4-s256", GQA, dict(batch=4, seq_len=256, **sp(2), **BF16, **rc["sel"])),
     ]
 
 
