@@ -143,7 +143,7 @@ def _model_of(row: dict):
     mode = {"none": "none", "selective": "selective", "full": "full", "every-k": "block"}[ck]
     k = -(-shape.layers // f.get("checkpoint_every", 1)) if ck == "every-k" else 0
     state = sm.state_bytes(shape, tp=tp, dp=dp, distributed_optimizer=f.get("zero", 0) == 1, bf16=bf16)
-    start = state.total + sm.persistent_bytes(shape, b, s, tp=tp, bf16=bf16)
+    start = state.total + sm.persistent_bytes(shape, b, s, tp=tp, bf16=bf16, sp=_sp(row))
     return state, start, sm.saved_bytes(shape, b, s, tp=tp, bf16=bf16, recompute=mode, recompute_layers=k,
                                         sp=_sp(row))
 
@@ -368,6 +368,21 @@ def test_sequence_parallelism_shards_the_saved_norms_and_gemm_inputs_by_tp():
         saved = {c: by[c]["phases"]["forward"]["end_bytes"] - by[c]["phases"]["forward"]["start_bytes"]
                  for c in (sp_case, plain)}
         assert saved[plain] - saved[sp_case] == (L * per_layer + head) // 2
+
+
+def test_sequence_parallel_gemm_inputs_share_megatrons_global_buffer():
+    """The all-gathered GEMM input lands in the same global "mpu" buffer as the attention's scores: it adds nothing
+    while b·a/tp·s² is larger, and grows the buffer to s·b·h (bf16) when the sequence is shorter than head size x
+    tp (the s64 row: 4·64·256·2 B gathered against 4·2·64·64·2 B of scores); the start of the measured forward
+    holds exactly that (the state-and-saved test above, to the byte)."""
+    from trainfit.detailed import stacks_megatron as sm
+
+    shape = sm.GptShape(hidden=256, layers=4, heads=8, groups=4, head_dim=32, ffn=704, vocab=2048, tied=False)
+    assert sm.sequence_parallel_global_buffer_bytes(shape, 4, 64, tp=4, bf16=True) == 4 * 64 * 256 * 2
+    assert sm.sequence_parallel_global_buffer_bytes(shape, 2, 512, tp=4, bf16=True) == 2 * 2 * 512 * 512 * 2
+    row = next(r for r in SP_ROWS if r["case"] == "megatron-small-tp4sp-bf16-none-b4-s64")
+    _, start, _ = _model_of(row)
+    assert start == row["phases"]["forward"]["start_bytes"]
 
 
 def test_detailed_matches_megatrons_sequence_parallel_steps():

@@ -207,7 +207,7 @@ def phase_bytes(shape: GptShape, recipe: Any, tp: int, dp: int, zero: int, b: An
     st = state_bytes(shape, tp=tp, dp=dp, distributed_optimizer=zero == 1, bf16=bf16)
     T = b * s
     inputs = 2 * rounded(T * 8) + rounded(s * 8)
-    buffers = persistent_bytes(shape, b, s, tp=tp, bf16=bf16) - inputs
+    buffers = persistent_bytes(shape, b, s, tp=tp, bf16=bf16, sp=sp) - inputs
     saved = saved_bytes(shape, b, s, tp=tp, bf16=bf16, recompute=mode, recompute_layers=k, sp=sp)
     over = peak_over_saved_bytes(shape, b, s, tp=tp, recompute=mode, bf16=bf16, recompute_layers=k, sp=sp)
     base = {"parameters": st.params, "gradients": st.main_grad, "master_weights": st.master,
@@ -274,12 +274,14 @@ def head_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, bf16: bool, sp
     return out + ((rounded(T) + rounded(T * 8)) if tp > 1 else 0 * T)
 
 
-def persistent_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, bf16: bool) -> Any:
+def persistent_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, bf16: bool, sp: bool = False) -> Any:
     """Made in the first step and kept: the attention's global memory buffer (``b·a·s²`` in the compute dtype),
     the cached rotary frequencies (fp32 ``s·d``), and the step's inputs (token ids, labels, position ids)."""
     z = _sizes(shape, b, s, tp, bf16)
     T = b * s
     glob = rounded(b * (shape.heads // tp) * s * s * z["cb"])
+    if sp:  # the column-parallel GEMMs all-gather their input into the same buffer (it grows to the larger)
+        glob = sequence_parallel_global_buffer_bytes(shape, b, s, tp=tp, bf16=bf16)
     return glob + rounded(s * shape.head_dim * 4) + 2 * rounded(T * 8) + rounded(s * 8)
 
 
@@ -351,6 +353,15 @@ def peak_over_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, recompute
 
 
 
+def sequence_parallel_global_buffer_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, bf16: bool) -> Any:
+    """megatron's global ``"mpu"`` buffer under sequence parallelism: the attention's ``baddbmm`` input
+    (``b·a/tp·s²``) and the column-parallel GEMMs' all-gathered input (``s·b·h``,
+    ``tensor_parallel/layers.py`` line 570) share it (``GlobalMemoryBuffer.get_tensor`` keys it by name and dtype
+    and reallocates it only when a request is larger), so it holds the larger of the two, in the compute dtype."""
+    cb = 2 if bf16 else 4
+    return rounded(np.maximum(b * (shape.heads // tp) * s * s, b * s * shape.hidden) * cb)
+
+
 def sequence_parallel_peak_over_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, recompute: str = "none",
                                             bf16: bool = True) -> dict[str, Any]:
     """:func:`peak_over_saved_bytes` with Megatron-LM's ``--sequence-parallel`` (``recompute`` none, selective or
@@ -394,4 +405,4 @@ def sequence_parallel_peak_over_saved_bytes(shape: GptShape, b: Any, s: Any, *, 
 
 __all__ = ["ACCEPTS", "ACCUMULATION_KEEPS_PEAK", "GptShape", "MegatronState", "check", "optimizer_temporaries", "phase_bytes", "recompute_of", "buffer_layout", "core_attention_saved", "head_saved_bytes",
            "layer_saved_bytes", "peak_over_saved_bytes", "persistent_bytes", "rounded", "saved_bytes",
-           "sequence_parallel_peak_over_saved_bytes", "state_bytes"]
+           "sequence_parallel_global_buffer_bytes", "sequence_parallel_peak_over_saved_bytes", "state_bytes"]
