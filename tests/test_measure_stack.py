@@ -92,7 +92,7 @@ def test_tensor_parallel_shards_the_parameters_and_loss_parallel_keeps_the_logit
 
 
 @pytest.mark.parametrize("fields,needle", [
-    (dict(stack="megatron", tp=2), "give --tp-plan megatron --no-sequence-parallel"),
+    (dict(stack="megatron", tp=2), "give --tp-plan megatron (not 'dtensor')"),
     (dict(stack="deepspeed"), "--stack deepspeed runs DeepSpeed's ZeRO optimizer: give --zero 1, 2 or 3"),
     (dict(stack="torchtitan", dp=2, batch=2, precision="fp32"), "torchtitan's data parallelism is FSDP2"),
     (dict(stack="torchtitan", precision="amp-bf16"), "computes in bf16 only through FSDP2"),

@@ -1,8 +1,8 @@
 """The planner counts megatron's and DeepSpeed's memory with their own models where those cover a layout.
 
-The detailed method models megatron-core's GPT step (one pipeline stage, no context or sequence parallelism, one
-micro-batch a step) and DeepSpeed's ZeRO engine (stages 1-3, no pipeline, one micro-batch a step) for
-``estimate --stack S`` (docs/stacks.md). The expected figures here are that command's own, layout by layout: a
+The detailed method models megatron-core's GPT step (one pipeline stage, no context parallelism, one micro-batch a
+step; tensor parallelism by its own plan, with sequence parallelism) and DeepSpeed's ZeRO engine (stages 1-3, no
+pipeline, one micro-batch a step) for ``estimate --stack S`` (docs/stacks.md). The expected figures here are that command's own, layout by layout: a
 plan's row of a covered layout equals ``estimate`` with the stack, every other row ``estimate`` as the hf stack
 runs the step, and the plan's notes say how many layouts were counted each way.
 """
@@ -26,10 +26,12 @@ def _rows(p):
 
 
 def _estimate(row, stack, seq, one_step=False):
-    """``estimate`` of a plan's row; ``one_step``: the same micro-batch on the same ranks, without accumulation."""
+    """``estimate`` of a plan's row; ``one_step``: the same micro-batch on the same ranks, without accumulation.
+    megatron's own step splits tensors by its own plan (the detailed method's ``stack_fields``)."""
     par = row.parallel
     acc = 1 if one_step else row.accumulation
-    return estimate(MODEL, "h100", method="detailed", suggestions=False, stack=stack, seq_len=seq,
+    own = {"tp_plan": "megatron"} if stack == "megatron" else {}
+    return estimate(MODEL, "h100", method="detailed", suggestions=False, stack=stack, seq_len=seq, **own,
                     batch=row.micro_batch * acc * par.dp, accumulation=acc,
                     checkpointing=row.checkpointing, tp=par.tp, pp=par.pp, dp=par.dp, cp=par.cp, ep=par.ep,
                     zero=par.zero, fsdp=par.fsdp, pp_schedule=par.pp_schedule, pp_virtual=par.pp_virtual)
@@ -42,11 +44,11 @@ def _nonzero(memory: dict) -> dict:
 
 
 @pytest.mark.parametrize("stack, n, batch, seq, covered", [
-    # megatron: tp 1 (tensor parallelism brings sequence parallelism, which its model does not cover), pp 1, cp 1,
-    # DDP or the distributed optimizer, three recompute modes; accumulating layouts at one micro-batch; pipelined
-    # (1F1B) layouts with at least pp micro-batches and a schedule of one stage per rank
-    ("megatron", 4, 8, 1024, lambda r: (r.parallel.tp, r.parallel.cp) == (1, 1) and (
-        r.parallel.pp == 1 or (r.accumulation >= r.parallel.pp and r.parallel.pp_schedule == "1f1b"))),
+    # megatron: any tp (its own plan, with sequence parallelism) on one stage, cp 1, DDP or the distributed
+    # optimizer, three recompute modes; accumulating layouts at one micro-batch; pipelined (1F1B) layouts with tp 1,
+    # at least pp micro-batches and a schedule of one stage per rank
+    ("megatron", 4, 8, 1024, lambda r: r.parallel.cp == 1 and (r.parallel.pp == 1 or (
+        r.parallel.tp == 1 and r.accumulation >= r.parallel.pp and r.parallel.pp_schedule == "1f1b"))),
     # DeepSpeed: ZeRO 1 and 2 without a pipeline, one micro-batch a step (ZeRO-3 of this model gathers more than
     # stage3_max_live_parameters, which its model refuses today: left out of both lists)
     ("deepspeed", 4, 8, 1024, lambda r: r.parallel.zero in (1, 2) and r.parallel.pp == 1 and r.accumulation == 1),

@@ -66,7 +66,7 @@ def test_megatron_step_on_two_fake_ranks_with_the_distributed_optimizer():
 
 
 @pytest.mark.parametrize("fields,needle", [
-    (dict(tp=2), "give --tp-plan megatron --no-sequence-parallel"),
+    (dict(tp=2), "give --tp-plan megatron (not 'dtensor')"),
     (dict(zero=1), "--zero 1 (megatron's distributed optimizer) shards over the data-parallel ranks"),
     (dict(zero=2, dp=2), "zero"),
     (dict(fsdp=True, dp=2), "not FSDP2"),
@@ -146,8 +146,14 @@ def _model_of(row: dict):
     mode = {"none": "none", "selective": "selective", "full": "full", "every-k": "block"}[ck]
     k = -(-shape.layers // f.get("checkpoint_every", 1)) if ck == "every-k" else 0
     state = sm.state_bytes(shape, tp=tp, dp=dp, distributed_optimizer=f.get("zero", 0) == 1, bf16=bf16)
-    start = state.total + sm.persistent_bytes(shape, b, s, tp=tp, bf16=bf16)
-    return state, start, sm.saved_bytes(shape, b, s, tp=tp, bf16=bf16, recompute=mode, recompute_layers=k)
+    start = state.total + sm.persistent_bytes(shape, b, s, tp=tp, bf16=bf16, sp=_sp(row))
+    return state, start, sm.saved_bytes(shape, b, s, tp=tp, bf16=bf16, recompute=mode, recompute_layers=k,
+                                        sp=_sp(row))
+
+
+def _sp(row: dict) -> bool:
+    """Whether a row ran Megatron-LM's --sequence-parallel (the setup's default with --tp > 1)."""
+    return row["fields"].get("tp", 1) > 1 and row["fields"].get("sequence_parallel", True)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["case"] for r in ROWS])
@@ -164,8 +170,11 @@ def test_state_and_saved_activations_match_the_measured_step_to_the_byte(row):
         assert 0 <= state.master - row["static"]["master_bytes"] < 512 * tensors
 
 
+#: sequence parallelism over 4 ranks: the last layer's softmax moment counts one sequence shard of the hidden
+#: size (T·h/4 in bf16) more than the measured forward peak holds (docs/stacks.md)
+SP4 = {r["case"] for r in ROWS if _sp(r) and r["fields"]["tp"] == 4}
 NO_RECOMPUTE_BF16 = [r for r in ROWS if r["fields"].get("precision") == "amp-bf16"
-                     and r["fields"].get("checkpointing", "none") == "none"]
+                     and r["fields"].get("checkpointing", "none") == "none" and r["case"] not in SP4]
 
 
 @pytest.mark.parametrize("row", NO_RECOMPUTE_BF16, ids=[r["case"] for r in NO_RECOMPUTE_BF16])
@@ -179,7 +188,7 @@ def test_forward_and_backward_peaks_without_recompute_match_to_the_byte(row):
     _, start, saved = _model_of(row)
     f = row["fields"]
     shape = sm.GptShape.of(setup_of(row["model"], stack="megatron", **f).model.config)
-    over = sm.peak_over_saved_bytes(shape, f["batch"] // f.get("dp", 1), f["seq_len"], tp=f.get("tp", 1))
+    over = sm.peak_over_saved_bytes(shape, f["batch"] // f.get("dp", 1), f["seq_len"], tp=f.get("tp", 1), sp=_sp(row))
     for phase in ("forward", "backward"):
         assert start + saved + over[phase] == row["phases"][phase]["peak_bytes"], phase
 
@@ -188,7 +197,8 @@ def test_forward_and_backward_peaks_without_recompute_match_to_the_byte(row):
 #: the cases whose peak the model gives to the byte (docs/stacks.md)
 EXACT = {r["case"] for r in ROWS if not (r["fields"].get("checkpointing") == "every-k"
                                          or (r["fields"].get("checkpointing") == "full"
-                                             and (r["fields"].get("tp", 1) > 1 or r["fields"].get("precision") == "fp32")))}
+                                             and (r["fields"].get("tp", 1) > 1 or r["fields"].get("precision") == "fp32"))
+                                         or r["case"] in SP4)}
 
 
 def _detailed_error(row: dict) -> float:
@@ -202,7 +212,8 @@ def _detailed_error(row: dict) -> float:
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["case"] for r in ROWS])
 def test_detailed_matches_megatrons_measured_step(row):
-    """Within 2 % of every measured step: 28 of the 35 to the byte (bf16 without recompute and with selective
+    """Within 2 % of every measured step (the sequence-parallel rows: their own test below): 28 of the 35 without
+    it to the byte (bf16 without recompute and with selective
     recompute, full recompute on one tensor-parallel rank, fp32 without recompute); TP 2 with full recompute, block
     recompute and fp32 with full recompute within 0.09-1.7 % (docs/stacks.md says which working sets differ)."""
     if row["case"] in EXACT:
@@ -241,7 +252,7 @@ def test_detailed_megatron_scalar_and_sweep_agree_to_the_bit():
 
 @pytest.mark.parametrize("fields,needle", [
     (dict(fsdp=True, dp=2), "fsdp"), (dict(pp=2), "pp"), (dict(lora_rank=8), "LoRA"),
-    (dict(tp=2), "--no-sequence-parallel"), (dict(zero=1), "--dp > 1"), (dict(precision="bf16"), "precision"),
+    (dict(tp=2), "give --tp-plan megatron"), (dict(zero=1), "--dp > 1"), (dict(precision="bf16"), "precision"),
 ])
 def test_the_detailed_method_refuses_what_the_megatron_model_does_not_cover(fields, needle):
     from trainfit.engine import estimate
@@ -273,11 +284,12 @@ def test_detailed_reserved_against_megatrons_replayed_allocator():
     segment, one 20 MiB segment where the step makes 1-10 MiB tensors, and in bf16 one fp32 score matrix (the
     forward's two bf16 score-sized blocks, too small for the backward's fp32 score-sized gradients). Against the
     35 replayed rows: median +0.7 %, -9.1 % to +11.5 %; the four 1B-8B layouts -3.7 % to -1.1 % (the 8.6 %
-    fraction it replaces: median -6.5 %, -28 % to +5.9 %)."""
+    fraction it replaces: median -6.5 %, -28 % to +5.9 %). The sequence-parallel rows are not in this bound (their
+    size classes are not modelled: -7 % to +39 % on these 33-136 MiB steps, docs/stacks.md)."""
     from trainfit.engine import estimate
 
     errs, big = [], []
-    for r in RESERVED_ROWS:
+    for r in [r for r in RESERVED_ROWS if not _sp(r)]:
         model = str(ROOT / r["model"]) if r["model"].endswith(".json") else r["model"]
         e = estimate(model, "h100", method="detailed", suggestions=False, overheads=False, stack="megatron",
                      **r["fields"])
@@ -289,7 +301,7 @@ def test_detailed_reserved_against_megatrons_replayed_allocator():
     assert len(big) == 4 and max(abs(x) for x in big) < 0.04, big
     assert -0.10 < min(errs) and max(errs) < 0.12 and abs(float(np.median(errs))) < 0.02, errs
     # the fraction it replaces (allocated peak + 8.6 %) is further from the replay in the median
-    frac = [1.086 * r["peak_allocated_bytes"] / r["peak_reserved_bytes"] - 1 for r in RESERVED_ROWS]
+    frac = [1.086 * r["peak_allocated_bytes"] / r["peak_reserved_bytes"] - 1 for r in RESERVED_ROWS if not _sp(r)]
     assert abs(float(np.median(errs))) < abs(float(np.median(frac)))
 
 
@@ -430,3 +442,95 @@ def test_measured_megatron_pipeline_refusals(fields, needle):
         measure(LLAMA, stack="megatron", **{"seq_len": 64, "batch": 4, **fields})
     msg = str(e.value)
     assert needle in msg and "\n" not in msg, msg
+
+
+# ------------------------------------------------------------------- tensor parallelism with sequence parallelism
+SP_ROWS = [r for r in ROWS if _sp(r)]
+
+
+def test_megatron_tensor_parallelism_runs_with_sequence_parallelism():
+    """Megatron-LM's --sequence-parallel (trainfit's default with --tp > 1): the local spec's torch norms run on the
+    sequence shard, their weights tagged as megatron's fused norm tags them; the state is the tensor-parallel
+    shard's (the norms are replicated: the same parameters as without sequence parallelism)."""
+    _megatron_or_skip()
+    kw = dict(stack="megatron", batch=2, seq_len=64, tp=2, tp_plan="megatron", precision="amp-bf16")
+    on = measure(LLAMA, **kw)
+    off = measure(LLAMA, **kw, sequence_parallel=False)
+    assert on.extra["mesh"] == {"dp": 1, "tp": 2} and on.extra["static"] == off.extra["static"]
+    # each layer saves its norms' fp32 input/output and the GEMMs' inputs for half the sequence
+    saved = [e.extra["phases"]["forward"]["end_bytes"] - e.extra["phases"]["forward"]["start_bytes"] for e in (on, off)]
+    assert saved[0] < saved[1]
+
+
+def test_sequence_parallel_needs_a_sequence_tp_divides():
+    with pytest.raises(TrainfitError, match="--seq 63 is not a multiple of tp 2"):
+        measure(LLAMA, stack="megatron", batch=2, seq_len=63, tp=2, tp_plan="megatron")
+
+
+def test_the_corpus_has_sequence_parallel_rows_over_2_and_4_ranks():
+    assert len(SP_ROWS) >= 6
+    assert {(r["mesh"]["dp"], r["mesh"]["tp"]) for r in SP_ROWS} >= {(1, 2), (2, 2), (1, 4), (2, 4)}
+    assert {r["fields"].get("checkpointing", "none") for r in SP_ROWS} >= {"none", "selective", "full"}
+    assert {r["fields"]["precision"] for r in SP_ROWS} == {"amp-bf16", "fp32"}
+    for r in SP_ROWS:
+        assert "--no-sequence-parallel" not in _toks(r) and _toks(r)[_toks(r).index("--tp-plan") + 1] == "megatron"
+
+
+def test_sequence_parallelism_shards_the_saved_norms_and_gemm_inputs_by_tp():
+    """Against the rows without it (same model, batch, recompute): per layer the two norms' fp32 input and output
+    and rstd and the two hidden-sized GEMM inputs, and the final norm and output layer's input, shrink from the
+    whole sequence to 1/tp of it (megatron-core 0.19.2 tensor_parallel/layers.py saves the un-gathered input)."""
+    by = {r["case"]: r for r in ROWS}
+    for sp_case, plain in (("megatron-small-tp2sp-bf16-none", "megatron-small-tp2-bf16-none"),
+                           ("megatron-small-tp2sp-bf16-sel", "megatron-small-tp2-bf16-sel")):
+        f = by[plain]["fields"]
+        T, h, L = f["batch"] * f["seq_len"], 256, 4  # validation/configs/torchtitan-llama-small.json
+        per_layer = 2 * (2 * T * h * 4 + T * 4) + 2 * T * h * 2  # norms (fp32 in/out, rstd) + 2 bf16 GEMM inputs
+        head = (2 * T * h * 4 + T * 4) + T * h * 2
+        saved = {c: by[c]["phases"]["forward"]["end_bytes"] - by[c]["phases"]["forward"]["start_bytes"]
+                 for c in (sp_case, plain)}
+        assert saved[plain] - saved[sp_case] == (L * per_layer + head) // 2
+
+
+def test_sequence_parallel_gemm_inputs_share_megatrons_global_buffer():
+    """The all-gathered GEMM input lands in the same global "mpu" buffer as the attention's scores: it adds nothing
+    while b·a/tp·s² is larger, and grows the buffer to s·b·h (bf16) when the sequence is shorter than head size x
+    tp (the s64 row: 4·64·256·2 B gathered against 4·2·64·64·2 B of scores); the start of the measured forward
+    holds exactly that (the state-and-saved test above, to the byte)."""
+    from trainfit.detailed import stacks_megatron as sm
+
+    shape = sm.GptShape(hidden=256, layers=4, heads=8, groups=4, head_dim=32, ffn=704, vocab=2048, tied=False)
+    assert sm.sequence_parallel_global_buffer_bytes(shape, 4, 64, tp=4, bf16=True) == 4 * 64 * 256 * 2
+    assert sm.sequence_parallel_global_buffer_bytes(shape, 2, 512, tp=4, bf16=True) == 2 * 2 * 512 * 512 * 2
+    row = next(r for r in SP_ROWS if r["case"] == "megatron-small-tp4sp-bf16-none-b4-s64")
+    _, start, _ = _model_of(row)
+    assert start == row["phases"]["forward"]["start_bytes"]
+
+
+def test_detailed_matches_megatrons_sequence_parallel_steps():
+    """The sequence-parallel rows: within 0.5 % median and 2 % max (tp 2 to the byte)."""
+    errors = {r["case"]: _detailed_error(r) for r in SP_ROWS}
+    assert max(abs(e) for e in errors.values()) < 0.02, errors
+    assert sorted(abs(e) for e in errors.values())[len(errors) // 2] < 0.005, errors
+    assert all(e == 0.0 for c, e in errors.items() if c not in SP4 and "block" not in c), errors
+
+
+def test_detailed_megatron_sequence_parallel_scalar_and_sweep_agree_to_the_bit():
+    from trainfit.engine import estimate, sweep
+    from trainfit.training_setup import TrainingSetup
+
+    rows = [dict(batch=8, seq_len=2048, tp=2, dp=2, zero=1), dict(batch=4, seq_len=4096, tp=4, checkpointing="selective"),
+            dict(batch=8, seq_len=1024, tp=2, checkpointing="full"), dict(batch=2, seq_len=2048, tp=8, dp=2, zero=1)]
+    rows = [{"precision": "amp-bf16", "stack": "megatron", "tp_plan": "megatron", **r} for r in rows]
+    defaults = TrainingSetup.build("llama-3.1-8b", "h100").flat()
+    names = sorted({k for r in rows for k in r})
+    res = sweep("llama-3.1-8b", "h100", method="detailed",
+                **{k: np.asarray([r.get(k, defaults[k]) for r in rows]) for k in names})
+    for i, row in enumerate(rows):
+        one = estimate("llama-3.1-8b", "h100", method="detailed", suggestions=False, **row)
+        assert res["peak_allocated_bytes"][i] == one.extra["peak_allocated_bytes"], row
+        assert res["total_bytes"][i] == one.total_bytes, row
+        off = estimate("llama-3.1-8b", "h100", method="detailed", suggestions=False, sequence_parallel=False, **row)
+        # sharded norms and GEMM inputs; with full recompute the loss's logits set both peaks
+        less = one.extra["peak_allocated_bytes"] < off.extra["peak_allocated_bytes"]
+        assert less if row.get("checkpointing") != "full" else not less, row

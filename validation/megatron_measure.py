@@ -3,7 +3,8 @@
 megatron-core 0.19.2's GPTModel (local layer spec), Float16Module, DDP, optimizer (distributed or not) and
 vocab-parallel loss, stepped on fake tensors with a fake process group (:mod:`trainfit.measure.stacks.megatron`).
 Cases: two small Llama shapes (grouped-query and multi-head) on one GPU and over 2, 4 and 8 data-parallel ranks,
-tensor parallel over 2 (with and without data parallelism), bf16 (``--bf16``) and fp32, recompute none /
+tensor parallel over 2 (with and without data parallelism) without sequence parallelism, and over 2 and 4 with
+it (Megatron-LM's ``--sequence-parallel``), bf16 (``--bf16``) and fp32, recompute none /
 selective / full uniform / full block, the distributed optimizer on and off, AdamW / Adam, foreach / fused; and
 Llama 3.2 1B / 3B / 3.1 8B layouts (seconds to minutes each on fake tensors).
 
@@ -60,6 +61,7 @@ def cases() -> list[tuple[str, str, dict[str, Any]]]:
             ("mha-1gpu-bf16-sel", MHA, dict(batch=2, seq_len=768, **BF16, **rc["sel"])),
             ("mha-dp2-distopt-bf16-full", MHA, dict(batch=4, seq_len=768, dp=2, zero=1, **BF16, **rc["full"])),
             ("mha-tp2-bf16-block2", MHA, dict(batch=2, seq_len=768, **TP2, **BF16, **rc["block2"]))]
+    out += sequence_parallel_cases(rc)
     out += [("llama-3.2-1b-dp8-distopt-bf16-full", "llama-3.2-1b",
              dict(batch=16, seq_len=2048, dp=8, zero=1, **BF16, **rc["full"])),
             ("llama-3.2-1b-1gpu-bf16-sel", "llama-3.2-1b", dict(batch=1, seq_len=2048, **BF16, **rc["sel"])),
@@ -90,6 +92,35 @@ def pipeline_cases() -> list[tuple[str, str, dict[str, Any]]]:
     return out
 
 
+def sequence_parallel_cases(rc: dict[str, dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
+    """Tensor parallelism with Megatron-LM's ``--sequence-parallel`` (how every real TP run is configured): tp 2
+    and 4, alone and with 2 data-parallel ranks and the distributed optimizer, recompute none / selective / full /
+    block, bf16 and fp32."""
+    def sp(tp: int) -> dict[str, Any]:
+        return dict(tp=tp, tp_plan="megatron", sequence_parallel=True)
+
+    f32 = dict(precision="fp32")
+    return [
+        ("small-tp2sp-bf16-none", GQA, dict(batch=2, seq_len=512, **sp(2), **BF16)),
+        ("small-tp2sp-bf16-sel", GQA, dict(batch=2, seq_len=512, **sp(2), **BF16, **rc["sel"])),
+        ("small-tp2sp-bf16-full", GQA, dict(batch=2, seq_len=512, **sp(2), **BF16, **rc["full"])),
+        ("small-tp2sp-fp32-none", GQA, dict(batch=2, seq_len=512, **sp(2), **f32)),
+        ("small-tp2spxdp2-distopt-bf16-none", GQA, dict(batch=4, seq_len=512, dp=2, zero=1, **sp(2), **BF16)),
+        ("small-tp2spxdp2-distopt-bf16-sel", GQA, dict(batch=4, seq_len=512, dp=2, zero=1, **sp(2), **BF16, **rc["sel"])),
+        ("small-tp4sp-bf16-none", GQA, dict(batch=2, seq_len=512, **sp(4), **BF16)),
+        ("small-tp4sp-bf16-full", GQA, dict(batch=2, seq_len=512, **sp(4), **BF16, **rc["full"])),
+        ("small-tp4sp-fp32-full", GQA, dict(batch=2, seq_len=512, **sp(4), **f32, **rc["full"])),
+        ("small-tp4spxdp2-distopt-bf16-sel", GQA, dict(batch=4, seq_len=512, dp=2, zero=1, **sp(4), **BF16, **rc["sel"])),
+        ("mha-tp2sp-bf16-block2", MHA, dict(batch=2, seq_len=768, **sp(2), **BF16, **rc["block2"])),
+        # other batch / sequence shapes (the score and mask sizes apart from the hidden shard's)
+        ("small-tp4sp-bf16-none-b1-s1024", GQA, dict(batch=1, seq_len=1024, **sp(4), **BF16)),
+        ("small-tp4sp-bf16-none-b4-s256", GQA, dict(batch=4, seq_len=256, **sp(4), **BF16)),
+        ("small-tp2sp-bf16-sel-b4-s256", GQA, dict(batch=4, seq_len=256, **sp(2), **BF16, **rc["sel"])),
+        # a sequence shorter than head size x tp: the gathered GEMM input outgrows the attention's score buffer
+        ("small-tp4sp-bf16-none-b4-s64", GQA, dict(batch=4, seq_len=64, **sp(4), **BF16)),
+    ]
+
+
 def command(model: str, fields: dict[str, Any]) -> str:
     """The `trainfit measure` command line of a case."""
     flags = {"batch": "--batch", "seq_len": "--seq", "dp": "--dp", "checkpointing": "--checkpointing",
@@ -99,7 +130,7 @@ def command(model: str, fields: dict[str, Any]) -> str:
     parts = ["trainfit", "measure", model, "--stack", "megatron"]
     for k, v in fields.items():
         if k == "sequence_parallel":
-            parts.append("--no-sequence-parallel")
+            parts += [] if v else ["--no-sequence-parallel"]  # on by default with --tp > 1
         else:
             parts += [flags[k], str(v)]
     return " ".join(parts + ["-o", "json"])

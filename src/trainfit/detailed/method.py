@@ -179,6 +179,14 @@ class Detailed(MemoryMethod):
             return stacks_megatron.ACCUMULATION_KEEPS_PEAK
         return ""
 
+    def stack_fields(self, stack: str) -> dict[str, Any]:
+        """The setup fields a search over layouts sets to count ``stack``'s step as that stack runs it: megatron-core's
+        GPT step splits tensors by its own plan (``tp_plan = megatron``, with Megatron-LM's ``--sequence-parallel``,
+        the setup's default); empty for every other stack."""
+        from ..stacks import get_stack
+
+        return {"tp_plan": "megatron"} if get_stack(stack).behaviour.step == "megatron-gpt" else {}
+
     def phases(self, setup: TrainingSetup) -> PhaseResult:
         """Per-phase peaks and components of one setup (no device needed: then as on CUDA)."""
         self.check(setup)

@@ -613,11 +613,12 @@ def megatron_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batch
 
     sh = step_shape(par, micro_batch, seq_len)
     gpt = stacks_megatron.GptShape.of_arch(arch)
-    if par.pp > 1:
+    if par.pp > 1:  # its pipeline is modelled with tp 1 (sequence parallelism needs tp > 1)
         by = stacks_megatron.pipeline_phase_bytes(gpt, recipe, par.tp, par.dp, par.zero, par.pp, stage, accumulation,
                                                   micro_batch, seq_len)
     else:
-        by = stacks_megatron.phase_bytes(gpt, recipe, par.tp, par.dp, par.zero, micro_batch, seq_len)
+        by = stacks_megatron.phase_bytes(gpt, recipe, par.tp, par.dp, par.zero, micro_batch, seq_len,
+                                         sp=par.tp > 1 and bool(par.sequence_parallel))
     phases = {p: {c: _num(by[p].get(c, 0.0) + 0 * sh.tokens) for c in COMPONENTS} for p in PHASES}
     peaks = {p: sum(phases[p].values()) for p in PHASES}
     if _is_array(*peaks.values()):

@@ -179,12 +179,20 @@ def check(setup: Any) -> None:
                             "with --pp N its 1F1B schedule over --accum micro-batches")
     if p.pp > 1:
         check_pipeline(setup)
-    if p.tp > 1 and (p.sequence_parallel or p.tp_plan != "megatron"):
-        raise TrainfitError("megatron's tensor parallelism with the local layer spec runs without sequence "
-                            "parallelism: give --tp-plan megatron --no-sequence-parallel")
+    if p.tp > 1 and p.tp_plan != "megatron":
+        raise TrainfitError(f"megatron's tensor parallelism is its own plan: give --tp-plan megatron (not "
+                            f"{p.tp_plan!r})")
+    if sequence_parallel(setup) and np.any(np.asarray(setup.seq_len) % p.tp):
+        raise TrainfitError(f"megatron's sequence parallelism splits the sequence over tp: --seq {setup.seq_len} "
+                            f"is not a multiple of tp {p.tp} (or give --no-sequence-parallel)")
     if p.zero == 1 and p.dp == 1:
         raise TrainfitError("--zero 1 (megatron's distributed optimizer) shards over the data-parallel ranks: give "
                             "--dp > 1")
+
+
+def sequence_parallel(setup: Any) -> bool:
+    """Megatron-LM's ``--sequence-parallel``: on with tensor parallelism unless ``--no-sequence-parallel``."""
+    return setup.parallel.tp > 1 and bool(setup.parallel.sequence_parallel)
 
 
 def recompute_of(checkpointing: str, checkpoint_every: int, layers: int) -> tuple[str, int]:
@@ -195,7 +203,8 @@ def recompute_of(checkpointing: str, checkpoint_every: int, layers: int) -> tupl
     return checkpointing, 0
 
 
-def phase_bytes(shape: GptShape, recipe: Any, tp: int, dp: int, zero: int, b: Any, s: Any) -> dict[str, dict[str, Any]]:
+def phase_bytes(shape: GptShape, recipe: Any, tp: int, dp: int, zero: int, b: Any, s: Any,
+                sp: bool = False) -> dict[str, dict[str, Any]]:
     """Each phase's peak, by component (bytes; ``b``, ``s`` scalars or arrays): the state, the persistent
     buffers and inputs, and in forward and backward the saved activations with the working set of the op at the
     peak (``activations``), in the optimizer step its temporaries."""
@@ -204,9 +213,9 @@ def phase_bytes(shape: GptShape, recipe: Any, tp: int, dp: int, zero: int, b: An
     st = state_bytes(shape, tp=tp, dp=dp, distributed_optimizer=zero == 1, bf16=bf16)
     T = b * s
     inputs = 2 * rounded(T * 8) + rounded(s * 8)
-    buffers = persistent_bytes(shape, b, s, tp=tp, bf16=bf16) - inputs
-    saved = saved_bytes(shape, b, s, tp=tp, bf16=bf16, recompute=mode, recompute_layers=k)
-    over = peak_over_saved_bytes(shape, b, s, tp=tp, recompute=mode, bf16=bf16, recompute_layers=k)
+    buffers = persistent_bytes(shape, b, s, tp=tp, bf16=bf16, sp=sp) - inputs
+    saved = saved_bytes(shape, b, s, tp=tp, bf16=bf16, recompute=mode, recompute_layers=k, sp=sp)
+    over = peak_over_saved_bytes(shape, b, s, tp=tp, recompute=mode, bf16=bf16, recompute_layers=k, sp=sp)
     base = {"parameters": st.params, "gradients": st.main_grad, "master_weights": st.master,
             "optimizer_state": st.adam, "buffers": buffers, "inputs": inputs}
     zero_ = 0 * T
@@ -216,7 +225,7 @@ def phase_bytes(shape: GptShape, recipe: Any, tp: int, dp: int, zero: int, b: An
                           "optimizer_temporaries": optimizer_temporaries(st, recipe.opt_impl) + zero_}}
 
 
-def _sizes(shape: GptShape, b: Any, s: Any, tp: int, bf16: bool) -> dict[str, Any]:
+def _sizes(shape: GptShape, b: Any, s: Any, tp: int, bf16: bool, sp: bool = False) -> dict[str, Any]:
     cb = 2 if bf16 else 4
     h, d = shape.hidden, shape.head_dim
     a, g, f = shape.heads // tp, shape.groups // tp, shape.ffn // tp
@@ -227,7 +236,17 @@ def _sizes(shape: GptShape, b: Any, s: Any, tp: int, bf16: bool) -> dict[str, An
         "groups": rounded(T * g * d * cb), "qkv": rounded(T * (a + 2 * g) * d * cb), "mask": rounded(s * s),
         "probs32": rounded(b * a * s * s * 4), "probs": rounded(b * a * s * s * cb) if bf16 else 0 * T,
         "fc1": rounded(T * 2 * f * cb), "ffn": rounded(T * f * cb), "gqa": a != g, "cb": cb,
+        **_sequence_shard_sizes(shape, b, s, tp if sp else 1, cb),
     }
+
+
+def _sequence_shard_sizes(shape: GptShape, b: Any, s: Any, q: int, cb: int) -> dict[str, Any]:
+    """The tensors that sequence parallelism shards over the ``q`` tensor-parallel ranks (``q`` = 1 without it):
+    the norms' fp32 input, output and rstd (``norm_sp``) and the hidden-sized tensors the column-parallel GEMMs
+    save (their input before the all-gather, ``hid_sp``; ``tensor_parallel/layers.py``
+    ``LinearWithGradAccumulationAndAsyncCommunication.forward`` saves the un-gathered input)."""
+    Tq = b * (s // q)
+    return {"norm_sp": 2 * rounded(Tq * shape.hidden * 4) + rounded(Tq * 4), "hid_sp": rounded(Tq * shape.hidden * cb)}
 
 
 def core_attention_saved(z: dict[str, Any]) -> Any:
@@ -238,54 +257,58 @@ def core_attention_saved(z: dict[str, Any]) -> Any:
     return 2 * z["heads"] + v + z["mask"] + z["probs32"] + z["probs"]
 
 
-def layer_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, bf16: bool, recompute: str) -> Any:
+def layer_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, bf16: bool, recompute: str,
+                      sp: bool = False) -> Any:
     """Bytes one TransformerLayer keeps from its forward to its backward. ``recompute``: ``none``; ``selective``
     (core attention recomputed: its inputs q, k (rotary applied) and the QKV output that v views are kept, plus
     the enum tensor of the mask type); ``full`` (the layer's input only)."""
-    z = _sizes(shape, b, s, tp, bf16)
+    z = _sizes(shape, b, s, tp, bf16, sp)
     if recompute == "full":
-        return z["hidden"]
-    rest = 2 * z["norm"] + z["hidden"] + z["rope"] + z["heads"] + z["hidden"] + z["fc1"] + 3 * z["ffn"]
+        return z["hid_sp"]
+    rest = 2 * z["norm_sp"] + z["hid_sp"] + z["rope"] + z["heads"] + z["hid_sp"] + z["fc1"] + 3 * z["ffn"]
     if recompute == "selective":
         return rest + z["heads"] + z["groups"] + z["qkv"] + BLOCK
     return rest + core_attention_saved(z)
 
 
-def head_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, bf16: bool) -> Any:
+def head_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, bf16: bool, sp: bool = False) -> Any:
     """The final norm, the output layer's input and the vocab-parallel cross-entropy's fp32 exp-logits, target
     mask and masked targets; with tp, the embedding's out-of-range mask and masked ids."""
-    z = _sizes(shape, b, s, tp, bf16)
+    z = _sizes(shape, b, s, tp, bf16, sp)
     T = b * s
-    out = z["norm"] + z["hidden"] + rounded(T * (shape.vocab // tp) * 4) + rounded(T) + rounded(T * 8)
+    out = z["norm_sp"] + z["hid_sp"] + rounded(T * (shape.vocab // tp) * 4) + rounded(T) + rounded(T * 8)
     return out + ((rounded(T) + rounded(T * 8)) if tp > 1 else 0 * T)
 
 
-def persistent_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, bf16: bool) -> Any:
+def persistent_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, bf16: bool, sp: bool = False) -> Any:
     """Made in the first step and kept: the attention's global memory buffer (``b·a·s²`` in the compute dtype),
     the cached rotary frequencies (fp32 ``s·d``), and the step's inputs (token ids, labels, position ids)."""
     z = _sizes(shape, b, s, tp, bf16)
     T = b * s
     glob = rounded(b * (shape.heads // tp) * s * s * z["cb"])
+    if sp:  # the column-parallel GEMMs all-gather their input into the same buffer (it grows to the larger)
+        glob = sequence_parallel_global_buffer_bytes(shape, b, s, tp=tp, bf16=bf16)
     return glob + rounded(s * shape.head_dim * 4) + 2 * rounded(T * 8) + rounded(s * 8)
 
 
-def saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, bf16: bool, recompute: str, recompute_layers: int = 0) -> Any:
+def saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, bf16: bool, recompute: str, recompute_layers: int = 0,
+                sp: bool = False) -> Any:
     """Everything the forward leaves for the backward (the growth from the forward's start to its end):
     ``recompute``: none, selective, full (every layer, uniform) or block (the first ``recompute_layers`` layers
     full, the others none), plus the head and the loss value."""
     def per(mode: str) -> Any:
-        return layer_saved_bytes(shape, b, s, tp=tp, bf16=bf16, recompute=mode)
+        return layer_saved_bytes(shape, b, s, tp=tp, bf16=bf16, recompute=mode, sp=sp)
 
     n = shape.layers
     if recompute == "block":
         layers = recompute_layers * per("full") + (n - recompute_layers) * per("none")
     else:
         layers = n * per(recompute)
-    return layers + head_saved_bytes(shape, b, s, tp=tp, bf16=bf16) + BLOCK
+    return layers + head_saved_bytes(shape, b, s, tp=tp, bf16=bf16, sp=sp) + BLOCK
 
 
 def peak_over_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, recompute: str = "none", bf16: bool = True,
-                          recompute_layers: int = 0) -> dict[str, Any]:
+                          recompute_layers: int = 0, sp: bool = False) -> dict[str, Any]:
     """bf16 without recompute: what each phase's peak adds to the forward's end (static + persistent + saved), at
     the four moments that can set it (from the measured step's live tensors at its peaks):
 
@@ -298,6 +321,8 @@ def peak_over_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, recompute
     """
     if recompute == "block":  # the last layers run without recompute: their moments are the ones above
         recompute = "full" if recompute_layers >= shape.layers else "none"
+    if sp:
+        return sequence_parallel_peak_over_saved_bytes(shape, b, s, tp=tp, recompute=recompute, bf16=bf16)
     z = _sizes(shape, b, s, tp, bf16)
     T = b * s
     layer = layer_saved_bytes(shape, b, s, tp=tp, bf16=bf16, recompute=recompute)
@@ -441,7 +466,58 @@ def pipeline_phase_bytes(shape: GptShape, recipe: Any, tp: int, dp: int, zero: i
             "optimizer": {**base, "buffers": glob + held, "activations": zero_,
                           "optimizer_temporaries": optimizer_temporaries(st, recipe.opt_impl) + zero_}}
 
+def sequence_parallel_global_buffer_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, bf16: bool) -> Any:
+    """megatron's global ``"mpu"`` buffer under sequence parallelism: the attention's ``baddbmm`` input
+    (``b·a/tp·s²``) and the column-parallel GEMMs' all-gathered input (``s·b·h``,
+    ``tensor_parallel/layers.py`` line 570) share it (``GlobalMemoryBuffer.get_tensor`` keys it by name and dtype
+    and reallocates it only when a request is larger), so it holds the larger of the two, in the compute dtype."""
+    cb = 2 if bf16 else 4
+    return rounded(np.maximum(b * (shape.heads // tp) * s * s, b * s * shape.hidden) * cb)
 
-__all__ = ["ACCEPTS", "ACCUMULATION_KEEPS_PEAK", "PIPELINE_RECOMPUTE", "check_pipeline", "pipeline_phase_bytes",
-           "stage_param_sizes", "GptShape", "MegatronState", "check", "optimizer_temporaries", "phase_bytes", "recompute_of", "buffer_layout", "core_attention_saved", "head_saved_bytes",
-           "layer_saved_bytes", "peak_over_saved_bytes", "persistent_bytes", "rounded", "saved_bytes", "state_bytes"]
+
+def sequence_parallel_peak_over_saved_bytes(shape: GptShape, b: Any, s: Any, *, tp: int, recompute: str = "none",
+                                            bf16: bool = True) -> dict[str, Any]:
+    """:func:`peak_over_saved_bytes` with Megatron-LM's ``--sequence-parallel`` (``recompute`` none, selective or
+    full): the same four moments, where the norms and the column-parallel GEMMs' saved inputs hold the rank's
+    sequence shard and the GEMMs' inputs are all-gathered to the whole sequence
+    (``tensor_parallel/mappings.py`` ``_gather_along_first_dim``), their outputs reduce-scattered back."""
+    z = _sizes(shape, b, s, tp, bf16, True)
+    T = b * s
+    layer = layer_saved_bytes(shape, b, s, tp=tp, bf16=bf16, recompute=recompute, sp=True)
+    head = head_saved_bytes(shape, b, s, tp=tp, bf16=bf16, sp=True)
+    embed = rounded(T) + rounded(T * 8)
+    gqa = 1 if z["gqa"] else 0
+    A, G, S4, S2 = z["heads"], z["groups"], z["probs32"], z["probs"]
+    N, Hs = z["norm_sp"], z["hid_sp"]
+    logits = rounded(T * (shape.vocab // tp) * 2) if bf16 else 0 * T
+    # the output layer's input is all-gathered into a temporary freed after its GEMM: no second bf16 copy beside
+    # the logits, as without sequence parallelism
+    loss = logits + 3 * rounded(T * 8) + rounded(T * 4) - BLOCK
+    loss_bwd = logits + BLOCK
+    tied = rounded(shape.vocab // tp * shape.hidden * 2) if shape.tied else 0
+    if recompute == "none":
+        own = layer + head - embed + BLOCK
+        v = A if gqa else z["qkv"]
+        pre = N + Hs + z["rope"] + 2 * A + v + z["mask"]
+        softmax = pre + 2 * S4 + 2 * S2 + gqa * z["qkv"] + G + 3 * A - own
+        softmax_bwd = pre + 3 * S4 + Hs + 2 * BLOCK - own
+    elif recompute == "selective":
+        own = layer + head - embed + BLOCK
+        pre = N + Hs + z["rope"] + A + G + z["qkv"] + BLOCK
+        softmax = pre + 2 * S4 + 2 * S2 + 2 * Hs + 3 * gqa * A + z["mask"] - own
+        softmax_bwd = pre + 3 * A + gqa * A + z["mask"] + 3 * S4 + Hs + 2 * BLOCK - own
+    else:
+        own = head - embed + BLOCK
+        pre = N + Hs + z["rope"] + 2 * A + (A if gqa else z["qkv"]) + z["mask"]
+        softmax = 2 * S2 + 2 * S4 + Hs + z["qkv"] + G + A + 3 * gqa * A + z["mask"] - own
+        softmax_bwd = pre + 3 * S4 + Hs + 2 * BLOCK + gqa * (z["qkv"] + G + A) - own
+    if not bf16:
+        softmax_bwd = softmax_bwd + S4
+    return {"forward": np.maximum(softmax, loss), "backward": np.maximum(softmax_bwd + tied, loss_bwd)}
+
+
+__all__ = ["ACCEPTS", "ACCUMULATION_KEEPS_PEAK", "PIPELINE_RECOMPUTE", "GptShape", "MegatronState", "buffer_layout",
+           "check", "check_pipeline", "core_attention_saved", "head_saved_bytes", "layer_saved_bytes",
+           "optimizer_temporaries", "peak_over_saved_bytes", "persistent_bytes", "phase_bytes",
+           "pipeline_phase_bytes", "recompute_of", "rounded", "saved_bytes", "sequence_parallel_global_buffer_bytes",
+           "sequence_parallel_peak_over_saved_bytes", "stage_param_sizes", "state_bytes"]

@@ -1,9 +1,10 @@
 """Each stack's memory by its own model where that model covers a layout, by the hf stack's accounting elsewhere.
 
 A memory method may model a stack's own program for part of the layouts that stack runs: the detailed method
-walks megatron-core's GPT step (``step: megatron-gpt`` in ``data/stacks.yaml``) without context or sequence
-parallelism: one micro-batch a step on one pipeline stage, or its 1F1B schedule over at least ``pp`` micro-batches
-(bf16, no tensor parallelism, recompute none / selective / full) on a pipeline; and DeepSpeed's ZeRO engine (``step:
+walks megatron-core's GPT step (``step: megatron-gpt`` in ``data/stacks.yaml``) without context parallelism: one
+micro-batch a step on one pipeline stage (tensor parallelism by megatron's own plan, the method's ``stack_fields``,
+with or without sequence parallelism), or its 1F1B schedule over at least ``pp`` micro-batches (bf16, no tensor
+parallelism, recompute none / selective / full) on a pipeline; and DeepSpeed's ZeRO engine (``step:
 deepspeed-zero``) at stages 1-3 without a pipeline or accumulation. Such a method does not offer the stack to
 searches over layouts (its ``accepts`` leaves it out), yet it answers ``estimate --stack S`` inside that
 domain. The planner then splits the layouts:
@@ -75,8 +76,10 @@ def split(stack: str, method: Any, space: LayoutSpace, accumulation: np.ndarray,
     fields)`` the layouts at ``idx`` with one micro-batch a step (the batch of one micro-batch per rank), for the
     accumulating layouts whose peak the method says accumulation keeps (``accumulation_keeps_peak``)."""
     none = np.zeros(space.size, dtype=bool)
+    # what the stack's own step needs beside its name (megatron's: its own tensor-parallel plan)
+    own_fields = {"stack": stack, **(getattr(method, "stack_fields", None) or (lambda s: {}))(stack)}
     try:
-        x_own = encode_with({"stack": stack})
+        x_own = encode_with(own_fields)
     except TrainfitError as exc:  # a rule between fields the stack's registry states: all counted as hf
         return MemorySplit(none, None, [f"memory counted as the hf stack runs the step: {_reason(exc)[1]}"])
     keys = _keys(space, accumulation)
@@ -118,7 +121,7 @@ def split(stack: str, method: Any, space: LayoutSpace, accumulation: np.ndarray,
     x_one = None
     if one_idx.size:
         try:
-            x_one = encode_one(one_idx, {"stack": stack})
+            x_one = encode_one(one_idx, own_fields)
         except TrainfitError:
             one_idx = np.zeros(0, dtype=np.int64)
     own = covered[inverse]

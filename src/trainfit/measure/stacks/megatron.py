@@ -37,8 +37,9 @@ How trainfit's fields map onto Megatron-LM's options:
   --recompute-num-layers 1``; ``full --recompute-method block --recompute-num-layers ceil(L / K)`` (as many
   blocks as trainfit's every-k checkpoints, the first ones);
 * ``--dp N`` -> the data-parallel size; ``--zero 1`` -> ``--use-distributed-optimizer``; ``--tp N --tp-plan
-  megatron --no-sequence-parallel`` -> ``--tensor-model-parallel-size N`` (the local spec's norms cannot run
-  sequence parallel); ``--precision amp-bf16 | fp32`` -> ``--bf16`` or fp32; ``--optimizer adamw | adam`` ->
+  megatron`` -> ``--tensor-model-parallel-size N --sequence-parallel`` (``--no-sequence-parallel``: without it; with it
+  the local spec's torch norms run on the sequence shard, their weights tagged as megatron's fused norm tags them);
+  ``--precision amp-bf16 | fp32`` -> ``--bf16`` or fp32; ``--optimizer adamw | adam`` ->
   ``decoupled_weight_decay``; ``--opt-impl foreach | fused`` -> torch's AdamW as megatron falls back to it without
   Transformer Engine and Apex (fused stands for their FusedAdam: no foreach temporaries).
 """
@@ -89,9 +90,12 @@ def check(setup: TrainingSetup) -> None:
                             "accumulation); with --pp N its 1F1B schedule runs --accum micro-batches")
     if p.pp > 1:
         check_pipeline(setup)
-    if p.tp > 1 and (p.sequence_parallel or p.tp_plan != "megatron"):
-        raise TrainfitError("megatron's tensor parallelism with the local layer spec runs without sequence "
-                            "parallelism (its torch norms refuse it): give --tp-plan megatron --no-sequence-parallel")
+    if p.tp > 1 and p.tp_plan != "megatron":
+        raise TrainfitError(f"megatron's tensor parallelism is its own plan: give --tp-plan megatron (not "
+                            f"{p.tp_plan!r})")
+    if sequence_parallel(setup) and setup.seq_len % p.tp:
+        raise TrainfitError(f"megatron's sequence parallelism splits the sequence over tp: --seq {setup.seq_len} "
+                            f"is not a multiple of tp {p.tp} (or give --no-sequence-parallel)")
     if p.zero == 1 and p.dp == 1:
         raise TrainfitError("--zero 1 (megatron's distributed optimizer) shards over the data-parallel ranks: give "
                             "--dp > 1")
@@ -386,14 +390,15 @@ def build(mg: Any, setup: TrainingSetup) -> tuple[Any, Any]:
         activation_func=torch.nn.functional.silu, bf16=bf16, params_dtype=dtype, pipeline_dtype=dtype,
         hidden_dropout=0.0, attention_dropout=float(c.get("attention_dropout", 0.0) or 0.0) if r.dropout else 0.0,
         use_cpu_initialization=True, perform_initialization=False, tensor_model_parallel_size=p.tp,
-        **_pipeline_config(setup), sequence_parallel=False, bias_activation_fusion=False, masked_softmax_fusion=False,
-        persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
-        cross_entropy_loss_fusion=False)
-    model = mg.GPTModel(cfg, mg.get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=vocab_of(setup),
-                        max_sequence_length=setup.seq_len, position_embedding_type="rope",
-                        rotary_base=int(float(c.get("rope_theta", 10000.0))),
-                        share_embeddings_and_output_weights=bool(c.get("tie_word_embeddings", False)),
-                        **_stage_ends(mg, setup))
+        **_pipeline_config(setup), sequence_parallel=sequence_parallel(setup), bias_activation_fusion=False,
+        masked_softmax_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
+        apply_rope_fusion=False, cross_entropy_loss_fusion=False)
+    with _sequence_parallel_norms(cfg.sequence_parallel):
+        model = mg.GPTModel(cfg, mg.get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=vocab_of(setup),
+                            max_sequence_length=setup.seq_len, position_embedding_type="rope",
+                            rotary_base=int(float(c.get("rope_theta", 10000.0))),
+                            share_embeddings_and_output_weights=bool(c.get("tie_word_embeddings", False)),
+                            **_stage_ends(mg, setup))
     if bf16:
         from unittest import mock
 
@@ -412,6 +417,55 @@ def build(mg: Any, setup: TrainingSetup) -> tuple[Any, Any]:
         for group in inner.param_groups:  # as torch picks on CUDA (on CPU tensors it would loop)
             group["foreach"], group["fused"] = not fused, fused
     return model, opt
+
+
+def sequence_parallel(setup: TrainingSetup) -> bool:
+    """Megatron-LM's ``--sequence-parallel``: on with tensor parallelism unless ``--no-sequence-parallel``."""
+    return setup.parallel.tp > 1 and bool(setup.parallel.sequence_parallel)
+
+
+@contextlib.contextmanager
+def _sequence_parallel_norms(on: bool) -> Iterator[None]:
+    """With sequence parallelism, the local spec's torch norms as megatron's own fused norm builds them
+    (``fusions/fused_layer_norm.py`` lines 119-120): a plain norm over the rank's sequence shard whose weight is
+    tagged ``sequence_parallel`` so ``finalize_model_grads`` all-reduces its gradient over the tensor-parallel
+    ranks. ``WrappedTorchNorm`` (``transformer/torch_norm.py`` line 50) asserts against the flag only because it
+    does not tag; the norm's arithmetic is the same either way."""
+    if not on:
+        yield
+        return
+    import copy
+    from unittest import mock
+
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    orig = WrappedTorchNorm.__new__
+
+    def new(cls: Any, config: Any, *args: Any, **kwargs: Any) -> Any:
+        plain = copy.copy(config)
+        plain.sequence_parallel = False
+        norm = orig(cls, plain, *args, **kwargs)
+        for w in norm.parameters():
+            setattr(w, "sequence_parallel", True)
+        return norm
+
+    with mock.patch.object(WrappedTorchNorm, "__new__", staticmethod(new)):
+        yield
+
+
+@contextlib.contextmanager
+def _sequence_parallel_devices(torch: Any, on: bool) -> Iterator[None]:
+    """With sequence parallelism, ``torch.cuda.current_device()`` answers the CPU: megatron's sequence-parallel
+    backward allocates its reduce-scatter output with ``device=torch.cuda.current_device()``
+    (``tensor_parallel/layers.py`` line 647, ``mappings.py``) inside autograd functions, where the torch-function
+    mode that maps ``cuda`` to the CPU is not active."""
+    if not on:
+        yield
+        return
+    from unittest import mock
+
+    with mock.patch("torch.cuda.current_device", lambda: torch.device("cpu")):
+        yield
 
 
 def _torch_optimizers(opt: Any) -> list[Any]:
@@ -468,7 +522,7 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
     if p.pp > 1:
         return _measure_pipeline(mg, setup, warmup=warmup, cuda=cuda)
     world = p.dp * p.tp
-    with fake_process_group(world), shims(torch):
+    with fake_process_group(world), shims(torch), _sequence_parallel_devices(torch, sequence_parallel(setup)):
         mg.parallel_state.initialize_model_parallel(p.tp, 1, create_gloo_process_groups=False)
         try:
             mg.tensor_parallel.model_parallel_cuda_manual_seed(1234)
@@ -610,7 +664,6 @@ def _measure_stage(mg: Any, setup: TrainingSetup, stage: int, *, warmup: int, cu
                     len(model.module.decoder.layers)
                 n_params = sum(q.numel() for q in model.parameters()) * p.tp * p.pp  # this stage's, x tp x pp
                 param_dtype = str(next(iter(model.parameters())).dtype).replace("torch.", "")
-                b, s = setup.micro_batch, setup.seq_len
                 masters = [t for o in getattr(opt, "chained_optimizers", [opt])
                            for attr in ("shard_fp32_from_float16_groups", "fp32_from_float16_groups")
                            for g in (getattr(o, attr, None) or []) for t in g if t is not None]
@@ -699,4 +752,4 @@ def _pipeline_step(mg: Any, model: Any, opt: Any, setup: TrainingSetup, first: b
 
 
 __all__ = ["ACCEPTS", "INSTALL", "PINNED", "StackRun", "VERSION", "build", "check", "config_kwargs", "load",
-           "check_pipeline", "measure_rank", "recompute_name", "shims"]
+           "check_pipeline", "measure_rank", "recompute_name", "sequence_parallel", "shims"]
