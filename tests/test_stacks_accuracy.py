@@ -1,7 +1,8 @@
 """The detailed method under ``--stack torchtitan`` against torchtitan's own step measured on fake tensors
-(``validation/stacks-measured.jsonl``: ``trainfit measure --stack torchtitan``, torchtitan commit 9dec370, each row
-with the command that produced it): the two full-size benchmark rows of torchtitan's H100 benchmark to the byte,
-every case within 0.2 % (measured: at most 0.07 %, median 0.004 %, over five Llama 3 shapes), fp32 with
+(``validation/stacks-measured.jsonl``: ``trainfit measure --stack torchtitan``, torchtitan commit 9dec370 for its
+Llama and tag v0.2.0 for its Qwen3 MoE, each row with the command that produced it; the pipeline and context-parallel
+rows have their own tests): the two full-size benchmark rows of torchtitan's H100 benchmark to the byte, every case
+within 0.2 % (measured: Llama at most 0.07 %, median 0.004 %, over five Llama 3 shapes; MoE at most 0.16 %), fp32 with
 checkpointing included: a checkpointed block's backward
 counts neither its output, freed by the next block's backward, nor the policy-kept outputs its recomputation consumes
 without saving them, and one residual-stream gradient (docs/stacks.md)."""
