@@ -537,16 +537,10 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
                 tokens = torch.randint(0, vocab, (b, s), dtype=torch.long)
                 labels = torch.randint(0, vocab, (b, s), dtype=torch.long)
                 position_ids = torch.arange(s, dtype=torch.long).unsqueeze(0).expand(b, s)
-                masters = [t for o in getattr(opt, "chained_optimizers", [opt])
-                           for attr in ("shard_fp32_from_float16_groups", "fp32_from_float16_groups")
-                           for g in (getattr(o, attr, None) or []) for t in g if t is not None]
-                # the DDP wrapper shadows Module.buffers with its list of grad buffers: track what it wraps
                 pools = StreamPoolListener() if cuda else None
                 tracker, emulation = new_tracker(model.module, tokens, labels, position_ids,
-                                                 *[bf.grad_data for bf in _buffers(model)],
-                                                 *[bf.param_data for bf in _buffers(model)
-                                                   if getattr(bf, "param_data", None) is not None],
-                                                 *masters, cuda=cuda, distributed=world > 1, listener=pools)
+                                                 *_state_tensors(model, opt), cuda=cuda, distributed=world > 1,
+                                                 listener=pools)
                 static: dict[str, int] = {}
                 with stepping(tracker, emulation), (pools.streams() if pools else contextlib.nullcontext()):
                     for i in range(warmup + 1):
@@ -557,13 +551,7 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
                         _train_step(mg, model, opt, tokens, position_ids, labels, tracker.phase)
         finally:
             mg.parallel_state.destroy_model_parallel()
-    mixed = ("bf16 parameters (Float16Module), fp32 main_grad buffers and fp32 master weights" if
-             setup.recipe.precision == "amp-bf16" else "fp32")
-    reserved = None
-    if pools is not None:
-        reserved = {"peak_reserved_bytes": pools.replay.peak_reserved,
-                    "peak_reserved_single_pool_bytes": pools.single.peak_reserved,
-                    "reserved_by_stream": pools.reserved_by_stream}
+    mixed, reserved = _mixed(setup), _reserved(pools)
     return StackRun(tracker=tracker, emulation=emulation, world_size=world, mesh={"dp": p.dp, "tp": p.tp},
                     distributed_optimizer=p.zero == 1, n_params=n_params, param_dtype=param_dtype,
                     recompute=recompute_name(setup), mixed_precision=mixed, static=static, reserved=reserved)
@@ -664,14 +652,9 @@ def _measure_stage(mg: Any, setup: TrainingSetup, stage: int, *, warmup: int, cu
                     len(model.module.decoder.layers)
                 n_params = sum(q.numel() for q in model.parameters()) * p.tp * p.pp  # this stage's, x tp x pp
                 param_dtype = str(next(iter(model.parameters())).dtype).replace("torch.", "")
-                masters = [t for o in getattr(opt, "chained_optimizers", [opt])
-                           for attr in ("shard_fp32_from_float16_groups", "fp32_from_float16_groups")
-                           for g in (getattr(o, attr, None) or []) for t in g if t is not None]
                 pools = StreamPoolListener() if cuda else None
-                tracker, emulation = new_tracker(model.module, *[bf.grad_data for bf in _buffers(model)],
-                                                 *[bf.param_data for bf in _buffers(model)
-                                                   if getattr(bf, "param_data", None) is not None],
-                                                 *masters, cuda=cuda, distributed=True, listener=pools)
+                tracker, emulation = new_tracker(model.module, *_state_tensors(model, opt), cuda=cuda,
+                                                 distributed=True, listener=pools)
                 static: dict[str, int] = {}
                 with stepping(tracker, emulation), (pools.streams() if pools else contextlib.nullcontext()):
                     for i in range(warmup + 1):
@@ -682,13 +665,7 @@ def _measure_stage(mg: Any, setup: TrainingSetup, stage: int, *, warmup: int, cu
                         _pipeline_step(mg, model, opt, setup, first, last, tracker.phase)
         finally:
             mg.parallel_state.destroy_model_parallel()
-    mixed = ("bf16 parameters (Float16Module), fp32 main_grad buffers and fp32 master weights" if
-             setup.recipe.precision == "amp-bf16" else "fp32")
-    reserved = None
-    if pools is not None:
-        reserved = {"peak_reserved_bytes": pools.replay.peak_reserved,
-                    "peak_reserved_single_pool_bytes": pools.single.peak_reserved,
-                    "reserved_by_stream": pools.reserved_by_stream}
+    mixed, reserved = _mixed(setup), _reserved(pools)
     m = setup.accumulation
     pipeline = {"pp_stage": stage, "pp_schedule": "1f1b", "microbatches": m, "layers": local_layers,
                 "first_layer": stage * local_layers, "warmup_microbatches": min(p.pp - stage - 1, m),
@@ -749,6 +726,32 @@ def _pipeline_step(mg: Any, model: Any, opt: Any, setup: TrainingSetup, first: b
     bwd.close()
     with phase("optimizer"):
         opt.step()
+
+
+def _state_tensors(model: Any, opt: Any) -> list[Any]:
+    """What a megatron step's state holds outside the module's parameters and buffers, for the tracker: the DDP
+    wrapper's grad (and, with the distributed optimizer, param) buffers -- it shadows ``Module.buffers`` with its
+    list of them -- and the optimizer's fp32 master weights."""
+    masters = [t for o in getattr(opt, "chained_optimizers", [opt])
+               for attr in ("shard_fp32_from_float16_groups", "fp32_from_float16_groups")
+               for g in (getattr(o, attr, None) or []) for t in g if t is not None]
+    return ([bf.grad_data for bf in _buffers(model)]
+            + [bf.param_data for bf in _buffers(model) if getattr(bf, "param_data", None) is not None] + masters)
+
+
+def _mixed(setup: TrainingSetup) -> str:
+    """The mixed-precision policy stepped, in words."""
+    return ("bf16 parameters (Float16Module), fp32 main_grad buffers and fp32 master weights" if
+            setup.recipe.precision == "amp-bf16" else "fp32")
+
+
+def _reserved(pools: Any) -> Optional[dict[str, Any]]:
+    """The caching-allocator replay's figures (None without the CUDA emulation)."""
+    if pools is None:
+        return None
+    return {"peak_reserved_bytes": pools.replay.peak_reserved,
+            "peak_reserved_single_pool_bytes": pools.single.peak_reserved,
+            "reserved_by_stream": pools.reserved_by_stream}
 
 
 __all__ = ["ACCEPTS", "INSTALL", "PINNED", "StackRun", "VERSION", "build", "check", "config_kwargs", "load",
