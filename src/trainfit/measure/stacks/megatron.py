@@ -51,7 +51,7 @@ import gc
 import math
 import types
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from ...errors import TrainfitError
 from ...stacks import get_stack
@@ -514,7 +514,7 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
 
     from ..distributed import fake_process_group
     from ..reserved import StreamPoolListener
-    from ..session import new_tracker, stepping
+    from ..session import new_tracker
 
     check(setup)
     mg = load()
@@ -541,14 +541,8 @@ def measure_rank(setup: TrainingSetup, *, warmup: int, cuda: bool) -> StackRun:
                 tracker, emulation = new_tracker(model.module, tokens, labels, position_ids,
                                                  *_state_tensors(model, opt), cuda=cuda, distributed=world > 1,
                                                  listener=pools)
-                static: dict[str, int] = {}
-                with stepping(tracker, emulation), (pools.streams() if pools else contextlib.nullcontext()):
-                    for i in range(warmup + 1):
-                        gc.collect()
-                        if i == warmup:
-                            static = _label_state(tracker, model, opt)
-                        tracker.new_step()
-                        _train_step(mg, model, opt, tokens, position_ids, labels, tracker.phase)
+                static = _run_steps(tracker, emulation, pools, model, opt, warmup,
+                                    lambda: _train_step(mg, model, opt, tokens, position_ids, labels, tracker.phase))
         finally:
             mg.parallel_state.destroy_model_parallel()
     mixed, reserved = _mixed(setup), _reserved(pools)
@@ -635,7 +629,7 @@ def _measure_stage(mg: Any, setup: TrainingSetup, stage: int, *, warmup: int, cu
 
     from ..distributed import fake_process_group
     from ..reserved import StreamPoolListener
-    from ..session import new_tracker, stepping
+    from ..session import new_tracker
 
     p = setup.parallel
     world = p.dp * p.tp * p.pp
@@ -655,14 +649,8 @@ def _measure_stage(mg: Any, setup: TrainingSetup, stage: int, *, warmup: int, cu
                 pools = StreamPoolListener() if cuda else None
                 tracker, emulation = new_tracker(model.module, *_state_tensors(model, opt), cuda=cuda,
                                                  distributed=True, listener=pools)
-                static: dict[str, int] = {}
-                with stepping(tracker, emulation), (pools.streams() if pools else contextlib.nullcontext()):
-                    for i in range(warmup + 1):
-                        gc.collect()
-                        if i == warmup:
-                            static = _label_state(tracker, model, opt)
-                        tracker.new_step()
-                        _pipeline_step(mg, model, opt, setup, first, last, tracker.phase)
+                static = _run_steps(tracker, emulation, pools, model, opt, warmup,
+                                    lambda: _pipeline_step(mg, model, opt, setup, first, last, tracker.phase))
         finally:
             mg.parallel_state.destroy_model_parallel()
     mixed, reserved = _mixed(setup), _reserved(pools)
@@ -726,6 +714,22 @@ def _pipeline_step(mg: Any, model: Any, opt: Any, setup: TrainingSetup, first: b
     bwd.close()
     with phase("optimizer"):
         opt.step()
+
+
+def _run_steps(tracker: Any, emulation: Any, pools: Any, model: Any, opt: Any, warmup: int,
+               step: Callable[[], None]) -> dict[str, int]:
+    """``warmup`` warm-up steps, then the measured one (the state labelled before it); the labelled state's bytes."""
+    from ..session import stepping
+
+    static: dict[str, int] = {}
+    with stepping(tracker, emulation), (pools.streams() if pools else contextlib.nullcontext()):
+        for i in range(warmup + 1):
+            gc.collect()
+            if i == warmup:
+                static = _label_state(tracker, model, opt)
+            tracker.new_step()
+            step()
+    return static
 
 
 def _state_tensors(model: Any, opt: Any) -> list[Any]:
