@@ -7,16 +7,21 @@
   ``_select``: the same choice and components as masking each component with ``np.where`` first (the former way);
 * the detailed method over arrays (interleaved pipelines with several accumulation counts in one split, FSDP2,
   activation offload) equals the scalar estimate element by element;
+* an interleaved rank's moments that differ only in the outputs a last stage keeps are left out where they cannot
+  be chosen: the same phases as every moment of the schedule; the moments several accumulation counts share are
+  selected once, and a tie between moments of different bytes falls back to each count apart (``unique``);
 * for every stack a plan answers as its exhaustive search (the same rows, figures and near misses).
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
 
 from trainfit import estimate
+from trainfit.detailed import phases
 from trainfit.detailed.phases import _select, _When
 from trainfit.planner import plan
 from trainfit.sweep import encode
@@ -98,15 +103,61 @@ def _rows(stack: str, schedule: str) -> list[dict]:
     [dict(batch=32, seq_len=2048, dp=d, accumulation=a, offload="activations") for d, a in ((2, 2), (4, 1), (2, 8))],
 ])
 def test_the_array_engine_equals_the_scalar_one(rows):
+    _sweep_equals_estimates(rows)
+
+
+def _sweep_equals_estimates(rows: list[dict], before: Any = None) -> None:
+    """One sweep of ``rows`` (the array engine) equals each row's scalar estimate, every component to the bit
+    (``before()`` runs between the two)."""
     from trainfit import sweep
 
     cols = {k: np.asarray([r[k] for r in rows]) for k in rows[0]}
     res = sweep("llama-3.2-1b", "h100", method="detailed", **cols)
+    if before is not None:
+        before()
     for i, row in enumerate(rows):
         one = estimate("llama-3.2-1b", "h100", method="detailed", suggestions=False, **row)
         assert res["total_bytes"][i] == one.total_bytes, row
         for comp, b in one.components.items():
             assert res[f"{comp}_bytes"][i] == b, (row, comp)
+
+
+def test_a_unique_select_refuses_ties_of_different_bytes_and_totals_not_above_zero():
+    on = np.ones(3, dtype=bool)
+    a = {"activations": np.array([3.0, 1.0, 2.0]), "gradients": 1.0}
+    b = _When({"gradients": np.array([1.0, 1.0, 1.0]), "activations": np.array([1.0, 4.0, 1.0])}, on)
+    assert _select([a, b], unique=True) is not None  # largest totals 4, 5, 3: each held by one candidate alone
+    same = _When(dict(a), np.array([True, False, True]))
+    got = _select([a, b, same], unique=True)  # a tie of the same bytes: harmless
+    assert got is not None and all(np.array_equal(got[k], _select([a, b])[k]) for k in got)
+    other = {"activations": np.array([1.0, 0.0, 0.0]), "gradients": 3.0}  # ties a's 4 with other bytes
+    assert _select([a, b, other], unique=True) is None
+    assert _select([{"activations": np.array([-1.0, 2.0, 2.0])}], unique=True) is None
+
+
+def _interleaved_rows(stack: str) -> list[dict]:
+    """Interleaved layouts of one model split and several accumulation counts (first and last stage both
+    reported), as a plan's split holds them."""
+    return [dict(batch=b, seq_len=2048, tp=2, pp=pp, dp=2, accumulation=a, pp_schedule="interleaved", pp_virtual=2,
+                 checkpointing="none", stack=stack)
+            for pp in (2, 4) for b, a in ((16, 4), (32, 8), (48, 12), (64, 16), (32, 16), (128, 32))]
+
+
+@pytest.mark.parametrize("stack", ["hf", "torchtitan"])
+def test_interleaved_moments_left_out_or_shared_select_as_every_moment_apart(stack, monkeypatch):
+    # the long way: every moment of each schedule, each layout alone (one accumulation count)
+    _sweep_equals_estimates(_interleaved_rows(stack), lambda: monkeypatch.setattr(
+        phases, "_deciding_moments", lambda pp, v, m, stage, weigh: phases._moments(pp, v, m, stage)))
+
+
+def test_moments_differing_only_in_kept_outputs_are_left_out():
+    every = phases._moments(4, 2, 16, 3)
+    same = phases._deciding_moments(4, 2, 16, 3, False)
+    most = phases._deciding_moments(4, 2, 16, 3, True)
+    sig = lambda mo: (mo.counts, mo.chunk, mo.done, mo.forwards, mo.first)  # noqa: E731
+    assert len(same) == len(most) == len({sig(mo) for mo in every}) < len(every)
+    assert list(same) == [mo for k, mo in enumerate(every) if sig(mo) not in {sig(m) for m in every[:k]}]
+    assert all(mo.outputs == max(m.outputs for m in every if sig(m) == sig(mo)) for mo in most)
 
 
 def _listed(p):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -156,6 +156,26 @@ def interleaved_moments(par: Parallelism, m: int, stage: int) -> list[_Moment]:
 
 
 @lru_cache(maxsize=4096)
+def _deciding_moments(pp: int, v: int, m: int, stage: int, outputs_weigh: bool) -> tuple[_Moment, ...]:
+    """The moments of :func:`_moments` whose candidates can set a peak, in their order. Moments that differ only
+    in ``outputs`` make the same candidates but for the kept outputs, a term every component of theirs holds
+    positively: where it weighs nothing (``outputs_weigh`` False) they are identical and the first stands for
+    them (the first of equal totals is the one chosen); where it weighs (each output > 0 bytes) the moment with
+    the most outputs exceeds the others in every candidate, so they are never chosen."""
+    moments = _moments(pp, v, m, stage)
+    key = lambda mo: (mo.counts, mo.chunk, mo.done, mo.forwards, mo.first)  # noqa: E731
+    if not outputs_weigh:
+        first: dict[Any, _Moment] = {}
+        for mo in moments:
+            first.setdefault(key(mo), mo)
+        return tuple(first.values())
+    most: dict[Any, int] = {}
+    for mo in moments:
+        most[key(mo)] = max(most.get(key(mo), -1), mo.outputs)
+    return tuple(mo for mo in moments if mo.outputs == most[key(mo)])
+
+
+@lru_cache(maxsize=4096)
 def _moments(pp: int, v: int, m: int, stage: int) -> tuple[_Moment, ...]:
     """:func:`interleaved_moments` of ``pp`` ranks, ``v`` chunks each and ``m`` micro-batches (what it reads of
     the layout: every split with the same schedule shares them)."""
@@ -204,7 +224,7 @@ def _only(occurs: Any) -> Any:
 def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, pr: ActivationProfile,
                             accumulation: Any, stage: int, B: Any, saved_total: Any, h_res: float,
                             first_op_grad: float, fwd_cands: list, bwd_cands: list,
-                            pipe: PipelineHolds | None = None) -> None:
+                            pipe: PipelineHolds | None = None, merged: bool = False) -> None:
     """Forward and backward candidates of an interleaved 1F1B rank, chunk by chunk: at each backward's start
     (:func:`interleaved_moments`) the saved activations of every in-flight chunk micro-batch
     (:func:`chunk_saved`), the working set of the chunk starting (the loss backward on the last virtual
@@ -280,67 +300,115 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
         fwd_parts.append((_min(x, saved_total), x - _min(x, saved_total)))
     lives: dict[tuple[int, ...], tuple[Vec, Any]] = {}
     values = [int(accumulation)] if not _is_array(accumulation) else [int(u) for u in np.unique(accumulation)]
-    for u in values:
-        keep = _only(True if not _is_array(accumulation) else (np.asarray(accumulation) == u))
-        for mo in interleaved_moments(par, u, stage):
-            c = mo.chunk
-            vs, count = layout[c]
-            if mo.counts not in lives:
-                live = ZERO
-                for k, cnt in enumerate(mo.counts):
-                    live = vadd(live, tuple(x * cnt for x in chunks[k]))
-                lives[mo.counts] = (live, B(live))
-            live, L = lives[mo.counts]
-            # a torchtitan last stage's kept outputs (the one starting its backward among them)
-            kept = mo.outputs * pipe.output if pipe is not None else 0.0
-            # a torchtitan chunk's rotary buffer: once per chunk, not per micro-batch in flight
-            kept = kept + (len(layout) - mo.counts[0]) * pipe.table if pipe is not None else kept
-            L = L + kept
-            held = sum((g_chunk(k) for k in mo.done if k != c), 0.0)
-            own = g_chunk(c) if c in mo.done else None
-            # forwards: the walk's peaks, the other in-flight chunk micro-batches beside them
-            if mo.first or mo.forwards:
-                into = fwd_cands if mo.first else bwd_cands
-                for saved_part, temps in fwd_parts:
-                    into.append(keep({"gradients": held + (own if own is not None else 0.0),
-                                      "activations": saved_part + L - saved_total,
-                                      "temporaries": temps}))
-            last_lp, first_lp = layer(starts[c] + count - 1), layer(starts[c])
-            if vs == n - 1:
-                # the loss backward, then (chunked loss) the head's
-                g = held + (own if own is not None else 0.0)
-                bwd_cands.append(keep({"activations": L, "temporaries": B(pr.loss_backward), "gradients": g}))
-                if pr.head_backward is not None:
-                    bwd_cands.append(keep({"activations": L - B(pr.loss_saved), "temporaries": B(pr.head_backward),
-                                           "gradients": g}))
-            if vs != n - 1:
-                # a chunk's backward starts from the gradient received for its output (and sends one back)
-                bwd_cands.append(keep({"activations": L, "temporaries": B(tok(2 * h_res * recipe.compute_bytes)),
-                                       "gradients": held + (own if own is not None else 0.0)}))
-            consumed = head_loss if vs == n - 1 else ZERO
-            # a torchtitan rank's kept outputs and rotary buffers, and a chunk before the last virtual stage the
-            # gradient received for its output, held through the chunk's backward; a chunk micro-batch consumed
-            # below leaves the first chunk's rotary buffer in place
-            extra = kept + (B(io) if pipe is not None and vs != n - 1 else 0.0)
-            back = pipe.table if pipe is not None and c == 0 else 0.0
-            if last_lp is not None:
-                # the chunk's last block: everything in flight but its head, the block's working set
-                g = held + (own + op_grad if own is not None else (g_head if vs == n - 1 else 0.0) + first_op_grad)
-                bwd_cands.append(keep({"activations": B(vadd(vsub(live, consumed), last_lp.recompute)) + extra,
-                                       "temporaries": B(last_lp.transient_bwd), "gradients": g}))
-                # its first block: the rest of the chunk's micro-batch consumed
-                rest = vadd(pr.embed_saved if vs == 0 else ZERO, first_lp.saved)
-                g = held + (own + op_grad if own is not None else
-                            (g_head if vs == n - 1 else 0.0) + g_layers * (count - 1) / n_layers + first_op_grad)
-                bwd_cands.append(keep({"activations": B(vadd(vadd(vsub(live, chunks[c]), rest), first_lp.recompute))
-                                       + extra + back,
-                                       "temporaries": B(first_lp.transient_bwd), "gradients": g}))
-            if vs == 0:
-                # the embeddings' backward: the embedding gradient built from the incoming gradient
-                g = held + (own if own is not None else g_chunk(c) - g_emb_all)
-                bwd_cands.append(keep({"activations": B(vadd(vsub(live, chunks[c]), pr.embed_saved)) + extra + back,
-                                       "temporaries": B(tok(h_res * recipe.param_bytes)) + g_emb_all,
-                                       "gradients": 0.0 if in_bwd else g}))
+    # the kept outputs' bytes: none (every moment that differs only in them makes the same candidates), positive
+    # everywhere (the one with the most wins over the others), or mixed (every moment is needed)
+    out_bytes = np.asarray(pipe.output if pipe is not None else 0.0)
+    weigh = bool((out_bytes > 0).all()) if out_bytes.any() else False
+    every = out_bytes.any() and not weigh
+
+    def moments(u: int) -> Any:
+        return (interleaved_moments(par, u, stage) if every else
+                _deciding_moments(par.pp, max(int(par.pp_virtual), 1), u, stage, weigh))
+
+    if not _is_array(accumulation):
+        plan = [(mo, True) for mo in moments(values[0])]
+    elif merged:  # one candidate per moment signature, for every element whose schedule has that moment
+        acc = np.asarray(accumulation)
+        signed: dict[tuple, list] = {}
+        for u in values:
+            at = acc == u
+            for mo in moments(u):
+                key = (mo.counts, mo.chunk, mo.done, mo.forwards, mo.first, mo.outputs if weigh or every else 0)
+                if key in signed:
+                    signed[key][1] = signed[key][1] | at
+                else:
+                    signed[key] = [mo, at]
+        plan = [(mo, at) for mo, at in signed.values()]
+    else:
+        plan = [(mo, np.asarray(accumulation) == u) for u in values for mo in moments(u)]
+    for mo, occurs in plan:
+        keep = _only(occurs)
+        c = mo.chunk
+        vs, count = layout[c]
+        if mo.counts not in lives:
+            live = ZERO
+            for k, cnt in enumerate(mo.counts):
+                live = vadd(live, tuple(x * cnt for x in chunks[k]))
+            lives[mo.counts] = (live, B(live))
+        live, L = lives[mo.counts]
+        # a torchtitan last stage's kept outputs (the one starting its backward among them)
+        kept = mo.outputs * pipe.output if pipe is not None else 0.0
+        # a torchtitan chunk's rotary buffer: once per chunk, not per micro-batch in flight
+        kept = kept + (len(layout) - mo.counts[0]) * pipe.table if pipe is not None else kept
+        L = L + kept
+        held = sum((g_chunk(k) for k in mo.done if k != c), 0.0)
+        own = g_chunk(c) if c in mo.done else None
+        # forwards: the walk's peaks, the other in-flight chunk micro-batches beside them
+        if mo.first or mo.forwards:
+            into = fwd_cands if mo.first else bwd_cands
+            for saved_part, temps in fwd_parts:
+                into.append(keep({"gradients": held + (own if own is not None else 0.0),
+                                  "activations": saved_part + L - saved_total,
+                                  "temporaries": temps}))
+        last_lp, first_lp = layer(starts[c] + count - 1), layer(starts[c])
+        if vs == n - 1:
+            # the loss backward, then (chunked loss) the head's
+            g = held + (own if own is not None else 0.0)
+            bwd_cands.append(keep({"activations": L, "temporaries": B(pr.loss_backward), "gradients": g}))
+            if pr.head_backward is not None:
+                bwd_cands.append(keep({"activations": L - B(pr.loss_saved), "temporaries": B(pr.head_backward),
+                                       "gradients": g}))
+        if vs != n - 1:
+            # a chunk's backward starts from the gradient received for its output (and sends one back)
+            bwd_cands.append(keep({"activations": L, "temporaries": B(tok(2 * h_res * recipe.compute_bytes)),
+                                   "gradients": held + (own if own is not None else 0.0)}))
+        consumed = head_loss if vs == n - 1 else ZERO
+        # a torchtitan rank's kept outputs and rotary buffers, and a chunk before the last virtual stage the
+        # gradient received for its output, held through the chunk's backward; a chunk micro-batch consumed
+        # below leaves the first chunk's rotary buffer in place
+        extra = kept + (B(io) if pipe is not None and vs != n - 1 else 0.0)
+        back = pipe.table if pipe is not None and c == 0 else 0.0
+        if last_lp is not None:
+            # the chunk's last block: everything in flight but its head, the block's working set
+            g = held + (own + op_grad if own is not None else (g_head if vs == n - 1 else 0.0) + first_op_grad)
+            bwd_cands.append(keep({"activations": B(vadd(vsub(live, consumed), last_lp.recompute)) + extra,
+                                   "temporaries": B(last_lp.transient_bwd), "gradients": g}))
+            # its first block: the rest of the chunk's micro-batch consumed
+            rest = vadd(pr.embed_saved if vs == 0 else ZERO, first_lp.saved)
+            g = held + (own + op_grad if own is not None else
+                        (g_head if vs == n - 1 else 0.0) + g_layers * (count - 1) / n_layers + first_op_grad)
+            bwd_cands.append(keep({"activations": B(vadd(vadd(vsub(live, chunks[c]), rest), first_lp.recompute))
+                                   + extra + back,
+                                   "temporaries": B(first_lp.transient_bwd), "gradients": g}))
+        if vs == 0:
+            # the embeddings' backward: the embedding gradient built from the incoming gradient
+            g = held + (own if own is not None else g_chunk(c) - g_emb_all)
+            bwd_cands.append(keep({"activations": B(vadd(vsub(live, chunks[c]), pr.embed_saved)) + extra + back,
+                                   "temporaries": B(tok(h_res * recipe.param_bytes)) + g_emb_all,
+                                   "gradients": 0.0 if in_bwd else g}))
+
+
+def _interleaved_selected(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, pr: ActivationProfile,
+                          accumulation: Any, stage: int, B: Any, saved_total: Any, h_res: float, first_op_grad: float,
+                          fwd_cands: list, bwd_cands: list, pipe: PipelineHolds | None) -> tuple[dict, dict]:
+    """The forward and the backward moment :func:`_interleaved_candidates` selects (its candidates left in
+    ``fwd_cands`` and ``bwd_cands``). Elements with different accumulation counts share the moments their
+    schedules both reach: each distinct moment is built once, for every element that reaches it, where every
+    element's largest total is positive and reached at one moment only (so that moment wins in the element's own
+    list as well, whatever the order, and the moments of the others, which weigh nothing for it, cannot); else
+    every count's moments apart, each list in its schedule's order."""
+    args = (arch, recipe, par, st, pr, accumulation, stage, B, saved_total, h_res, first_op_grad)
+    if _is_array(accumulation) and np.unique(accumulation).size > 1:
+        fwd_m: list = []
+        bwd_m: list = []
+        _interleaved_candidates(*args, fwd_m, bwd_m, pipe, merged=True)
+        fwd, bwd = _select(fwd_m, unique=True), _select(bwd_m, unique=True)
+        if fwd is not None and bwd is not None:
+            fwd_cands += fwd_m
+            bwd_cands += bwd_m
+            return fwd, bwd
+    _interleaved_candidates(*args, fwd_cands, bwd_cands, pipe)
+    return _select(fwd_cands), _select(bwd_cands)
 
 
 @dataclass(frozen=True)
@@ -447,21 +515,23 @@ def step_shape(par: Parallelism, micro_batch: Any, seq_len: Any) -> StepShape:
     return StepShape(tokens=micro_batch * sl, positions=sl, scores=micro_batch * sl * seq_len)
 
 
-def _select(cands: list[dict[str, Any]]) -> dict[str, Any]:
+def _select(cands: list[dict[str, Any]], unique: bool = False) -> Optional[dict[str, Any]]:
     """The candidate with the largest total (element-wise for arrays: the first of the largest). A candidate that
-    occurs only for some elements (:class:`_When`) counts 0 for the others, every component."""
+    occurs only for some elements (:class:`_When`) counts 0 for the others, every component. ``unique``: None
+    unless every element's largest total is positive and held by one candidate alone (then any list holding that
+    candidate among others of smaller or absent totals selects the same)."""
     masks = [(i, c.occurs) for i, c in enumerate(cands) if isinstance(c, _When)]
     keys = tuple(cands[0])
     if not masks or any(c.keys() != cands[0].keys() for c in cands):
         totals = [sum(c.values()) for c in cands]
-        if not masks and not _is_array(*totals):
+        if not masks and not _is_array(*totals) and not unique:
             return cands[int(np.argmax(totals))]
-        return _select_arrays(cands, keys, masks, totals)
-    return _select_arrays(cands, keys, masks, None)
+        return _select_arrays(cands, keys, masks, totals, unique)
+    return _select_arrays(cands, keys, masks, None, unique)
 
 
 def _select_arrays(cands: list[dict[str, Any]], keys: tuple[str, ...], masks: list[tuple[int, np.ndarray]],
-                   totals: Any) -> dict[str, Any]:
+                   totals: Any, unique: bool = False) -> Optional[dict[str, Any]]:
     """:func:`_select` over arrays: each component of every candidate in one array (candidates x elements), the
     totals summed in each candidate's own order of its components (as ``sum(c.values())``), unless given."""
     if totals is None:
@@ -493,6 +563,14 @@ def _select_arrays(cands: list[dict[str, Any]], keys: tuple[str, ...], masks: li
             absent[i] = ~m
         stacked[absent] = 0.0
     idx = np.argmax(stacked, axis=0)
+    tied = None
+    if unique:
+        top = np.take_along_axis(stacked, idx[None], axis=0)
+        if not (top > 0).all():
+            return None
+        tied = stacked == top
+        if not (tied.sum(axis=0) > 1).any():
+            tied = None
     zero = 0 * stacked[0]  # (each value is broadcast by adding it: +0.0, as a sum of the components)
     out = {}
     for k in keys:
@@ -501,6 +579,9 @@ def _select_arrays(cands: list[dict[str, Any]], keys: tuple[str, ...], masks: li
         if absent is not None:
             vals[absent] = 0.0
         out[k] = np.take_along_axis(vals, idx[None], axis=0)[0]
+        # a tie is harmless where the tied candidates hold the same bytes, sign included
+        if tied is not None and not (~tied | ((vals == out[k]) & (np.signbit(vals) == np.signbit(out[k])))).all():
+            return None
     return out
 
 
@@ -712,9 +793,10 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     interleaved = par.pp > 1 and par.pp_schedule == "interleaved"
     # activation offload and FSDP2 place their own moments (below): these would go unread
     replaced = recipe.offload == "activations" or (is_fsdp(par) and pipe is None)
+    fwd = bwd = None
     if interleaved and not replaced:
-        _interleaved_candidates(arch, recipe, par, st, pr, accumulation, stage, B, saved_total, h_res, first_op_grad,
-                                fwd_cands, bwd_cands, pipe)
+        fwd, bwd = _interleaved_selected(arch, recipe, par, st, pr, accumulation, stage, B, saved_total, h_res,
+                                         first_op_grad, fwd_cands, bwd_cands, pipe)
     for inflight, grads_present, occurs in ([] if interleaved or replaced else step_scenarios(par, accumulation, stage)):
         if occurs is False:
             continue
@@ -801,9 +883,9 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     if pipe is not None:
         comm["forward"].update(pipe.comm)
         comm["backward"].update(pipe.comm)
-    fwd = _select(fwd_cands)
+    fwd = _select(fwd_cands) if fwd is None else fwd
     forward = {**base, "communication_buffers": _num(sum(comm["forward"].values())), **fwd}
-    bwd = _select(bwd_cands)
+    bwd = _select(bwd_cands) if bwd is None else bwd
     backward = {**base, "communication_buffers": _num(sum(comm["backward"].values())), **bwd}
     for name, chosen, cands, named in (("forward", fwd, fwd_cands, terms[0]), ("backward", bwd, bwd_cands, terms[1])):
         # FSDP2's buffers, by name, at the chosen moment (a scalar setup: the candidate itself was chosen)
