@@ -186,11 +186,13 @@ def sharding_groups(columns: dict[str, np.ndarray], base: Parallelism) -> tuple[
     n = len(next(iter(columns.values())))
     if n == 0:
         return [base], np.zeros(0, dtype=np.int64)
-    stacked = np.stack([np.asarray(columns[f], dtype=np.float64) for f in SHARDING_FIELDS], axis=1)
-    uniq, which = np.unique(stacked, axis=0, return_inverse=True)
+    rows = list(zip(*(np.asarray(columns[f], dtype=np.float64).tolist() for f in SHARDING_FIELDS)))
+    uniq = sorted(set(rows))  # (in the order np.unique(..., axis=0) gives: rows compared column by column)
+    at = {row: k for k, row in enumerate(uniq)}
+    which = np.fromiter((at[row] for row in rows), dtype=np.int64, count=len(rows))
     pars = []
     for row in uniq:
-        vals = dict(zip(SHARDING_FIELDS, row.tolist()))
+        vals = dict(zip(SHARDING_FIELDS, row))
         # (values of a validated sweep: the field rules are not run again)
         pars.append(validated_replace(
             base, dp=int(vals["dp"]), zero=int(vals["zero"]), fsdp=bool(vals["fsdp"]),

@@ -297,10 +297,8 @@ class Detailed(MemoryMethod):
                                     else PHASES.index(res.peak_phase), size)
             peak[idx] = np.broadcast_to(res.peak, size)
             phase[idx] = codes
-            stacked = {c: np.stack([np.broadcast_to(np.asarray(res.phases[p][c], dtype=float), size) for p in PHASES])
-                       for c in COMPONENTS}
-            for c in COMPONENTS:
-                comps[c][idx] = np.take_along_axis(stacked[c], codes[None], axis=0)[0]
+            for c in COMPONENTS:  # each element's value at its peak phase
+                comps[c][idx] = np.choose(codes, [np.asarray(res.phases[p][c], dtype=float) for p in PHASES])
             total[idx] = peak[idx]
             stages = np.broadcast_to(np.asarray(res.stage), size)
             for k, par in enumerate(pars):  # the overheads read the world size: one call per sharding and stage

@@ -534,10 +534,9 @@ def _select_arrays(cands: list[dict[str, Any]], keys: tuple[str, ...], masks: li
                    totals: Any, unique: bool = False) -> Optional[dict[str, Any]]:
     """:func:`_select` over arrays: each component of every candidate in one array (candidates x elements), the
     totals summed in each candidate's own order of its components (as ``sum(c.values())``), unless given."""
-    if totals is None:
-        shape = np.broadcast_shapes(*(np.shape(v) for c in cands for v in c.values()), *(m.shape for _, m in masks))
-    else:
-        shape = np.broadcast_shapes(*(np.shape(t) for t in totals), *(m.shape for _, m in masks))
+    # (a number's shape is (): only the arrays' distinct shapes broadcast)
+    values = (v for c in cands for v in c.values()) if totals is None else totals
+    shape = np.broadcast_shapes(*{v.shape for v in values if isinstance(v, np.ndarray)}, *{m.shape for _, m in masks})
     raw = {k: np.empty((len(cands),) + shape) for k in keys}
     for i, c in enumerate(cands):
         for k in keys:
