@@ -161,7 +161,8 @@ def _deciding_moments(pp: int, v: int, m: int, stage: int, outputs_weigh: bool) 
     in ``outputs`` make the same candidates but for the kept outputs, a term every component of theirs holds
     positively: where it weighs nothing (``outputs_weigh`` False) they are identical and the first stands for
     them (the first of equal totals is the one chosen); where it weighs (each output > 0 bytes) the moment with
-    the most outputs exceeds the others in every candidate, so they are never chosen."""
+    the most outputs exceeds the others in every candidate by at least one output's bytes (a logits tensor,
+    far above the totals' rounding), so they are never chosen."""
     moments = _moments(pp, v, m, stage)
     key = lambda mo: (mo.counts, mo.chunk, mo.done, mo.forwards, mo.first)  # noqa: E731
     if not outputs_weigh:
@@ -213,6 +214,20 @@ class _When(dict):
         self.occurs = occurs
 
 
+def _memoised(B: Any) -> Any:
+    """``B`` (a byte-vector's bytes) evaluating each byte-vector once: the same ones come back moment after moment
+    (the same arithmetic, so the same values)."""
+    memo: dict[Vec, Any] = {}
+
+    def once(v: Vec) -> Any:
+        out = memo.get(v)
+        if out is None:
+            out = memo[v] = B(v)
+        return out
+
+    return once
+
+
 def _only(occurs: Any) -> Any:
     """The candidate maker for a moment that occurs where ``occurs`` holds (True: for every element)."""
     if occurs is True:
@@ -231,7 +246,8 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
     stage, its last and its first block, the embeddings' backward on virtual stage 0) and the gradients of
     the chunks backwarded so far. The forwards before the first backward are the forward phase; those of the
     steady state belong to the backward phase, as the measurement counts them. ``accumulation`` may be an
-    array (each distinct value's moments weigh only for its elements). ``pipe``: what a torchtitan pipeline
+    array (each distinct value's moments weigh only for its elements; ``merged``: a moment several values reach
+    is built once for all their elements, :func:`_interleaved_selected`). ``pipe``: what a torchtitan pipeline
     holds besides (:class:`PipelineHolds`: its gradients' width, the last stage's kept outputs)."""
     in_bwd = recipe.optimizer_in_backward
     scale = pipe.grad_scale if pipe is not None else 1.0
@@ -278,16 +294,6 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
     g_chunk = g_chunks.__getitem__
 
     head_loss = vadd(pr.head_saved, pr.loss_saved)
-    # the same byte-vectors come back moment after moment: each evaluated once (the same arithmetic)
-    memo: dict[Vec, Any] = {}
-    B_ = B
-
-    def B(v: Vec) -> Any:
-        out = memo.get(v)
-        if out is None:
-            out = memo[v] = B_(v)
-        return out
-
     # autocast keeps a forward's 16-bit weight copies until that forward returns: a chunk's forward holds its own
     # blocks' (at most the largest chunk's share), the stage walk's forward all of the stage's
     unsaved_wc = B(vsub(pr.weight_copies, pr.weight_copies_saved))
@@ -310,23 +316,26 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
         return (interleaved_moments(par, u, stage) if every else
                 _deciding_moments(par.pp, max(int(par.pp_virtual), 1), u, stage, weigh))
 
+    # (moment, where it occurs, the outputs the last stage keeps then: a number, or one per element)
     if not _is_array(accumulation):
-        plan = [(mo, True) for mo in moments(values[0])]
-    elif merged:  # one candidate per moment signature, for every element whose schedule has that moment
+        plan = [(mo, True, mo.outputs) for mo in moments(values[0])]
+    elif merged:
+        # one candidate per moment signature, for every element whose schedule reaches that moment; where only the
+        # most outputs of a signature count (``weigh``), each count's own (one per element)
         acc = np.asarray(accumulation)
         signed: dict[tuple, list] = {}
         for u in values:
             at = acc == u
             for mo in moments(u):
-                key = (mo.counts, mo.chunk, mo.done, mo.forwards, mo.first, mo.outputs if weigh or every else 0)
-                if key in signed:
-                    signed[key][1] = signed[key][1] | at
-                else:
-                    signed[key] = [mo, at]
-        plan = [(mo, at) for mo, at in signed.values()]
+                key = (mo.counts, mo.chunk, mo.done, mo.forwards, mo.first, mo.outputs if every else 0)
+                if key not in signed:
+                    signed[key] = [mo, np.zeros(acc.shape, dtype=bool), np.zeros(acc.shape, dtype=np.int64)]
+                signed[key][1] |= at
+                signed[key][2][at] = mo.outputs
+        plan = [(mo, at, outs if weigh else mo.outputs) for mo, at, outs in signed.values()]
     else:
-        plan = [(mo, np.asarray(accumulation) == u) for u in values for mo in moments(u)]
-    for mo, occurs in plan:
+        plan = [(mo, np.asarray(accumulation) == u, mo.outputs) for u in values for mo in moments(u)]
+    for mo, occurs, outputs in plan:
         keep = _only(occurs)
         c = mo.chunk
         vs, count = layout[c]
@@ -337,7 +346,7 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
             lives[mo.counts] = (live, B(live))
         live, L = lives[mo.counts]
         # a torchtitan last stage's kept outputs (the one starting its backward among them)
-        kept = mo.outputs * pipe.output if pipe is not None else 0.0
+        kept = outputs * pipe.output if pipe is not None else 0.0
         # a torchtitan chunk's rotary buffer: once per chunk, not per micro-batch in flight
         kept = kept + (len(layout) - mo.counts[0]) * pipe.table if pipe is not None else kept
         L = L + kept
@@ -753,7 +762,7 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     shardings as arrays (:func:`~.distributed.stack_groups`; ``par`` then supplies the model split, the
     resharding and the prefetch they share) with ``accumulation`` an array too."""
     sh = step_shape(par, micro_batch, seq_len)
-    B = sh.bytes
+    B = _memoised(sh.bytes)
     opt_state = _num(st.opt_states + st.step_counters)
     base = dict(parameters=_num(st.params), buffers=_num(st.buffers), master_weights=_num(st.master + st.fp32_grads),
                 optimizer_state=opt_state, optimizer_temporaries=0.0, inputs=INPUT_BYTES_PER_TOKEN * sh.tokens)
