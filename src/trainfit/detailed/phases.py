@@ -403,9 +403,9 @@ def _interleaved_selected(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: 
     """The forward and the backward moment :func:`_interleaved_candidates` selects (its candidates left in
     ``fwd_cands`` and ``bwd_cands``). Elements with different accumulation counts share the moments their
     schedules both reach: each distinct moment is built once, for every element that reaches it, where every
-    element's largest total is positive and reached at one moment only (so that moment wins in the element's own
-    list as well, whatever the order, and the moments of the others, which weigh nothing for it, cannot); else
-    every count's moments apart, each list in its schedule's order."""
+    element's largest total is positive and reached at one moment only, or only at moments of the same bytes (so
+    those bytes win in the element's own list as well, whatever the order, and the moments of the others, which
+    weigh nothing for it, cannot); else every count's moments apart, each list in its schedule's order."""
     args = (arch, recipe, par, st, pr, accumulation, stage, B, saved_total, h_res, first_op_grad)
     if _is_array(accumulation) and np.unique(accumulation).size > 1:
         fwd_m: list = []
@@ -527,8 +527,8 @@ def step_shape(par: Parallelism, micro_batch: Any, seq_len: Any) -> StepShape:
 def _select(cands: list[dict[str, Any]], unique: bool = False) -> Optional[dict[str, Any]]:
     """The candidate with the largest total (element-wise for arrays: the first of the largest). A candidate that
     occurs only for some elements (:class:`_When`) counts 0 for the others, every component. ``unique``: None
-    unless every element's largest total is positive and held by one candidate alone (then any list holding that
-    candidate among others of smaller or absent totals selects the same)."""
+    unless every element's largest total is positive and held by one candidate alone, or only by candidates of the
+    same bytes (then any list holding that candidate among others of smaller or absent totals selects the same)."""
     masks = [(i, c.occurs) for i, c in enumerate(cands) if isinstance(c, _When)]
     keys = tuple(cands[0])
     if not masks or any(c.keys() != cands[0].keys() for c in cands):
