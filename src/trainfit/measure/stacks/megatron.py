@@ -199,15 +199,16 @@ def load() -> types.SimpleNamespace:
     """megatron-core's modules the step uses, or a one-line error saying how to install it."""
     with _triton_for_megatron():
         try:
+            # (every name imported here is returned through locals() below)
             import megatron.core as core  # noqa: F401
-            from megatron.core import package_info, parallel_state, tensor_parallel
-            from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-                                                   finalize_model_grads)
-            from megatron.core.models.gpt import GPTModel
-            from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-            from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-            from megatron.core.transformer.module import Float16Module
-            from megatron.core.transformer.transformer_config import TransformerConfig
+            from megatron.core import package_info, parallel_state, tensor_parallel  # noqa: F401
+            from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,  # noqa: F401
+                                                   finalize_model_grads)  # noqa: F401
+            from megatron.core.models.gpt import GPTModel  # noqa: F401
+            from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # noqa: F401
+            from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: F401
+            from megatron.core.transformer.module import Float16Module  # noqa: F401
+            from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: F401
         except ImportError as exc:
             raise TrainfitError(f"--stack megatron needs megatron-core {PINNED} ({type(exc).__name__}: "
                                 f"{str(exc).splitlines()[0]}); install it: {INSTALL}") from None
