@@ -81,7 +81,9 @@ def test_trainfit_sweep_stays_the_function_whichever_is_imported_first():
 
 def test_a_plan_imports_only_what_it_runs_and_builds_no_schema_from_a_warm_cache(tmp_path):
     plan = ("from trainfit.cli import main\ntry:\n    main(['plan', 'llama-3.1-8b', '--gpus', '8', '--batch', '64', "
-            "'--seq', '4096'])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n")
+            "'--seq', '4096'])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+            # a catalog model names its own config: the other bundled configs are never read for their aliases
+            "import trainfit.arch as A\nassert A._bundled_index.cache_info().currsize == 0\n")
     env = {"TRAINFIT_CACHE_DIR": str(tmp_path)}
     cold = _loaded(plan, env)  # validates the data files and fills the caches
     warm = _loaded(plan, env)
