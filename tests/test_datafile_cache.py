@@ -73,3 +73,90 @@ def test_the_cache_folder_follows_trainfit_cache_dir(cache, tmp_path, monkeypatc
     read_yaml(DATA_DIR / "models.yaml")
     assert len(list((tmp_path / "elsewhere" / "yaml").glob("models-*.marshal"))) == 1
     assert not cache.exists()
+
+
+# ------------------------------------------------------------------ the validated cache
+def _loaders() -> dict:
+    """Each built-in file's loader as the library calls it, without its in-process memo."""
+    from trainfit import stacks
+    from trainfit.catalog import HardwareSpec, ModelSpec
+    from trainfit.datafile import load_entries
+    from trainfit.planner import stacks as layouts
+    from trainfit.steptime import bands, efficiency
+
+    return {"hardware.yaml": lambda: load_entries(DATA_DIR / "hardware.yaml", HardwareSpec, what="hardware"),
+            "models.yaml": lambda: load_entries(DATA_DIR / "models.yaml", ModelSpec, what="model"),
+            "stacks.yaml": stacks.stacks.__wrapped__, "stack_layouts.yaml": layouts._load,
+            "efficiency.yaml": efficiency._load.__wrapped__,
+            "steptime_bands.yaml": lambda: bands.load_bands.__wrapped__(bands.BANDS_FILE)}
+
+
+def _fresh(load, monkeypatch):
+    """What validating the file gives, with both caches off."""
+    with monkeypatch.context() as m:
+        m.setenv("TRAINFIT_NO_CACHE", "1")
+        return load()
+
+
+def _no_parse(monkeypatch):
+    def refuse(*_a):
+        raise AssertionError("parsed although the validated cache holds the file")
+
+    monkeypatch.setattr(datafile, "_parse", refuse)
+
+
+@pytest.mark.parametrize("name", list(_loaders()))
+def test_a_cached_validation_is_the_validation(cache, name, monkeypatch):
+    load = _loaders()[name]
+    first = load()
+    (entry,) = cache.glob(f"{name.removesuffix('.yaml')}-*.pickle")
+    _no_parse(monkeypatch)
+    second = load()  # from the entry alone
+    monkeypatch.undo()
+    assert second == first == _fresh(load, monkeypatch)
+    assert entry.read_bytes().startswith(datafile._VALIDATED_FORMAT)
+
+
+def test_a_validated_entry_is_used_only_for_the_same_text_and_code(cache, monkeypatch):
+    load = _loaders()["models.yaml"]
+    want = _fresh(load, monkeypatch)
+    load()
+    parsed = []
+    real = datafile._parse
+    monkeypatch.setattr(datafile, "_parse", lambda *a: parsed.append(1) or real(*a))
+    monkeypatch.setattr(datafile, "_code_ident", lambda: b"other code")
+    assert load() == want and parsed == [1]  # other code: validated again
+    assert load() == want and parsed == [1]  # and stored for that code
+    text = (DATA_DIR / "models.yaml").read_text(encoding="utf-8")
+    renamed = text.replace(f"name: {want[0].name}", f"name: {want[0].name} (edited)", 1)
+    assert renamed != text
+    monkeypatch.setattr(datafile, "_read_text", lambda _p: renamed)
+    assert load()[0].name == f"{want[0].name} (edited)" and parsed == [1, 1]  # other text: validated again
+
+
+def test_untrusted_validated_entries_are_ignored_and_replaced(cache, monkeypatch):
+    import os
+    import pickle
+
+    from trainfit import units
+
+    load = _loaders()["hardware.yaml"]
+    want = load()
+    (entry,) = cache.glob("hardware-*.pickle")
+    key = entry.read_bytes()[:entry.read_bytes().index(b"\n", len(datafile._VALIDATED_FORMAT)) + 1]
+    # a callable that is not a trainfit class (os.system; a trainfit function), a damaged pickle
+    for blob in (key + pickle.dumps(os.system), key + pickle.dumps(units.parse_bytes), key + b"\x80\x05truncated",
+                 b"garbage"):
+        entry.write_bytes(blob)
+        assert load() == want
+        assert entry.read_bytes() != blob  # validated again and stored afresh
+
+
+def test_only_built_in_files_get_a_validated_entry(cache, tmp_path):
+    from trainfit.catalog import ModelSpec
+    from trainfit.datafile import load_entries
+
+    mine = tmp_path / "models.yaml"
+    mine.write_text((DATA_DIR / "models.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    assert load_entries(mine, ModelSpec, what="model")
+    assert not cache.exists()

@@ -350,11 +350,18 @@ def arch_from_config(cfg: Mapping[str, Any], *, name: Optional[str] = None) -> A
 
 
 @lru_cache(maxsize=None)
+def _bundled_slugs() -> tuple[str, ...]:
+    """The bundled configs' names, from the folder's listing alone."""
+    return tuple(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
+
+
+@lru_cache(maxsize=None)
 def _bundled_index() -> tuple[dict[str, str], tuple[str, ...]]:
     """(squashed alias -> bundled slug, slugs). Aliases: the slug, the config's Hugging Face repo id
-    and that id's last part (``meta-llama/Llama-3.1-8B``, ``Llama-3.1-8B``)."""
+    and that id's last part (``meta-llama/Llama-3.1-8B``, ``Llama-3.1-8B``): it reads every bundled config,
+    so a catalog model naming its own config (a plan's) never builds it."""
     index: dict[str, str] = {}
-    slugs = tuple(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
+    slugs = _bundled_slugs()
     for slug in slugs:
         index[_squash(slug)] = slug
     for slug in slugs:
@@ -367,7 +374,7 @@ def _bundled_index() -> tuple[dict[str, str], tuple[str, ...]]:
 
 def bundled_configs() -> tuple[str, ...]:
     """Names of the bundled configs (``data/configs/<name>.json``)."""
-    return _bundled_index()[1]
+    return _bundled_slugs()
 
 
 @lru_cache(maxsize=None)
@@ -440,16 +447,15 @@ def _locate(name_or_path: Any) -> tuple[str, dict[str, Any]]:
         return str(path), _read_json(path)
     if isinstance(name_or_path, os.PathLike):
         raise TrainfitError(f"{path}: file not found (expected a config.json or a directory holding one)")
-    index, slugs = _bundled_index()
     from .catalog import Models  # late import: the catalog loads its YAML on first use
 
-    if text in Models:
-        entry = Models.get(text)
-        if entry.config:
-            return entry.config, load_bundled(entry.config)
-        if _squash(text) not in index:
-            raise TrainfitError(f"model {entry.name!r} is in the catalog but has no bundled architecture config; "
-                                f"bundled: {', '.join(slugs)}; or give the path to its config.json")
+    entry = Models.get(text) if text in Models else None
+    if entry is not None and entry.config:
+        return entry.config, load_bundled(entry.config)
+    index, slugs = _bundled_index()  # every bundled config's aliases: read only when a name needs them
+    if entry is not None and _squash(text) not in index:
+        raise TrainfitError(f"model {entry.name!r} is in the catalog but has no bundled architecture config; "
+                            f"bundled: {', '.join(slugs)}; or give the path to its config.json")
     slug = index.get(_squash(text))
     if slug is not None:
         return slug, load_bundled(slug)

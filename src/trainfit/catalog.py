@@ -24,7 +24,7 @@ Rate = Annotated[float, BeforeValidator(lambda v: parse_rate(v))]
 Flops = Annotated[float, BeforeValidator(lambda v: parse_flops(v))]
 Watts = Annotated[float, BeforeValidator(lambda v: parse_power(v))]
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 def _capability(v: Any) -> Any:

@@ -11,9 +11,10 @@ import functools
 import hashlib
 import marshal
 import os
+import pickle
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     import yaml
 
 T = TypeVar("T", bound=BaseModel)
+R = TypeVar("R")
 
 DATA_DIR = Path(__file__).parent / "data"
 
@@ -77,11 +79,11 @@ def _cache_key(text: str) -> bytes:
     return _CACHE_FORMAT + digest.encode() + b"\n"
 
 
-def _cache_entry(path: Path) -> Path | None:
+def _cache_entry(path: Path, kind: str = "marshal") -> Path | None:
     if os.environ.get("TRAINFIT_NO_CACHE") or path.parent.resolve() != DATA_DIR.resolve():
         return None
     where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]  # installs side by side keep their own
-    return _cache_dir() / f"{path.stem}-{where}.marshal"
+    return _cache_dir() / f"{path.stem}-{where}.{kind}"
 
 
 # YAML reads 2026-05-18 as a date, which marshal cannot hold: entries store dates and timestamps as
@@ -137,6 +139,11 @@ def _store(entry: Path, key: bytes, data: Any) -> None:
         payload = marshal.dumps((dated, encoded))
     except ValueError:  # a type marshal cannot hold (a !!binary set?): keep parsing this file
         return
+    _write(entry, key + payload)
+
+
+def _write(entry: Path, blob: bytes) -> None:
+    """Replace the cache file ``entry`` by ``blob`` atomically; a folder that cannot be written is no error."""
     import tempfile  # noqa: PLC0415 - only when storing: a cache hit never needs it
 
     try:
@@ -144,7 +151,7 @@ def _store(entry: Path, key: bytes, data: Any) -> None:
         fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=entry.name, suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(key + payload)
+                f.write(blob)
             os.replace(tmp, entry)
         except BaseException:
             os.unlink(tmp)
@@ -170,15 +177,22 @@ class NodeRef:
         return node.start_mark.line + 1 if node is not None else "?"
 
 
-def read_yaml(path: str | Path) -> tuple[Any, NodeRef]:
-    """Parse ``path``; return the plain data and a reference to its root (for line numbers)."""
-    path = Path(path)
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise TrainfitError(f"{path}: file not found") from None
     except OSError as exc:
         raise TrainfitError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def read_yaml(path: str | Path) -> tuple[Any, NodeRef]:
+    """Parse ``path``; return the plain data and a reference to its root (for line numbers)."""
+    path = Path(path)
+    return _parse(path, _read_text(path))
+
+
+def _parse(path: Path, text: str) -> tuple[Any, NodeRef]:
     entry = _cache_entry(path)
     if entry is not None:
         key = _cache_key(text)
@@ -234,6 +248,90 @@ def describe_validation_error(exc: ValidationError) -> tuple[tuple[Any, ...], st
     return loc, msg
 
 
+# Validated built-in data files, cached across processes as well: building the pydantic validators of a
+# catalog's schema (and loading pydantic's plugins to do it) costs more than the rest of a `trainfit plan` start-up
+# beyond the imports, and the schemas are built lazily (``defer_build``), so a process that takes the validated
+# entries from this cache never builds them. An entry holds the pickled result of one loader (:func:`validated`)
+# and is keyed by a hash of the data file's exact text, of the validating code (:func:`_code_ident`), of pydantic's
+# and Python's versions and of the loader's name: it can only hold what validating that text with that code gives.
+# Unpickling resolves only trainfit's own classes and ``datetime``'s (:class:`_Unpickler`); anything else, a stale
+# key or a damaged entry means validating the file as before. TRAINFIT_NO_CACHE=1 turns it off with the other.
+_VALIDATED_FORMAT = b"trainfit-validated-cache 1\n"
+_PACKAGE = Path(__file__).parent
+
+
+@functools.lru_cache(maxsize=1)
+def _code_ident() -> bytes:
+    """The validating code: the text of the modules that hold the data files' schemas and the parsers their
+    validators call (hashed), and every other module of the package by path, size and modification time (as
+    Python's own bytecode cache checks a source: a validator calling a helper elsewhere cannot go stale either),
+    with the pydantic, pydantic-core and Python versions."""
+    import pydantic  # noqa: PLC0415 - imported already by every schema module
+    import pydantic_core  # noqa: PLC0415
+
+    h = hashlib.sha256(f"{pydantic.VERSION}|{pydantic_core.__version__}|{sys.version}".encode())
+    for name in _SCHEMA_MODULES:
+        h.update((_PACKAGE / name).read_bytes())
+    root = str(_PACKAGE)
+    stamps, folders = [], [root]
+    while folders:  # os.scandir: a tenth of pathlib's rglob, which would eat much of what the cache saves
+        with os.scandir(folders.pop()) as entries:
+            for e in entries:
+                if e.name.endswith(".py"):
+                    st = e.stat()
+                    stamps.append(f"{e.path[len(root):]}|{st.st_size}|{st.st_mtime_ns}")
+                elif e.name not in ("__pycache__", "data") and e.is_dir():
+                    folders.append(e.path)
+    h.update("\n".join(sorted(stamps)).encode())
+    return h.hexdigest().encode()
+
+
+#: the modules defining the built-in data files' schemas and the parsers and checks their validators call
+_SCHEMA_MODULES = ("datafile.py", "catalog.py", "units.py", "errors.py", "stacks.py", "planner/stacks.py",
+                   "steptime/efficiency.py", "steptime/bands.py")
+
+
+class _Unpickler(pickle.Unpickler):
+    """Resolves only trainfit's classes and ``datetime``'s: a cache entry can rebuild validated entries, nothing
+    else."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module == "datetime" or module.split(".")[0] == "trainfit") and "." not in name:
+            found = super().find_class(module, name)
+            if isinstance(found, type):
+                return found
+        raise pickle.UnpicklingError(f"{module}.{name} is not a trainfit class")
+
+
+def validated(path: str | Path, build: Callable[[Path, Any, NodeRef], R], *, name: str) -> R:
+    """``build(path, data, root)``: the parsed file ``path`` (:func:`read_yaml`) validated into what a loader
+    returns (``name`` says which loader, for the cache). For a built-in file, taken from or stored in the
+    validated cache (above); for any other file, or when a cached entry cannot be used, ``build`` runs."""
+    path = Path(path)
+    text = _read_text(path)
+    entry = _cache_entry(path, f"{name}.pickle")
+    key = b""
+    if entry is not None:
+        digest = hashlib.sha256(_code_ident() + b"\0" + name.encode() + b"\0" + text.encode("utf-8")).hexdigest()
+        key = _VALIDATED_FORMAT + digest.encode() + b"\n"
+        try:
+            blob = entry.read_bytes()
+            if blob.startswith(key):
+                import io  # noqa: PLC0415
+
+                return _Unpickler(io.BytesIO(blob[len(key):])).load()
+        except Exception:  # noqa: BLE001 - any unreadable entry: validate the file instead
+            pass
+    data, root = _parse(path, text)
+    out = build(path, data, root)
+    if entry is not None:
+        try:
+            _write(entry, key + pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
+        except (pickle.PicklingError, TypeError, AttributeError):  # a result pickle cannot hold: not cached
+            pass
+    return out
+
+
 def validate_entries(path: Path, data: Any, node: NodeRef | None, model: type[T], *, what: str,
                      base: tuple[Any, ...] = ()) -> list[T]:
     """Validate a YAML list of mappings against ``model``; raise one clear line on the first error."""
@@ -261,6 +359,5 @@ def validate_entries(path: Path, data: Any, node: NodeRef | None, model: type[T]
 
 def load_entries(path: str | Path, model: type[T], *, what: str) -> list[T]:
     """Read a YAML file holding a list of ``what`` entries and validate each against ``model``."""
-    path = Path(path)
-    data, node = read_yaml(path)
-    return validate_entries(path, data, node, model, what=what)
+    return validated(path, lambda p, data, node: validate_entries(p, data, node, model, what=what),
+                     name=f"{model.__module__}.{model.__qualname__}")

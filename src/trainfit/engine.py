@@ -14,18 +14,19 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Collection
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .detailed.method import Detailed
 from .errors import unknown_choice
 from .first_order import FirstOrder
 from .measure import Measured
 from .method import MemoryMethod, refusable
-from .result import Estimate
-from .suggest import suggest as _suggest
 from .sweep import SetupArrays, SweepResult, check_supported, elementwise, encode, evaluate
 from .traced import Traced
 from .training_setup import FIELDS, TrainingSetup, setup_of
+
+if TYPE_CHECKING:
+    from .result import Estimate
 
 #: every memory method, by name
 METHODS: dict[str, MemoryMethod] = {m.name: m for m in (Detailed(), Traced(), FirstOrder(), Measured())}
@@ -92,6 +93,8 @@ def estimate(model: Any, hardware: Any = None, *, method: Optional[str] = None, 
         est = est.model_copy(update={"notes": [f"method: {name}, the default for this model "
                                                f"({m.why_default})", *est.notes]})
     if suggestions and est.feasible is False and m.suggests:
+        from .suggest import suggest as _suggest  # only a run that does not fit needs it
+
         # a method whose other recipes cost a trace each (traced) refuses, in check_suggestion, those it cannot
         # answer at once
         est = est.with_suggestions(_suggest(setup, est.total_bytes, lambda s: m.estimate(s, **options),

@@ -37,7 +37,7 @@ def resolve_checkpointing(mode: Any) -> str:
 class TrainingMemoryResult(BaseModel):
     """Per-accelerator training memory. Sizes in GB (1e9 bytes) as upstream, and in bytes (``*_bytes``)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
     feasible: bool
     total_memory: float
     available_memory: float

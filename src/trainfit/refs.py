@@ -44,7 +44,7 @@ from .units import parse_bytes
 class ModelShape(BaseModel):
     """The numbers the first-order model reads from a model: a parameter count and its shape."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
     name: str
     parameters: float
     layers: int
@@ -210,7 +210,7 @@ def _label(path_label: str) -> str:
 class _ConfigCount(BaseModel):
     """One bundled config of a model type trainfit does not read itself: its exact parameter count."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
     config: str  #: the bundled config's slug
     parameters: int  #: sum(p.numel()) of the model transformers builds from it (tied weights once)
     note: Optional[str] = None  #: what the count includes or leaves out

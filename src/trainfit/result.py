@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class Suggestion(BaseModel):
     """One change to the training setup and what it does to the total (bytes)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
     change: str  #: the change in words
     changes: dict[str, Any] = Field(default_factory=dict)  #: flat setup field -> new value
     total_bytes: float
@@ -25,7 +25,7 @@ class Suggestion(BaseModel):
 class Estimate(BaseModel):
     """Predicted (or measured) memory of one training step on one accelerator. Sizes in bytes."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
     method: str
     model: str
     hardware: str

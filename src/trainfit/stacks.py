@@ -10,11 +10,12 @@ entry in the data file.
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from .datafile import DATA_DIR, describe_validation_error, node_at, read_yaml
+from .datafile import DATA_DIR, NodeRef, describe_validation_error, node_at, validated
 from .errors import TrainfitError, unknown_choice
 from .training_setup import CHECKPOINTING, STACKS
 
@@ -26,7 +27,7 @@ STREAMS = ("all-gather", "reduce-scatter")
 class Behaviour(BaseModel):
     """What a memory method reads of a stack (see the data file's header for each value's meaning)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     selective: Literal["attention-core", "op-policy"]
     rope: Literal["rotate-half", "complex"]
     gqa: Literal["native", "repeat-kv"]
@@ -46,7 +47,7 @@ class Behaviour(BaseModel):
 class Stack(BaseModel):
     """One stack: what it is (version, models, checkpoint modes, precision, loss, allocator) and its behaviour."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     name: str
     title: str
     version: str
@@ -99,20 +100,23 @@ class Stack(BaseModel):
 
 
 class _File(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     stacks: list[Stack]
+
+
+def _validate(path: Path, data: Any, node: NodeRef) -> _File:
+    try:
+        return _File.model_validate(data)
+    except ValidationError as exc:
+        loc, msg = describe_validation_error(exc)
+        line = node_at(node, loc).line() if node is not None else "?"
+        raise TrainfitError(f"{path}: line {line}: {'.'.join(map(str, loc))}: {msg}") from None
 
 
 @lru_cache(maxsize=None)
 def stacks() -> dict[str, Stack]:
     """Every stack by name, from ``data/stacks.yaml`` (one line naming the file and line on a bad entry)."""
-    data, node = read_yaml(PATH)
-    try:
-        parsed = _File.model_validate(data)
-    except ValidationError as exc:
-        loc, msg = describe_validation_error(exc)
-        line = node_at(node, loc).line() if node is not None else "?"
-        raise TrainfitError(f"{PATH}: line {line}: {'.'.join(map(str, loc))}: {msg}") from None
+    parsed = validated(PATH, _validate, name="stacks")
     out = {s.name: s for s in parsed.stacks}
     if len(out) != len(parsed.stacks):
         raise TrainfitError(f"{PATH}: duplicate stack names")

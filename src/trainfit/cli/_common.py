@@ -14,7 +14,6 @@ import typer
 from rich.console import Console
 
 from ..errors import TrainfitError
-from ..rules import SetupWarning
 
 app = typer.Typer(
     name="trainfit",
@@ -64,6 +63,8 @@ def guarded(fn: Callable) -> Callable:
 def _setup_warnings_on_stderr() -> Iterator[None]:
     """Print each distinct :class:`~trainfit.rules.SetupWarning` once, as ``trainfit: warning: ...`` on stderr
     (a search builds many setups that share one)."""
+    from ..rules import SetupWarning  # with numpy: not needed by `trainfit --help`
+
     seen: set[str] = set()
     with warnings.catch_warnings():
         warnings.simplefilter("always", SetupWarning)

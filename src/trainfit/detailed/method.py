@@ -19,7 +19,6 @@ from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, FIELDS, PRECISIONS, TrainingSetup
 from .allocator import reserve_terms
 from .distributed import sharding_as_run
-from .explain import explain as explain_lines
 from .layouts import PER_ELEMENT, SHARDING_FIELDS, layout_phases, sharding_groups, state_floor
 from .overheads import overheads
 from .overheads import overheads as overheads_of
@@ -264,6 +263,8 @@ class Detailed(MemoryMethod):
             notes.append(f"paged optimizer state: {res.states.host_opt_states / 1e9:.3f} GB in CUDA unified memory "
                          "(host RAM; paged onto the device as each tensor steps), not in the allocated peak")
         if explain:
+            from .explain import explain as explain_lines  # only --explain reads it
+
             extra["explain"] = [ln.as_dict() for ln in explain_lines(arch, effective(setup), res, ovh)]
         return Estimate.of(NAME, setup, total_bytes=total, components=comps, inputs=inputs, notes=notes, extra=extra)
 

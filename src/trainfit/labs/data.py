@@ -34,7 +34,7 @@ REQUIRED_TRAINING_KEYS: tuple[str, ...] = (
     "deployment_handoff", "strategy_options", "validation_tests",
 )
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+_STRICT = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 def file_schema(record: type, **overrides: tuple[Any, Any]) -> type[BaseModel]:

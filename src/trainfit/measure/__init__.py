@@ -21,9 +21,6 @@ from ..fields import whole
 from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
 from ..result import Estimate
 from ..training_setup import TrainingSetup, setup_of
-from ._deps import quiet, require
-from .session import (ATTN_IMPLEMENTATION, STEP_ERRORS, FakeStepSession, make_optimizer, quiet_fake_kernels,
-                      run_steps, step_error, train_step)
 
 NAME = "measured"
 TASKS = ("clm", "mlm", "seq2seq")
@@ -131,6 +128,8 @@ class Measured(MemoryMethod):
         (start/peak/end bytes and breakdowns), ``tracker_breakdown`` (MemTracker's own categories),
         ``first_step``, ``sdpa_kernels``, ``static``, parameter counts and timings.
         """
+        from ._deps import quiet, require
+        from .session import ATTN_IMPLEMENTATION, STEP_ERRORS, FakeStepSession
         t0 = time.perf_counter()
         self.check(setup)
         if task is not None and task not in TASKS:
@@ -210,6 +209,8 @@ class Measured(MemoryMethod):
 def _estimate_rank(setup: TrainingSetup, *, task: Optional[str], warmup: int, semantics: str, t0: float) -> Estimate:
     """The multi-GPU measurement: rank 0 (or the pipeline stage asked for, or the busier of the first and
     last stage) of the setup's layout, on a fake process group (:mod:`.distributed`)."""
+    from ._deps import require
+    from .session import ATTN_IMPLEMENTATION, quiet_fake_kernels, step_error
     torch = require("torch")
     require("transformers")
     from .distributed import layouts_of, measure_layout
@@ -274,6 +275,7 @@ def _estimate_rank(setup: TrainingSetup, *, task: Optional[str], warmup: int, se
 
 def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t0: float) -> Estimate:
     """torchtitan's own step (:mod:`.stacks.torchtitan`): rank 0 of its FSDP2 job, or its one-GPU step."""
+    from ._deps import require
     torch = require("torch")
     from .stacks import torchtitan
 
@@ -326,6 +328,7 @@ def _estimate_torchtitan(setup: TrainingSetup, *, warmup: int, semantics: str, t
 
 def _estimate_megatron(setup: TrainingSetup, *, warmup: int, semantics: str, t0: float) -> Estimate:
     """megatron-core's own step (:mod:`.stacks.megatron`): rank 0 of its data x tensor parallel job."""
+    from ._deps import require
     torch = require("torch")
     from .stacks import megatron
 
@@ -372,6 +375,8 @@ def _estimate_megatron(setup: TrainingSetup, *, warmup: int, semantics: str, t0:
 
 def _estimate_deepspeed(setup: TrainingSetup, *, warmup: int, semantics: str, t0: float) -> Estimate:
     """DeepSpeed's ZeRO engine around the transformers model (:mod:`.stacks.deepspeed`): rank 0 of ``--dp``."""
+    from ._deps import require
+    from .session import ATTN_IMPLEMENTATION
     torch = require("torch")
     require("transformers")
     from .stacks import deepspeed
@@ -418,6 +423,8 @@ _STACK_STEPS: dict[str, Callable[..., Estimate]] = {
 
 def _stack_step(label: str, run: Callable[[], Any]) -> Any:
     """Run a stack's own step on fake tensors; a failure inside it is one line naming ``label``."""
+    from ._deps import quiet
+    from .session import quiet_fake_kernels, step_error
     with quiet(), quiet_fake_kernels():
         try:
             return run()
@@ -454,6 +461,19 @@ def measure(model: Any, hardware: Any = None, *, task: Optional[str] = None, war
     bundled config name, a catalog model naming one, a path to a ``config.json`` or a config dict,
     with flat setup fields (``batch``, ``seq_len``, ``precision`` ...). See :meth:`Measured.estimate`."""
     return Measured().estimate(setup_of(model, hardware, **fields), task=task, warmup=warmup, semantics=semantics)
+
+
+#: names of :mod:`.session` this package offers, loaded on first use: a process that only lists the methods (a
+#: plan, the command line's options) never imports the step's machinery
+_FROM_SESSION = ("ATTN_IMPLEMENTATION", "FakeStepSession", "make_optimizer", "run_steps", "train_step")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_SESSION:
+        from . import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["ACCEPTS", "ATTN_IMPLEMENTATION", "COMPONENTS", "DISTRIBUTED_COMPONENTS", "COMPONENT_OF", "FakeStepSession",

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..datafile import DATA_DIR, describe_validation_error, node_at, read_yaml
+from ..datafile import DATA_DIR, NodeRef, describe_validation_error, node_at, validated
 from ..errors import TrainfitError, unknown_choice
 from ..training_setup import CHECKPOINTING, PP_SCHEDULES, STACKS
 
@@ -27,7 +28,7 @@ STACK_FILE = DATA_DIR / "stack_layouts.yaml"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class _Sharding(_Strict):
@@ -167,7 +168,11 @@ class StackRules:
 
 
 def _load() -> dict[str, StackRules]:
-    data, root = read_yaml(STACK_FILE)
+    return validated(STACK_FILE, _rules_of, name="stack-layouts")
+
+
+def _rules_of(path: Path, data: Any, root: NodeRef) -> dict[str, StackRules]:
+    """Every stack's rules from the parsed file: each entry validated, then the checks across entries."""
     if not isinstance(data, dict) or not isinstance(data.get("stacks"), list):
         raise TrainfitError(f"{STACK_FILE}: expected a mapping with a 'stacks' list")
     out: dict[str, StackRules] = {}

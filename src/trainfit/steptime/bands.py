@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..datafile import read_yaml, validate_entries
+from ..datafile import validate_entries, validated
 from ..errors import TrainfitError
 
 BANDS_FILE = Path(__file__).resolve().parent.parent / "data" / "steptime_bands.yaml"
@@ -46,7 +46,7 @@ def generation_of(spec: Any) -> str:
 class BandEntry(BaseModel):
     """Residual quantiles of one group of calibration rows (``generation``/``stack`` null: all)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
     generation: Optional[str] = None
     stack: Optional[str] = None
     rows: int = Field(ge=1)
@@ -93,7 +93,10 @@ class Band:
 @lru_cache(maxsize=None)
 def load_bands(path: Path = BANDS_FILE) -> tuple[tuple[BandEntry, ...], str]:
     """The bands file's entries (validated on load) and its ``source`` line."""
-    data, node = read_yaml(path)
+    return validated(path, _bands_of, name="bands")
+
+
+def _bands_of(path: Path, data: Any, _root: Any) -> tuple[tuple[BandEntry, ...], str]:
     if not isinstance(data, dict) or "bands" not in data or "source" not in data:
         raise TrainfitError(f"{path}: expected a mapping with 'source' and 'bands'")
     entries = validate_entries(path, data["bands"], None, BandEntry, what="step-time band")

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..datafile import DATA_DIR, read_yaml
+from ..datafile import DATA_DIR, validated
 from ..errors import TrainfitError
 from . import constants as C
 
@@ -24,7 +25,7 @@ ATTENTION_KERNELS = ("flash", "flash1", "flash3", "cudnn", "mem-efficient")
 
 
 class _Figures(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     gemm: Optional[float] = Field(default=None, gt=0.0, le=1.0)
     gemm_fp8: Optional[float] = Field(default=None, gt=0.0, le=1.0)
     attention: dict[str, tuple[float, float]] = {}
@@ -45,7 +46,7 @@ class _Figures(BaseModel):
 
 
 class _Match(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     compute_capability: tuple[str, ...] = ()
     keys: tuple[str, ...] = ()
 
@@ -56,7 +57,7 @@ class _Generation(_Figures):
 
 
 class _File(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     default: _Figures
     generations: list[_Generation]
 
@@ -93,8 +94,10 @@ class Efficiency:
 
 @lru_cache(maxsize=1)
 def _load() -> _File:
-    path = DATA_DIR / "efficiency.yaml"
-    data, _ = read_yaml(path)
+    return validated(DATA_DIR / "efficiency.yaml", _validate, name="efficiency")
+
+
+def _validate(path: Path, data: Any, _root: Any) -> _File:
     try:
         return _File.model_validate(data)
     except ValidationError as exc:
