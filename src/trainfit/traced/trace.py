@@ -645,7 +645,8 @@ def _check_common(pr: Prober, fits: Sequence[RegimeFit], table: PolyTable, s_max
 #: process (the upper half of the ladder, the full-depth check, the later shapes of the two-unit model; for one
 #: shape's answer, the two- and three-unit models' steps in a forked child); unset, a worker runs where the machine
 #: has two cores or more and the model :data:`WORKER_MIN_BLOCKS` blocks or more (below that its interpreter's start
-#: costs more than it saves; a forked child's start costs nothing, so it needs the two cores only)
+#: costs more than it saves); forked children where the machine has two cores or more and its 1-minute load leaves
+#: a core idle (a child's start costs nothing, but on busy cores the children compete with this process)
 WORKERS_ENV = "TRAINFIT_TRACE_WORKERS"
 WORKER_MIN_BLOCKS = 16
 #: environment variable: ``1`` also shares the few-block models' steps with the worker (the upper half of the
@@ -672,14 +673,20 @@ def _config_blocks(config: Mapping[str, Any]) -> int:
 
 
 def _workers_on(config: Mapping[str, Any], fork: bool = False) -> bool:
-    """Whether steps are recorded in a second process (see :data:`WORKERS_ENV`): a forked child starts in
-    milliseconds, so ``fork`` needs two cores only."""
+    """Whether steps are recorded in a second process (see :data:`WORKERS_ENV`). A forked child starts in
+    milliseconds, so ``fork`` needs no model size, but a core left idle by other work: the children only shorten
+    the wall time where they do not take this process's core (on the shared 2-core machine at a load of 2, a
+    first estimate of OLMo-2-7B took 21 s with them and 19 s without; docs/traced.md, Speed)."""
     import os
 
     raw = os.environ.get(WORKERS_ENV, "").strip()
     if raw.isdigit():
         return int(raw) >= 1
-    return (os.cpu_count() or 1) >= 2 and (fork or _config_blocks(config) >= WORKER_MIN_BLOCKS)
+    cores = os.cpu_count() or 1
+    if fork:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        return cores >= 2 and load <= cores - 1
+    return cores >= 2 and _config_blocks(config) >= WORKER_MIN_BLOCKS
 
 
 def _worker(config: Mapping[str, Any]) -> Any:
@@ -961,7 +968,7 @@ def trace_shape(config: Mapping[str, Any], recipe: Recipe, b: int, s: int, *,
     exactly (b, s), the report and the model's facts; raises :class:`NoShortcut` where a few blocks cannot answer
     (no repeat plan, a multi-GPU rank, blocks that do not extend alike) and a one-line error for a shape outside
     the traced range. Four model builds and six steps of the few-block models (three warm-ups, three recorded),
-    the two- and three-unit models' each in a forked child where two cores allow (:data:`WORKERS_ENV`)."""
+    the two- and three-unit models' each in a forked child where a second core is idle (:data:`WORKERS_ENV`)."""
     t0, c0 = time.perf_counter(), time.process_time()
     if recipe.layout is not None:
         # a rank's extension is checked at full depth by the whole trace (its steps depend on the mesh)
