@@ -4,12 +4,16 @@
     python benchmarks/bench_traced.py --json out.json --repeats 7
     python benchmarks/bench_traced.py --first-trace olmo-2-7b --repeats 3   # cold first traces only
     python benchmarks/bench_traced.py --first-trace olmo-2-7b --repeats 3 --against /tmp/old/src  # before/after
+    python benchmarks/bench_traced.py --first-answer olmo-2-7b --repeats 3 --against /tmp/old/src  # one estimate
 
 ``--first-trace MODEL`` times what a user's first ``trainfit estimate`` of a new type costs: each run a fresh
 interpreter (imports included), an empty cache, one trace; it reports the wall seconds, the CPU seconds of the
 process and of the trace's worker process (the machine is shared: wall seconds alone depend on the load, which
 is reported too), the steps recorded and a hash of the fitted regimes (two versions of the code compare to the
-byte). Runs of two versions compare only when interleaved under the same load.
+byte). Runs of two versions compare only when interleaved under the same load. ``--first-answer MODEL`` times
+a user's first ``trainfit estimate`` itself the same way (``Traced().estimate`` of batch 8 x 2048 tokens, an empty
+cache): the step of that one shape alone where no timeline is known, the whole trace in versions without it; its
+figures are the same, plus the estimate's peak and components (two versions give the same bytes).
 
 Measured in one process, against peers in the same run:
 
@@ -65,10 +69,10 @@ def machine() -> dict[str, Any]:
             "load_average_1min": load[0] if load else None}
 
 
-def _first_trace_child(model: str) -> None:
+def _first_trace_child(model: str, answer: bool = False) -> None:
     """One cold first trace in this fresh process (a user's first run): prints a JSON line with the wall seconds
     of the whole process so far, the CPU seconds of this process and of its children (the trace's worker), the
-    trace's own report and the load average."""
+    trace's own report and the load average. ``answer``: the first estimate instead (:func:`_first_answer`)."""
     import resource
 
     t0 = time.perf_counter()
@@ -79,13 +83,26 @@ def _first_trace_child(model: str) -> None:
 
     setup = TrainingSetup.build(model, "h100", batch=8, seq_len=2048)
     t1 = time.perf_counter()
-    tl = Traced().timeline(setup, cache=False)
+    if answer:
+        est = Traced().estimate(setup)
+    else:
+        tl = Traced().timeline(setup, cache=False)
     t2 = time.perf_counter()
     import multiprocessing
 
     for child in multiprocessing.active_children():  # the trace's worker, reaped: its CPU time counts below
         child.join()
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    if answer:
+        trace = est.extra["trace"]
+        print(json.dumps({"model": model, "process_wall_s": t2 - t0, "trace_wall_s": t2 - t1,
+                          "cpu_s": me.ru_utime + me.ru_stime, "worker_cpu_s": kids.ru_utime + kids.ru_stime,
+                          "steps": trace["steps"], "depths": trace["depths"], "shape": trace.get("shape"),
+                          "peak_b8_s2048": est.total_bytes, "load_1min": os.getloadavg()[0],
+                          # the answer, hashed: two versions gave the same bytes in every component
+                          "regimes_sha256": hashlib.sha256(json.dumps([est.total_bytes, est.components],
+                                                                      sort_keys=True).encode()).hexdigest()[:16]}))
+        return
     print(json.dumps({"model": model, "process_wall_s": t2 - t0, "trace_wall_s": t2 - t1,
                       "cpu_s": me.ru_utime + me.ru_stime, "worker_cpu_s": kids.ru_utime + kids.ru_stime,
                       "trace_cpu_s": tl.info.get("cpu_seconds"), "trace_worker_cpu_s": tl.info.get("worker_cpu_seconds"),
@@ -96,11 +113,12 @@ def _first_trace_child(model: str) -> None:
                                                        .encode()).hexdigest()[:16]}))
 
 
-def first_traces(model: str, repeats: int, against: str | None = None) -> dict[str, Any]:
+def first_traces(model: str, repeats: int, against: str | None = None, answer: bool = False) -> dict[str, Any]:
     """``repeats`` cold first traces of ``model``, each in a fresh interpreter (imports included, as a user's
     first ``trainfit estimate``); medians of the wall and CPU seconds, every run kept. ``against``: the ``src``
     folder of another version of trainfit, whose runs are interleaved with these (one of each per round, so that
-    the load of a shared machine hits both alike); its runs are reported under ``"against"``."""
+    the load of a shared machine hits both alike); its runs are reported under ``"against"``. ``answer``: first
+    estimates instead of first traces (``--first-answer``; the hash is then of the estimate's bytes)."""
     import subprocess
 
     versions = {"this": None} if against is None else {"this": None, "against": os.path.abspath(against)}
@@ -110,7 +128,8 @@ def first_traces(model: str, repeats: int, against: str | None = None) -> dict[s
             env = dict(os.environ)
             if src is not None:
                 env["PYTHONPATH"] = src
-            done = subprocess.run([sys.executable, os.path.abspath(__file__), "--first-trace-child", model],
+            flag = "--first-answer-child" if answer else "--first-trace-child"
+            done = subprocess.run([sys.executable, os.path.abspath(__file__), flag, model],
                                   capture_output=True, text=True, check=True, env=env)
             runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(f"    {name}: {runs[name][-1]}", flush=True)
@@ -136,20 +155,25 @@ def main(argv: list[str] | None = None) -> int:
                     help="only time cold first traces of MODEL (each in a fresh process), --repeats of them")
     ap.add_argument("--against", type=str, default=None, metavar="SRC",
                     help="with --first-trace: the src folder of another trainfit version, its runs interleaved")
+    ap.add_argument("--first-answer", type=str, default=None, metavar="MODEL",
+                    help="only time cold first estimates of MODEL (each in a fresh process), --repeats of them")
     ap.add_argument("--first-trace-child", type=str, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--first-answer-child", type=str, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.first_trace_child:
-        _first_trace_child(args.first_trace_child)
+    if args.first_trace_child or args.first_answer_child:
+        _first_trace_child(args.first_trace_child or args.first_answer_child, answer=bool(args.first_answer_child))
         return 0
-    if args.first_trace:
+    if args.first_trace or args.first_answer:
+        model = args.first_trace or args.first_answer
         print(f"machine: {machine()}", flush=True)
-        print(f"first traces of {args.first_trace} (fresh process each):", flush=True)
-        got = first_traces(args.first_trace, args.repeats, args.against)
+        print(f"first {'estimates' if args.first_answer else 'traces'} of {model} (fresh process each):", flush=True)
+        got = first_traces(model, args.repeats, args.against, answer=bool(args.first_answer))
         print(f"median: {got['median']}")
         if args.against:
             print(f"median of {args.against}: {got['against']['median']}")
             same = got["regimes_sha256"] == got["against"]["regimes_sha256"] and len(got["regimes_sha256"]) == 1
-            print(f"fitted regimes identical: {same} ({got['regimes_sha256']} vs {got['against']['regimes_sha256']})")
+            what = "estimates" if args.first_answer else "fitted regimes"
+            print(f"{what} identical: {same} ({got['regimes_sha256']} vs {got['against']['regimes_sha256']})")
         if args.json:
             from trainfit.files import write_text
 

@@ -58,16 +58,27 @@ class Timeline:
     path: Optional[str] = None
 
     def regime_index(self, b: np.ndarray, s: np.ndarray) -> np.ndarray:
-        """Index of the regime of each (b, s); -1 outside every regime."""
+        """Index of the regime of each (b, s); -1 outside every regime (and, for the step of one shape, every
+        other micro-batch: :attr:`shape`)."""
         from .timeline import v2_of
 
         out = np.full(b.shape, -1, dtype=np.int64)
         k = v2_of(s)
+        only = self.shape
         for i, r in enumerate(self.regimes):
             sel = ((b == 1) if r.batch_one else (b >= 2)) & (s >= r.s_lo) & (s <= r.s_hi) & (b <= self.b_max) \
                 & np.isin(k, r.v2)
+            if only is not None:
+                sel &= b == only[0]
             out[sel] = i
         return out
+
+    @property
+    def shape(self) -> Optional[tuple[int, int]]:
+        """(micro-batch, tokens) of a timeline traced at that one shape (:func:`shape_timeline`), else None (it
+        answers every shape of its range)."""
+        got = self.info.get("shape")
+        return (int(got[0]), int(got[1])) if got else None
 
     @property
     def b_max(self) -> int:
@@ -104,10 +115,13 @@ class Timeline:
             s = np.ceil(s / unit)
         reg = self.regime_index(b, s)
         if (reg < 0).any():
+            from .trace import range_error
+
             i = int(np.argmax(reg < 0))
-            lo, hi = self.seq_range
-            raise TrainfitError(f"the traced method answers micro-batches 1-{self.b_max} and sequences "
-                                f"{lo}-{hi} tokens; got micro-batch {b[i]:.0f} x seq {s[i] * unit:.0f}")
+            if self.shape is not None:
+                raise TrainfitError(f"this timeline was traced at micro-batch {self.shape[0]} x seq "
+                                    f"{self.shape[1]} alone; got micro-batch {b[i]:.0f} x seq {s[i] * unit:.0f}")
+            raise range_error(self.b_max, *self.seq_range, b[i], s[i] * unit)
         n = b.size
         total = np.empty(n)
         phase = np.empty(n, dtype=np.int64)
@@ -256,32 +270,46 @@ class StderrProgress:
 progress_to_stderr = StderrProgress()
 
 
-def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
-             progress: Optional[Callable[[str], None]] = None) -> Timeline:
-    """The fitted timeline of ``config`` under ``recipe``: from memory, the disk cache, or traced now."""
-    from . import cache
+def _extent(shape: Optional[tuple[int, int]] = None) -> dict[str, Any]:
+    """What a timeline covers, as its cache key states it: the traced range, and the one shape of a timeline traced
+    at that shape alone."""
     from .trace import B_MAX, S_MAX
 
-    memo = (id(config), tuple(sorted(recipe.key().items(), key=lambda kv: kv[0])).__repr__())
+    out: dict[str, Any] = {"s_max": S_MAX, "b_max": B_MAX}
+    if shape is not None:
+        out["shape"] = [int(shape[0]), int(shape[1])]
+    return out
+
+
+def _stored(config: Any, recipe: Any, extent: dict[str, Any], use_cache: bool,
+            resolve: bool) -> tuple[Optional[Timeline], str, Optional[str]]:
+    """(the timeline of ``config`` under ``recipe`` covering ``extent`` from memory or the disk cache, or None; its
+    key; the key of its meaning, :func:`.cache.meaning_key`, where ``resolve`` looked it up -- importing
+    transformers, seconds -- without finding a timeline, else None)."""
+    from . import cache
+
+    memo = (id(config), tuple(sorted(recipe.key().items(), key=lambda kv: kv[0])).__repr__(), repr(extent))
     hit = _KEYS.get(memo)
     if hit is not None and hit[0] is config and use_cache and hit[1] in _MEMORY:
-        return _MEMORY[hit[1]]
-    key = cache.cache_key(config, recipe.key(), {"s_max": S_MAX, "b_max": B_MAX})
+        return _MEMORY[hit[1]], hit[1], None
+    key = cache.cache_key(config, recipe.key(), extent)
     _KEYS[memo] = (config, key)
-    if use_cache:
-        if key in _MEMORY:
-            return _MEMORY[key]
-        stored = cache.load(key)
-        if stored is not None:
-            tl = Timeline.from_json(stored["timeline"], str(cache.stored_path(key)))
-            _MEMORY[key] = tl
-            return tl
+    if not use_cache:
+        return None, key, None
+    if key in _MEMORY:
+        return _MEMORY[key], key, None
+    stored = cache.load(key)
+    if stored is not None:
+        tl = Timeline.from_json(stored["timeline"], str(cache.stored_path(key)))
+        _MEMORY[key] = tl
+        return tl, key, None
+    if not resolve:
+        return None, key, None
     from ..measure._deps import require
-    from .trace import trace_timeline
 
     require("torch")
     require("transformers")
-    meaning = cache.meaning_key(config, recipe.key(), {"s_max": S_MAX, "b_max": B_MAX}) if use_cache else None
+    meaning = cache.meaning_key(config, recipe.key(), extent)
     if meaning is not None:  # the same model under another spelling of its config: traced already?
         target = cache.resolve_alias(meaning)
         stored = cache.load(target) if target is not None else None
@@ -289,18 +317,26 @@ def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
             cache.alias(key, target)
             tl = Timeline.from_json(stored["timeline"], str(cache.path_for(target)))
             _MEMORY[key] = tl
-            return tl
-    say = progress or (lambda _m: None)
-    say("tracing this model and recipe once (cached for later runs)")
+            return tl, key, None
+    return None, key, meaning
+
+
+def _traced(trace: Callable[[Callable[[str], None]], tuple], recipe: Any, key: str, meaning: Optional[str],
+            use_cache: bool, progress: Optional[Callable[[str], None]], extra: dict[str, Any]) -> Timeline:
+    """Run ``trace`` (called with the progress callable: (regimes, report, facts)), and keep its timeline in memory
+    and, with ``use_cache``, on disk under ``key`` (``meaning`` aliased to it). ``extra`` joins its info."""
+    from . import cache
+    from .trace import B_MAX, S_MAX
+
     try:
-        regimes, report, facts = trace_timeline(config, recipe, progress=say)
+        regimes, report, facts = trace(progress or (lambda _m: None))
     finally:
         close = getattr(progress, "close", None)
         if close is not None:
             close()
     info = {"steps": report.steps, "seconds": round(report.seconds, 2), "depths": report.depths,
             "n_layers": report.n_layers, "blocks": report.plan, "trace_notes": report.notes,
-            "b_max": B_MAX, "s_max": S_MAX, "versions": cache.versions(), **facts}
+            "b_max": B_MAX, "s_max": S_MAX, "versions": cache.versions(), **facts, **extra}
     if recipe.layout is not None:
         info["layout"] = recipe.layout.as_dict()
     tl = Timeline(regimes, info)
@@ -310,6 +346,44 @@ def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
     tl.path = str(path) if path else None
     _MEMORY[key] = tl
     return tl
+
+
+def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
+             progress: Optional[Callable[[str], None]] = None, why: Optional[str] = None) -> Timeline:
+    """The fitted timeline of ``config`` under ``recipe``: from memory, the disk cache, or traced now (``why`` a
+    one-shape answer could not do: kept in its info as ``whole_why``)."""
+    from .trace import trace_timeline
+
+    tl, key, meaning = _stored(config, recipe, _extent(), use_cache, resolve=True)
+    if tl is not None:
+        return tl
+    if progress is not None:
+        progress("tracing this model and recipe once (cached for later runs)")
+    return _traced(lambda say: trace_timeline(config, recipe, progress=say), recipe, key, meaning, use_cache,
+                   progress, {"whole_why": why} if why else {})
+
+
+def shape_timeline(config: Any, recipe: Any, b: int, s: int, *, use_cache: bool = True,
+                   progress: Optional[Callable[[str], None]] = None) -> Timeline:
+    """A timeline that answers micro-batch ``b`` x ``s`` tokens: the fitted timeline where it is known already (in
+    memory, on disk, or under another spelling of the config), else the step at that shape alone -- recorded at
+    exactly that shape on the one-, two- and three-unit models of the repeat plan and extended to the full depth
+    (:func:`.trace.trace_shape`; cached under its own key, the shape included) -- and the whole timeline traced
+    where a few blocks cannot answer (its info's ``whole_why`` says why). What one estimate needs; a sweep
+    needs the whole timeline (:func:`timeline`)."""
+    from .trace import NoShortcut, trace_shape
+
+    shape = (int(b), int(s))
+    for resolve in (False, True):  # the files of both first (no import), then the config's meaning
+        for extent in (_extent(), _extent(shape)):
+            tl, key, meaning = _stored(config, recipe, extent, use_cache, resolve)
+            if tl is not None:
+                return tl
+    try:
+        return _traced(lambda say: trace_shape(config, recipe, *shape, progress=say), recipe, key, meaning,
+                       use_cache, progress, {"shape": list(shape)})
+    except NoShortcut as exc:
+        return timeline(config, recipe, use_cache=use_cache, progress=progress, why=str(exc))
 
 
 def is_traced(config: Any, recipe: Any) -> bool:
@@ -322,6 +396,21 @@ def is_traced(config: Any, recipe: Any) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------- method
+
+def _answers(tl: Timeline) -> str:
+    """What the timeline behind an estimate is, in words: the step of this one shape, or the whole fitted timeline
+    (and why, where one shape alone could not do)."""
+    info = tl.info
+    d = info.get("depths") or []
+    if tl.shape is not None:
+        return (f"exact at this shape from {info.get('steps')} traced steps of the {'/'.join(map(str, d))}-block "
+                f"models (checked at {d[-1] if d else '?'}), in {info.get('seconds')} s; a sweep traces the whole "
+                "timeline once")
+    blocks = f"; blocks: {info['blocks']}" if info.get("blocks") else ""
+    why = f" (not from a few blocks at this shape alone: {info['whole_why']})" if info.get("whole_why") else ""
+    return (f"traced once: {info.get('steps')} fake-tensor steps in {info.get('seconds')} s at depths "
+            f"{d}{blocks}; every allocation's size fitted exactly in (batch, seq){why}")
+
 
 def _applies(setup: TrainingSetup) -> bool:
     return setup.model.config is not None and importlib.util.find_spec("torch") is not None \
@@ -415,14 +504,20 @@ class Traced(MemoryMethod):
 
     def estimate(self, setup: TrainingSetup, *, cache: bool = True, task: Optional[str] = None,
                  progress: Optional[Callable[[str], None]] = None) -> Estimate:
-        """Peak memory (bytes) of one steady-state training step of ``setup``, from its fitted timeline.
+        """Peak memory (bytes) of one steady-state training step of ``setup``, from its fitted timeline, or, where
+        none is known yet, from the step of its own (micro-batch, seq) alone (:func:`shape_timeline`: three
+        steps of the few-block models instead of the whole trace; the same bytes).
 
         ``components`` are the measured method's, at the peak; ``extra`` holds ``peak_phase``, each phase's
         peak (``phases``), the regime, parameter counts and how the trace went (``trace``: steps recorded,
-        seconds, depths traced, the cache file). ``cache`` False traces again without reading or writing
-        the disk cache. ``task`` clm | mlm | seq2seq as the measured method's.
+        seconds, depths traced, the cache file, ``shape`` -- the one shape answered, or None for the whole
+        timeline --, ``whole_why`` where one shape alone could not do, ``answers`` in words). ``cache`` False
+        traces again without reading or writing the disk cache. ``task`` clm | mlm | seq2seq as the measured
+        method's.
         """
-        tl = self.timeline(setup, cache=cache, progress=progress, task=task)
+        self.check(setup)
+        tl = shape_timeline(setup.model.config, recipe_of(setup, task), setup.micro_batch, setup.seq_len,
+                            use_cache=cache, progress=progress)
         t0 = time.perf_counter()
         out = tl.evaluate(setup.micro_batch, setup.seq_len, detail=True)
         total = float(out["total"][0])
@@ -437,7 +532,9 @@ class Traced(MemoryMethod):
             "n_params": info.get("n_params"), "n_trainable_params": info.get("n_trainable"),
             "arch": info.get("model_type"),
             "trace": {k: info.get(k) for k in ("steps", "seconds", "depths", "n_layers", "blocks", "trace_notes",
-                                               "versions", "sdpa")} | {"cache": tl.path},
+                                               "versions", "sdpa", "shape", "whole_why", "cpu_seconds",
+                                               "worker_cpu_seconds")}
+            | {"cache": tl.path, "answers": _answers(tl)},
             "evaluate_seconds": time.perf_counter() - t0,
         }
         lay = layout_of(setup)  # the setup's own (a DDP trace serves every dp)
@@ -453,10 +550,8 @@ class Traced(MemoryMethod):
             where += [f"rank {lay['rank']} of {lay['world_size']} (mesh "
                       f"{', '.join(f'{k} {v}' for k, v in lay['mesh'].items())}{flavour}) on a fake process group, "
                       "as the measured method runs it; excludes NCCL's own buffers"]
-        blocks = f"; blocks: {info['blocks']}" if info.get("blocks") else ""
         notes = list(info.get("notes", [])) + [
-            f"traced once: {info.get('steps')} fake-tensor steps in {info.get('seconds')} s at depths "
-            f"{info.get('depths')}{blocks}; every allocation's size fitted exactly in (batch, seq)",
+            _answers(tl),
             "peak = torch.cuda.max_memory_allocated() of a steady-state step on one sm80/sm90 GPU, as the measured "
             "method emulates it; excludes CUDA context, library workspaces, kernel scratch, fragmentation", *where]
         return Estimate.of(NAME, setup, total_bytes=total, components=comps, inputs=inputs, notes=notes, extra=extra)
@@ -493,4 +588,4 @@ class Traced(MemoryMethod):
 
 
 __all__ = ["ACCEPTS", "COMPONENTS", "NAME", "RANK_COMPONENTS", "StderrProgress", "Timeline", "Traced", "layout_of",
-           "progress_to_stderr", "recipe_of", "timeline"]
+           "progress_to_stderr", "recipe_of", "shape_timeline", "timeline"]

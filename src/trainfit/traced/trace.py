@@ -642,9 +642,11 @@ def _check_common(pr: Prober, fits: Sequence[RegimeFit], table: PolyTable, s_max
 # ------------------------------------------------------------------------------------------------ trace
 
 #: environment variable: ``0`` records every step in this process, ``1`` always shares the steps with a worker
-#: process (the upper half of the ladder, the full-depth check, the later shapes of the two-unit model); unset, a
-#: worker runs where the machine has two cores or more and the model :data:`WORKER_MIN_BLOCKS` blocks or more
-#: (below that its interpreter's start costs more than it saves)
+#: process (the upper half of the ladder, the full-depth check, the later shapes of the two-unit model; for one
+#: shape's answer, the two- and three-unit models' steps in a forked child); unset, a worker runs where the machine
+#: has two cores or more and the model :data:`WORKER_MIN_BLOCKS` blocks or more (below that its interpreter's start
+#: costs more than it saves); forked children where the machine has two cores or more and its 1-minute load leaves
+#: a core idle (a child's start costs nothing, but on busy cores the children compete with this process)
 WORKERS_ENV = "TRAINFIT_TRACE_WORKERS"
 WORKER_MIN_BLOCKS = 16
 #: environment variable: ``1`` also shares the few-block models' steps with the worker (the upper half of the
@@ -670,19 +672,29 @@ def _config_blocks(config: Mapping[str, Any]) -> int:
     return 0
 
 
+def _workers_on(config: Mapping[str, Any], fork: bool = False) -> bool:
+    """Whether steps are recorded in a second process (see :data:`WORKERS_ENV`). A forked child starts in
+    milliseconds, so ``fork`` needs no model size, but a core left idle by other work: the children only shorten
+    the wall time where they do not take this process's core (on the shared 2-core machine at a load of 2, a
+    first estimate of OLMo-2-7B took 21 s with them and 19 s without; docs/traced.md, Speed)."""
+    import os
+
+    raw = os.environ.get(WORKERS_ENV, "").strip()
+    if raw.isdigit():
+        return int(raw) >= 1
+    cores = os.cpu_count() or 1
+    if fork:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        return cores >= 2 and load <= cores - 1
+    return cores >= 2 and _config_blocks(config) >= WORKER_MIN_BLOCKS
+
+
 def _worker(config: Mapping[str, Any]) -> Any:
     """A one-process pool (spawned: a fresh interpreter, no state forked from this one's torch) that records steps
     beside this process, or None (see :data:`WORKERS_ENV`). Its tasks run one at a time in submission order: the
     upper half of the one-unit model's ladder (:func:`_worker_step`), the full-depth check (:func:`_worker_windows`),
     and, if it is free by then, the later shapes of the two-unit model."""
-    import os
-
-    raw = os.environ.get(WORKERS_ENV, "").strip()
-    if raw.isdigit():
-        on = int(raw) >= 1
-    else:
-        on = (os.cpu_count() or 1) >= 2 and _config_blocks(config) >= WORKER_MIN_BLOCKS
-    if not on:
+    if not _workers_on(config):
         return None
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -814,6 +826,208 @@ def _mismatch(wanted: Mapping[tuple[int, int], Any], fits: Sequence[RegimeFit], 
     return None
 
 
+def _model(config: Mapping[str, Any], recipe: Recipe, build_seq: int, s_max: int,
+           report: TraceReport) -> tuple[Any, Optional[int], int, Optional[RepeatPlan], dict[str, Any]]:
+    """The full model built on the meta device only (its facts and blocks are read without giving it tensors; a
+    session steps it only where it is traced at full depth or checked in this process): (that build, its block
+    count, the longest length traced -- ``s_max`` in the recipe's unit, capped by a learned position table --, its
+    repeat plan or None, facts about the model for the timeline's info). Notes and the plan go to ``report``."""
+    from ..measure.fake import count_params
+
+    full_built = TraceSession.build(config, recipe, build_seq)
+    built = full_built.built
+    n_layers = block_count(built.config)
+    limit = position_limit(built.model, built.config)
+    unit = recipe.seq_unit
+    facts: dict[str, Any] = {}
+    if unit > 1:
+        facts["seq_unit"] = unit
+    if limit is not None and limit // unit < s_max:
+        s_max = limit // unit
+        facts["s_max"] = s_max * unit
+        report.notes.append(f"learned position table: sequences up to {limit} tokens")
+    found = layer_stack(built.model, n_layers)
+    plan = repeat_plan([block_signature(b) for b in found[2]]) if found is not None else None
+    n_params, n_trainable = count_params(built.model)
+    facts.update(n_params=n_params, n_trainable=n_trainable, model_type=built.model_type, task=built.task,
+                 notes=list(built.notes))
+    report.n_layers = n_layers
+    if plan is not None:
+        report.plan = (f"blocks 0-{plan.prefix - 1}, then {plan.units} units of {plan.period}, then the last "
+                       f"{plan.suffix}")
+    return full_built, n_layers, s_max, plan, facts
+
+
+def _finish(report: TraceReport, facts: dict[str, Any], t0: float, c0: float) -> None:
+    """The trace's wall seconds in ``report``, its CPU seconds in ``facts`` (the machine may be shared: wall seconds
+    alone say little): this process's since the trace began, and the worker's whole life."""
+    report.seconds = time.perf_counter() - t0
+    facts["cpu_seconds"] = round(time.process_time() - c0, 2)
+    if report.worker_cpu_seconds:
+        facts["worker_cpu_seconds"] = round(report.worker_cpu_seconds, 2)
+
+
+def range_error(b_max: int, s_lo: int, s_hi: int, b: float, s: float) -> TrainfitError:
+    """The one-line refusal of a shape outside what a trace answers (micro-batches 1-``b_max``, sequences
+    ``s_lo``-``s_hi`` tokens)."""
+    return TrainfitError(f"the traced method answers micro-batches 1-{b_max} and sequences {s_lo}-{s_hi} tokens; "
+                         f"got micro-batch {b:.0f} x seq {s:.0f}")
+
+
+class NoShortcut(Exception):
+    """:func:`trace_shape` cannot answer the shape from a few blocks alone (the reason, one line): the whole
+    timeline is traced instead."""
+
+
+def _const_window(trace: StepTrace, table: PolyTable) -> Window:
+    """A recorded step as a window whose every size is a constant (:meth:`.fit.Poly.const`): exact at its own
+    shape, which is all :func:`trace_shape` answers."""
+    slot_poly: list[Optional[int]] = [None] * trace.kind.size
+    for i in _slots(trace).tolist():
+        slot_poly[i] = table.id(Poly.const(int(trace.nbytes[i])))
+    return window_of(trace, slot_poly, table)
+
+
+def _shape_step(config: Mapping[str, Any], recipe: Recipe, plan: RepeatPlan, units: int, b: int, s: int,
+                built: Any = None, prime: Optional[bool] = None) -> StepTrace:
+    """The steady-state step at (b, s) of the model with ``units`` repeated units (``built``: a build of the full
+    model to cut instead of building again). ``prime`` (by default for the three-unit model, which is only
+    compared with a prediction): warmed up by :meth:`.record.TraceSession._prime`, else by a whole step."""
+    with TraceSession(config, recipe, keep=plan.keep(units), build_seq=S_MIN, built=built,
+                      prime=units == 3 if prime is None else prime) as session:
+        return session.record(b, s)
+
+
+def _fork_step(config: Mapping[str, Any], recipe: Recipe, plan: RepeatPlan, units: int, b: int, s: int) -> Any:
+    """A forked child recording the ``units``-unit model's step at (b, s) (:func:`_shape_step`), sending it back
+    through a pipe: (process, connection), or None where this platform does not fork. Forked, not spawned: the
+    child shares this process's imports of torch, transformers and the model's code (seconds of CPU that a fresh
+    interpreter pays again); it runs no compute kernel (fake tensors), so no thread pool is copied mid-use.
+    Nothing of it reaches the caller's state: it sends its step and exits. None too where this process runs other
+    threads."""
+    import multiprocessing
+    import threading
+
+    # (a process with other threads -- a server answering estimates in threads -- is not forked: a lock another
+    # thread holds at the fork stays held in the child)
+    if "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1:
+        return None
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+
+    def run() -> None:
+        try:
+            send.send(("ok", _shape_step(config, recipe, plan, units, b, s), time.process_time()))
+        except BaseException as exc:  # noqa: BLE001 - said to the parent, which records the steps itself
+            send.send(("error", f"{type(exc).__name__}: {exc}", time.process_time()))
+        finally:
+            send.close()
+
+    try:
+        proc = ctx.Process(target=run, daemon=True)
+        proc.start()
+    except (OSError, ValueError):  # pragma: no cover - no processes allowed here
+        return None
+    send.close()
+    return proc, recv
+
+
+#: seconds a forked child's step may take beyond this process's own before it is recorded here instead
+CHILD_PATIENCE = 120.0
+
+
+def _join_step(child: Any, report: TraceReport) -> Optional[StepTrace]:
+    """The forked child's step (:func:`_fork_step`), or None where it failed, died or took more than
+    :data:`CHILD_PATIENCE` seconds (stopped; the step is then recorded here, a refusal raised as it would be
+    here). Its CPU seconds are added to the report's ``worker_cpu_seconds``."""
+    proc, recv = child
+    got = None
+    try:
+        if recv.poll(CHILD_PATIENCE):
+            got = recv.recv()
+    except (EOFError, OSError):
+        got = None
+    finally:
+        recv.close()
+        if proc.is_alive():
+            proc.terminate()
+        proc.join(5)
+    if not got:
+        return None
+    report.worker_cpu_seconds += float(got[2])
+    return got[1] if got[0] == "ok" else None
+
+
+def trace_shape(config: Mapping[str, Any], recipe: Recipe, b: int, s: int, *,
+                progress: Optional[Callable[[str], None]] = None) -> tuple[list[Regime], TraceReport, dict]:
+    """The step at one shape (micro-batch ``b``, ``s`` tokens) alone, from the one-, two- and three-unit models of
+    the repeat plan recorded at exactly that shape: what the second unit adds (:func:`~.window.insertions`, every
+    size a constant) is repeated to the full depth, as :func:`trace_timeline` repeats it, and must reproduce the
+    three-unit model's step allocation by allocation (the check that stands for the full-depth one: recorded after
+    a primed warm-up, and again after a whole warm-up step before it is rejected). Returns one regime covering
+    exactly (b, s), the report and the model's facts; raises :class:`NoShortcut` where a few blocks cannot answer
+    (no repeat plan, a multi-GPU rank, blocks that do not extend alike) and a one-line error for a shape outside
+    the traced range. Four model builds and six steps of the few-block models (three warm-ups, three recorded),
+    the two- and three-unit models' each in a forked child where a second core is idle (:data:`WORKERS_ENV`)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    if recipe.layout is not None:
+        # a rank's extension is checked at full depth by the whole trace (its steps depend on the mesh)
+        raise NoShortcut("a multi-GPU rank is traced over the whole timeline")
+    say = progress or (lambda _m: None)
+    report = TraceReport(on_step=getattr(progress, "steps", None))
+    full_built, n_layers, s_max, plan, facts = _model(config, recipe, S_MIN, S_MAX, report)
+    if not (1 <= b <= B_MAX and S_MIN <= s <= s_max):
+        raise range_error(B_MAX, S_MIN, s_max, b, s)
+    if plan is None:
+        raise NoShortcut("its blocks do not repeat: traced at full depth over the whole timeline")
+    depths = [plan.depth(u) for u in (1, 2, 3)]
+    report.depths = depths
+    say(f"tracing batch {b} x seq {s} with {depths[0]}, {depths[1]} and {depths[2]} of {n_layers} blocks")
+    report.expect(3)
+    # the two- and three-unit models' steps each in a forked copy of this process (its imports and build done: a
+    # child starts in milliseconds) while this one records the one-unit model's; here where a child cannot run
+    fork = _workers_on(config, fork=True)
+    children = {u: _fork_step(config, recipe, plan, u, b, s) if fork else None for u in (2, 3)}
+    try:
+        steps = [_shape_step(config, recipe, plan, 1, b, s, built=full_built)]
+        report.steps += 1
+        report.tick()
+        for units, child in children.items():
+            got = _join_step(child, report) if child is not None else None
+            steps.append(got if got is not None else _shape_step(config, recipe, plan, units, b, s))
+            report.steps += 1
+            report.tick()
+    finally:
+        for child in children.values():
+            if child is not None and child[0].is_alive():
+                child[0].terminate()
+    table = PolyTable()
+    base, deeper = _const_window(steps[0], table), _const_window(steps[1], table)
+    try:
+        pieces, unit_static = insertions(base, deeper), static_delta(base, deeper)
+    except TrainfitError as exc:
+        raise NoShortcut(str(exc)) from None
+    want = concrete_window(steps[2])
+    if _predict(base, pieces, 2, unit_static, table.polys, b, s) != want:
+        report.expect(1)
+        want = concrete_window(_shape_step(config, recipe, plan, 3, b, s, prime=False))
+        report.steps += 1
+        report.tick()
+        if _predict(base, pieces, 2, unit_static, table.polys, b, s) != want:
+            raise NoShortcut(f"the {depths[0]}- and {depths[1]}-block steps do not extend exactly to "
+                             f"{depths[2]} blocks at batch {b} x seq {s}")
+    say("compiling")
+    copies = plan.units - 1
+    static = Counter(base.static)
+    for k, v in unit_static.items():
+        static[k] += v * copies
+    regime = compile_regime(table.polys, base, pieces, copies, static, batch_one=b == 1, s_lo=s, s_hi=s,
+                            v2=(v2(s),), b_max=B_MAX)
+    facts["sdpa"] = {("b=1" if b == 1 else "b>=2") + f" s={s}-{s}": dict(steps[0].sdpa)}
+    _finish(report, facts, t0, c0)
+    return [regime], report, facts
+
+
 def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_MAX,
                    progress: Optional[Callable[[str], None]] = None) -> tuple[list[Regime], TraceReport, dict]:
     """Trace ``config`` under ``recipe``: (the compiled regimes, how it went, facts about the model)."""
@@ -839,32 +1053,10 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
 def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceReport, say: Callable[[str], None],
            build_seq: int, worker: Any, pending: Any, t0: float, c0: float) -> tuple[list[Regime], TraceReport, dict]:
     table = PolyTable()
-    facts: dict[str, Any] = {}
     fits: list[RegimeFit] = []
-    plan: Optional[RepeatPlan] = None
     wanted: dict[tuple[int, int], Any] = {}
-    # the full model built on the meta device only: its facts and blocks are read without giving it tensors (a
-    # session steps it only when it is traced at full depth or checked in this process)
-    from ..measure.fake import count_params
-
-    full_built = TraceSession.build(config, recipe, build_seq)
-    built = full_built.built
-    n_layers = block_count(built.config)
-    limit = position_limit(built.model, built.config)
-    unit = recipe.seq_unit
-    if unit > 1:
-        facts["seq_unit"] = unit
-    if limit is not None and limit // unit < s_max:
-        s_max = limit // unit
-        facts["s_max"] = s_max * unit
-        report.notes.append(f"learned position table: sequences up to {limit} tokens")
+    full_built, n_layers, s_max, plan, facts = _model(config, recipe, build_seq, s_max, report)
     checks = [(b, min(s, s_max)) for b, s in VERIFY_SHAPES]
-    found = layer_stack(built.model, n_layers)
-    plan = repeat_plan([block_signature(b) for b in found[2]]) if found is not None else None
-    n_params, n_trainable = count_params(built.model)
-    facts.update(n_params=n_params, n_trainable=n_trainable, model_type=built.model_type, task=built.task,
-                 notes=list(built.notes))
-    report.n_layers = n_layers
     if plan is None:
         if worker is not None:
             _stop(worker)  # traced at full depth here: no check steps to wait for
@@ -880,8 +1072,6 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
     unit_static: list[Counter] = [Counter() for _ in fits]
     copies = 0
     if plan is not None:
-        report.plan = (f"blocks 0-{plan.prefix - 1}, then {plan.units} units of {plan.period}, then the last "
-                       f"{plan.suffix}")
         d1, d2 = plan.depth(1), plan.depth(2)
         report.depths = [d1, d2, n_layers or 0]
         say(f"tracing {d1} and {d2} of {n_layers} blocks")
@@ -966,13 +1156,9 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
                                       s_lo=f.s_lo, s_hi=f.s_hi, v2=f.v2, b_max=B_MAX))
     facts["sdpa"] = {("b=1" if f.batch_one else "b>=2") + f" s={f.s_lo}-{f.s_hi}" + (
         f" (2^k | s, k in {list(f.v2)})" if f.v2 != tuple(range(V2_CAP + 1)) else ""): f.sdpa for f in fits}
-    report.seconds = time.perf_counter() - t0
-    # what the trace cost in CPU time (the machine may be shared: wall seconds alone say little): this process's
-    # since the trace began, and the worker's whole life
-    facts["cpu_seconds"] = round(time.process_time() - c0, 2)
-    if report.worker_cpu_seconds:
-        facts["worker_cpu_seconds"] = round(report.worker_cpu_seconds, 2)
+    _finish(report, facts, t0, c0)
     return regimes, report, facts
 
 
-__all__ = ["B_MAX", "LADDER", "S_MAX", "SHARE_ENV", "WORKERS_ENV", "TraceReport", "UntrustedFit", "trace_timeline", "v2"]
+__all__ = ["B_MAX", "LADDER", "S_MAX", "SHARE_ENV", "WORKERS_ENV", "NoShortcut", "TraceReport", "UntrustedFit",
+           "range_error", "trace_shape", "trace_timeline", "v2"]
