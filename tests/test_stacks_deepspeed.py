@@ -492,3 +492,19 @@ def test_stage3_gathered_parameters_at_each_backward_moment():
     assert g.cores[3] == emb + 4 * attn + 3 * mlp - 65_536
     assert g.blocks[0] == emb + attn + mlp - 180_224 and g.embed == emb
     assert stage3_gathered(arch, 1).loss == 0
+
+
+def test_stage3_of_blocks_without_separate_projections_is_refused_in_one_line_and_planned_as_hf():
+    """GPT-2's blocks fuse q/k/v (c_attn) and name no o_proj/down_proj: the ZeRO-3 simulation releases parameters after
+    those modules (stage3_gathered), so the model refuses the stack at ZeRO-3 in one line (it raised a KeyError), and a
+    plan counts those layouts as the hf stack runs them instead of failing."""
+    from trainfit.engine import estimate
+    from trainfit.planner import plan
+
+    with pytest.raises(TrainfitError, match="o_proj or down_proj") as e:
+        estimate("gpt2", "h100", method="detailed", suggestions=False, stack="deepspeed", zero=3, dp=8, batch=8,
+                 seq_len=1024, checkpointing="full")
+    assert "\n" not in str(e.value)
+    got = plan("gpt2", "h100", world_size=8, seq_len=1024, stack="deepspeed")
+    assert got.top and any("for blocks with separate attention output and MLP down projections" in n
+                           for n in got.notes)

@@ -87,6 +87,11 @@ def check(setup: TrainingSetup) -> None:
     if r.checkpointing not in ("none", "full"):
         raise TrainfitError(f"the detailed method models stack {r.stack!r} with --checkpointing none or full "
                             f"(transformers' gradient_checkpointing); got {r.checkpointing!r}")
+    if par.zero == 3 and _unsimulated(setup.model.arch):
+        raise TrainfitError(f"the detailed method models stack {r.stack!r} at ZeRO-3 for blocks with separate "
+                            "attention output and MLP down projections (o_proj, down_proj: the modules its simulation "
+                            f"of the parameter coordinator releases after, as measured); {setup.model.name}'s blocks "
+                            f"have no {' or '.join(_unsimulated(setup.model.arch))} (the measured method runs it)")
     if par.zero == 3 and par.dp > 1 and r.checkpointing == "none":
         arch = setup.model.arch
         kept = stage3_trace(arch, par.dp, False)["fwd.head"]
@@ -386,6 +391,13 @@ def _modules(arch: ArchSpec) -> tuple[list[tuple[str, tuple[int, ...]]], dict[in
     return [("fwd.embed", tuple(emb))] + [x for i in range(arch.num_layers) for x in block(i, fwd_order, "fwd")] + [
         ("fwd.norm", tuple(mods[(None, "norm")])), ("fwd.head", tuple(head)), ("bwd.head", tuple(head)),
         ("bwd.norm", tuple(mods[(None, "norm")]))], numel
+
+
+@lru_cache(maxsize=64)
+def _unsimulated(arch: ArchSpec) -> tuple[str, ...]:
+    """The modules :func:`stage3_gathered` reads of every block that ``arch``'s blocks lack (GPT-2's fused ones)."""
+    have = {m for m, _ in _modules(arch)[0]}
+    return tuple(m for m in ("o_proj", "down_proj") if any(f"fwd{i}.{m}" not in have for i in range(arch.num_layers)))
 
 
 @lru_cache(maxsize=256)
