@@ -155,12 +155,30 @@ def test_what_is_not_answered_from_a_few_blocks(cache_dir):
         Traced().estimate(_setup(DEEP, batch=2, seq_len=300_000))
 
 
-def test_the_steps_are_the_same_with_and_without_the_forked_children(cache_dir, monkeypatch):
-    setup = _setup(DEEP, checkpointing="full", batch=3, seq_len=45)
+_FORKED = """
+import json, sys
+from trainfit.refs import resolve_model
+from trainfit.traced import method, trace
+from trainfit.training_setup import TrainingSetup
+setup = TrainingSetup.build(resolve_model(json.loads(sys.argv[1])), "h100", checkpointing="full", batch=3, seq_len=45)
+regimes, report, facts = trace.trace_shape(setup.model.config, method.recipe_of(setup), 3, 45)
+print(json.dumps({"regimes": [r.to_json() for r in regimes], "steps": report.steps,
+                  "worker_cpu_seconds": facts.get("worker_cpu_seconds", 0)}))
+"""
+
+
+def test_the_steps_are_the_same_with_and_without_the_forked_children(tmp_path):
+    # each run in a fresh interpreter: a process running other threads is never forked (the test session may hold
+    # some from earlier tests), and the cache of its own
+    import os
+    import subprocess
+    import sys
+
     got = {}
     for workers in ("0", "1"):
-        monkeypatch.setenv(traced_trace.WORKERS_ENV, workers)
-        regimes, report, facts = traced_trace.trace_shape(setup.model.config, traced_method.recipe_of(setup), 3, 45)
-        got[workers] = json.dumps([r.to_json() for r in regimes])
-        assert report.steps == 3 and (facts.get("worker_cpu_seconds", 0) > 0) == (workers == "1")
-    assert got["0"] == got["1"]
+        env = dict(os.environ, TRAINFIT_TRACE_WORKERS=workers, TRAINFIT_CACHE_DIR=str(tmp_path / workers))
+        run = subprocess.run([sys.executable, "-c", _FORKED, json.dumps(DEEP)], capture_output=True, text=True,
+                             env=env, check=True)
+        got[workers] = json.loads(run.stdout.strip().splitlines()[-1])
+        assert got[workers]["steps"] == 3 and (got[workers]["worker_cpu_seconds"] > 0) == (workers == "1")
+    assert got["0"]["regimes"] == got["1"]["regimes"]
