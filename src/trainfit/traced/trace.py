@@ -958,6 +958,16 @@ def _join_step(child: Any, report: TraceReport) -> Optional[StepTrace]:
     return got[1] if got[0] == "ok" else None
 
 
+def _compiled(table: PolyTable, window: Window, pieces: Sequence[Insertion], unit_static: Counter, copies: int,
+              **where: Any) -> Regime:
+    """The regime of ``window`` with the unit's ``pieces`` and static storages repeated ``copies`` times, compiled
+    (``where``: its batch class, lengths and length classes)."""
+    static = Counter(window.static)
+    for k, v in unit_static.items():
+        static[k] += v * copies
+    return compile_regime(table.polys, window, pieces, copies, static, b_max=B_MAX, **where)
+
+
 def trace_shape(config: Mapping[str, Any], recipe: Recipe, b: int, s: int, *,
                 progress: Optional[Callable[[str], None]] = None) -> tuple[list[Regime], TraceReport, dict]:
     """The step at one shape (micro-batch ``b``, ``s`` tokens) alone, from the one-, two- and three-unit models of
@@ -1017,12 +1027,8 @@ def trace_shape(config: Mapping[str, Any], recipe: Recipe, b: int, s: int, *,
             raise NoShortcut(f"the {depths[0]}- and {depths[1]}-block steps do not extend exactly to "
                              f"{depths[2]} blocks at batch {b} x seq {s}")
     say("compiling")
-    copies = plan.units - 1
-    static = Counter(base.static)
-    for k, v in unit_static.items():
-        static[k] += v * copies
-    regime = compile_regime(table.polys, base, pieces, copies, static, batch_one=b == 1, s_lo=s, s_hi=s,
-                            v2=(v2(s),), b_max=B_MAX)
+    regime = _compiled(table, base, pieces, unit_static, plan.units - 1, batch_one=b == 1, s_lo=s, s_hi=s,
+                       v2=(v2(s),))
     facts["sdpa"] = {("b=1" if b == 1 else "b>=2") + f" s={s}-{s}": dict(steps[0].sdpa)}
     _finish(report, facts, t0, c0)
     return [regime], report, facts
@@ -1149,11 +1155,8 @@ def _trace(config: Mapping[str, Any], recipe: Recipe, s_max: int, report: TraceR
     say("compiling")
     regimes = []
     for f, pcs, ust in zip(fits, pieces, unit_static):
-        static = Counter(f.window.static)
-        for k, v in ust.items():
-            static[k] += v * copies
-        regimes.append(compile_regime(table.polys, f.window, pcs, copies, static, batch_one=f.batch_one,
-                                      s_lo=f.s_lo, s_hi=f.s_hi, v2=f.v2, b_max=B_MAX))
+        regimes.append(_compiled(table, f.window, pcs, ust, copies, batch_one=f.batch_one, s_lo=f.s_lo,
+                                 s_hi=f.s_hi, v2=f.v2))
     facts["sdpa"] = {("b=1" if f.batch_one else "b>=2") + f" s={f.s_lo}-{f.s_hi}" + (
         f" (2^k | s, k in {list(f.v2)})" if f.v2 != tuple(range(V2_CAP + 1)) else ""): f.sdpa for f in fits}
     _finish(report, facts, t0, c0)
