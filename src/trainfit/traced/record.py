@@ -118,7 +118,8 @@ def _lean_class() -> Any:
     recomputation, else activations; a known storage that grew is resized), then the peak check -- without the
     generic parts that cost most of the tracker's time per operator and do nothing here: three layers of
     ``torch._dynamo``-disabling wrappers around the dispatch, the host-memory rule, a pytree map that rebuilds the
-    output, the storage walk meant for tensor subclasses, and deep copies of the snapshots at every module's hooks.
+    output, the storage walk meant for tensor subclasses, deep copies of the snapshots at every module's hooks, and
+    the tracking after each device query (``prim.device``: it makes no storage).
     ``tests/test_traced_speed.py`` compares its events with the measurement tracker's. Multi-GPU ranks (DTensor, FSDP's labels) and host
     memory keep the measurement's tracker. Built lazily: importing it imports torch."""
     torch = require("torch")
@@ -135,6 +136,7 @@ def _lean_class() -> Any:
     SIZE_ = mt._UpdateType.SIZE
     graph_task = torch._C._current_graph_task_id
     wait_tensor = torch.ops._c10d_functional.wait_tensor.default
+    device_of = torch.ops.prim.device.default
     get_mode, FAKE = torch._C._get_dispatch_mode, torch._C._TorchDispatchModeKey.FAKE
 
     def active_fake() -> Any:
@@ -190,6 +192,8 @@ def _lean_class() -> Any:
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if self.host_rule or self._distributed or DTensor in types:  # (as the measurement's tracker)
                 return FixedMemTracker.__torch_dispatch__(self, func, types, args, kwargs)
+            if func is device_of:  # a device query (two thirds of a step's calls, mostly the autograd engine's)
+                return func(*args, **(kwargs or {}))
             if func is wait_tensor and active_fake_mode():
                 res = args[0]
             else:
@@ -388,6 +392,24 @@ class Recipe:
         return lay.tp if lay is not None and lay.tp > 1 and lay.sequence_parallel else 1
 
 
+@contextlib.contextmanager
+def frozen_heap() -> Any:
+    """Everything alive now (torch's, transformers' and the built model's objects: about a million) collected once
+    and moved out of the cyclic collector's view until exit, so that the collection before each step (as the
+    measurement runs it) walks only what the sessions and steps create since: a third of a second less per
+    collection, the same objects freed (garbage made after this point is collected as before). Processes forked
+    inside share the frozen objects without the collector touching them. Unfrozen on exit unless objects were
+    frozen already (by a caller: they are unfrozen with the caller's)."""
+    first = gc.get_freeze_count() == 0
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        if first:
+            gc.unfreeze()
+
+
 class TraceSession:
     """One model (optionally cut to the blocks ``keep``) and its optimizer on fake tensors, ready to record
     steady-state steps at any (batch, seq). Use as a context manager; :meth:`record` per shape."""
@@ -558,22 +580,23 @@ class TraceSession:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
 
+    def warm_up(self, batch: int, seq: int) -> None:
+        """The warm-up (a whole step at (batch, seq), or :meth:`_prime`) that :meth:`record` runs first, once."""
+        if self._warm:
+            return
+        if self.prime:
+            self._prime()
+        else:
+            self._step(batch, seq, record=False)
+        self._warm = True
+        # the session's model and optimizer state join the frozen objects: the collection before each recorded
+        # step walks only what the steps create
+        self._stack.enter_context(frozen_heap())
+
     def record(self, batch: int, seq: int) -> StepTrace:
-        """The steady-state step at (batch, seq): a warm-up step runs first the first time. ``seq`` is in the
+        """The steady-state step at (batch, seq), after :meth:`warm_up` the first time. ``seq`` is in the
         recipe's :attr:`Recipe.seq_unit` (tokens, except under tensor parallelism with sequence parallelism)."""
-        if not self._warm:
-            if self.prime:
-                self._prime()
-            else:
-                self._step(batch, seq, record=False)
-            self._warm = True
-            # Everything alive now (modules, transformers' and torch's own objects) is moved out of the cyclic
-            # collector's view, so the collection before each step (as the measurement runs it) only walks
-            # what the steps create: about 0.2 s less per step, the same objects freed.
-            gc.collect()
-            if gc.get_freeze_count() == 0:  # (a caller that froze objects itself keeps them frozen)
-                gc.freeze()
-                self._stack.callback(gc.unfreeze)
+        self.warm_up(batch, seq)
         trace = self._step(batch, seq, record=True)
         assert trace is not None
         return trace

@@ -36,7 +36,8 @@ import numpy as np
 from ..errors import TrainfitError
 from .fit import Poly, fit_sizes
 from .layers import RepeatPlan, block_signature, repeat_plan
-from .record import ADD, SIZE, Recipe, StepTrace, TraceSession, block_count, layer_stack, position_limit
+from .record import (ADD, SIZE, Recipe, StepTrace, TraceSession, block_count, frozen_heap, layer_stack,
+                     position_limit)
 from .timeline import V2_CAP, Regime, compile_regime
 from .window import Insertion, PolyTable, Window, concrete_window, expand, insertions, static_delta, window_of
 
@@ -891,20 +892,24 @@ def _const_window(trace: StepTrace, table: PolyTable) -> Window:
 def _shape_step(config: Mapping[str, Any], recipe: Recipe, plan: RepeatPlan, units: int, b: int, s: int,
                 built: Any = None, prime: Optional[bool] = None) -> StepTrace:
     """The steady-state step at (b, s) of the model with ``units`` repeated units (``built``: a build of the full
-    model to cut instead of building again). ``prime`` (by default for the three-unit model, which is only
-    compared with a prediction): warmed up by :meth:`.record.TraceSession._prime`, else by a whole step."""
+    model to cut instead of building again). ``prime`` (by default for the two- and three-unit models): warmed up
+    by :meth:`.record.TraceSession._prime`, else by a whole step. The one-unit model is always warmed up by a whole
+    step: the base of the extension, it makes any difference a primed warm-up leaves in the deeper models show
+    in the check (a difference per model, per block or per unit does not extend as the units do)."""
     with TraceSession(config, recipe, keep=plan.keep(units), build_seq=S_MIN, built=built,
-                      prime=units == 3 if prime is None else prime) as session:
+                      prime=units >= 2 if prime is None else prime) as session:
         return session.record(b, s)
 
 
-def _fork_step(config: Mapping[str, Any], recipe: Recipe, plan: RepeatPlan, units: int, b: int, s: int) -> Any:
+def _fork_step(config: Mapping[str, Any], recipe: Recipe, plan: RepeatPlan, units: int, b: int, s: int,
+               leave: Optional[TraceSession] = None) -> Any:
     """A forked child recording the ``units``-unit model's step at (b, s) (:func:`_shape_step`), sending it back
     through a pipe: (process, connection), or None where this platform does not fork. Forked, not spawned: the
     child shares this process's imports of torch, transformers and the model's code (seconds of CPU that a fresh
     interpreter pays again); it runs no compute kernel (fake tensors), so no thread pool is copied mid-use.
-    Nothing of it reaches the caller's state: it sends its step and exits. None too where this process runs other
-    threads."""
+    ``leave``: a session open here at the fork, which the child leaves first (its fake mode and tracker off the
+    child's mode stack). Nothing of it reaches the caller's state: it sends its step and exits. None too where
+    this process runs other threads."""
     import multiprocessing
     import threading
 
@@ -917,6 +922,8 @@ def _fork_step(config: Mapping[str, Any], recipe: Recipe, plan: RepeatPlan, unit
 
     def run() -> None:
         try:
+            if leave is not None:
+                leave.__exit__(None, None, None)
             send.send(("ok", _shape_step(config, recipe, plan, units, b, s), time.process_time()))
         except BaseException as exc:  # noqa: BLE001 - said to the parent, which records the steps itself
             send.send(("error", f"{type(exc).__name__}: {exc}", time.process_time()))
@@ -968,17 +975,62 @@ def _compiled(table: PolyTable, window: Window, pieces: Sequence[Insertion], uni
     return compile_regime(table.polys, window, pieces, copies, static, b_max=B_MAX, **where)
 
 
+def _shape_steps(config: Mapping[str, Any], recipe: Recipe, plan: RepeatPlan, b: int, s: int, full_built: Any,
+                 report: TraceReport, fork: bool) -> list[StepTrace]:
+    """The one-, two- and three-unit models' steps at (b, s) (:func:`_shape_step`), the two- and three-unit models'
+    each in a forked child when ``fork`` (recorded here where a child cannot run or fails). The three-unit model's
+    child starts at once; the two-unit model's once this process has warmed up the one-unit model, so that it finds
+    the fake tensors' dispatch cache (one per process, kept across sessions) filled with the blocks' operators at
+    this shape: its step costs about a third less CPU than a cold one."""
+    children = {3: _fork_step(config, recipe, plan, 3, b, s) if fork else None}
+    try:
+        with TraceSession(config, recipe, keep=plan.keep(1), build_seq=S_MIN, built=full_built, prime=False) as one:
+            one.warm_up(b, s)
+            children[2] = _fork_step(config, recipe, plan, 2, b, s, leave=one) if fork else None
+            steps = [one.record(b, s)]
+        report.steps += 1
+        report.tick()
+        for units in (2, 3):
+            child = children[units]
+            got = _join_step(child, report) if child is not None else None
+            steps.append(got if got is not None else _shape_step(config, recipe, plan, units, b, s))
+            report.steps += 1
+            report.tick()
+    finally:
+        for child in children.values():
+            if child is not None and child[0].is_alive():
+                child[0].terminate()
+    return steps
+
+
+def _extension(steps: Sequence[StepTrace], b: int, s: int) -> Optional[tuple[PolyTable, Window, list[Insertion],
+                                                                          Counter]]:
+    """(the size table, the one-unit model's window, what the second unit inserts, its static storages) where the
+    one- and two-unit models' steps extend exactly to the three-unit model's, allocation by allocation; else None."""
+    table = PolyTable()
+    base, deeper = _const_window(steps[0], table), _const_window(steps[1], table)
+    try:
+        pieces, unit_static = insertions(base, deeper), static_delta(base, deeper)
+    except TrainfitError:
+        return None
+    if _predict(base, pieces, 2, unit_static, table.polys, b, s) != concrete_window(steps[2]):
+        return None
+    return table, base, pieces, unit_static
+
+
 def trace_shape(config: Mapping[str, Any], recipe: Recipe, b: int, s: int, *,
                 progress: Optional[Callable[[str], None]] = None) -> tuple[list[Regime], TraceReport, dict]:
     """The step at one shape (micro-batch ``b``, ``s`` tokens) alone, from the one-, two- and three-unit models of
     the repeat plan recorded at exactly that shape: what the second unit adds (:func:`~.window.insertions`, every
     size a constant) is repeated to the full depth, as :func:`trace_timeline` repeats it, and must reproduce the
-    three-unit model's step allocation by allocation (the check that stands for the full-depth one: recorded after
-    a primed warm-up, and again after a whole warm-up step before it is rejected). Returns one regime covering
-    exactly (b, s), the report and the model's facts; raises :class:`NoShortcut` where a few blocks cannot answer
-    (no repeat plan, a multi-GPU rank, blocks that do not extend alike) and a one-line error for a shape outside
-    the traced range. Four model builds and six steps of the few-block models (three warm-ups, three recorded),
-    the two- and three-unit models' each in a forked child where a second core is idle (:data:`WORKERS_ENV`)."""
+    three-unit model's step allocation by allocation (the check that stands for the full-depth one). The two- and
+    three-unit models are recorded after primed warm-ups, and again after whole warm-up steps before the extension
+    is rejected. Returns one regime covering exactly (b, s), the report and the model's facts; raises
+    :class:`NoShortcut` where a few blocks cannot answer (no repeat plan, a multi-GPU rank, blocks that do not
+    extend alike) and a one-line error for a shape outside the traced range. Four model builds, one warm-up step,
+    two primed warm-ups and three recorded steps of the few-block models, the two- and three-unit models' each in
+    a forked child where a second core is idle (:data:`WORKERS_ENV`); the heap alive before them is frozen
+    (:func:`.record.frozen_heap`), so the collections before each step walk only what the steps make."""
     t0, c0 = time.perf_counter(), time.process_time()
     if recipe.layout is not None:
         # a rank's extension is checked at full depth by the whole trace (its steps depend on the mesh)
@@ -997,35 +1049,22 @@ def trace_shape(config: Mapping[str, Any], recipe: Recipe, b: int, s: int, *,
     # the two- and three-unit models' steps each in a forked copy of this process (its imports and build done: a
     # child starts in milliseconds) while this one records the one-unit model's; here where a child cannot run
     fork = _workers_on(config, fork=True)
-    children = {u: _fork_step(config, recipe, plan, u, b, s) if fork else None for u in (2, 3)}
-    try:
-        steps = [_shape_step(config, recipe, plan, 1, b, s, built=full_built)]
-        report.steps += 1
-        report.tick()
-        for units, child in children.items():
-            got = _join_step(child, report) if child is not None else None
-            steps.append(got if got is not None else _shape_step(config, recipe, plan, units, b, s))
+    with frozen_heap():
+        steps = _shape_steps(config, recipe, plan, b, s, full_built, report, fork)
+    found = _extension(steps, b, s)
+    if found is None:
+        # the two- and three-unit models were recorded after primed warm-ups: recorded again after whole warm-up
+        # steps before the extension is rejected (the decision is the one whole warm-up steps give)
+        report.expect(2)
+        for units in (2, 3):
+            steps[units - 1] = _shape_step(config, recipe, plan, units, b, s, prime=False)
             report.steps += 1
             report.tick()
-    finally:
-        for child in children.values():
-            if child is not None and child[0].is_alive():
-                child[0].terminate()
-    table = PolyTable()
-    base, deeper = _const_window(steps[0], table), _const_window(steps[1], table)
-    try:
-        pieces, unit_static = insertions(base, deeper), static_delta(base, deeper)
-    except TrainfitError as exc:
-        raise NoShortcut(str(exc)) from None
-    want = concrete_window(steps[2])
-    if _predict(base, pieces, 2, unit_static, table.polys, b, s) != want:
-        report.expect(1)
-        want = concrete_window(_shape_step(config, recipe, plan, 3, b, s, prime=False))
-        report.steps += 1
-        report.tick()
-        if _predict(base, pieces, 2, unit_static, table.polys, b, s) != want:
+        found = _extension(steps, b, s)
+        if found is None:
             raise NoShortcut(f"the {depths[0]}- and {depths[1]}-block steps do not extend exactly to "
                              f"{depths[2]} blocks at batch {b} x seq {s}")
+    table, base, pieces, unit_static = found
     say("compiling")
     regime = _compiled(table, base, pieces, unit_static, plan.units - 1, batch_one=b == 1, s_lo=s, s_hi=s,
                        v2=(v2(s),))
@@ -1050,7 +1089,9 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
         with _bare_main():  # (the worker's interpreter starts now, its imports overlapping this process's build)
             worker.submit(_worker_ready)
     try:
-        return _trace(config, recipe, s_max, report, progress or (lambda _m: None), build_seq, worker, pending, t0, c0)
+        with frozen_heap():  # (each session's warm-up freezes its own objects too: one walk of the imports' heap)
+            return _trace(config, recipe, s_max, report, progress or (lambda _m: None), build_seq, worker, pending,
+                          t0, c0)
     finally:
         if worker is not None:
             _stop(worker)
