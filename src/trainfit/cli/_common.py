@@ -14,8 +14,10 @@ import typer
 from rich.console import Console
 
 from ..errors import TrainfitError
+from ._parsing import Group
 
 app = typer.Typer(
+    cls=Group,
     name="trainfit",
     help="Will this training run fit, and which strategy should I use? Memory estimates, measurements and plans.\n\n"
          "Sizes: GB = 1e9 bytes, GiB = 2^30 bytes. Exit codes: 0 ok, 1 bad input, 2 --require-fit and it does not fit.",
