@@ -36,7 +36,8 @@ def _cli_modules_after(argv: list[str]) -> set[str]:
 
 def test_a_command_imports_only_its_module():
     assert _cli_modules_after(["plan", "llama-3.1-70b"]) == {"plan_cmd"}
-    assert _cli_modules_after(["hardware", "--json"]) == {"plan_cmd", "catalog_cmd"}
+    assert _cli_modules_after(["frontier", "llama-3.1-8b"]) == {"frontier_cmd"}
+    assert _cli_modules_after(["hardware", "--json"]) == {"catalog_cmd"}
 
 
 def test_help_and_unknown_commands_register_everything():

@@ -13,14 +13,14 @@ from typing import Any
 from . import _common
 
 # Command modules register themselves on `app` when imported, in this order (the order of `trainfit --help`).
-_MODULES = ("estimate_cmd", "catalog_cmd", "plan_cmd", "compare_cmd", "lab_cmd", "app_cmd", "measure_cmd")
+_MODULES = ("frontier_cmd", "plan_cmd", "estimate_cmd", "catalog_cmd", "compare_cmd", "lab_cmd", "app_cmd",
+            "measure_cmd")
 # The module registering each command: `trainfit plan ...` imports (and makes Typer build) only what it runs,
 # which saves start-up time; any other first argument (help, an unknown name, an option) registers them all.
 # tests/test_cli_startup.py checks this table against what the modules register.
 _COMMAND_MODULE = {"estimate": "estimate_cmd", "hardware": "catalog_cmd", "models": "catalog_cmd",
-                   "show": "catalog_cmd", "plan": "plan_cmd", "frontier": "plan_cmd", "compare": "compare_cmd",
+                   "show": "catalog_cmd", "plan": "plan_cmd", "frontier": "frontier_cmd", "compare": "compare_cmd",
                    "lab": "lab_cmd", "app": "app_cmd", "measure": "measure_cmd"}
-_ALWAYS = "plan_cmd"  # registers two commands, so the app stays a group whatever else is imported
 # The commands whose numpy work is elementwise or small: their process loads OpenBLAS with one thread. Its thread
 # pool (one thread per core) cost about 50 ms of wall and CPU time of a 0.6 s plan on the 2-core machine.
 # `measure`, `lab` and `app` keep the default.
@@ -39,12 +39,12 @@ def _register_all() -> None:
 
 
 def _register_for(argv: list[str]) -> None:
-    """Import the command module that ``argv`` runs (and ``plan_cmd``), or every one when unsure."""
+    """Import the command module that ``argv`` runs, or every one when unsure."""
     module = _COMMAND_MODULE.get(argv[0]) if argv else None
     if module is None or len(argv) < 2:  # bare `trainfit lab` etc. print the group's help: keep it whole
         _register_all()
     else:
-        _register(_ALWAYS, module)
+        _register(module)
 
 
 def _load_numpy_single_threaded(argv: list[str]) -> None:
