@@ -68,3 +68,11 @@ def test_a_plan_loads_openblas_with_one_thread_and_leaves_the_environment_alone(
     assert _threads_after(["plan", "x"], OMP_NUM_THREADS="2")[1] == "None"
     default = _threads_after(["measure", "x"])
     assert default[1] == "None" and default[0] == _threads_after([])[0]
+
+
+def test_a_module_registering_one_command_still_runs_it_by_name():
+    # `app_cmd` registers one command: the app's callback keeps the app a group, so `trainfit app` is that command
+    # (a Typer app of one command would run it with "app" as its first argument)
+    assert _cli_modules_after(["app", "--help"]) == {"app_cmd"}
+    run = subprocess.run([sys.executable, "-m", "trainfit", "app", "--help"], capture_output=True, text=True)
+    assert run.returncode == 0 and "trainfit app [OPTIONS]" in run.stdout, run.stdout + run.stderr
