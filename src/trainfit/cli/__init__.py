@@ -5,22 +5,28 @@ Every command turns :class:`~trainfit.errors.TrainfitError` into one line on std
 """
 from __future__ import annotations
 
+import os
 import sys
-
 from importlib import import_module
 from typing import Any
 
 from . import _common
 
 # Command modules register themselves on `app` when imported, in this order (the order of `trainfit --help`).
-_MODULES = ("estimate_cmd", "catalog_cmd", "plan_cmd", "compare_cmd", "lab_cmd", "app_cmd", "measure_cmd")
+_MODULES = ("frontier_cmd", "plan_cmd", "estimate_cmd", "catalog_cmd", "compare_cmd", "lab_cmd", "app_cmd",
+            "measure_cmd")
 # The module registering each command: `trainfit plan ...` imports (and makes Typer build) only what it runs,
 # which saves start-up time; any other first argument (help, an unknown name, an option) registers them all.
 # tests/test_cli_startup.py checks this table against what the modules register.
 _COMMAND_MODULE = {"estimate": "estimate_cmd", "hardware": "catalog_cmd", "models": "catalog_cmd",
-                   "show": "catalog_cmd", "plan": "plan_cmd", "frontier": "plan_cmd", "compare": "compare_cmd",
+                   "show": "catalog_cmd", "plan": "plan_cmd", "frontier": "frontier_cmd", "compare": "compare_cmd",
                    "lab": "lab_cmd", "app": "app_cmd", "measure": "measure_cmd"}
-_ALWAYS = "plan_cmd"  # registers two commands, so the app stays a group whatever else is imported
+# The commands whose numpy work is elementwise or small: their process loads OpenBLAS with one thread. Its thread
+# pool (one thread per core) cost about 50 ms of wall and CPU time of a 0.6 s plan on the 2-core machine.
+# `measure`, `lab` and `app` keep the default.
+_ONE_BLAS_THREAD = frozenset({"estimate", "hardware", "models", "show", "plan", "frontier", "compare"})
+# what OpenBLAS reads for its thread count, in order: a user's choice is kept
+_BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 
 
 def _register(*modules: str) -> None:
@@ -33,12 +39,26 @@ def _register_all() -> None:
 
 
 def _register_for(argv: list[str]) -> None:
-    """Import the command module that ``argv`` runs (and ``plan_cmd``), or every one when unsure."""
+    """Import the command module that ``argv`` runs, or every one when unsure."""
     module = _COMMAND_MODULE.get(argv[0]) if argv else None
     if module is None or len(argv) < 2:  # bare `trainfit lab` etc. print the group's help: keep it whole
         _register_all()
     else:
-        _register(_ALWAYS, module)
+        _register(module)
+
+
+def _load_numpy_single_threaded(argv: list[str]) -> None:
+    """Import numpy with one OpenBLAS thread for a command of ``_ONE_BLAS_THREAD``, unless numpy is loaded or the
+    user set a thread count; the environment is restored, so a process the command starts gets the default."""
+    if not argv or argv[0] not in _ONE_BLAS_THREAD or "numpy" in sys.modules:
+        return
+    if any(var in os.environ for var in _BLAS_THREAD_VARS):
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401 - OpenBLAS reads the variable as numpy loads it
+    finally:
+        del os.environ["OPENBLAS_NUM_THREADS"]
 
 
 def __getattr__(name: str) -> Any:
@@ -56,7 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     exit code 1 like any other bad input. (Typer vendors its own copy of Click, so its exceptions are
     recognised by shape: a ``format_message()`` and a ``ctx``.)
     """
-    _register_for(sys.argv[1:] if argv is None else list(argv))
+    args = sys.argv[1:] if argv is None else list(argv)
+    _load_numpy_single_threaded(args)
+    _register_for(args)
     try:
         rc = _common.app(args=argv, standalone_mode=False)
     except KeyboardInterrupt:  # pragma: no cover - interactive only

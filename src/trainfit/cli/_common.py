@@ -14,8 +14,18 @@ import typer
 from rich.console import Console
 
 from ..errors import TrainfitError
+from ._parsing import Group
+
+
+def _no_options() -> None:
+    # the app's own callback (it takes no options): it keeps the app a group of commands when a process registers
+    # one command alone (cli/__init__.py registers only the command it runs)
+    pass
+
 
 app = typer.Typer(
+    cls=Group,
+    callback=_no_options,
     name="trainfit",
     help="Will this training run fit, and which strategy should I use? Memory estimates, measurements and plans.\n\n"
          "Sizes: GB = 1e9 bytes, GiB = 2^30 bytes. Exit codes: 0 ok, 1 bad input, 2 --require-fit and it does not fit.",

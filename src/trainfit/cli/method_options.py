@@ -18,6 +18,12 @@ from ..errors import TrainfitError
 from ..method import MemoryMethod, MethodOption
 
 PANEL = "Memory method"
+#: ``--method`` of the searches (``plan``, ``frontier``)
+SEARCH_METHOD_HELP = ("Memory model: " + ", ".join(METHODS) + ". Default: detailed for models with architecture "
+                      "details (as estimate), else first-order. "
+                      + ", ".join(n for n, m in METHODS.items() if m.vectorised is not None) + " are vectorised; "
+                      + ", ".join(n for n, m in METHODS.items() if m.vectorised is None) + " run(s) configuration by "
+                      "configuration.")
 
 
 def flagged() -> dict[str, MethodOption]:
@@ -83,4 +89,4 @@ def options_for(m: MemoryMethod, given: dict[str, Any], check: Optional[Callable
     return out
 
 
-__all__ = ["flagged", "method_options", "options_for"]
+__all__ = ["SEARCH_METHOD_HELP", "flagged", "method_options", "options_for"]

@@ -1,4 +1,4 @@
-"""``trainfit frontier`` and ``trainfit plan``: searches over many configurations at once."""
+"""``trainfit plan``: every layout of a training run on N accelerators, ranked by step time."""
 from __future__ import annotations
 
 from enum import Enum
@@ -12,14 +12,9 @@ from ..planner import (DEFAULT_GLOBAL_BATCH, DEFAULT_HEADROOM, DEFAULT_MAX_GPUS,
                        DEFAULT_REJECTED, DEFAULT_TOP, NOT_SEARCHED, SEARCHED)
 from ..steptime import DEFAULT_NODE_SIZE
 from ._common import Output, app, console, emit, guarded
-from .method_options import flagged
+from .method_options import SEARCH_METHOD_HELP
 from .device_options import device_options
 from .options import setup_options
-
-
-class Over(str, Enum):
-    batch = "batch"
-    seq = "seq"
 
 
 class PlotX(str, Enum):
@@ -33,54 +28,8 @@ PRICE_HELP = ("US dollars per device-hour for the cost figures (default: the pri
 TOKENS_HELP = "Training tokens of the whole run (e.g. 1e12): adds its steps, days, GPU-hours and dollars."
 
 
-_METHOD_HELP = ("Memory model: " + ", ".join(METHODS) + ". Default: detailed for models with architecture details "
-                "(as estimate), else first-order. "
-                + ", ".join(n for n, m in METHODS.items() if m.vectorised is not None) + " are vectorised; "
-                + ", ".join(n for n, m in METHODS.items() if m.vectorised is None) + " run(s) configuration by "
-                "configuration.")
 #: the methods that keep one micro-batch of activations per pipeline stage (the planner scales them)
 _ONE_MICRO_BATCH = ", ".join(n for n, m in METHODS.items() if not m.counts_inflight)
-
-
-@app.command("frontier")
-@guarded
-@setup_options(defaults={"batch": None}, helps={
-    "batch": "Global batch (samples) fixing the micro-batch of the sequence frontier; default dp x accum, i.e. "
-             "micro-batch 1.",
-    "seq_len": "Sequence length in tokens for the batch frontier and curve."})
-@device_options()
-def frontier_command(
-    model: str = typer.Argument(..., help="Model: catalog name, key or slug (see `trainfit models`), bundled config or config.json path."),
-    hardware: Optional[str] = typer.Argument(None, help="Accelerator: catalog name, key or slug (see `trainfit "
-                                             "hardware`), or a memory size alone (24GiB); may be left out with "
-                                             "--memory."),
-    over: Optional[Over] = typer.Option(None, "--over", help="Curve to show: batch (memory vs micro-batch) or seq "
-                                        "(memory vs sequence length); both when omitted."),
-    headroom: float = typer.Option(0.0, "--headroom", help="Fraction of memory kept free, in [0, 1) (default 0)."),
-    comm_buffer_fraction: Optional[float] = typer.Option(None, "--comm-buffer-fraction",
-                                                         help=flagged()["comm_buffer_fraction"].help),
-    method: Optional[str] = typer.Option(None, "--method", help=_METHOD_HELP),
-    plot: Optional[str] = typer.Option(None, "--plot", help="Save the curves to FILE (.png, .svg or .pdf; needs "
-                                       "matplotlib: pip install 'trainfit[plot]')."),
-    output: Output = typer.Option(Output.text, "--output", "-o", help="text | json | markdown."),
-    setup_fields: Optional[dict[str, Any]] = None,
-) -> None:
-    """The largest micro-batch and the longest sequence that fit one accelerator, with memory curves.
-
-    Sizes in GB (1e9 bytes) and GiB (2^30 bytes); --output json reports bytes.
-    """
-    from ..frontier import frontier
-    from ..report.frontier import frontier_document, plot_frontier
-
-    options = {} if comm_buffer_fraction is None else {"comm_buffer_fraction": comm_buffer_fraction}
-    f = frontier(model, hardware, method=method, over=(over.value,) if over else ("batch", "seq"), headroom=headroom,
-                 **(setup_fields or {}), **options)
-    saved = plot_frontier(f, plot) if plot else None
-    d = f.to_json()
-    d["plot"] = str(saved) if saved else None
-    emit(frontier_document(f), output, json=d)
-    if saved and output is not Output.json:
-        console.print(f"plot saved to {saved}", markup=False)
 
 
 def _split(text: Optional[str]) -> Optional[list[str]]:
@@ -136,7 +85,7 @@ def plan_command(
                                  "(dollars per billion tokens)."),
     price: Optional[float] = typer.Option(None, "--price", help=PRICE_HELP),
     tokens: Optional[float] = typer.Option(None, "--tokens", help=TOKENS_HELP),
-    method: Optional[str] = typer.Option(None, "--method", help=_METHOD_HELP),
+    method: Optional[str] = typer.Option(None, "--method", help=SEARCH_METHOD_HELP),
     emit_file: Optional[str] = typer.Option(None, "--emit", help="Write the best layout as the --stack's own launch "
                                             "configuration to FILE: a torchtitan job TOML, Megatron-LM arguments "
                                             "(a shell script), a DeepSpeed JSON, an accelerate config YAML (hf)."),

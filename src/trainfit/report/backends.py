@@ -5,7 +5,6 @@ the number the others show.
 """
 from __future__ import annotations
 
-import html
 import re
 from typing import Any
 
@@ -92,9 +91,15 @@ def to_markdown(doc: Document) -> str:
     return "\n".join(out) + "\n"
 
 
+def _escape(text: str) -> str:
+    from html import escape  # for the HTML back end (the app) only: a terminal report does not load it
+
+    return escape(text)
+
+
 def _cell_html(text: Any) -> str:
     """Escape a table cell; ``**bold**`` becomes <strong>."""
-    return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(str(text)))
+    return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", _escape(str(text)))
 
 
 _HTML_ROW = {"bad": "tf-bad", "good": "tf-ok", "bold": "tf-selected"}
@@ -104,15 +109,15 @@ def table_html(t: Table, row_classes: Any = None) -> str:
     """One table as HTML: ``data-testid`` on the table, ``data-row`` on rows, ``data-col`` on cells
     (the app's browser test reads the displayed numbers back through them)."""
     cols = [c.key or c.title for c in t.columns]
-    out = [f'<table class="tf-table" data-testid="{html.escape(t.testid)}"><thead><tr>']
-    out += [f'<th data-col="{html.escape(k)}"{" class=num" if c.right else ""}>{html.escape(c.title)}</th>'
+    out = [f'<table class="tf-table" data-testid="{_escape(t.testid)}"><thead><tr>']
+    out += [f'<th data-col="{_escape(k)}"{" class=num" if c.right else ""}>{_escape(c.title)}</th>'
             for c, k in zip(t.columns, cols)]
     out.append("</tr></thead><tbody>")
     for i, row in enumerate(t.rows):
-        key = f' data-row="{html.escape(t.keys[i])}"' if i < len(t.keys) else ""
+        key = f' data-row="{_escape(t.keys[i])}"' if i < len(t.keys) else ""
         cls = row_classes[i] if row_classes is not None else _HTML_ROW.get(t.style(i) or "", "")
         out.append(f"<tr{key}{f' class={chr(34)}{cls}{chr(34)}' if cls else ''}>")
-        out += [f'<td data-col="{html.escape(k)}"{" class=num" if c.right else ""}>{_cell_html(v)}</td>'
+        out += [f'<td data-col="{_escape(k)}"{" class=num" if c.right else ""}>{_cell_html(v)}</td>'
                 for v, c, k in zip(row, t.columns, cols)]
         out.append("</tr>")
     out.append("</tbody></table>")
@@ -126,12 +131,12 @@ def to_html(doc: Document) -> str:
     for b in doc.blocks:
         if isinstance(b, Table):
             if b.title:
-                out.append(f"<{h2}>{html.escape(b.title)}</{h2}>")
+                out.append(f"<{h2}>{_escape(b.title)}</{h2}>")
             out.append(table_html(b))
         elif b.style == "title":
-            out.append(f"<{h1}>{html.escape(b.text)}</{h1}>")
+            out.append(f"<{h1}>{_escape(b.text)}</{h1}>")
         elif b.style == "heading":
-            out.append(f"<{h2}>{html.escape(b.text)}</{h2}>")
+            out.append(f"<{h2}>{_escape(b.text)}</{h2}>")
         elif b.style == "quote":
             out.append(f"<blockquote>{_cell_html(b.text)}</blockquote>")
         else:
