@@ -1383,7 +1383,7 @@ class _Walker:
         if fused is not None and last:
             mark, moments, inc = fused
             chunks = tuple((vadd(timeline[mark], const(c)), row, inc) for c, row in moments)
-        saved_total = g.saved_bytes()
+        saved_total, by_region = g.saved_by_region()
         wc = ZERO
         wcs = ZERO
         for t in g.tensors:
@@ -1396,9 +1396,9 @@ class _Walker:
         if r.offload == "activations":
             offload = dict(offload_forward=tuple(pareto(offload_timeline(g))), offload_host=_packed(g.packs),
                            offload_unpack=_unpacks(g.packs))
-        embed_saved = g.saved_bytes("embed")
-        head_saved = vadd(g.saved_bytes("head"), g.saved_bytes("stage output"))
-        loss_saved = g.saved_bytes("loss")
+        embed_saved = by_region.get("embed", ZERO)
+        head_saved = vadd(by_region.get("head", ZERO), by_region.get("stage output", ZERO))
+        loss_saved = by_region.get("loss", ZERO)
         layer_total = ZERO
         for lp in lay:
             layer_total = vadd(layer_total, lp.saved)
@@ -1422,22 +1422,34 @@ class _Walker:
             by_region.setdefault(t.region, []).append(t)
         lay = []
         per_layer_wc = ZERO
+        # the residual stream's incoming gradient (the add passes it to the branch as it is), and its copy in
+        # the branch's dtype where that differs (autocast: autograd casts the gradient to the input's dtype)
+        res = tok(self.hw * self.p + (self.hw * self.w if self.w != self.p else 0.0))
+        made: dict[tuple, LayerProfile] = {}  # equal profiles (the replayed blocks'): one object
         for (i, (start, ck, rep)) in zip(layers, marks):
             ts = by_region.get(f"layer{i}", [])
             saved = ZERO
             handed_on = ZERO  # saved only by later regions
             rec = ZERO
             biggest = ZERO
-            for t in ts:
-                b = t.bytes
-                if t.saved:
-                    saved = vadd(saved, b)
-                    if not t.own_saved:
-                        handed_on = vadd(handed_on, b)
-                if rep is None and ck and ((t.would_save and not t.saved) or (t.held and t.size[0] == 0)):
-                    rec = vadd(rec, b)
-                if rep is None and t.size[0] * t.dtype > biggest[0]:
-                    biggest = b
+            if rep is not None:
+                for t in ts:
+                    if t.saved:
+                        b = t.bytes
+                        saved = vadd(saved, b)
+                        if not t.own_saved:
+                            handed_on = vadd(handed_on, b)
+            else:
+                for t in ts:
+                    b = t.bytes
+                    if t.saved:
+                        saved = vadd(saved, b)
+                        if not t.own_saved:
+                            handed_on = vadd(handed_on, b)
+                    if ck and ((t.would_save and not t.saved) or (t.held and t.size[0] == 0)):
+                        rec = vadd(rec, b)
+                    if t.size[0] * t.dtype > biggest[0]:
+                        biggest = b
             released = self._released(ts) if ck and rep is None else ZERO
             attn_bwd = self.attention_bwd.get(f"layer{i}", ZERO)
             core_bwd, core_gone = self._core(ts, f"layer{i}", ck) if rep is None else (rep.core_bwd, rep.core_gone)
@@ -1445,16 +1457,18 @@ class _Walker:
                 rec, biggest = (rep.recompute if ck else ZERO), rep.biggest
                 released = rep.released if ck else ZERO
                 attn_bwd = rep.attention_bwd
-            # the residual stream's incoming gradient (the add passes it to the branch as it is), and its copy in
-            # the branch's dtype where that differs (autocast: autograd casts the gradient to the input's dtype)
-            res = tok(self.hw * self.p + (self.hw * self.w if self.w != self.p else 0.0))
             # torchtitan's MoE block: its MoE backward's working set (moe_torchtitan), not the largest-tensor rule
             work = vadd(res, vadd(biggest, biggest))
             if self.tt_moe and self.a.is_moe_layer(i):
                 work = vadd(tok(self.hw * self.p), self.moe_bwd)
-            lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=work,
-                                    gone=vadd(handed_on, released), attention_bwd=attn_bwd,
-                                    core_bwd=vadd(core_bwd, res) if core_bwd != ZERO else ZERO, core_gone=core_gone))
+            key = (saved, rec, work, handed_on, released, attn_bwd, core_bwd, core_gone)
+            lp = made.get(key)
+            if lp is None:
+                lp = made[key] = LayerProfile(
+                    saved=saved, recompute=rec, transient_bwd=work, gone=vadd(handed_on, released),
+                    attention_bwd=attn_bwd, core_bwd=vadd(core_bwd, res) if core_bwd != ZERO else ZERO,
+                    core_gone=core_gone)
+            lay.append(lp)
             if i == layers[-1]:
                 for t in ts:
                     if t.held and t.size[0] == 0 and t.size[3]:
