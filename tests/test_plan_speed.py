@@ -217,11 +217,11 @@ _WALKS = [(model, dict(checkpointing=ck, stack=stack, **extra), dict(tp=tp, cp=c
 @pytest.mark.parametrize("model", sorted({w[0] for w in _WALKS}))
 def test_a_walks_live_bytes_saved_bytes_and_peaks_are_the_long_ways(model):
     """The walk's condensing steps (numpy's sequential running sum for the live bytes; every region's saved bytes in
-    one pass; the peaks' dominance test) give the long way's values bit for bit, over models with MoE, tied
-    embeddings, soft-capped eager attention and attention sinks, every checkpointing mode, activation offload, and
-    tensor, context and pipeline parallel first, middle and last stages."""
+    one pass; the peaks after the moments a neighbour bounds are left out) give the long way's values bit for bit,
+    over models with MoE, tied embeddings, soft-capped eager attention and attention sinks, every checkpointing mode,
+    activation offload, and tensor, context and pipeline parallel first, middle and last stages."""
     from trainfit.detailed.activations import _Walker
-    from trainfit.detailed.graph import offload_timeline, pareto
+    from trainfit.detailed.graph import live_rows, offload_timeline, pareto, pareto_rows
     from trainfit.refs import resolve_model
     from trainfit.training_setup import Recipe
 
@@ -239,6 +239,9 @@ def test_a_walks_live_bytes_saved_bytes_and_peaks_are_the_long_ways(model):
         assert g.timeline() == _live_bytes_long_way(g, True)
         assert offload_timeline(g) == _live_bytes_long_way(g, False)
         assert pareto(g.timeline()) == _pareto_long_way(g.timeline()) == list(pr.forward_candidates)
+        assert pareto_rows(live_rows(g)) == list(pr.forward_candidates)
+        if rec.get("offload"):
+            assert list(pr.offload_forward) == _pareto_long_way(offload_timeline(g))
         total, by = g.saved_by_region()
         assert total == g.saved_bytes() == pr.saved_total
         assert set(by) <= {t.region for t in g.tensors}

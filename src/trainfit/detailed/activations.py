@@ -30,7 +30,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..arch import ArchSpec
-from .graph import ZERO, Tape, Tensor, Vec, const, offload_timeline, pareto, pos, tok, vadd, vscale
+from .graph import ZERO, Tape, Tensor, Vec, const, live_rows, pareto, pareto_rows, pos, tok, vadd, vscale
 from .inventory import block_linears, stage_layers
 from ..families import SLIDING
 from ..stacks import behaviour_of
@@ -1375,14 +1375,15 @@ class _Walker:
         for pair in tables.values():
             for t in pair:
                 t.saved = True
-        timeline = g.timeline()
+        timeline = live_rows(g)  # (g.timeline(), as an array)
         # a checkpoint input is marked saved when its region starts: recount it in the region before
-        cands = pareto(timeline)
+        cands = pareto_rows(timeline)
         chunks: tuple[tuple[Vec, float, float], ...] = ()
         fused = getattr(self, "fused_moments", None)
         if fused is not None and last:
             mark, moments, inc = fused
-            chunks = tuple((vadd(timeline[mark], const(c)), row, inc) for c, row in moments)
+            at_mark = tuple(timeline[mark].tolist())
+            chunks = tuple((vadd(at_mark, const(c)), row, inc) for c, row in moments)
         saved_total, by_region = g.saved_by_region()
         wc = ZERO
         wcs = ZERO
@@ -1394,8 +1395,8 @@ class _Walker:
         lay, per_layer_wc = self._layer_profiles(layers, marks)
         offload: dict[str, Any] = {}
         if r.offload == "activations":
-            offload = dict(offload_forward=tuple(pareto(offload_timeline(g))), offload_host=_packed(g.packs),
-                           offload_unpack=_unpacks(g.packs))
+            offload = dict(offload_forward=tuple(pareto_rows(live_rows(g, keep_saved=False))),
+                           offload_host=_packed(g.packs), offload_unpack=_unpacks(g.packs))
         embed_saved = by_region.get("embed", ZERO)
         head_saved = vadd(by_region.get("head", ZERO), by_region.get("stage output", ZERO))
         loss_saved = by_region.get("loss", ZERO)

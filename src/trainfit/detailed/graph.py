@@ -16,6 +16,7 @@ until the autocast region ends.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import itemgetter
 from typing import Optional
 
@@ -372,26 +373,43 @@ def offload_timeline(tape: Tape) -> list[Vec]:
 def _live_bytes(tape: Tape, *, keep_saved: bool) -> list[Vec]:
     """Live bytes after each op of ``tape``: each tensor from its creation to its last use, or to the end when it
     is saved and ``keep_saved``."""
+    return list(map(tuple, live_rows(tape, keep_saved=keep_saved).tolist()))
+
+
+def live_rows(tape: Tape, *, keep_saved: bool = True) -> np.ndarray:
+    """:func:`_live_bytes` as an array (one row of byte-vector components per op time), for :func:`pareto_rows`."""
     n = tape.t + 1
     ts = tape.tensors
     if not ts:
-        return [ZERO] * (n + 1)
+        return np.zeros((n + 1, 4))
     # each op time's allocations and frees, each summed in the tensors' order (np.add.at adds repeated indices one
     # by one), then the running total op by op, (live + allocated) - freed: one sequential cumsum over both
-    size = np.array([x.size for x in ts], dtype=np.float64)
-    b = size * np.array([x.dtype for x in ts], dtype=np.float64)[:, None]
+    size = np.fromiter(chain.from_iterable([x.size for x in ts]), dtype=np.float64, count=4 * len(ts))
+    b = size.reshape(-1, 4) * np.fromiter([x.dtype for x in ts], dtype=np.float64, count=len(ts))[:, None]
     alloc = np.zeros((n + 2, 4))
-    np.add.at(alloc, np.fromiter((x.created for x in ts), dtype=np.int64, count=len(ts)), b)
+    np.add.at(alloc, np.fromiter([x.created for x in ts], dtype=np.int64, count=len(ts)), b)
     freed = np.zeros((n + 2, 4))
     ended = [k for k, x in enumerate(ts) if not (keep_saved and x.saved)]
     if ended:
-        at = np.fromiter((min(ts[k].last, n) + 1 for k in ended), dtype=np.int64, count=len(ended))
+        at = np.fromiter([min(ts[k].last, n) + 1 for k in ended], dtype=np.int64, count=len(ended))
         np.add.at(freed, at, b[ended])
     steps = np.zeros((2 * n + 3, 4))
     steps[1::2] = alloc[:n + 1]
     steps[2::2] = -freed[:n + 1]
-    live = np.cumsum(steps, axis=0)[2::2]
-    return list(map(tuple, live.tolist()))
+    return np.cumsum(steps, axis=0)[2::2]
+
+
+def pareto_rows(rows: np.ndarray) -> list[Vec]:
+    """:func:`pareto` of the rows of an array (the vectors it would get as tuples): the same list. A row that its
+    neighbour bounds in every component and differs from is left out first (the rows :func:`pareto` keeps are those
+    no other distinct row bounds: one that a dropped row bounds is bounded by a kept one too)."""
+    if len(rows) > 2:
+        ge_next = (rows[:-1] <= rows[1:]).all(axis=1) & (rows[:-1] != rows[1:]).any(axis=1)
+        drop = np.zeros(len(rows), dtype=bool)
+        drop[:-1] = ge_next
+        drop[1:] |= (rows[1:] <= rows[:-1]).all(axis=1) & (rows[1:] != rows[:-1]).any(axis=1)
+        rows = rows[~drop]
+    return pareto(list(map(tuple, rows.tolist())))
 
 
 _PARETO_ORDER = itemgetter(0, 2, 1, 3)
