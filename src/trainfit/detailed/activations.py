@@ -1526,7 +1526,13 @@ def walk_parallelism(par: Parallelism) -> Parallelism:
     if all(getattr(par, f.name) == getattr(_WALK_DEFAULT, f.name) for f in dataclasses.fields(par)
            if f.name not in WALK_FIELDS):
         return par
-    return Parallelism(**{f: getattr(par, f) for f in WALK_FIELDS})
+    return _walk_parallelism(tuple(getattr(par, f) for f in WALK_FIELDS))
+
+
+@lru_cache(maxsize=1024)
+def _walk_parallelism(values: tuple) -> Parallelism:
+    """The walk's :class:`Parallelism` of :data:`WALK_FIELDS` ``values`` (built and checked once per model split)."""
+    return Parallelism(**dict(zip(WALK_FIELDS, values)))
 
 
 def _packed(packs: list[tuple[tuple[int, int], str, Vec]]) -> Vec:

@@ -571,9 +571,11 @@ def _select_arrays(cands: list[dict[str, Any]], keys: tuple[str, ...], masks: li
             absent[i] = ~m
         stacked[absent] = 0.0
     idx = np.argmax(stacked, axis=0)
+    # each element's chosen candidate (np.take_along_axis over the candidates, by indexing)
+    at = (idx, *np.indices(shape, sparse=True))
     tied = None
     if unique:
-        top = np.take_along_axis(stacked, idx[None], axis=0)
+        top = stacked[at][None]
         if not (top > 0).all():
             return None
         tied = stacked == top
@@ -586,7 +588,7 @@ def _select_arrays(cands: list[dict[str, Any]], keys: tuple[str, ...], masks: li
         vals += zero
         if absent is not None:
             vals[absent] = 0.0
-        out[k] = np.take_along_axis(vals, idx[None], axis=0)[0]
+        out[k] = vals[at]
         # a tie is harmless where the tied candidates hold the same bytes, sign included
         if tied is not None and not (~tied | ((vals == out[k]) & (np.signbit(vals) == np.signbit(out[k])))).all():
             return None
