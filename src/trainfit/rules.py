@@ -170,7 +170,7 @@ class _SetupValues:
         self.defaults = type(setup).defaults()
         self.model = _model_values_of(setup.model)
         # a setup that keeps its flat fields (a sweep's element): every value by one lookup, the model's first
-        flat = setup.__dict__.get("_flat")
+        flat = getattr(setup, "__dict__", {}).get("_flat")
         self.known = {**flat, **self.model} if flat is not None else self.model
 
     def __getitem__(self, name: str) -> Any:
