@@ -22,6 +22,7 @@ import pytest
 
 from trainfit import estimate
 from trainfit.detailed import phases
+from trainfit.errors import TrainfitError
 from trainfit.detailed.phases import _select, _When
 from trainfit.planner import plan
 from trainfit.sweep import encode
@@ -177,3 +178,73 @@ def test_every_stack_plans_as_its_exhaustive_search(stack):
     full = plan("llama-3.2-1b", "h100", 32, exhaustive=True, **args)
     assert lazy.top and _listed(lazy) == _listed(full)
     assert np.array_equal(lazy.cloud.total_bytes, full.cloud.total_bytes)
+
+
+def _live_bytes_long_way(tape, keep_saved):
+    """The walk's live bytes op by op, tensor by tensor in pure Python (the former ``graph._live_bytes``)."""
+    from trainfit.detailed.graph import ZERO, vadd, vsub
+
+    n = tape.t + 1
+    start, end = [ZERO] * (n + 2), [ZERO] * (n + 2)
+    for x in tape.tensors:
+        start[x.created] = vadd(start[x.created], x.bytes)
+        if not (keep_saved and x.saved):
+            end[min(x.last, n) + 1] = vadd(end[min(x.last, n) + 1], x.bytes)
+    live, out = ZERO, []
+    for i in range(n + 1):
+        live = vsub(vadd(live, start[i]), end[i])
+        out.append(live)
+    return out
+
+
+def _pareto_long_way(vectors):
+    uniq = sorted(set(vectors), key=lambda v: (-v[0], -v[2], -v[1], -v[3]))
+    keep = []
+    for v in uniq:
+        if not any(all(k[i] >= v[i] for i in range(4)) for k in keep):
+            keep.append(v)
+    return keep
+
+
+_WALKS = [(model, dict(checkpointing=ck, stack=stack, **extra), dict(tp=tp, cp=cp, pp=pp, **par), stage)
+          for model in ("llama-3.1-8b", "mixtral-8x7b", "gemma-2-9b", "gpt-oss-20b", "llama-3.2-1b")
+          for ck, stack, extra in (("none", "hf", {}), ("selective", "torchtitan", {}), ("full", "hf", {}),
+                                   ("none", "hf", dict(offload="activations")), ("selective", "hf", {}))
+          for tp, cp, pp, par in ((1, 1, 1, {}), (2, 2, 2, dict(sequence_parallel=True)), (4, 1, 4, {}))
+          for stage in sorted({0, pp - 1, pp // 2})]
+
+
+@pytest.mark.parametrize("model", sorted({w[0] for w in _WALKS}))
+def test_a_walks_live_bytes_saved_bytes_and_peaks_are_the_long_ways(model):
+    """The walk's condensing steps (numpy's sequential running sum for the live bytes; every region's saved bytes in
+    one pass; the peaks after the moments a neighbour bounds are left out) give the long way's values bit for bit,
+    over models with MoE, tied embeddings, soft-capped eager attention and attention sinks, every checkpointing mode,
+    activation offload, and tensor, context and pipeline parallel first, middle and last stages."""
+    from trainfit.detailed.activations import _Walker
+    from trainfit.detailed.graph import live_rows, offload_timeline, pareto, pareto_rows
+    from trainfit.refs import resolve_model
+    from trainfit.training_setup import Recipe
+
+    arch = resolve_model(model).arch
+    walked = 0
+    for _, rec, par, stage in (w for w in _WALKS if w[0] == model):
+        try:
+            recipe, parallel = Recipe(**rec), Parallelism(**par)
+            w = _Walker(arch, recipe, parallel, stage)
+            pr = w.run()
+        except TrainfitError:  # (a combination the model or stack refuses)
+            continue
+        g = w.g
+        walked += 1
+        assert g.timeline() == _live_bytes_long_way(g, True)
+        assert offload_timeline(g) == _live_bytes_long_way(g, False)
+        assert pareto(g.timeline()) == _pareto_long_way(g.timeline()) == list(pr.forward_candidates)
+        assert pareto_rows(live_rows(g)) == list(pr.forward_candidates)
+        if rec.get("offload"):
+            assert list(pr.offload_forward) == _pareto_long_way(offload_timeline(g))
+        total, by = g.saved_by_region()
+        assert total == g.saved_bytes() == pr.saved_total
+        assert set(by) <= {t.region for t in g.tensors}
+        for region in {t.region for t in g.tensors}:
+            assert by.get(region, (0.0, 0.0, 0.0, 0.0)) == g.saved_bytes(region)
+    assert walked >= 30, walked

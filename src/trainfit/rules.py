@@ -168,18 +168,42 @@ class _SetupValues:
     def __init__(self, setup: Any):
         self.setup = setup
         self.defaults = type(setup).defaults()
-        self.model = model_values(setup.model)
+        self.model = _model_values_of(setup.model)
+        # a setup that keeps its flat fields (a sweep's element): every value by one lookup, the model's first
+        flat = getattr(setup, "__dict__", {}).get("_flat")
+        self.known = {**flat, **self.model} if flat is not None else self.model
 
     def __getitem__(self, name: str) -> Any:
-        if name in self.model:
-            return self.model[name]
-        return self.setup.value(name)
+        try:
+            return self.known[name]
+        except KeyError:
+            return self.setup.value(name)
+
+    def _value(self, name: str) -> Any:
+        return self.setup.value(name) if name in self.model or name not in self.known else self.known[name]
 
     def present(self, name: str) -> bool:
-        return self.setup.value(name) is not None
+        return self._value(name) is not None
 
     def is_default(self, name: str) -> Any:
-        return np.bool_(self.setup.value(name) == self.defaults[name])
+        return np.bool_(self._value(name) == self.defaults[name])
+
+
+#: the last models' values (id -> (ref, values)): a plan checks thousands of setups of one model
+_MODEL_VALUES: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def _model_values_of(ref: Any) -> dict[str, Any]:
+    """:func:`model_values` of ``ref``, computed once while ``ref`` is among the last few models checked (the values
+    are read, never changed)."""
+    hit = _MODEL_VALUES.get(id(ref))
+    if hit is not None and hit[0] is ref:
+        return hit[1]
+    values = model_values(ref)
+    if len(_MODEL_VALUES) >= 8:
+        _MODEL_VALUES.clear()
+    _MODEL_VALUES[id(ref)] = (ref, values)
+    return values
 
 
 def check_setup(setup: Any) -> tuple[str, ...]:

@@ -372,18 +372,15 @@ class TrainingSetup:
         sweep; ``model`` and ``hardware`` resolved): the same object :meth:`build` makes, without running the field
         rules again (the rules between fields and the warnings still run, :func:`~trainfit.rules.check_setup`).
         Anything else goes through :meth:`build`."""
+        # (frozen dataclasses with an instance dict: their fields set there, as object.__setattr__ would)
         recipe = object.__new__(Recipe)
-        for name in RECIPE_FIELDS:
-            object.__setattr__(recipe, name, fields[name])
+        recipe.__dict__.update({name: fields[name] for name in RECIPE_FIELDS})
         parallel = object.__new__(Parallelism)
-        for name in PARALLEL_FIELDS:
-            object.__setattr__(parallel, name, fields[name])
+        parallel.__dict__.update({name: fields[name] for name in PARALLEL_FIELDS})
         out = object.__new__(cls)
-        for name, value in (("model", model), ("hardware", hardware), ("batch", fields["batch"]),
-                            ("seq_len", fields["seq_len"]), ("accumulation", fields["accumulation"]),
-                            ("recipe", recipe), ("parallel", parallel)):
-            object.__setattr__(out, name, value)
-        object.__setattr__(out, "_flat", {n: fields[n] for n in FIELD_NAMES})  # (as flat() would read them)
+        out.__dict__.update(model=model, hardware=hardware, batch=fields["batch"], seq_len=fields["seq_len"],
+                            accumulation=fields["accumulation"], recipe=recipe, parallel=parallel,
+                            _flat={n: fields[n] for n in FIELD_NAMES})  # (as flat() would read them)
         object.__setattr__(out, "warnings", check_setup(out))
         for line in out.warnings:  # (issued from one place, as build's are)
             _warnings.warn(SetupWarning(line), stacklevel=2)

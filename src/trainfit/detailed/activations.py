@@ -30,7 +30,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..arch import ArchSpec
-from .graph import ZERO, Tape, Tensor, Vec, const, offload_timeline, pareto, pos, tok, vadd, vscale
+from .graph import ZERO, Tape, Tensor, Vec, const, live_rows, pareto, pareto_rows, pos, tok, vadd, vscale
 from .inventory import block_linears, stage_layers
 from ..families import SLIDING
 from ..stacks import behaviour_of
@@ -1375,15 +1375,16 @@ class _Walker:
         for pair in tables.values():
             for t in pair:
                 t.saved = True
-        timeline = g.timeline()
+        timeline = live_rows(g)  # (g.timeline(), as an array)
         # a checkpoint input is marked saved when its region starts: recount it in the region before
-        cands = pareto(timeline)
+        cands = pareto_rows(timeline)
         chunks: tuple[tuple[Vec, float, float], ...] = ()
         fused = getattr(self, "fused_moments", None)
         if fused is not None and last:
             mark, moments, inc = fused
-            chunks = tuple((vadd(timeline[mark], const(c)), row, inc) for c, row in moments)
-        saved_total = g.saved_bytes()
+            at_mark = tuple(timeline[mark].tolist())
+            chunks = tuple((vadd(at_mark, const(c)), row, inc) for c, row in moments)
+        saved_total, by_region = g.saved_by_region()
         wc = ZERO
         wcs = ZERO
         for t in g.tensors:
@@ -1394,11 +1395,11 @@ class _Walker:
         lay, per_layer_wc = self._layer_profiles(layers, marks)
         offload: dict[str, Any] = {}
         if r.offload == "activations":
-            offload = dict(offload_forward=tuple(pareto(offload_timeline(g))), offload_host=_packed(g.packs),
-                           offload_unpack=_unpacks(g.packs))
-        embed_saved = g.saved_bytes("embed")
-        head_saved = vadd(g.saved_bytes("head"), g.saved_bytes("stage output"))
-        loss_saved = g.saved_bytes("loss")
+            offload = dict(offload_forward=tuple(pareto_rows(live_rows(g, keep_saved=False))),
+                           offload_host=_packed(g.packs), offload_unpack=_unpacks(g.packs))
+        embed_saved = by_region.get("embed", ZERO)
+        head_saved = vadd(by_region.get("head", ZERO), by_region.get("stage output", ZERO))
+        loss_saved = by_region.get("loss", ZERO)
         layer_total = ZERO
         for lp in lay:
             layer_total = vadd(layer_total, lp.saved)
@@ -1422,22 +1423,34 @@ class _Walker:
             by_region.setdefault(t.region, []).append(t)
         lay = []
         per_layer_wc = ZERO
+        # the residual stream's incoming gradient (the add passes it to the branch as it is), and its copy in
+        # the branch's dtype where that differs (autocast: autograd casts the gradient to the input's dtype)
+        res = tok(self.hw * self.p + (self.hw * self.w if self.w != self.p else 0.0))
+        made: dict[tuple, LayerProfile] = {}  # equal profiles (the replayed blocks'): one object
         for (i, (start, ck, rep)) in zip(layers, marks):
             ts = by_region.get(f"layer{i}", [])
             saved = ZERO
             handed_on = ZERO  # saved only by later regions
             rec = ZERO
             biggest = ZERO
-            for t in ts:
-                b = t.bytes
-                if t.saved:
-                    saved = vadd(saved, b)
-                    if not t.own_saved:
-                        handed_on = vadd(handed_on, b)
-                if rep is None and ck and ((t.would_save and not t.saved) or (t.held and t.size[0] == 0)):
-                    rec = vadd(rec, b)
-                if rep is None and t.size[0] * t.dtype > biggest[0]:
-                    biggest = b
+            if rep is not None:
+                for t in ts:
+                    if t.saved:
+                        b = t.bytes
+                        saved = vadd(saved, b)
+                        if not t.own_saved:
+                            handed_on = vadd(handed_on, b)
+            else:
+                for t in ts:
+                    b = t.bytes
+                    if t.saved:
+                        saved = vadd(saved, b)
+                        if not t.own_saved:
+                            handed_on = vadd(handed_on, b)
+                    if ck and ((t.would_save and not t.saved) or (t.held and t.size[0] == 0)):
+                        rec = vadd(rec, b)
+                    if t.size[0] * t.dtype > biggest[0]:
+                        biggest = b
             released = self._released(ts) if ck and rep is None else ZERO
             attn_bwd = self.attention_bwd.get(f"layer{i}", ZERO)
             core_bwd, core_gone = self._core(ts, f"layer{i}", ck) if rep is None else (rep.core_bwd, rep.core_gone)
@@ -1445,16 +1458,18 @@ class _Walker:
                 rec, biggest = (rep.recompute if ck else ZERO), rep.biggest
                 released = rep.released if ck else ZERO
                 attn_bwd = rep.attention_bwd
-            # the residual stream's incoming gradient (the add passes it to the branch as it is), and its copy in
-            # the branch's dtype where that differs (autocast: autograd casts the gradient to the input's dtype)
-            res = tok(self.hw * self.p + (self.hw * self.w if self.w != self.p else 0.0))
             # torchtitan's MoE block: its MoE backward's working set (moe_torchtitan), not the largest-tensor rule
             work = vadd(res, vadd(biggest, biggest))
             if self.tt_moe and self.a.is_moe_layer(i):
                 work = vadd(tok(self.hw * self.p), self.moe_bwd)
-            lay.append(LayerProfile(saved=saved, recompute=rec, transient_bwd=work,
-                                    gone=vadd(handed_on, released), attention_bwd=attn_bwd,
-                                    core_bwd=vadd(core_bwd, res) if core_bwd != ZERO else ZERO, core_gone=core_gone))
+            key = (saved, rec, work, handed_on, released, attn_bwd, core_bwd, core_gone)
+            lp = made.get(key)
+            if lp is None:
+                lp = made[key] = LayerProfile(
+                    saved=saved, recompute=rec, transient_bwd=work, gone=vadd(handed_on, released),
+                    attention_bwd=attn_bwd, core_bwd=vadd(core_bwd, res) if core_bwd != ZERO else ZERO,
+                    core_gone=core_gone)
+            lay.append(lp)
             if i == layers[-1]:
                 for t in ts:
                     if t.held and t.size[0] == 0 and t.size[3]:
@@ -1511,7 +1526,13 @@ def walk_parallelism(par: Parallelism) -> Parallelism:
     if all(getattr(par, f.name) == getattr(_WALK_DEFAULT, f.name) for f in dataclasses.fields(par)
            if f.name not in WALK_FIELDS):
         return par
-    return Parallelism(**{f: getattr(par, f) for f in WALK_FIELDS})
+    return _walk_parallelism(tuple(getattr(par, f) for f in WALK_FIELDS))
+
+
+@lru_cache(maxsize=1024)
+def _walk_parallelism(values: tuple) -> Parallelism:
+    """The walk's :class:`Parallelism` of :data:`WALK_FIELDS` ``values`` (built and checked once per model split)."""
+    return Parallelism(**dict(zip(WALK_FIELDS, values)))
 
 
 def _packed(packs: list[tuple[tuple[int, int], str, Vec]]) -> Vec:

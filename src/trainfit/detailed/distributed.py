@@ -64,8 +64,14 @@ def sharding_as_run(recipe: Any, par: Parallelism) -> Parallelism:
     its ``dp_shard_cp`` mesh whenever cp > 1, parallelize_llama.py at 9dec370), FSDP2 over ``dp x cp`` ranks; else
     ``par``. The micro-batch is the caller's (cp ranks share one)."""
     if par.cp > 1 and behaviour_of(recipe).fsdp_over_cp and (par.fsdp or par.dp == 1):
-        return dataclasses.replace(par, dp=par.dp * par.cp, fsdp=True)
+        return _fsdp_over_cp(par)
     return par
+
+
+@lru_cache(maxsize=1024)
+def _fsdp_over_cp(par: Parallelism) -> Parallelism:
+    """``par`` sharded by FSDP2 over its ``dp x cp`` ranks (built and checked once per sharding)."""
+    return dataclasses.replace(par, dp=par.dp * par.cp, fsdp=True)
 
 
 def local_rows(t: Any, tp: int, ep: int) -> tuple[int, int]:

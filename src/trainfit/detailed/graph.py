@@ -16,7 +16,11 @@ until the autocast region ends.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import itemgetter
 from typing import Optional
+
+import numpy as np
 
 
 Vec = tuple[float, float, float, float]  # element counts: per token, per position, per score, constant
@@ -63,7 +67,8 @@ class Tensor:
 
     @property
     def bytes(self) -> Vec:
-        return vscale(self.size, self.dtype)
+        s, d = self.size, self.dtype  # (vscale, inline: read for every tensor of every walk)
+        return (s[0] * d, s[1] * d, s[2] * d, s[3] * d)
 
 
 def tok(width: float) -> Vec:
@@ -332,6 +337,26 @@ class Tape:
                 tot = vadd(tot, x.bytes)
         return tot
 
+    def saved_by_region(self) -> tuple[Vec, dict[str, Vec]]:
+        """The saved bytes of the whole tape and of each region, in one pass: each sum in the tensors' order, as
+        :meth:`saved_bytes` adds them (the same values)."""
+        t0 = t1 = t2 = t3 = 0.0
+        by: dict[str, list[float]] = {}
+        for x in self.tensors:
+            if x.saved:
+                s, d = x.size, x.dtype
+                b0, b1, b2, b3 = s[0] * d, s[1] * d, s[2] * d, s[3] * d
+                t0, t1, t2, t3 = t0 + b0, t1 + b1, t2 + b2, t3 + b3
+                r = by.get(x.region)
+                if r is None:
+                    by[x.region] = [0.0 + b0, 0.0 + b1, 0.0 + b2, 0.0 + b3]
+                else:
+                    r[0] += b0
+                    r[1] += b1
+                    r[2] += b2
+                    r[3] += b3
+        return (t0, t1, t2, t3), {k: (v[0], v[1], v[2], v[3]) for k, v in by.items()}
+
     def timeline(self) -> list[Vec]:
         """Live bytes after each op: every saved tensor created so far plus every other tensor between
         its creation and its last use (held ones until the forward ends)."""
@@ -348,28 +373,58 @@ def offload_timeline(tape: Tape) -> list[Vec]:
 def _live_bytes(tape: Tape, *, keep_saved: bool) -> list[Vec]:
     """Live bytes after each op of ``tape``: each tensor from its creation to its last use, or to the end when it
     is saved and ``keep_saved``."""
+    return list(map(tuple, live_rows(tape, keep_saved=keep_saved).tolist()))
+
+
+def live_rows(tape: Tape, *, keep_saved: bool = True) -> np.ndarray:
+    """:func:`_live_bytes` as an array (one row of byte-vector components per op time), for :func:`pareto_rows`."""
     n = tape.t + 1
-    delta_start: list[Vec] = [ZERO] * (n + 2)
-    delta_end: list[Vec] = [ZERO] * (n + 2)
-    for x in tape.tensors:
-        b = x.bytes
-        delta_start[x.created] = vadd(delta_start[x.created], b)
-        if not (keep_saved and x.saved):
-            end = min(x.last, n)
-            delta_end[end + 1] = vadd(delta_end[end + 1], b)
-    live = ZERO
-    out = []
-    for i in range(n + 1):
-        live = vsub(vadd(live, delta_start[i]), delta_end[i])
-        out.append(live)
-    return out
+    ts = tape.tensors
+    if not ts:
+        return np.zeros((n + 1, 4))
+    # each op time's allocations and frees, each summed in the tensors' order (np.add.at adds repeated indices one
+    # by one), then the running total op by op, (live + allocated) - freed: one sequential cumsum over both
+    size = np.fromiter(chain.from_iterable([x.size for x in ts]), dtype=np.float64, count=4 * len(ts))
+    b = size.reshape(-1, 4) * np.fromiter([x.dtype for x in ts], dtype=np.float64, count=len(ts))[:, None]
+    alloc = np.zeros((n + 2, 4))
+    np.add.at(alloc, np.fromiter([x.created for x in ts], dtype=np.int64, count=len(ts)), b)
+    freed = np.zeros((n + 2, 4))
+    ended = [k for k, x in enumerate(ts) if not (keep_saved and x.saved)]
+    if ended:
+        at = np.fromiter([min(ts[k].last, n) + 1 for k in ended], dtype=np.int64, count=len(ended))
+        np.add.at(freed, at, b[ended])
+    steps = np.zeros((2 * n + 3, 4))
+    steps[1::2] = alloc[:n + 1]
+    steps[2::2] = -freed[:n + 1]
+    return np.cumsum(steps, axis=0)[2::2]
+
+
+def pareto_rows(rows: np.ndarray) -> list[Vec]:
+    """:func:`pareto` of the rows of an array (the vectors it would get as tuples): the same list. A row that its
+    neighbour bounds in every component and differs from is left out first (the rows :func:`pareto` keeps are those
+    no other distinct row bounds: one that a dropped row bounds is bounded by a kept one too)."""
+    if len(rows) > 2:
+        ge_next = (rows[:-1] <= rows[1:]).all(axis=1) & (rows[:-1] != rows[1:]).any(axis=1)
+        drop = np.zeros(len(rows), dtype=bool)
+        drop[:-1] = ge_next
+        drop[1:] |= (rows[1:] <= rows[:-1]).all(axis=1) & (rows[1:] != rows[:-1]).any(axis=1)
+        rows = rows[~drop]
+    return pareto(list(map(tuple, rows.tolist())))
+
+
+_PARETO_ORDER = itemgetter(0, 2, 1, 3)
 
 
 def pareto(vectors: list[Vec]) -> list[Vec]:
     """Drop vectors that another one bounds in every component (they can never be the maximum)."""
-    uniq = sorted(set(vectors), key=lambda v: (-v[0], -v[2], -v[1], -v[3]))
+    # (distinct vectors: descending by (v0, v2, v1, v3) is ascending by their negatives)
+    uniq = sorted(set(vectors), key=_PARETO_ORDER, reverse=True)
     keep: list[Vec] = []
     for v in uniq:
-        if not any(all(k[i] >= v[i] for i in range(4)) for k in keep):
+        v0, v1, v2, v3 = v
+        for k in keep:
+            if k[0] >= v0 and k[1] >= v1 and k[2] >= v2 and k[3] >= v3:
+                break
+        else:
             keep.append(v)
     return keep

@@ -272,7 +272,7 @@ class Detailed(MemoryMethod):
         """Arrays of setups: one forward walk per distinct model split and recipe; data-parallel sharding,
         accumulation, batch and sequence as arrays (:mod:`trainfit.detailed.layouts`)."""
         shape = x.shape
-        flat = lambda name: np.broadcast_to(x[name], shape).reshape(-1)  # noqa: E731
+        flat = _flat_columns(x)
         seq = flat("seq_len").astype(np.float64)
         micro = np.broadcast_to(x.micro_batch, shape).reshape(-1).astype(np.float64)
         n = micro.size
@@ -296,18 +296,18 @@ class Detailed(MemoryMethod):
             size = idx.shape
             codes = np.broadcast_to(np.asarray(res.peak_phase) if not isinstance(res.peak_phase, str)
                                     else PHASES.index(res.peak_phase), size)
-            peak[idx] = np.broadcast_to(res.peak, size)
+            peak[idx] = res.peak  # (broadcast to the elements by the assignment)
             phase[idx] = codes
             for c in COMPONENTS:  # each element's value at its peak phase
                 comps[c][idx] = np.choose(codes, [np.asarray(res.phases[p][c], dtype=float) for p in PHASES])
             total[idx] = peak[idx]
             stages = np.broadcast_to(np.asarray(res.stage), size)
+            tokens, scores = np.broadcast_to(res.shape.tokens, size), np.broadcast_to(res.shape.scores, size)
             for k, par in enumerate(pars):  # the overheads read the world size: one call per sharding and stage
                 for stage in np.unique(stages[which == k]):
                     sel = (which == k) & (stages == stage)
                     pk = peak[idx[sel]]
-                    toks = np.broadcast_to(res.shape.tokens, size)[sel]
-                    scs = np.broadcast_to(res.shape.scores, size)[sel]
+                    toks, scs = tokens[sel], scores[sel]
                     rsv = (reserve_terms(arch, first.recipe, run_pars[k], int(stage), toks, pk, scs)
                            if platform in FUSED_ATTENTION_PLATFORMS else [])
                     reserved[idx[sel]] = pk + sum(o.bytes for o in rsv)  # as estimate's peak_reserved_bytes
@@ -315,7 +315,7 @@ class Detailed(MemoryMethod):
                         continue
                     ovh = overheads_of(arch, par, pk, toks, res.profile.kernel, platform, rsv)
                     for o in ovh:
-                        comps.setdefault(o.name, np.zeros(n))[idx[sel]] = np.broadcast_to(o.bytes, pk.shape)
+                        comps.setdefault(o.name, np.zeros(n))[idx[sel]] = o.bytes  # (broadcast as assigned)
                     total[idx[sel]] = pk + sum(o.bytes for o in ovh)  # as total_and_overheads adds them
         out = {c: v.reshape(shape) for c, v in comps.items()}
         return SweepOutput(components=out, extra={"peak_allocated_bytes": peak.reshape(shape),
@@ -327,7 +327,7 @@ class Detailed(MemoryMethod):
         walk: the model states the optimizer phase holds (:func:`~trainfit.detailed.layouts.state_floor`), grouped
         as :meth:`vectorised` groups; the overheads it adds on top are >= 0. A layout search prunes with it."""
         shape = x.shape
-        flat = lambda name: np.broadcast_to(x[name], shape).reshape(-1)  # noqa: E731
+        flat = _flat_columns(x)
         n = int(np.prod(shape)) if shape else 1
         out = np.zeros(n)
         shared = tuple(f for f in FIELD_NAMES if f not in PER_ELEMENT)
@@ -338,6 +338,20 @@ class Detailed(MemoryMethod):
             pars = [sharding_as_run(first.recipe, p) for p in pars]
             out[idx] = state_floor(first.model.arch, first.recipe, pars, which)
         return out.reshape(shape)
+
+
+def _flat_columns(x: SetupArrays) -> Any:
+    """``flat(name)``: the field's values over ``x``'s elements as one flat array, each field's made once (the
+    groups of a sweep index into them again and again)."""
+    made: dict[str, np.ndarray] = {}
+
+    def flat(name: str) -> np.ndarray:
+        out = made.get(name)
+        if out is None:
+            out = made[name] = np.broadcast_to(x[name], x.shape).reshape(-1)
+        return out
+
+    return flat
 
 
 __all__ = ["ACCEPTS", "Detailed", "NAME", "TRAINING_PRECISIONS", "total_and_overheads"]

@@ -335,6 +335,7 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
         plan = [(mo, at, outs if weigh else mo.outputs) for mo, at, outs in signed.values()]
     else:
         plan = [(mo, np.asarray(accumulation) == u, mo.outputs) for u in values for mo in moments(u)]
+    helds: dict[tuple[tuple[int, ...], int], Any] = {}
     for mo, occurs, outputs in plan:
         keep = _only(occurs)
         c = mo.chunk
@@ -350,15 +351,18 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
         # a torchtitan chunk's rotary buffer: once per chunk, not per micro-batch in flight
         kept = kept + (len(layout) - mo.counts[0]) * pipe.table if pipe is not None else kept
         L = L + kept
-        held = sum((g_chunk(k) for k in mo.done if k != c), 0.0)
+        # the gradients of the chunks backwarded so far but this one (summed in the moment's own order: the key)
+        done = tuple(mo.done)
+        held = helds.get((done, c))
+        if held is None:
+            held = helds[done, c] = sum((g_chunk(k) for k in done if k != c), 0.0)
         own = g_chunk(c) if c in mo.done else None
         # forwards: the walk's peaks, the other in-flight chunk micro-batches beside them
         if mo.first or mo.forwards:
             into = fwd_cands if mo.first else bwd_cands
+            g = held + (own if own is not None else 0.0)  # (the same for each peak; never changed in place)
             for saved_part, temps in fwd_parts:
-                into.append(keep({"gradients": held + (own if own is not None else 0.0),
-                                  "activations": saved_part + L - saved_total,
-                                  "temporaries": temps}))
+                into.append(keep({"gradients": g, "activations": saved_part + L - saved_total, "temporaries": temps}))
         last_lp, first_lp = layer(starts[c] + count - 1), layer(starts[c])
         if vs == n - 1:
             # the loss backward, then (chunked loss) the head's
@@ -571,9 +575,11 @@ def _select_arrays(cands: list[dict[str, Any]], keys: tuple[str, ...], masks: li
             absent[i] = ~m
         stacked[absent] = 0.0
     idx = np.argmax(stacked, axis=0)
+    # each element's chosen candidate (np.take_along_axis over the candidates, by indexing)
+    at = (idx, *np.indices(shape, sparse=True))
     tied = None
     if unique:
-        top = np.take_along_axis(stacked, idx[None], axis=0)
+        top = stacked[at][None]
         if not (top > 0).all():
             return None
         tied = stacked == top
@@ -586,7 +592,7 @@ def _select_arrays(cands: list[dict[str, Any]], keys: tuple[str, ...], masks: li
         vals += zero
         if absent is not None:
             vals[absent] = 0.0
-        out[k] = np.take_along_axis(vals, idx[None], axis=0)[0]
+        out[k] = vals[at]
         # a tie is harmless where the tied candidates hold the same bytes, sign included
         if tied is not None and not (~tied | ((vals == out[k]) & (np.signbit(vals) == np.signbit(out[k])))).all():
             return None

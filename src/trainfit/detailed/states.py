@@ -343,14 +343,21 @@ def _host_exact(items: list[tuple[tuple[int, ...], int, float, bool]], recipe: R
     return params + grads + states + steps + master + temp
 
 
+@lru_cache(maxsize=64)
+def _state_recipe(values: tuple) -> Recipe:
+    """The :class:`Recipe` of :data:`_STATE_RECIPE_FIELDS` ``values``, the others at their defaults (built and
+    checked once: the key of the inventory that setups differing only in other recipe fields share)."""
+    return Recipe(**dict(zip(_STATE_RECIPE_FIELDS, values)))
+
+
 @lru_cache(maxsize=1024)
 def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> StateBytes:
     """Exact model-state bytes of ``arch`` trained with ``recipe``, split as ``par`` says, on one rank of
     pipeline ``stage``."""
     tp, ep, dp, zero = par.tp, par.ep, par.dp, par.zero_stage
     fsdp = is_fsdp(par)
-    u = _unsharded(arch, Recipe(**{f: getattr(recipe, f) for f in _STATE_RECIPE_FIELDS}), tp, ep, par.pp, stage,
-                   par.tp_plan, dp if fsdp else 1)
+    key = _state_recipe(tuple(getattr(recipe, f) for f in _STATE_RECIPE_FIELDS))
+    u = _unsharded(arch, key, tp, ep, par.pp, stage, par.tp_plan, dp if fsdp else 1)
     params_b, train_b, n_all, n_train, master, grads, fp32g, states, steps, temp = (
         u.params_b, u.train_b, u.n_all, u.n_train, u.master, u.grads, u.fp32g, u.states, u.steps, u.temp)
     largest_layer, largest, grads_part = u.largest_layer, u.largest, dict(u.grads_part)
