@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import logging
 import sys
@@ -14,10 +15,30 @@ from ..errors import TrainfitError
 INSTALL_HINT = "pip install 'trainfit[measure]'"
 
 
-def require(module: str) -> ModuleType:
-    """Import ``module`` (torch, transformers or peft) or raise a one-line TrainfitError saying how to install it."""
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused while torch, transformers or a model's code is imported (and restored as
+    it was). An import of that size makes about a million long-lived objects, and the collector walks all of them
+    again each time they have grown by a quarter: with it running, importing torch, transformers and OLMo 2's model
+    code took 8.8-9.1 s of CPU on the 2-core machine, paused 6.3-6.8 s. What cycles those imports leave are
+    collected by the next collection after it (a step's, in the measurement). Usable as a decorator."""
+    was = gc.isenabled()
+    gc.disable()
     try:
-        return importlib.import_module(module)
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def require(module: str) -> ModuleType:
+    """Import ``module`` (torch, transformers or peft) or raise a one-line TrainfitError saying how to install it
+    (the first import with the collector paused: :func:`collector_paused`)."""
+    try:
+        if module in sys.modules:
+            return sys.modules[module]
+        with collector_paused():
+            return importlib.import_module(module)
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise TrainfitError(f"`trainfit measure` needs {module.split('.')[0]} ({exc.__class__.__name__}: "
                             f"{str(exc).splitlines()[0]}); install the extra: {INSTALL_HINT}") from None

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional
 
 from ..errors import TrainfitError
 from ..families import FAMILIES
-from ._deps import require
+from ._deps import collector_paused, require
 
 #: the config keys of dropout probabilities a recipe without dropout sets to 0.0 (the traced cache reads them too)
 DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "hidden_dropout_prob",
@@ -77,6 +77,7 @@ def prepare_config(cfg: Mapping[str, Any], *, seq: int, attn: str, dropout: bool
     return config, notes
 
 
+@collector_paused()  # (the model's code is imported on its first build)
 def build_model(cfg: Mapping[str, Any], *, seq: int, task: Optional[str] = None, precision: str = "fp32",
                 attn: str = "sdpa", dropout: bool = True, checkpointing: str = "none", lora_r: int = 0,
                 lora_targets: Optional[list[str]] = None, device: str = "meta") -> BuiltModel:

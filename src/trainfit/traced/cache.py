@@ -91,7 +91,7 @@ def canonical_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def _resolve(config: Mapping[str, Any]) -> Optional[tuple[dict[str, Any], Any]]:
     """(the resolved config's canonical dict, the config object), or None (see :func:`resolved_config`)."""
-    from ..measure._deps import require
+    from ..measure._deps import collector_paused, require
 
     transformers = require("transformers")
     d = {k: v for k, v in config.items() if k not in IGNORED_KEYS}
@@ -99,7 +99,8 @@ def _resolve(config: Mapping[str, Any]) -> Optional[tuple[dict[str, Any], Any]]:
     if not isinstance(model_type, str) or model_type not in transformers.CONFIG_MAPPING:
         return None
     try:  # (the lazy mapping's .get answers None for every type: index it)
-        obj = transformers.CONFIG_MAPPING[model_type](**copy.deepcopy(d))
+        with collector_paused():  # (the config class's module is imported here first)
+            obj = transformers.CONFIG_MAPPING[model_type](**copy.deepcopy(d))
         out = obj.to_dict()
     except Exception:  # noqa: BLE001 - whatever transformers rejects a config with; the build says it again
         return None

@@ -348,6 +348,24 @@ def _traced(trace: Callable[[Callable[[str], None]], tuple], recipe: Any, key: s
     return tl
 
 
+def _imports_paused(fn: Callable[..., Timeline]) -> Callable[..., Timeline]:
+    """``fn`` run with the cyclic collector paused (:func:`trainfit.measure._deps.collector_paused`) from its first
+    import of torch, transformers and the model's code to the trace's own collection before its steps
+    (:func:`.record.frozen_heap`, which runs the steps with the collector on): those objects are walked once,
+    not again each time the heap has grown by a quarter or a young generation fills."""
+    import functools
+
+    @functools.wraps(fn)
+    def paused(*args: Any, **kwargs: Any) -> Timeline:
+        from ..measure._deps import collector_paused
+
+        with collector_paused():
+            return fn(*args, **kwargs)
+
+    return paused
+
+
+@_imports_paused
 def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
              progress: Optional[Callable[[str], None]] = None, why: Optional[str] = None) -> Timeline:
     """The fitted timeline of ``config`` under ``recipe``: from memory, the disk cache, or traced now (``why`` a
@@ -363,6 +381,7 @@ def timeline(config: Any, recipe: Any, *, use_cache: bool = True,
                    progress, {"whole_why": why} if why else {})
 
 
+@_imports_paused
 def shape_timeline(config: Any, recipe: Any, b: int, s: int, *, use_cache: bool = True,
                    progress: Optional[Callable[[str], None]] = None) -> Timeline:
     """A timeline that answers micro-batch ``b`` x ``s`` tokens: the fitted timeline where it is known already (in

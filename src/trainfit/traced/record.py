@@ -393,21 +393,28 @@ class Recipe:
 
 
 @contextlib.contextmanager
-def frozen_heap() -> Any:
+def frozen_heap(collect: bool = True) -> Any:
     """Everything alive now (torch's, transformers' and the built model's objects: about a million) collected once
     and moved out of the cyclic collector's view until exit, so that the collection before each step (as the
     measurement runs it) walks only what the sessions and steps create since: a third of a second less per
     collection, the same objects freed (garbage made after this point is collected as before). Processes forked
-    inside share the frozen objects without the collector touching them. Unfrozen on exit unless objects were
-    frozen already (by a caller: they are unfrozen with the caller's)."""
-    first = gc.get_freeze_count() == 0
-    gc.collect()
+    inside share the frozen objects without the collector touching them. The collector runs inside (paused again on
+    exit if it was: :func:`trainfit.measure._deps.collector_paused`). Unfrozen on exit unless objects were frozen
+    already (by a caller: they are unfrozen with the caller's). ``collect=False`` freezes without the collection
+    (half a second after the imports): only where no tensor a tracker could count exists yet, since garbage frozen
+    is not freed until the exit."""
+    first, was_on = gc.get_freeze_count() == 0, gc.isenabled()
+    if collect:
+        gc.collect()
     gc.freeze()
+    gc.enable()  # (the steps run with the collector on, as the measurement's do, whoever paused it before)
     try:
         yield
     finally:
         if first:
             gc.unfreeze()
+        if not was_on:
+            gc.disable()
 
 
 class TraceSession:

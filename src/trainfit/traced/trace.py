@@ -646,8 +646,8 @@ def _check_common(pr: Prober, fits: Sequence[RegimeFit], table: PolyTable, s_max
 #: process (the upper half of the ladder, the full-depth check, the later shapes of the two-unit model; for one
 #: shape's answer, the two- and three-unit models' steps in a forked child); unset, a worker runs where the machine
 #: has two cores or more and the model :data:`WORKER_MIN_BLOCKS` blocks or more (below that its interpreter's start
-#: costs more than it saves); forked children where the machine has two cores or more and its 1-minute load leaves
-#: a core idle (a child's start costs nothing, but on busy cores the children compete with this process)
+#: costs more than it saves); forked children where the machine has two cores or more and a core is idle now
+#: (:func:`_busy_now`; a child's start costs nothing, but on busy cores the children compete with this process)
 WORKERS_ENV = "TRAINFIT_TRACE_WORKERS"
 WORKER_MIN_BLOCKS = 16
 #: environment variable: ``1`` also shares the few-block models' steps with the worker (the upper half of the
@@ -675,9 +675,9 @@ def _config_blocks(config: Mapping[str, Any]) -> int:
 
 def _workers_on(config: Mapping[str, Any], fork: bool = False) -> bool:
     """Whether steps are recorded in a second process (see :data:`WORKERS_ENV`). A forked child starts in
-    milliseconds, so ``fork`` needs no model size, but a core left idle by other work: the children only shorten
-    the wall time where they do not take this process's core (on the shared 2-core machine at a load of 2, a
-    first estimate of OLMo-2-7B took 21 s with them and 19 s without; docs/traced.md, Speed)."""
+    milliseconds, so ``fork`` needs no model size, but a core left idle by other work (:func:`_busy_now`): the
+    children only shorten the wall time where they do not take this process's core (on the shared 2-core machine
+    at a load of 2, a first estimate of OLMo-2-7B took 21 s with them and 19 s without; docs/traced.md, Speed)."""
     import os
 
     raw = os.environ.get(WORKERS_ENV, "").strip()
@@ -685,9 +685,27 @@ def _workers_on(config: Mapping[str, Any], fork: bool = False) -> bool:
         return int(raw) >= 1
     cores = os.cpu_count() or 1
     if fork:
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-        return cores >= 2 and load <= cores - 1
+        return cores >= 2 and _busy_now(cores) <= cores - 1
     return cores >= 2 and _config_blocks(config) >= WORKER_MIN_BLOCKS
+
+
+def _busy_now(cores: int) -> float:
+    """How many cores are busy now, this process included: the most runnable threads of three readings of
+    ``/proc/loadavg`` 20 ms apart (Linux), else the 1-minute load average plus this process. The runnable count,
+    not the average: the average still counts a process that ended a minute ago (a user's previous estimate)."""
+    import os
+
+    counts = []
+    for i in range(3):
+        try:
+            with open("/proc/loadavg", encoding="ascii") as f:
+                counts.append(int(f.read().split()[3].split("/")[0]))
+        except (OSError, ValueError, IndexError):
+            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+            return min(load + 1.0, float(cores + 1))
+        if i < 2:
+            time.sleep(0.02)
+    return float(max(counts))
 
 
 def _worker(config: Mapping[str, Any]) -> Any:
@@ -1049,7 +1067,7 @@ def trace_shape(config: Mapping[str, Any], recipe: Recipe, b: int, s: int, *,
     # the two- and three-unit models' steps each in a forked copy of this process (its imports and build done: a
     # child starts in milliseconds) while this one records the one-unit model's; here where a child cannot run
     fork = _workers_on(config, fork=True)
-    with frozen_heap():
+    with frozen_heap(collect=False):  # (nothing fake exists yet: the model is on the meta device)
         steps = _shape_steps(config, recipe, plan, b, s, full_built, report, fork)
     found = _extension(steps, b, s)
     if found is None:
@@ -1089,7 +1107,7 @@ def trace_timeline(config: Mapping[str, Any], recipe: Recipe, *, s_max: int = S_
         with _bare_main():  # (the worker's interpreter starts now, its imports overlapping this process's build)
             worker.submit(_worker_ready)
     try:
-        with frozen_heap():  # (each session's warm-up freezes its own objects too: one walk of the imports' heap)
+        with frozen_heap(collect=False):  # (nothing fake exists yet; each session's warm-up freezes its own objects)
             return _trace(config, recipe, s_max, report, progress or (lambda _m: None), build_seq, worker, pending,
                           t0, c0)
     finally:
