@@ -182,3 +182,30 @@ def test_the_steps_are_the_same_with_and_without_the_forked_children(tmp_path):
         got[workers] = json.loads(run.stdout.strip().splitlines()[-1])
         assert got[workers]["steps"] == 3 and (got[workers]["worker_cpu_seconds"] > 0) == (workers == "1")
     assert got["0"]["regimes"] == got["1"]["regimes"]
+
+
+def test_a_failed_primed_check_records_both_deeper_models_again_after_whole_warm_ups(cache_dir, monkeypatch):
+    # the two- and three-unit models are recorded after primed warm-ups; where the check fails on them, both are
+    # recorded again after whole warm-up steps and the answer is the one those give (here the same regime: priming
+    # leaves nothing of its own in these steps)
+    monkeypatch.setenv(traced_trace.WORKERS_ENV, "0")
+    setup = _setup(DEEP, batch=2, seq_len=256)
+    config, recipe = setup.model.config, traced_method.recipe_of(setup)
+    want, _, _ = traced_trace.trace_shape(config, recipe, 2, 256)
+    real_extension, real_step = traced_trace._extension, traced_trace._shape_step
+    checks, steps = [], []
+
+    def first_check_fails(recorded, b, s):
+        checks.append((b, s))
+        return None if len(checks) == 1 else real_extension(recorded, b, s)
+
+    def spy(config, recipe, plan, units, b, s, built=None, prime=None):
+        steps.append((units, prime))
+        return real_step(config, recipe, plan, units, b, s, built=built, prime=prime)
+
+    monkeypatch.setattr(traced_trace, "_extension", first_check_fails)
+    monkeypatch.setattr(traced_trace, "_shape_step", spy)
+    got, report, _ = traced_trace.trace_shape(config, recipe, 2, 256)
+    assert steps == [(2, None), (3, None), (2, False), (3, False)]  # primed by default, then whole warm-ups
+    assert report.steps == 5 and len(checks) == 2
+    assert [r.to_json() for r in got] == [r.to_json() for r in want]

@@ -20,7 +20,7 @@ def collector_paused() -> Iterator[None]:
     """The cyclic garbage collector paused while torch, transformers or a model's code is imported (and restored as
     it was). An import of that size makes about a million long-lived objects, and the collector walks all of them
     again each time they have grown by a quarter: with it running, importing torch, transformers and OLMo 2's model
-    code took 8.8-9.1 s of CPU on the 2-core machine, paused 6.3-6.8 s. What cycles those imports leave are
+    code took 8.3-9.1 s of CPU on the 2-core machine, paused 6.3-6.8 s. What cycles those imports leave are
     collected by the next collection after it (a step's, in the measurement). Usable as a decorator."""
     was = gc.isenabled()
     gc.disable()

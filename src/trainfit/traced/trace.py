@@ -914,9 +914,15 @@ def _shape_step(config: Mapping[str, Any], recipe: Recipe, plan: RepeatPlan, uni
     by :meth:`.record.TraceSession._prime`, else by a whole step. The one-unit model is always warmed up by a whole
     step: the base of the extension, it makes any difference a primed warm-up leaves in the deeper models show
     in the check (a difference per model, per block or per unit does not extend as the units do)."""
-    with TraceSession(config, recipe, keep=plan.keep(units), build_seq=S_MIN, built=built,
-                      prime=units >= 2 if prime is None else prime) as session:
+    with _shape_session(config, recipe, plan, units, built, prime) as session:
         return session.record(b, s)
+
+
+def _shape_session(config: Mapping[str, Any], recipe: Recipe, plan: RepeatPlan, units: int, built: Any = None,
+                   prime: Optional[bool] = None) -> TraceSession:
+    """The session of :func:`_shape_step` (its arguments, its default warm-up)."""
+    return TraceSession(config, recipe, keep=plan.keep(units), build_seq=S_MIN, built=built,
+                        prime=units >= 2 if prime is None else prime)
 
 
 def _fork_step(config: Mapping[str, Any], recipe: Recipe, plan: RepeatPlan, units: int, b: int, s: int,
@@ -1002,7 +1008,7 @@ def _shape_steps(config: Mapping[str, Any], recipe: Recipe, plan: RepeatPlan, b:
     this shape: its step costs about a third less CPU than a cold one."""
     children = {3: _fork_step(config, recipe, plan, 3, b, s) if fork else None}
     try:
-        with TraceSession(config, recipe, keep=plan.keep(1), build_seq=S_MIN, built=full_built, prime=False) as one:
+        with _shape_session(config, recipe, plan, 1, built=full_built) as one:
             one.warm_up(b, s)
             children[2] = _fork_step(config, recipe, plan, 2, b, s, leave=one) if fork else None
             steps = [one.record(b, s)]
