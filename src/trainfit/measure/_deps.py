@@ -33,10 +33,8 @@ def collector_paused() -> Iterator[None]:
 
 def require(module: str) -> ModuleType:
     """Import ``module`` (torch, transformers or peft) or raise a one-line TrainfitError saying how to install it
-    (the first import with the collector paused: :func:`collector_paused`)."""
+    (imported with the collector paused: :func:`collector_paused`)."""
     try:
-        if module in sys.modules:
-            return sys.modules[module]
         with collector_paused():
             return importlib.import_module(module)
     except ImportError as exc:  # pragma: no cover - depends on the environment
