@@ -76,3 +76,26 @@ def test_a_module_registering_one_command_still_runs_it_by_name():
     assert _cli_modules_after(["app", "--help"]) == {"app_cmd"}
     run = subprocess.run([sys.executable, "-m", "trainfit", "app", "--help"], capture_output=True, text=True)
     assert run.returncode == 0 and "trainfit app [OPTIONS]" in run.stdout, run.stdout + run.stderr
+
+
+def test_a_process_that_loaded_torch_leaves_without_teardown_but_runs_its_exit_handlers():
+    # the console script (main() without arguments) ends a process that loaded torch by os._exit after the atexit
+    # handlers and a flush of the standard streams: the output, the exit code and the handlers all still happen
+    pytest.importorskip("torch")
+    code = ("import atexit, sys, torch\n"
+            "atexit.register(lambda: print('handler ran', flush=True))\n"
+            "class Kept:\n"
+            "    def __del__(self):\n"
+            "        print('torn down', flush=True)\n"
+            "kept = Kept()\n"
+            "sys.argv = ['trainfit'] + sys.argv[1:]\n"
+            "from trainfit.cli import main\n"
+            "main()\n"
+            "print('not reached')\n")
+    ok = subprocess.run([sys.executable, "-c", code, "hardware"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "NVIDIA H100" in ok.stdout and "handler ran" in ok.stdout and "not reached" not in ok.stdout
+    assert "torn down" not in ok.stdout  # no interpreter teardown (a module's objects are not finalised)
+    bad = subprocess.run([sys.executable, "-c", code, "show", "nope-gpu"], capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.startswith("trainfit: error: unknown model or hardware 'nope-gpu'")
+    assert "handler ran" in bad.stdout

@@ -96,4 +96,25 @@ def main(argv: list[str] | None = None) -> None:
             rc = 130
         else:
             raise
-    sys.exit(rc if isinstance(rc, int) else 0)
+    rc = rc if isinstance(rc, int) else 0
+    if argv is None:  # the console script: a process of its own
+        _leave_at_once(rc)
+    sys.exit(rc)
+
+
+def _leave_at_once(rc: int) -> None:
+    """End a process that loaded torch without tearing the interpreter down: its ``atexit`` handlers run, the
+    standard streams are flushed, then the process exits with ``rc``. Finalising the million objects of torch and
+    transformers took 2.5 s after a first traced estimate had printed its answer on the 2-core machine (its
+    handlers 0.03 s). Processes that did not load torch end as usual."""
+    if "torch" not in sys.modules:
+        return
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing left to say
+            pass
+    os._exit(rc)
