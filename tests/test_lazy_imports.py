@@ -96,3 +96,12 @@ def test_a_plan_imports_only_what_it_runs_and_builds_no_schema_from_a_warm_cache
     # typer built no pydantic type adapter for an option (cli/_parsing.py), so pydantic never looked for its
     # plugins through importlib.metadata
     assert not {"typer._adapters", "pydantic.plugin._loader", "importlib.metadata"} & set(warm["modules"])
+
+
+def test_an_estimate_imports_no_planner_and_builds_no_type_adapter(tmp_path):
+    est = ("from trainfit.cli import main\ntry:\n    main(['estimate', 'llama-3.1-8b', 'h100', '-o', 'json'])\n"
+           "except SystemExit as e:\n    assert e.code == 0, e.code\n")
+    run = _loaded(est, {"TRAINFIT_CACHE_DIR": str(tmp_path)})
+    assert "trainfit.detailed.method" in run["modules"]  # the estimate did run
+    # the help texts it shares with `plan` live in cli/options.py; `-o json` is a choice's value typed exactly
+    assert not {"trainfit.cli.plan_cmd", "trainfit.planner", "typer._adapters"} & set(run["modules"])

@@ -9,8 +9,8 @@ the first one imports pydantic's plugin loader and with it ``importlib.metadata`
 :class:`Group`, the app's group class (Typer's ``cls`` option), gives each parameter of its commands a
 :class:`_Deferred` coercion: typer's own, built the first time a value needs it. A value whose coercion is plain
 needs none: ``None`` (for a single-value parameter), a value of exactly the parameter's type (``str``, an unbounded
-``int`` or ``float``, an ``Enum`` member: what defaults are), and plain digits typed for an unbounded number (read
-as pydantic reads them). ``tests/test_cli_parsing.py`` compares these with typer's own coercion for every parameter
+``int`` or ``float``, an ``Enum`` member: what defaults are), plain digits typed for an unbounded number (read
+as pydantic reads them) and a choice's value typed exactly (``-o json``). ``tests/test_cli_parsing.py`` compares these with typer's own coercion for every parameter
 of every command and checks that the hook is attached, so that a typer which changes either fails there; a typer
 without these internals (older releases coerce through click types) is left as it is.
 """
@@ -29,16 +29,21 @@ _DECIMAL = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,15})?")
 _UNKNOWN = object()
 
 
-def _plain(value: Any, descriptor: Any) -> Any:
+def _plain(value: Any, descriptor: Any, ctx: Any = None) -> Any:
     """What typer's coercion makes of ``value`` when that is plain without it, else ``_UNKNOWN``: ``value`` itself for
     a value of the parameter's type (a ``str``, or an ``int``, ``float`` or ``Enum`` member as a default is), the
-    number for digits typed for a number."""
+    number for digits typed for a number, the member for exactly its value typed for a case-sensitive choice."""
     info = descriptor.parameter_info
     if info.parser is not None or descriptor.file_annotation is not None:
         return _UNKNOWN
     annotation = descriptor.annotation
     if isinstance(annotation, type) and issubclass(annotation, Enum):
-        return value if isinstance(value, annotation) else _UNKNOWN  # typer hands a member back as it is
+        if isinstance(value, annotation):
+            return value  # typer hands a member back as it is
+        if type(value) is str and info.case_sensitive and getattr(ctx, "token_normalize_func", None) is None:
+            # typer returns the first member whose str(value) equals the text as typed
+            return next((m for m in annotation if str(m.value) == value), _UNKNOWN)
+        return _UNKNOWN
     if annotation is str:
         return value if type(value) is str else _UNKNOWN
     if annotation not in (int, float) or info.min is not None or info.max is not None:  # a bounded number is checked
@@ -68,7 +73,7 @@ class _Deferred:
         if not (param.multiple or param.nargs == -1):
             if value is None:
                 return None
-            plain = _plain(value, self._descriptor)
+            plain = _plain(value, self._descriptor, ctx)
             if plain is not _UNKNOWN:
                 return plain
         if self._runtime is None:

@@ -9,8 +9,7 @@ import typer
 
 from ..training_setup import FIELDS
 from ._common import Output, app, emit, guarded
-from .options import PANELS, cli_fields
-from .plan_cmd import PRICE_HELP, TOKENS_HELP
+from .options import PANELS, PRICE_HELP, TOKENS_HELP, cli_fields
 
 _NUMBER = {"whole": int, "zero": int, "fraction": float, "number": float}
 

@@ -11,8 +11,7 @@ from ..training_setup import TrainingSetup
 from ._common import Output, app, emit, guarded
 from .method_options import method_options, options_for
 from .device_options import device_options
-from .options import flags_for, setup_options
-from .plan_cmd import PRICE_HELP, TOKENS_HELP
+from .options import PRICE_HELP, TOKENS_HELP, flags_for, setup_options
 
 #: the methods and the default order, from the registry (each method says why it is the default)
 _METHOD_HELP = ("Memory model: " + ", ".join(METHODS) + ". Default: the first that applies of "

@@ -22,6 +22,10 @@ _TYPES: dict[str, Any] = {"whole": int, "zero": int, "fraction": float, "number"
                           "optional-choice": Optional[str], "names": str}
 #: Typer help panels by field group
 PANELS = {"shape": "Batch", "recipe": "Recipe", "parallel": "Parallelism"}
+#: the cost options every command that reports a step time shares
+PRICE_HELP = ("US dollars per device-hour for the cost figures (default: the price list, "
+              "src/trainfit/data/prices.yaml, where it has the accelerator).")
+TOKENS_HELP = "Training tokens of the whole run (e.g. 1e12): adds its steps, days, GPU-hours and dollars."
 
 
 def _group(name: str) -> str:

@@ -14,18 +14,12 @@ from ..steptime import DEFAULT_NODE_SIZE
 from ._common import Output, app, console, emit, guarded
 from .method_options import SEARCH_METHOD_HELP
 from .device_options import device_options
-from .options import setup_options
+from .options import PRICE_HELP, TOKENS_HELP, setup_options
 
 
 class PlotX(str, Enum):
     time = "time"
     cost = "cost"
-
-
-#: the cost options every command that reports a step time shares
-PRICE_HELP = ("US dollars per device-hour for the cost figures (default: the price list, "
-              "src/trainfit/data/prices.yaml, where it has the accelerator).")
-TOKENS_HELP = "Training tokens of the whole run (e.g. 1e12): adds its steps, days, GPU-hours and dollars."
 
 
 #: the methods that keep one micro-batch of activations per pipeline stage (the planner scales them)
