@@ -28,10 +28,10 @@ from ..stacks import behaviour_of
 from ..training_setup import Parallelism, Recipe, validated_replace
 from .activations import activation_profile, walk_parallelism
 from .distributed import is_fsdp, stack_groups, walk_recipe
-from .graph import vbytes
-from .phases import (COMPONENTS, INPUT_BYTES_PER_TOKEN, PHASES, PhaseResult, StepShape, _moments, busier_stage,
-                     chunk_saved, comm_buffers, deepspeed_stage, inflight_microbatches, megatron_stage, pipeline_table,
-                     reported_stages, stage_phases, step_shape)
+from .graph import tok, vbytes
+from .phases import (COMPONENTS, INPUT_BYTES_PER_TOKEN, PHASES, PhaseResult, StepShape, _moments, _pipeline_holds,
+                     busier_stage, chunk_saved, comm_buffers, deepspeed_stage, inflight_microbatches, megatron_stage,
+                     pipeline_table, reported_stages, stage_phases, step_shape)
 from .states import StateBytes, rank_groups, state_bytes
 
 #: Parallelism fields that change only the sharding of the model states and the communication buffers
@@ -149,6 +149,15 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
       micro-batch count: :func:`~trainfit.detailed.phases.interleaved_moments`) and ``S_k`` the chunk's saved bytes
       without the received activations and rotary tables (:func:`~trainfit.detailed.phases.chunk_saved`).
 
+    On a torchtitan pipeline with 1F1B or GPipe, the last stage adds a bound without a walk: its own states, the
+    inputs of every micro-batch (``16 x tokens x m``) and the outputs it keeps (``PipelineHolds.output``: each
+    micro-batch's logits) until the step ends, ``m O`` (less ``(m - 1) T`` with GPipe), as the scenario with
+    ``m`` outputs kept holds them beside the last stage's saved bytes (>= 0): the first scenario where ``m`` is 1
+    or the schedule is GPipe (``m`` in flight there: ``(m - 1) (S - T) >= -(m - 1) T``), else the second, which
+    occurs exactly where ``m > 1``, with one micro-batch in flight, and with 1F1B there the earlier micro-batches'
+    gradients (``PipelineHolds.grad_scale`` times the stage's). On both stages a torchtitan pipeline's
+    communication buffers (``PipelineHolds.comm``: FSDP2's gathered parameters of every chunk) are in every phase.
+
     Why each is held: the backward phase is ``base`` (with the inputs of every micro-batch on a torchtitan
     pipeline: more), the communication buffers (>= 0) and the candidate moment with the largest total
     (:func:`~trainfit.detailed.phases._select`), each candidate's temporaries and gradients >= 0. Without a
@@ -177,12 +186,20 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
     table = sh.bytes(pipeline_table(arch, recipe)) if torchtitan_pipe else 0.0
     saved = np.zeros(which.size)
     base = np.zeros(which.size)
+    def holds(p: Parallelism, st: StateBytes, stage: int, sel: np.ndarray) -> Any:
+        """A torchtitan stage's :class:`~trainfit.detailed.phases.PipelineHolds` over the selected elements."""
+        cols = [np.broadcast_to(np.asarray(c, dtype=np.float64), which.shape)[sel]
+                for c in (sh.tokens, sh.positions, sh.scores)]
+        return _pipeline_holds(arch, recipe, p, st, stage, lambda v: vbytes(v, *cols))
+
     for k, p in enumerate(pars):
         sel = which == k
         if not sel.any():
             continue
         st = state_bytes(arch, recipe, p, 0)
         base[sel] = float(st.params + st.buffers + st.master + st.fp32_grads + st.opt_states + st.step_counters)
+        if torchtitan_pipe:  # (FSDP2's gathered parameters of every chunk, a communication buffer of each phase)
+            base[sel] += sum(holds(p, st, 0, sel).comm.values(), 0.0)
         pr = activation_profile(arch, walk_recipe(recipe, p) if is_fsdp(p) else recipe, walk, 0)
         S = sh.bytes(pr.saved_total)
         S = S[sel] if isinstance(S, np.ndarray) and S.shape else S
@@ -205,7 +222,28 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
             act = n * S - (n - 1.0) * T
         saved[sel] = act
     tokens = np.broadcast_to(np.asarray(sh.tokens, dtype=np.float64), which.shape)
-    return np.maximum(floor, base + INPUT_BYTES_PER_TOKEN * tokens + saved)
+    out = np.maximum(floor, base + INPUT_BYTES_PER_TOKEN * tokens + saved)
+    if torchtitan_pipe and rep.pp_schedule in ("1f1b", "gpipe") and reported_stages(rep) == [0, rep.pp - 1]:
+        # the last stage keeps every micro-batch's output (its logits) to the step's end: no walk needed
+        last = rep.pp - 1
+        output = sh.bytes(tok(arch.vocab_size / (rep.tp if rep.loss_parallel else 1) * recipe.compute_bytes))
+        output = np.broadcast_to(np.asarray(output, dtype=np.float64), which.shape)
+        T = np.broadcast_to(np.asarray(table, dtype=np.float64), which.shape)
+        states = np.zeros(which.size)
+        for k, p in enumerate(pars):
+            sel = which == k
+            if not sel.any():
+                continue
+            st = state_bytes(arch, recipe, p, last)
+            hold = holds(p, st, last, sel)
+            states[sel] = (float(st.params + st.buffers + st.master + st.fp32_grads + st.opt_states + st.step_counters)
+                           + sum(hold.comm.values(), 0.0))
+            if rep.pp_schedule == "1f1b" and not recipe.optimizer_in_backward:
+                # the second scenario (where m > 1) holds the earlier micro-batches' gradients, at their width
+                states[sel] += np.where(acc[sel] > 1, float(st.grads) * hold.grad_scale, 0.0)
+        keep = acc * output - ((acc - 1.0) * T if rep.pp_schedule == "gpipe" else 0.0)
+        out = np.maximum(out, states + INPUT_BYTES_PER_TOKEN * tokens * acc + keep)
+    return out
 
 
 def _fsdp_stage(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], which: np.ndarray,

@@ -248,7 +248,7 @@ def _complete_misses(step: np.ndarray, mem: dict[str, np.ndarray], done: np.ndar
     # (every layout faster than the chosen one is in a split the ranking visited: its floor is known)
     faster = np.ones(step.size, dtype=bool) if faster_than is None else step < faster_than
     floor = np.where(np.isnan(floor), -np.inf, floor)  # (none left unknown there; were one, it is evaluated)
-    batch = 8.0
+    batch = float(_FIRST_SPLITS)
     while True:
         left = faster & ~done
         if not left.any():
@@ -264,7 +264,7 @@ def _complete_misses(step: np.ndarray, mem: dict[str, np.ndarray], done: np.ndar
         else:
             splits = list(dict.fromkeys(groups[order].tolist()))[:int(batch)]
             fill(np.flatnonzero(left & np.isin(groups, splits)))
-        batch *= 1.5
+        batch *= _SPLIT_GROWTH  # (small batches, as the ranking's: the stopping rule is met after a few splits)
 
 
 def _layout(space: LayoutSpace, arr: dict[str, np.ndarray], i: int, usable: float, capacity: float,
