@@ -1,13 +1,16 @@
 """The lower bound the planner prunes with never exceeds the memory it bounds, and pruning changes no answer.
 
-The detailed method's ``memory_floor`` (``detailed/layouts.py`` ``state_floor``) is the model-state part of the
-optimizer phase: parameters, buffers, master weights, fp32 gradients, optimizer state, step counters and, unless
-the optimizer steps in backward, gradients and the step's temporaries, from the same ``state_bytes`` the phases
-read. The step's peak holds at least that phase, and the overheads added on top are >= 0, so the floor is at most
-the total: checked here against the total of every layout of whole plans (each layout counted by the model the
-planner counts it with: the stack's own model or the hf accounting), for every stack. The second test checks
-that a plan whose floors rule layouts out answers as the exhaustive search (the same rows, figures and near
-misses).
+The detailed method's ``memory_floor`` (``detailed/layouts.py`` ``step_floor``) is the larger of the model-state
+part of the optimizer phase (``state_floor``: parameters, buffers, master weights, fp32 gradients, optimizer state,
+step counters and, unless the optimizer steps in backward, gradients and the step's temporaries) and, for a PyTorch
+step with its activations on the device, the states plus the inputs plus the activations the backward holds at its
+start on the first pipeline stage (one micro-batch's saved tensors; the micro-batches in flight under 1F1B and
+GPipe). The step's peak holds at least each, and the overheads added on top are >= 0, so the floor is at most the
+total: checked here against the total of every layout of whole plans (each layout counted by the model the planner
+counts it with: the stack's own model or the hf accounting), for every stack, and for the 70B model's pipelines
+(1F1B, GPipe, interleaved; FSDP2 and ZeRO; context parallelism), where the activations make the bound tight. The
+other tests check that a plan whose floors rule layouts out answers as the exhaustive search (the same rows,
+figures and near misses).
 """
 from __future__ import annotations
 
@@ -54,6 +57,18 @@ def test_the_floor_never_exceeds_the_total(monkeypatch, stack, model, n, kw):
         assert (floor > usable).any()
 
 
+@pytest.mark.parametrize("stack", ["torchtitan", "megatron"])
+def test_the_floor_bounds_pipelined_and_sharded_layouts_tightly(monkeypatch, stack):
+    floor, total, usable = _floors_and_totals(monkeypatch, "llama-3.1-70b", 64, stack=stack, global_batch=64,
+                                              seq_len=8192)
+    assert not np.isnan(total).any() and not np.isnan(floor).any()
+    assert (floor <= total).all(), float(np.max(floor - total))
+    # the activations count: many layouts whose model states fit are ruled out, and the bound comes close to the
+    # total somewhere (the model states alone are under 0.1 of it on these sharded layouts)
+    assert (floor > usable).sum() > 0.3 * total.size
+    assert float(np.max(floor / total)) > 0.8
+
+
 def _figures(doc):
     """A layout's (or near miss's) JSON with the zero entries of its memory components dropped: a component some
     other evaluated layout has (an allocator term) is listed at 0 where absent, so which layouts were evaluated
@@ -75,4 +90,16 @@ def test_a_plan_pruned_by_its_floors_answers_as_the_exhaustive_one(stack):
     assert rows(lazy.near_misses) == rows(full.near_misses)
     assert lazy.fitting <= full.fitting and full.ruled_out == 0
     if stack in ("hf", "torchtitan"):
-        assert lazy.ruled_out > 0 and any("cannot fit by their model states" in n for n in lazy.notes)
+        assert lazy.ruled_out > 0 and any("cannot fit by a lower bound of their memory" in n for n in lazy.notes)
+
+
+@pytest.mark.parametrize("stack", ["torchtitan", "megatron"])
+def test_a_70b_plan_pruned_by_activations_answers_as_the_exhaustive_one(stack):
+    args = dict(global_batch=64, seq_len=8192, stack=stack, top=8, rejected=8, near_misses=8)
+    lazy = plan("llama-3.1-70b", "h100", 64, **args)
+    full = plan("llama-3.1-70b", "h100", 64, exhaustive=True, **args)
+    rows = lambda xs: [_figures(x.to_json()) for x in xs]  # noqa: E731
+    assert rows(lazy.top) == rows(full.top) and rows(lazy.rejected) == rows(full.rejected)
+    assert rows(lazy.near_misses) == rows(full.near_misses)
+    # most of the space is ruled out by the bound, not walked
+    assert lazy.ruled_out > lazy.evaluated and lazy.evaluated < full.searched / 4

@@ -28,8 +28,10 @@ from ..stacks import behaviour_of
 from ..training_setup import Parallelism, Recipe, validated_replace
 from .activations import activation_profile, walk_parallelism
 from .distributed import is_fsdp, stack_groups, walk_recipe
-from .phases import (COMPONENTS, PHASES, PhaseResult, StepShape, busier_stage, comm_buffers, deepspeed_stage,
-                     megatron_stage, reported_stages, stage_phases)
+from .graph import tok, vbytes
+from .phases import (COMPONENTS, INPUT_BYTES_PER_TOKEN, PHASES, PhaseResult, StepShape, _moments, _pipeline_holds,
+                     busier_stage, chunk_saved, comm_buffers, deepspeed_stage, inflight_microbatches, megatron_stage,
+                     pipeline_table, reported_stages, stage_phases, step_shape)
 from .states import StateBytes, rank_groups, state_bytes
 
 #: Parallelism fields that change only the sharding of the model states and the communication buffers
@@ -128,6 +130,122 @@ def state_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whi
     return np.asarray(per, dtype=np.float64)[which]
 
 
+def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], which: np.ndarray, accumulation: np.ndarray,
+               micro_batch: np.ndarray, seq_len: np.ndarray) -> np.ndarray:
+    """A lower bound (bytes per accelerator) on the allocated peak of every element of :func:`layout_phases`, tighter
+    than :func:`state_floor` where the step is PyTorch's with its activations on the device: the larger of
+    :func:`state_floor` and ``base + A`` on the first pipeline stage (the only one with pp 1), where ``base`` is the
+    model states every phase of :func:`~trainfit.detailed.phases.stage_phases` holds (parameters, model buffers,
+    master weights and fp32 gradients, optimizer state, step counters) plus the micro-batch's input bytes
+    (``16 x tokens``), and ``A`` the activations the backward holds at one moment: with ``S`` the bytes the forward
+    walk saves for one micro-batch (``saved_total``, of the walk :func:`layout_phases` reads: FSDP2's own recipe),
+
+    * ``A = S`` without a pipeline, and under FSDP2 without a torchtitan pipeline;
+    * ``A = n S - (n - 1) T`` with 1F1B or GPipe, ``n`` = :func:`~trainfit.detailed.phases.inflight_microbatches`
+      on stage 0 and ``T`` a torchtitan chunk's rotary buffer (:func:`~trainfit.detailed.phases.pipeline_table`,
+      0 otherwise);
+    * with the interleaved schedule (``v`` virtual stages), ``A = sum_k c_k S_k + (v - c_0) T`` at the first
+      backward's moment on stage 0, ``c_k`` micro-batches of chunk ``k`` in flight then (for the element's
+      micro-batch count: :func:`~trainfit.detailed.phases.interleaved_moments`) and ``S_k`` the chunk's saved bytes
+      without the received activations and rotary tables (:func:`~trainfit.detailed.phases.chunk_saved`).
+
+    On a torchtitan pipeline with 1F1B or GPipe, the last stage adds a bound without a walk: its own states, the
+    inputs of every micro-batch (``16 x tokens x m``) and the outputs it keeps (``PipelineHolds.output``: each
+    micro-batch's logits) until the step ends, ``m O`` (less ``(m - 1) T`` with GPipe), as the scenario with
+    ``m`` outputs kept holds them beside the last stage's saved bytes (>= 0): the first scenario where ``m`` is 1
+    or the schedule is GPipe (``m`` in flight there: ``(m - 1) (S - T) >= -(m - 1) T``), else the second, which
+    occurs exactly where ``m > 1``, with one micro-batch in flight, and with 1F1B there the earlier micro-batches'
+    gradients (``PipelineHolds.grad_scale`` times the stage's). On both stages a torchtitan pipeline's
+    communication buffers (``PipelineHolds.comm``: FSDP2's gathered parameters of every chunk) are in every phase.
+
+    Why each is held: the backward phase is ``base`` (with the inputs of every micro-batch on a torchtitan
+    pipeline: more), the communication buffers (>= 0) and the candidate moment with the largest total
+    (:func:`~trainfit.detailed.phases._select`), each candidate's temporaries and gradients >= 0. Without a
+    pipeline (and under FSDP2 unpipelined), the loss backward's candidate holds ``S`` (the scenario loop's one
+    scenario, for every element; FSDP2's :func:`~trainfit.detailed.distributed.fsdp_candidates`, plain and per-unit
+    wrapping). With 1F1B or GPipe, the first scenario (``n`` in flight, no gradient yet; for every element) makes
+    the loss backward's candidate ``S + (n - 1) S - (n - 1) T`` plus, on a torchtitan stage, its kept outputs (none
+    on stage 0) and the received gradient (>= 0). Interleaved, every element's candidates include the first backward's
+    moment on stage 0 (:func:`~trainfit.detailed.phases._interleaved_candidates`, merged or per micro-batch count;
+    on stage 0 no chunk is on the last virtual stage), whose candidate holds as activations ``sum_k c_k`` times
+    each chunk's saved bytes (those of ``S_k`` plus the received activation, the rotary tables and, on a torchtitan
+    pipeline, the kept chunk output: all >= 0) plus the kept outputs (none on stage 0) and ``(v - c_0) T``. The peak is the largest phase of the busier stage, and
+    :meth:`~trainfit.detailed.method.Detailed.vectorised` adds overheads >= 0. Activation offload (saved tensors on
+    the host), a named ``pp_stage`` other than 0, and steps that are another program's keep :func:`state_floor`;
+    tests/test_plan_floor.py checks the bound against the evaluation over every layout of each stack's searches."""
+    floor = state_floor(arch, recipe, pars, which)
+    which = np.asarray(which).reshape(-1)
+    rep = pars[0]
+    if (behaviour_of(recipe).step != "pytorch" or recipe.offload == "activations"
+            or reported_stages(rep)[0] != 0 or not which.size):
+        return floor
+    walk = walk_parallelism(rep)
+    acc = np.asarray(accumulation, dtype=np.float64).reshape(-1)
+    sh = step_shape(rep, np.asarray(micro_batch, dtype=np.float64), np.asarray(seq_len, dtype=np.float64))
+    torchtitan_pipe = rep.pp > 1 and behaviour_of(recipe).pipeline == "torchtitan"
+    table = sh.bytes(pipeline_table(arch, recipe)) if torchtitan_pipe else 0.0
+    saved = np.zeros(which.size)
+    base = np.zeros(which.size)
+    def holds(p: Parallelism, st: StateBytes, stage: int, sel: np.ndarray) -> Any:
+        """A torchtitan stage's :class:`~trainfit.detailed.phases.PipelineHolds` over the selected elements."""
+        cols = [np.broadcast_to(np.asarray(c, dtype=np.float64), which.shape)[sel]
+                for c in (sh.tokens, sh.positions, sh.scores)]
+        return _pipeline_holds(arch, recipe, p, st, stage, lambda v: vbytes(v, *cols))
+
+    for k, p in enumerate(pars):
+        sel = which == k
+        if not sel.any():
+            continue
+        st = state_bytes(arch, recipe, p, 0)
+        base[sel] = float(st.params + st.buffers + st.master + st.fp32_grads + st.opt_states + st.step_counters)
+        if torchtitan_pipe:  # (FSDP2's gathered parameters of every chunk, a communication buffer of each phase)
+            base[sel] += sum(holds(p, st, 0, sel).comm.values(), 0.0)
+        pr = activation_profile(arch, walk_recipe(recipe, p) if is_fsdp(p) else recipe, walk, 0)
+        S = sh.bytes(pr.saved_total)
+        S = S[sel] if isinstance(S, np.ndarray) and S.shape else S
+        T = table[sel] if isinstance(table, np.ndarray) and table.shape else table
+        if p.pp == 1 or (is_fsdp(p) and not torchtitan_pipe):
+            act = S
+        elif p.pp_schedule == "interleaved":
+            v = max(int(p.pp_virtual), 1)
+            cols = [np.broadcast_to(np.asarray(c, dtype=np.float64), which.shape)[sel]
+                    for c in (sh.tokens, sh.positions, sh.scores)]
+            chunks = [vbytes(c, *cols) for c in chunk_saved(arch, p, pr, 0)]  # (received inputs, tables: >= 0)
+            accs, act = acc[sel], np.zeros(int(sel.sum()))
+            T = np.broadcast_to(np.asarray(T, dtype=np.float64), act.shape)
+            for m in np.unique(accs):
+                at = accs == m
+                counts = _moments(p.pp, v, int(m), 0)[0].counts  # the first backward's moment
+                act[at] = sum(cnt * ch[at] for cnt, ch in zip(counts, chunks)) + (v - counts[0]) * T[at]
+        else:
+            n = np.asarray(inflight_microbatches(p, acc[sel], 0), dtype=np.float64)
+            act = n * S - (n - 1.0) * T
+        saved[sel] = act
+    tokens = np.broadcast_to(np.asarray(sh.tokens, dtype=np.float64), which.shape)
+    out = np.maximum(floor, base + INPUT_BYTES_PER_TOKEN * tokens + saved)
+    if torchtitan_pipe and rep.pp_schedule in ("1f1b", "gpipe") and reported_stages(rep) == [0, rep.pp - 1]:
+        # the last stage keeps every micro-batch's output (its logits) to the step's end: no walk needed
+        last = rep.pp - 1
+        output = sh.bytes(tok(arch.vocab_size / (rep.tp if rep.loss_parallel else 1) * recipe.compute_bytes))
+        output = np.broadcast_to(np.asarray(output, dtype=np.float64), which.shape)
+        T = np.broadcast_to(np.asarray(table, dtype=np.float64), which.shape)
+        states = np.zeros(which.size)
+        for k, p in enumerate(pars):
+            sel = which == k
+            if not sel.any():
+                continue
+            st = state_bytes(arch, recipe, p, last)
+            hold = holds(p, st, last, sel)
+            states[sel] = (float(st.params + st.buffers + st.master + st.fp32_grads + st.opt_states + st.step_counters)
+                           + sum(hold.comm.values(), 0.0))
+            if rep.pp_schedule == "1f1b" and not recipe.optimizer_in_backward:
+                # the second scenario (where m > 1) holds the earlier micro-batches' gradients, at their width
+                states[sel] += np.where(acc[sel] > 1, float(st.grads) * hold.grad_scale, 0.0)
+        keep = acc * output - ((acc - 1.0) * T if rep.pp_schedule == "gpipe" else 0.0)
+        out = np.maximum(out, states + INPUT_BYTES_PER_TOKEN * tokens * acc + keep)
+    return out
+
+
 def _fsdp_stage(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], which: np.ndarray,
                 accumulation: np.ndarray, stage: int, micro_batch: np.ndarray, seq_len: np.ndarray) -> PhaseResult:
     """Pipeline ``stage`` of FSDP2 elements: element ``i`` shards as ``pars[which[i]]`` (the shardings share
@@ -201,4 +319,4 @@ def sharding_groups(columns: dict[str, np.ndarray], base: Parallelism) -> tuple[
     return pars, np.asarray(which).reshape(-1)
 
 
-__all__ = ["PER_ELEMENT", "SHARDING_FIELDS", "layout_phases", "sharding_groups", "stage_arrays", "state_floor"]
+__all__ = ["PER_ELEMENT", "SHARDING_FIELDS", "layout_phases", "sharding_groups", "stage_arrays", "state_floor", "step_floor"]

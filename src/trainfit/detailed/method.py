@@ -19,7 +19,7 @@ from ..sweep import SetupArrays, SweepOutput
 from ..training_setup import FIELD_NAMES, FIELDS, PRECISIONS, TrainingSetup
 from .allocator import reserve_terms
 from .distributed import sharding_as_run
-from .layouts import PER_ELEMENT, SHARDING_FIELDS, layout_phases, sharding_groups, state_floor
+from .layouts import PER_ELEMENT, SHARDING_FIELDS, layout_phases, sharding_groups, step_floor
 from .overheads import overheads
 from .overheads import overheads as overheads_of
 from .phases import COMPONENTS, PHASES, PhaseResult, compute_phases
@@ -323,12 +323,16 @@ class Detailed(MemoryMethod):
                                                   "peak_phase": phase.reshape(shape)}, total=total.reshape(shape))
 
     def memory_floor(self, x: SetupArrays) -> np.ndarray:
-        """A lower bound on each element's :meth:`vectorised` total (bytes per accelerator), without the forward
-        walk: the model states the optimizer phase holds (:func:`~trainfit.detailed.layouts.state_floor`), grouped
+        """A lower bound on each element's :meth:`vectorised` total (bytes per accelerator), without the phases:
+        the model states the optimizer phase holds and, for a PyTorch step with its activations on the device, the
+        states, inputs and saved activations the backward holds at its start on the first stage, from that stage's
+        forward walk (cached: the evaluation reads it again) (:func:`~trainfit.detailed.layouts.step_floor`), grouped
         as :meth:`vectorised` groups; the overheads it adds on top are >= 0. A layout search prunes with it."""
         shape = x.shape
         flat = _flat_columns(x)
         n = int(np.prod(shape)) if shape else 1
+        seq = flat("seq_len").astype(np.float64)
+        micro = np.broadcast_to(x.micro_batch, shape).reshape(-1).astype(np.float64)
         out = np.zeros(n)
         shared = tuple(f for f in FIELD_NAMES if f not in PER_ELEMENT)
         for idx, _ in x.distinct(shared):
@@ -336,7 +340,8 @@ class Detailed(MemoryMethod):
             first = effective(x.setup_at(x.first_index(idx)))
             pars, which = sharding_groups({f: flat(f)[idx] for f in SHARDING_FIELDS}, first.parallel)
             pars = [sharding_as_run(first.recipe, p) for p in pars]
-            out[idx] = state_floor(first.model.arch, first.recipe, pars, which)
+            out[idx] = step_floor(first.model.arch, first.recipe, pars, which, flat("accumulation")[idx], micro[idx],
+                                  seq[idx])
         return out.reshape(shape)
 
 

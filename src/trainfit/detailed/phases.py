@@ -457,6 +457,14 @@ class PipelineHolds:
     grad_in: Any = 0.0
 
 
+def pipeline_table(arch: ArchSpec, recipe: Recipe) -> Vec:
+    """One chunk's rotary buffer on a torchtitan pipeline (:attr:`PipelineHolds.table`): complex64 ``freqs_cis``,
+    positions x half the rotary width x 8 bytes; nothing without complex rotary embeddings."""
+    if arch.position_embedding == "rotary" and behaviour_of(recipe).rope == "complex":
+        return pos(arch.head_dim * arch.rotary_fraction / 2 * 8.0)
+    return ZERO
+
+
 def _pipeline_holds(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, stage: int, B: Any,
                     groups: Any = None) -> PipelineHolds | None:
     """:class:`PipelineHolds` of pipeline ``stage`` under a stack whose pipeline is torchtitan's, else None."""
@@ -481,8 +489,7 @@ def _pipeline_holds(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateB
     # projection returns a local, replicated tensor without it: parallelize_llama.py apply_tp, use_local_output)
     output = (B(tok(arch.vocab_size / (par.tp if par.loss_parallel else 1) * recipe.compute_bytes))
               if stage == par.pp - 1 else 0.0)
-    table = (B(pos(arch.head_dim * arch.rotary_fraction / 2 * 8.0))
-             if arch.position_embedding == "rotary" and behaviour_of(recipe).rope == "complex" else 0.0)
+    table = B(pipeline_table(arch, recipe))
     io_bytes = fsdp_compute_bytes(recipe) if is_fsdp(par) else float(recipe.param_bytes)
     h_res = arch.hidden_size / (par.tp if par.sequence_parallel and par.tp > 1 else 1)
     grad_in = B(tok(h_res * io_bytes)) if stage != par.pp - 1 else 0.0

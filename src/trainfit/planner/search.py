@@ -150,6 +150,14 @@ def _settled(step: np.ndarray, total: np.ndarray, done: np.ndarray, usable: floa
     return bool(next_step > cut)
 
 
+#: model splits in the first batch the ranking evaluates, and the growth of each next batch: small, as a split's
+#: floors and walk are what a search pays for, and every split past the one that settles the ranking is wasted
+#: (8 growing by half overshot by 90 of 256 splits on the 70B plan over 1,024 GPUs); growing, as each batch has a
+#: fixed cost of its own (encoding, grouping)
+_FIRST_SPLITS = 2
+_SPLIT_GROWTH = 1.2
+
+
 def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: int, rejected: int,
           exhaustive: bool, memory_of: Callable[[np.ndarray], dict], groups: Optional[np.ndarray] = None,
           floor_of: Optional[Callable[[np.ndarray], np.ndarray]] = None
@@ -159,11 +167,12 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
     evaluated are all slower, so the ranking, and the near misses (every non-fitting layout faster than the best
     fitting one), are those of the exhaustive search. With ``groups`` (a vectorised method: one evaluation per
     model split, :func:`split_groups`) whole splits are evaluated, the split holding the fastest layout not yet
-    evaluated first, in batches growing by half; without, layouts one by one in chunks doubling in size (a method
+    evaluated first, in batches of :data:`_FIRST_SPLITS` growing by :data:`_SPLIT_GROWTH`; without, layouts one by one in chunks doubling in size (a method
     that runs each setup). With ``floor_of`` (a lower bound on the totals of the layouts at given positions: the
-    method's ``memory_floor``, cheap beside a walk and cached for it) each batch of splits gets its floors first: a
+    method's ``memory_floor``: the detailed method's model states and, where it bounds them, the activations the
+    backward holds at its start; its walk is cached for the evaluation) each batch of splits gets its floors first: a
     layout whose floor exceeds ``usable`` cannot fit, and is not evaluated for the ranking (a split none of whose
-    layouts may fit is never walked), only where the rejected list shows it (the ``rejected`` fastest non-fitting
+    layouts may fit gets no phases: at most its floor's walk of the first stage), only where the rejected list shows it (the ``rejected`` fastest non-fitting
     layouts, ties included); the near misses complete their own (:func:`_complete_misses`). Returns (arrays over all layouts, NaN where not evaluated; the evaluated mask; how many
     were evaluated; the function that evaluates more of them in place, given their positions; the floors, NaN where
     not computed, or None)."""
@@ -190,7 +199,7 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
         gorder = np.argsort(fastest, kind="stable")
         floor = None if floor_of is None else np.full(n, np.nan)
         known_bad = None if floor_of is None else np.zeros(n, dtype=bool)  # floor over usable: cannot fit
-        pos, batch = 0, 8.0
+        pos, batch = 0, float(_FIRST_SPLITS)
         while pos < count:
             take = np.zeros(count, dtype=bool)
             take[gorder[pos:pos + int(batch)]] = True
@@ -202,7 +211,7 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
             if idx.size:
                 fill(idx)
             pos = min(count, pos + int(batch))
-            batch *= 1.5  # a split costs about one walk: overshoot at most half of what was needed
+            batch *= _SPLIT_GROWTH
             if pos < count and _settled(step, arr["total_bytes"], done, usable, top, rejected,
                                         float(fastest[gorder[pos]]), known_bad):
                 break
@@ -239,7 +248,7 @@ def _complete_misses(step: np.ndarray, mem: dict[str, np.ndarray], done: np.ndar
     # (every layout faster than the chosen one is in a split the ranking visited: its floor is known)
     faster = np.ones(step.size, dtype=bool) if faster_than is None else step < faster_than
     floor = np.where(np.isnan(floor), -np.inf, floor)  # (none left unknown there; were one, it is evaluated)
-    batch = 8.0
+    batch = float(_FIRST_SPLITS)
     while True:
         left = faster & ~done
         if not left.any():
@@ -255,7 +264,7 @@ def _complete_misses(step: np.ndarray, mem: dict[str, np.ndarray], done: np.ndar
         else:
             splits = list(dict.fromkeys(groups[order].tolist()))[:int(batch)]
             fill(np.flatnonzero(left & np.isin(groups, splits)))
-        batch *= 1.5
+        batch *= _SPLIT_GROWTH  # (small batches, as the ranking's: the stopping rule is met after a few splits)
 
 
 def _layout(space: LayoutSpace, arr: dict[str, np.ndarray], i: int, usable: float, capacity: float,
@@ -561,8 +570,9 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
         if ruled_out:
             later = ("; the Pareto front and the picture (JSON output, --plot) evaluate them when asked for")
             notes.append(f"memory evaluated for the {evaluated:,} layouts that can still matter (method {method!r}); "
-                         f"of the other {space.size - evaluated:,}, {ruled_out:,} cannot fit by their model states "
-                         "alone (weights, gradients and optimizer state over the usable memory) and the rest are "
+                         f"of the other {space.size - evaluated:,}, {ruled_out:,} cannot fit by a lower bound of their "
+                         "memory (their model states, with the activations the backward holds at its start where "
+                         "the method bounds them, over the usable memory) and the rest are "
                          "all slower, so the ranking and the near misses are exact, but the fit count covers the "
                          f"evaluated ones{later} (--exhaustive evaluates every layout)")
         elif evaluated < space.size:

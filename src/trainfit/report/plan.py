@@ -62,7 +62,7 @@ def header_lines(p: Plan) -> list[str]:
              + (f", cp in {p.candidates['cp']}" if p.candidates.get("cp", [1]) != [1] else "")
              + f", ZeRO 0-3, checkpointing, micro-batch x accumulation): {p.fitting:,} fit, "
                f"{p.evaluated - p.fitting:,} do not"
-             + (f", {p.ruled_out:,} too big by their model states alone" if p.ruled_out else "")
+             + (f", {p.ruled_out:,} ruled out by a memory bound" if p.ruled_out else "")
              + (f", {p.searched - p.evaluated - p.ruled_out:,} slower ones not evaluated"
                 if p.evaluated + p.ruled_out < p.searched else "")
              + f"; search took {p.elapsed_s * 1e3:.0f} ms"]
