@@ -114,7 +114,8 @@ def test_usage_errors_read_as_before(capsys):
 
 def test_a_plan_builds_no_type_adapter():
     code = ("import sys\nfrom trainfit.cli import main\ntry:\n    main(['plan', 'llama-3.1-8b', '--gpus', '8', "
-            "'--batch', '64', '--seq', '4096', '--headroom', '0.1', '--stack', 'deepspeed', '-o', 'json'])\nexcept SystemExit as e:\n"
+            "'--batch', '64', '--seq', '4096', '--headroom', '0.1', '--stack', 'deepspeed', '-o', 'json'])\n"
+            "except SystemExit as e:\n"
             "    assert e.code == 0, e.code\nprint('typer._adapters' in sys.modules)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.splitlines()[-1] == "False"

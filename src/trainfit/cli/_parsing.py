@@ -10,8 +10,9 @@ the first one imports pydantic's plugin loader and with it ``importlib.metadata`
 :class:`_Deferred` coercion: typer's own, built the first time a value needs it. A value whose coercion is plain
 needs none: ``None`` (for a single-value parameter), a value of exactly the parameter's type (``str``, an unbounded
 ``int`` or ``float``, an ``Enum`` member: what defaults are), plain digits typed for an unbounded number (read
-as pydantic reads them) and a choice's value typed exactly (``-o json``). ``tests/test_cli_parsing.py`` compares these with typer's own coercion for every parameter
-of every command and checks that the hook is attached, so that a typer which changes either fails there; a typer
+as pydantic reads them) and a choice's value typed exactly (``-o json``). ``tests/test_cli_parsing.py`` compares
+these with typer's own coercion for every parameter of every command and checks that the hook is attached, so that a
+typer which changes either fails there; a typer
 without these internals (older releases coerce through click types) is left as it is.
 """
 from __future__ import annotations

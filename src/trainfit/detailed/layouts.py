@@ -169,9 +169,10 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
     moment on stage 0 (:func:`~trainfit.detailed.phases._interleaved_candidates`, merged or per micro-batch count;
     on stage 0 no chunk is on the last virtual stage), whose candidate holds as activations ``sum_k c_k`` times
     each chunk's saved bytes (those of ``S_k`` plus the received activation, the rotary tables and, on a torchtitan
-    pipeline, the kept chunk output: all >= 0) plus the kept outputs (none on stage 0) and ``(v - c_0) T``. The peak is the largest phase of the busier stage, and
-    :meth:`~trainfit.detailed.method.Detailed.vectorised` adds overheads >= 0. Activation offload (saved tensors on
-    the host), a named ``pp_stage`` other than 0, and steps that are another program's keep :func:`state_floor`;
+    pipeline, the kept chunk output: all >= 0) plus the kept outputs (none on stage 0) and ``(v - c_0) T``. The peak
+    is the largest phase of the busier stage, and :meth:`~trainfit.detailed.method.Detailed.vectorised` adds
+    overheads >= 0. Activation offload (saved tensors on the host), a named ``pp_stage`` other than 0, and steps that
+    are another program's keep :func:`state_floor`;
     tests/test_plan_floor.py checks the bound against the evaluation over every layout of each stack's searches."""
     floor = state_floor(arch, recipe, pars, which)
     which = np.asarray(which).reshape(-1)
@@ -319,4 +320,5 @@ def sharding_groups(columns: dict[str, np.ndarray], base: Parallelism) -> tuple[
     return pars, np.asarray(which).reshape(-1)
 
 
-__all__ = ["PER_ELEMENT", "SHARDING_FIELDS", "layout_phases", "sharding_groups", "stage_arrays", "state_floor", "step_floor"]
+__all__ = ["PER_ELEMENT", "SHARDING_FIELDS", "layout_phases", "sharding_groups", "stage_arrays", "state_floor",
+           "step_floor"]
