@@ -187,10 +187,14 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
     table = sh.bytes(pipeline_table(arch, recipe)) if torchtitan_pipe else 0.0
     saved = np.zeros(which.size)
     base = np.zeros(which.size)
+    def shape_cols(sel: np.ndarray) -> list[np.ndarray]:
+        """The step shape's tokens, positions and scores of the selected elements (what :func:`vbytes` reads)."""
+        return [np.broadcast_to(np.asarray(c, dtype=np.float64), which.shape)[sel]
+                for c in (sh.tokens, sh.positions, sh.scores)]
+
     def holds(p: Parallelism, st: StateBytes, stage: int, sel: np.ndarray) -> Any:
         """A torchtitan stage's :class:`~trainfit.detailed.phases.PipelineHolds` over the selected elements."""
-        cols = [np.broadcast_to(np.asarray(c, dtype=np.float64), which.shape)[sel]
-                for c in (sh.tokens, sh.positions, sh.scores)]
+        cols = shape_cols(sel)
         return _pipeline_holds(arch, recipe, p, st, stage, lambda v: vbytes(v, *cols))
 
     for k, p in enumerate(pars):
@@ -209,8 +213,7 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
             act = S
         elif p.pp_schedule == "interleaved":
             v = max(int(p.pp_virtual), 1)
-            cols = [np.broadcast_to(np.asarray(c, dtype=np.float64), which.shape)[sel]
-                    for c in (sh.tokens, sh.positions, sh.scores)]
+            cols = shape_cols(sel)
             chunks = [vbytes(c, *cols) for c in chunk_saved(arch, p, pr, 0)]  # (received inputs, tables: >= 0)
             accs, act = acc[sel], np.zeros(int(sel.sum()))
             T = np.broadcast_to(np.asarray(T, dtype=np.float64), act.shape)
