@@ -51,3 +51,23 @@ def test_the_command_line_plans_with_parameter_offload():
                               "--offload", "params"])
     assert res.exit_code == 0, res.output
     assert "left out" in res.output
+
+
+def test_a_stack_step_the_method_models_on_some_layouts_only_ranks_those():
+    # the detailed method models torchtitan v0.2.0's Qwen3 MoE step on one GPU or under FSDP2 alone
+    # (detailed/method.py's check): the planner ranks those layouts instead of failing the whole plan
+    p = plan("qwen3-30b-a3b", "h100", 16, global_batch=16, seq_len=1024, stack="torchtitan", top=3, rejected=3)
+    rows = p.top + p.rejected
+    assert rows, p.notes
+    for r in rows:
+        par = r.parallel
+        assert (par.tp, par.pp, par.ep, par.cp) == (1, 1, 1, 1) and par.fsdp, r
+    left = [n for n in p.notes if "left out: the detailed method does not model them" in n]
+    assert len(left) == 1 and "MoE step" in left[0] and "more)" in left[0]
+    assert left[0].count("--tp ") == 3  # the refused families named: three, then how many more
+    r = p.top[0]
+    got = estimate("qwen3-30b-a3b", "h100", method="detailed", suggestions=False, seq_len=1024, stack="torchtitan",
+                   batch=r.micro_batch * r.accumulation * r.parallel.dp, accumulation=r.accumulation,
+                   checkpointing=r.checkpointing, dp=r.parallel.dp, zero=r.parallel.zero, fsdp=True,
+                   reshard_after_forward=r.parallel.reshard_after_forward)
+    assert r.total_bytes == pytest.approx(got.total_bytes, rel=1e-12)

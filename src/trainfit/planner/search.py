@@ -342,6 +342,10 @@ def _restriction(values: Optional[Sequence[Any]], every: Sequence[Any], what: st
     return out
 
 
+#: the refused layout families a left-out note names (one line each would bury the plan)
+_SHOWN_REFUSALS = 3
+
+
 def _left_out_notes(method: str, refused: dict[str, int]) -> list[str]:
     """One note per refusal of the memory method (its message up to what the layouts had, ``; got ...``), with how
     many layouts it left out and what they had."""
@@ -350,8 +354,12 @@ def _left_out_notes(method: str, refused: dict[str, int]) -> list[str]:
         rule, _, got = why.partition("; got ")
         count, gots = by.get(rule, (0, []))
         by[rule] = (count + n, gots + ([got] if got else []))
+    def had(gots: list[str]) -> str:
+        shown = " | ".join(gots[:_SHOWN_REFUSALS])
+        return shown + (f" | ... ({len(gots) - _SHOWN_REFUSALS:,} more)" if len(gots) > _SHOWN_REFUSALS else "")
+
     return [f"{n:,} layout(s) left out: the {method} method does not model them with the options given ({rule}"
-            + (f"; they had {' | '.join(gots)}" if gots else "") + ")" for rule, (n, gots) in by.items()]
+            + (f"; they had {had(gots)}" if gots else "") + ")" for rule, (n, gots) in by.items()]
 
 
 def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFAULT_GLOBAL_BATCH,
@@ -474,35 +482,60 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                          lambda extra: _encode(ctx, sp, global_batch=int(global_batch), seq_len=int(seq_len),
                                                fields={**fields, **extra}), one_step)
 
+    def modelled_only(sp: LayoutSpace, xs: SetupArrays) -> tuple[LayoutSpace, SetupArrays, list[str]]:
+        """The layouts of ``sp`` the memory method's check accepts, and a note per refusal in its own words."""
+        keep, refused = supported(xs, tuple(dict.fromkeys([*refusable(m.accepts, xs), *FAMILY])), m.check)
+        if keep.all():
+            return sp, xs, []
+        idx = np.flatnonzero(keep)
+        return take(sp, idx), xs.take(idx), _left_out_notes(method, refused)
+
+    def step_times(xs: SetupArrays) -> dict[str, np.ndarray]:
+        st = step_time_arrays(xs, node_size=ctx.net.node_size, inter_node_bandwidth=inter_node_bandwidth,
+                              overlap=overlap)
+        return {f"time_{k}": v for k, v in st.items()}
+
+    def ranked(sp: LayoutSpace, xs: SetupArrays) -> tuple[Any, ...]:
+        """Step times of every layout of ``sp`` and the memory :func:`_rank` needs (with what it returns)."""
+        tms = step_times(xs)
+        own = _own(sp, xs, stack_fields)
+        grp = split_groups(sp) if m.vectorised is not None else None
+        flo = None if exhaustive or grp is None else _floor_of(xs, own, method, inflight)
+        return (tms, [] if own is None else own.notes, grp,
+                *_rank(xs, tms, usable, top=top, rejected=rejected, exhaustive=exhaustive,
+                       memory_of=_memory_of(xs, own, method=method, inflight=inflight, options=method_options),
+                       groups=grp, floor_of=flo))
+
     x = None
+    checked = False
     if space.size and pre is None:
         x = _encode(ctx, space, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
         if any(not x.at_default(k) for k in given if k in x.values):
             # options fixed for every layout (--offload params, --loss chunked, ...) that the memory method models
             # on some layouts only: the others are left out, in the method's own words. Options all at their
             # defaults (as the command line passes every field) leave the setups as a plan without them: nothing to
-            # check (the check runs once per distinct layout family, most of the cost of a plan)
-            keep, refused = supported(x, tuple(dict.fromkeys([*refusable(m.accepts, x), *FAMILY])), m.check)
-            if not keep.all():
-                notes += _left_out_notes(method, refused)
-                idx = np.flatnonzero(keep)
-                space, x = take(space, idx), x.take(idx)
+            # check here (the check runs once per distinct layout family, most of the cost of a plan)
+            space, x, more = modelled_only(space, x)
+            notes += more
+            checked = True
     if space.size:
         x = x if pre is None else pre[0]
-        st = step_time_arrays(x, node_size=ctx.net.node_size, inter_node_bandwidth=inter_node_bandwidth,
-                              overlap=overlap)
-        times = {f"time_{k}": v for k, v in st.items()}
         if pre is None:
-            own = _own(space, x, stack_fields)
-            if own is not None:
-                notes += own.notes
-            groups = split_groups(space) if m.vectorised is not None else None
-            floor_of = None if exhaustive or groups is None else _floor_of(x, own, method, inflight)
-            mem, done, evaluated, fill, floor = _rank(x, times, usable, top=top, rejected=rejected, exhaustive=exhaustive,
-                                               memory_of=_memory_of(x, own, method=method, inflight=inflight,
-                                                                    options=method_options),
-                                               groups=groups, floor_of=floor_of)
+            try:
+                times, own_notes, groups, mem, done, evaluated, fill, floor = ranked(space, x)
+            except TrainfitError:
+                # a layout of the stack's space the method refuses (a model the method models on some layouts
+                # only, such as an MoE step under FSDP2 alone): those are left out in its own words, the rest ranked
+                space, x, more = (space, x, []) if checked else modelled_only(space, x)
+                if not more:
+                    raise
+                notes += more
+                if not space.size:
+                    raise TrainfitError(f"the {method} method models no layout of this search: {more[0]}") from None
+                times, own_notes, groups, mem, done, evaluated, fill, floor = ranked(space, x)
+            notes += own_notes
         else:  # evaluated already, every layout the method models (planner.modelled)
+            times = step_times(x)
             mem, done, evaluated = pre[1], np.ones(space.size, dtype=bool), space.size
             groups = floor = None
             fill = lambda idx: None  # noqa: E731  (nothing left to evaluate)
@@ -552,8 +585,7 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
             try:
                 sub = _space_of(rows, space)
                 xs = _encode(ctx, sub, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
-                st2 = {f"time_{k}": v for k, v in step_time_arrays(
-                    xs, node_size=ctx.net.node_size, inter_node_bandwidth=inter_node_bandwidth, overlap=overlap).items()}
+                st2 = step_times(xs)
                 mem2 = _memory_of(xs, _own(sub, xs, stack_fields), method=method, inflight=inflight,
                                   options=method_options)(np.arange(xs.size))
             except TrainfitError:  # some row the setup's rules refuse: the others one by one
