@@ -439,9 +439,13 @@ def stage3_trace(arch: ArchSpec, dp: int, checkpointed: bool,
     qpos = 0
     fetched_for: dict[int, int] = {}
     avail: set[int] = set()
+    n_avail = 0  # elements in ``avail``, kept as it changes (whole numbers: exact in any order)
     out: dict[str, float] = {}
     for s, (name, ps) in enumerate(trace):
-        avail |= set(ps) & big
+        for p in ps:
+            if p in big and p not in avail:
+                avail.add(p)
+                n_avail += numel[p]
         # pop the module's own uses off the queue (those no prefetch popped already), then prefetch
         need = len({p for p in ps if fetched_for.get(p, -1) < s})
         seen: set[int] = set()
@@ -450,7 +454,6 @@ def stage3_trace(arch: ArchSpec, dp: int, checkpointed: bool,
             qpos += 1
             fetched_for[p] = at
             seen.add(p)
-        n_avail = sum(numel[p] for p in avail)
         budget, prefetching, chosen = min(max_live - n_avail, bucket), 0.0, set()
         while qpos < len(queue) and prefetching < budget:
             p, at = queue[qpos]
@@ -460,18 +463,20 @@ def stage3_trace(arch: ArchSpec, dp: int, checkpointed: bool,
                 chosen.add(p)
                 prefetching += numel[p]
         avail |= chosen
+        n_avail += sum(numel[p] for p in chosen)
         # release after the module ran (step_id was incremented by the fetch: the traversal starts at s + 1)
-        cand = {p for p in ps if p in big and fetched_for.get(p, -1) <= s + 1}
+        cand = {p for p in ps if p in big and fetched_for.get(p, -1) <= s + 1}  # (all in avail: added above)
         passed = 0.0
-        for _, later in trace[s + 1:]:
-            if passed >= reuse or not cand:
-                break
-            for p in later:
+        j = s + 1
+        while j < len(trace) and passed < reuse and cand:
+            for p in trace[j][1]:
                 cand.discard(p)
                 passed += numel[p]
-        during = float(sum(numel[p] for p in avail))
+            j += 1
+        during = float(n_avail)
         avail -= cand
-        out[name] = float(sum(numel[p] for p in avail))
+        n_avail -= sum(numel[p] for p in cand)
+        out[name] = float(n_avail)
         out[name + ":during"] = during
     return out
 
