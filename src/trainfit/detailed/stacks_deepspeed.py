@@ -246,16 +246,23 @@ def stage1_gradients(arch: ArchSpec, dp: int, param_bytes: int, bucket_elems: fl
     # the partition's first parameter in backward order: in block k (None: the head or the final norm, both made
     # before any block; -1: the embeddings, made last)
     k = -1 if last_in is tensors[0] else last_in.layer
-    head = sum(b for t, b in zip(tensors[1:], kept[1:]) if t.layer is None)
-    per_block = [sum(b for t, b in zip(tensors, kept) if t.layer == i) for i in range(n_layers)]
+    at: dict[Any, list[int]] = {}  # each block's tensors (positions in ``tensors``, in order)
+    for j, t in enumerate(tensors):
+        at.setdefault(t.layer, []).append(j)
+    # (byte counts are whole numbers, exact as floats: every sum below is the same in any order)
+    head = sum(kept[j] for j in at.get(None, []) if j > 0)
+    per_block = [sum(kept[j] for j in at.get(i, [])) for i in range(n_layers)]
+    later = [0.0] * n_layers  # the kept gradients of the blocks after i
+    for i in range(n_layers - 2, -1, -1):
+        later[i] = later[i + 1] + per_block[i + 1]
     blocks, cores = [], []
     for i in range(n_layers):
-        last = [t for t in tensors if t.layer == i and "norm" not in t.name][-1]
+        last = [tensors[j] for j in at.get(i, []) if "norm" not in tensors[j].name][-1]
         done = k is None or k > i
-        blocks.append(head + sum(per_block[i + 1:]) + param_bytes * last.numel + (gip if done else 0.0) + ipg)
-        own = sum(b for t, b in zip(tensors, kept) if t.layer == i and _post_core(t))
+        blocks.append(head + later[i] + param_bytes * last.numel + (gip if done else 0.0) + ipg)
+        own = sum(kept[j] for j in at.get(i, []) if _post_core(tensors[j]))
         done_core = done or (k == i and _post_core(last_in))
-        cores.append(head + sum(per_block[i + 1:]) + own + (gip if done_core else 0.0) + ipg)
+        cores.append(head + later[i] + own + (gip if done_core else 0.0) + ipg)
     return Stage1Gradients(tuple(blocks), head + sum(per_block) + (gip if k != -1 else 0.0) + ipg, tuple(cores))
 
 
