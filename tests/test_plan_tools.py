@@ -75,6 +75,13 @@ def test_a_restricted_search_that_fits_nothing_gets_fixes_from_outside_it():
     assert not any(m.fix.layout.fits is False for m in p.near_misses)
 
 
+def test_fewer_near_misses_are_the_first_of_more(p8):
+    # every miss named is shown (with its fix or with none), so asking for k names the first k of a longer list
+    more = plan("llama-3.1-8b", "h100", 8, global_batch=64, near_misses=len(p8.near_misses) + 3).near_misses
+    assert len(more) > len(p8.near_misses) >= 2
+    assert [m.to_json() for m in more[:len(p8.near_misses)]] == [m.to_json() for m in p8.near_misses]
+
+
 def test_no_near_misses_when_asked_for_none(p8):
     assert plan("llama-3.1-8b", "h100", 8, global_batch=64, near_misses=0).near_misses == []
     with pytest.raises(TrainfitError, match="near_misses must be a whole number"):

@@ -178,7 +178,7 @@ def near_misses(space: LayoutSpace, total: np.ndarray, seconds: np.ndarray, done
     if not idx.size:
         return []
     over = (total[idx] - usable) / usable
-    pick = idx[np.lexsort((seconds[idx], over))][:max(4 * count, 16)]
+    pick = idx[np.lexsort((seconds[idx], over))][:count]  # (each is shown, with a fix or without)
     index = _Index(space, global_batch)
     tails = [space._col(k) for k in TAIL]
     row_of = lambda i: (int(space.tp[i]), int(space.pp[i]), int(space.ep[i]), int(space.dp[i]),  # noqa: E731
@@ -221,8 +221,6 @@ def near_misses(space: LayoutSpace, total: np.ndarray, seconds: np.ndarray, done
             fix = Fix(best[1], best[2], layout_at(target) if isinstance(target, int) else target)
         out.append(NearMiss(layout=layout_at(i), over_bytes=float(total[i] - usable),
                             over_fraction=float((total[i] - usable) / usable), fix=fix))
-        if len(out) >= count:
-            break
     return out
 
 
