@@ -5,7 +5,8 @@ part of the optimizer phase (``state_floor``: parameters, buffers, master weight
 step counters and, unless the optimizer steps in backward, gradients and the step's temporaries) and, for a PyTorch
 step with its activations on the device, the states plus the inputs plus the activations the backward holds at its
 start on the first pipeline stage (one micro-batch's saved tensors; the micro-batches in flight under 1F1B and
-GPipe). The step's peak holds at least each, and the overheads added on top are >= 0, so the floor is at most the
+GPipe), plus the overheads the total adds to the peak, taken at the floor (each overhead term is a non-decreasing
+function of the peak: checked here too). The step's peak holds at least each, so the floor is at most the
 total: checked here against the total of every layout of whole plans (each layout counted by the model the planner
 counts it with: the stack's own model or the hf accounting), for every stack, and for the 70B model's pipelines
 (1F1B, GPipe, interleaved; FSDP2 and ZeRO; context parallelism), where the activations make the bound tight. The
@@ -55,6 +56,39 @@ def test_the_floor_never_exceeds_the_total(monkeypatch, stack, model, n, kw):
     if model == "llama-3.1-8b" and stack in ("hf", "torchtitan"):
         # 8B with AdamW holds 16 bytes per parameter of states unsharded: 128 GB, over 72 GB usable on one H100
         assert (floor > usable).any()
+
+
+def test_without_overheads_the_floor_still_bounds_the_total(monkeypatch):
+    floor, total, _ = _floors_and_totals(monkeypatch, "llama-3.2-1b", 16, stack="torchtitan", global_batch=32,
+                                         seq_len=4096, overheads=False)
+    assert (floor <= total).all(), float(np.max(floor - total))
+    with_ovh, _, _ = _floors_and_totals(monkeypatch, "llama-3.2-1b", 16, stack="torchtitan", global_batch=32,
+                                        seq_len=4096)
+    # the CUDA context (512 MiB) and NCCL buffers (256 MiB) alone separate them (detailed/overheads.py)
+    assert (with_ovh - floor >= 768 * 2**20).all()
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_overhead_term_grows_with_the_peak(stack):
+    # the floor adds the overheads at the floor, not at the peak: valid because no term shrinks as the peak grows
+    from trainfit.detailed.method import _added
+    from trainfit.training_setup import TrainingSetup
+
+    fields = {"tp": 1, "pp": 2, "dp": 4, "fsdp": True} if stack in ("hf", "torchtitan") else {"dp": 8, "zero": 3}
+    if stack == "megatron":
+        fields = {"tp": 2, "dp": 4}
+    s = TrainingSetup.build("llama-3.1-8b", "h100", batch=8, seq_len=2048, stack=stack, **fields)
+    tokens = np.array([2048.0, 8192.0])
+    scores = tokens * 2048
+    low, high = np.array([1e9, 5e9]), np.array([2e9, 60e9])
+    for stage in range(s.parallel.pp):
+        for platform in ("cuda", "rocm", "tpu"):
+            a = _added(s.model.arch, s.recipe, s.parallel, s.parallel, stage, tokens, low, scores, "flash", platform)
+            b = _added(s.model.arch, s.recipe, s.parallel, s.parallel, stage, tokens, high, scores, "flash", platform)
+            for terms_a, terms_b in zip(a, b):
+                assert [o.name for o in terms_a] == [o.name for o in terms_b]
+                for x, y in zip(terms_a, terms_b):
+                    assert np.all(np.asarray(y.bytes) >= np.asarray(x.bytes)), (stack, stage, platform, x.name)
 
 
 @pytest.mark.parametrize("stack", ["torchtitan", "megatron"])

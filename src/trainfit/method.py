@@ -98,9 +98,10 @@ class MemoryMethod(Protocol):
     interactive: bool = True
     presentation: Presentation = Presentation()
     vectorised: Optional[Callable[..., SweepOutput]] = None
-    #: (or None) a cheap lower bound on ``vectorised``'s total of each element of a sweep (bytes per accelerator,
-    #: never above it): a layout search skips the full evaluation of layouts it proves cannot fit
-    memory_floor: Optional[Callable[[SetupArrays], Any]] = None
+    #: (or None) a cheap lower bound on ``vectorised``'s total of each element of a sweep, called with the same
+    #: options (bytes per accelerator, never above it): a layout search skips the full evaluation of layouts it
+    #: proves cannot fit
+    memory_floor: Optional[Callable[..., Any]] = None
 
     def applies(self, setup: TrainingSetup) -> bool:
         """Whether the method can answer for this model at all (the default-method order asks)."""

@@ -11,18 +11,20 @@ from typing import Any
 
 import numpy as np
 
+from ..arch import ArchSpec
 from ..errors import TrainfitError
 from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
 from ..result import Estimate
 from ..stacks import behaviour_of, check_model, get_stack, modelled_by
 from ..sweep import SetupArrays, SweepOutput
-from ..training_setup import FIELD_NAMES, FIELDS, PRECISIONS, TrainingSetup
+from ..training_setup import FIELD_NAMES, FIELDS, PRECISIONS, Parallelism, Recipe, TrainingSetup
 from .allocator import reserve_terms
 from .distributed import sharding_as_run
 from .layouts import PER_ELEMENT, SHARDING_FIELDS, layout_phases, sharding_groups, step_floor
 from .overheads import overheads
+from .overheads import Overhead
 from .overheads import overheads as overheads_of
-from .phases import COMPONENTS, PHASES, PhaseResult, compute_phases
+from .phases import COMPONENTS, PHASES, PhaseResult, compute_phases, reported_stages, step_shape
 
 NAME = "detailed"
 TRAINING_PRECISIONS = tuple(p for p, spec in PRECISIONS.items() if spec.trainable)
@@ -308,12 +310,11 @@ class Detailed(MemoryMethod):
                     sel = (which == k) & (stages == stage)
                     pk = peak[idx[sel]]
                     toks, scs = tokens[sel], scores[sel]
-                    rsv = (reserve_terms(arch, first.recipe, run_pars[k], int(stage), toks, pk, scs)
-                           if platform in FUSED_ATTENTION_PLATFORMS else [])
+                    rsv, ovh = _added(arch, first.recipe, par, run_pars[k], int(stage), toks, pk, scs,
+                                      res.profile.kernel, platform)
                     reserved[idx[sel]] = pk + sum(o.bytes for o in rsv)  # as estimate's peak_reserved_bytes
                     if not overheads:
                         continue
-                    ovh = overheads_of(arch, par, pk, toks, res.profile.kernel, platform, rsv)
                     for o in ovh:
                         comps.setdefault(o.name, np.zeros(n))[idx[sel]] = o.bytes  # (broadcast as assigned)
                     total[idx[sel]] = pk + sum(o.bytes for o in ovh)  # as total_and_overheads adds them
@@ -322,12 +323,16 @@ class Detailed(MemoryMethod):
                                                   "peak_reserved_bytes": reserved.reshape(shape),
                                                   "peak_phase": phase.reshape(shape)}, total=total.reshape(shape))
 
-    def memory_floor(self, x: SetupArrays) -> np.ndarray:
-        """A lower bound on each element's :meth:`vectorised` total (bytes per accelerator), without the phases:
-        the model states the optimizer phase holds and, for a PyTorch step with its activations on the device, the
-        states, inputs and saved activations the backward holds at its start on the first stage, from that stage's
-        forward walk (cached: the evaluation reads it again) (:func:`~trainfit.detailed.layouts.step_floor`), grouped
-        as :meth:`vectorised` groups; the overheads it adds on top are >= 0. A layout search prunes with it."""
+    def memory_floor(self, x: SetupArrays, *, overheads: bool = True) -> np.ndarray:
+        """A lower bound on each element's :meth:`vectorised` total with the same ``overheads`` (bytes per
+        accelerator), without the phases: the model states the optimizer phase holds and, for a PyTorch step with its
+        activations on the device, the states, inputs and saved activations the backward holds at its start on the
+        first stage, from that stage's forward walk (cached: the evaluation reads it again)
+        (:func:`~trainfit.detailed.layouts.step_floor`), grouped as :meth:`vectorised` groups. With ``overheads``, plus
+        the overheads :meth:`vectorised` adds to an allocated peak, taken at the floor for the reported stage that adds
+        the least and without the flash kernel's scratch (>= 0): every overhead term is a non-decreasing function of
+        the peak (constants, or a fraction of it: :mod:`.overheads`, :mod:`.allocator`), so at the real peak they add
+        at least as much. A layout search prunes with it."""
         shape = x.shape
         flat = _flat_columns(x)
         n = int(np.prod(shape)) if shape else 1
@@ -337,12 +342,36 @@ class Detailed(MemoryMethod):
         shared = tuple(f for f in FIELD_NAMES if f not in PER_ELEMENT)
         for idx, _ in x.distinct(shared):
             idx = np.arange(n)[idx] if isinstance(idx, slice) else idx
-            first = effective(x.setup_at(x.first_index(idx)))
-            pars, which = sharding_groups({f: flat(f)[idx] for f in SHARDING_FIELDS}, first.parallel)
-            pars = [sharding_as_run(first.recipe, p) for p in pars]
-            out[idx] = step_floor(first.model.arch, first.recipe, pars, which, flat("accumulation")[idx], micro[idx],
-                                  seq[idx])
+            first = x.setup_at(x.first_index(idx))
+            platform = platform_of(first)
+            first = effective(first)
+            arch = first.model.arch
+            given, which = sharding_groups({f: flat(f)[idx] for f in SHARDING_FIELDS}, first.parallel)
+            pars = [sharding_as_run(first.recipe, p) for p in given]
+            floor = step_floor(arch, first.recipe, pars, which, flat("accumulation")[idx], micro[idx], seq[idx])
+            if overheads:
+                sh = step_shape(pars[0], micro[idx], seq[idx])
+                toks, scs = (np.broadcast_to(np.asarray(v, dtype=np.float64), floor.shape) for v in (sh.tokens,
+                                                                                                    sh.scores))
+                for k, (par, run) in enumerate(zip(given, pars)):
+                    sel = which == k
+                    if not sel.any():
+                        continue
+                    added = [sum((o.bytes for o in _added(arch, first.recipe, par, run, stage, toks[sel], floor[sel],
+                                                           scs[sel], "", platform)[1]), 0.0)
+                             for stage in reported_stages(run)]
+                    floor[sel] = floor[sel] + np.min(np.broadcast_arrays(*added), axis=0)
+            out[idx] = floor
         return out.reshape(shape)
+
+
+def _added(arch: ArchSpec, recipe: Recipe, par: Parallelism, run: Parallelism, stage: int, tokens: Any, peak: Any,
+           scores: Any, kernel: str, platform: str) -> tuple[list[Overhead], list[Overhead]]:
+    """What :meth:`Detailed.vectorised` adds to an allocated ``peak`` (bytes; arrays element-wise) of pipeline
+    ``stage`` on ``platform``: (the allocator's reserve terms of the sharding the step runs, ``run``; the overheads,
+    with those terms, of the sharding asked for, ``par``)."""
+    rsv = reserve_terms(arch, recipe, run, stage, tokens, peak, scores) if platform in FUSED_ATTENTION_PLATFORMS else []
+    return rsv, overheads_of(arch, par, peak, tokens, kernel, platform, rsv)
 
 
 def _flat_columns(x: SetupArrays) -> Any:

@@ -111,15 +111,16 @@ def _memory_of(x: SetupArrays, own: Optional[MemorySplit], **memory_args: Any) -
     return _by_encoding(x, own, lambda xs: _memory(xs, **memory_args))
 
 
-def _floor_of(x: SetupArrays, own: Optional[MemorySplit], method: str,
-              inflight: bool) -> Optional[Callable[[np.ndarray], np.ndarray]]:
+def _floor_of(x: SetupArrays, own: Optional[MemorySplit], method: str, inflight: bool,
+              options: dict[str, Any]) -> Optional[Callable[[np.ndarray], np.ndarray]]:
     """A lower bound on the ``total_bytes`` of the layouts at flat positions ``idx``, each as :func:`_memory_of`
-    counts it, from the method's ``memory_floor`` (None when it has none, or when the planner sums the components
-    itself: the in-flight factor of a method that does not count them)."""
+    counts it with the method's ``options``, from the method's ``memory_floor`` (None when it has none, or when the
+    planner sums the components itself: the in-flight factor of a method that does not count them)."""
     m = get_method(method)
     if m.memory_floor is None or (inflight and not m.counts_inflight):
         return None
-    run = _by_encoding(x, own, lambda xs: {"floor": np.asarray(m.memory_floor(xs), dtype=float).reshape(-1)})
+    run = _by_encoding(x, own, lambda xs: {"floor": np.asarray(m.memory_floor(xs, **options),
+                                                               dtype=float).reshape(-1)})
     return lambda idx: run(idx)["floor"]
 
 
@@ -500,7 +501,7 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
         tms = step_times(xs)
         own = _own(sp, xs, stack_fields)
         grp = split_groups(sp) if m.vectorised is not None else None
-        flo = None if exhaustive or grp is None else _floor_of(xs, own, method, inflight)
+        flo = None if exhaustive or grp is None else _floor_of(xs, own, method, inflight, method_options)
         return (tms, [] if own is None else own.notes, grp,
                 *_rank(xs, tms, usable, top=top, rejected=rejected, exhaustive=exhaustive,
                        memory_of=_memory_of(xs, own, method=method, inflight=inflight, options=method_options),
@@ -606,7 +607,8 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
             notes.append(f"memory evaluated for the {evaluated:,} layouts that can still matter (method {method!r}); "
                          f"of the other {space.size - evaluated:,}, {ruled_out:,} cannot fit by a lower bound of their "
                          "memory (their model states, with the activations the backward holds at its start where "
-                         "the method bounds them, over the usable memory) and the rest are "
+                         "the method bounds them, and the overheads the method adds, over the usable memory) and "
+                         "the rest are "
                          "all slower, so the ranking and the near misses are exact, but the fit count covers the "
                          f"evaluated ones{later} (--exhaustive evaluates every layout)")
         elif evaluated < space.size:
