@@ -134,21 +134,29 @@ def split_groups(space: LayoutSpace) -> np.ndarray:
     return np.unique(cols, axis=0, return_inverse=True)[1].reshape(-1)
 
 
-def _settled(step: np.ndarray, total: np.ndarray, done: np.ndarray, usable: float, top: int, rejected: int,
-             next_step: float, known_bad: Optional[np.ndarray] = None) -> bool:
-    """Whether the ``top`` fastest fitting and ``rejected`` fastest non-fitting layouts are known: the evaluated
-    ones (and ``known_bad``, those a lower bound proves do not fit) hold that many, and every other layout not
-    evaluated (the fastest of them takes ``next_step``) is strictly slower than the last of them (ties would need
-    their memory)."""
+def _cut(step: np.ndarray, total: np.ndarray, done: np.ndarray, usable: float, top: int, rejected: int,
+         known_bad: Optional[np.ndarray] = None) -> Optional[float]:
+    """The step time of the slowest layout the ranking can still show: the later of the ``top``-th fastest fitting
+    and the ``rejected``-th fastest non-fitting layout among the evaluated ones (and ``known_bad``, those a lower
+    bound proves do not fit); None until there are that many. It only falls as more layouts are known, so a layout
+    strictly slower than it is never shown, nor named as a near miss (those are faster than the fastest fitting)."""
     ok = done & (total <= usable)
     bad = done & ~ok
     if known_bad is not None:
         bad = bad | known_bad
     if ok.sum() < top or bad.sum() < rejected:
-        return False
-    cut = max(np.partition(step[ok], top - 1)[top - 1],  # top >= 1 (plan's rule): the chosen layout is settled
-              np.partition(step[bad], rejected - 1)[rejected - 1] if rejected else -np.inf)
-    return bool(next_step > cut)
+        return None
+    return float(max(np.partition(step[ok], top - 1)[top - 1],  # top >= 1 (plan's rule): the chosen one is settled
+                     np.partition(step[bad], rejected - 1)[rejected - 1] if rejected else -np.inf))
+
+
+def _settled(step: np.ndarray, total: np.ndarray, done: np.ndarray, usable: float, top: int, rejected: int,
+             next_step: float, known_bad: Optional[np.ndarray] = None) -> bool:
+    """Whether the ``top`` fastest fitting and ``rejected`` fastest non-fitting layouts are known: the evaluated
+    ones (and ``known_bad``) hold that many (:func:`_cut`), and every other layout not evaluated (the fastest of them
+    takes ``next_step``) is strictly slower than the last of them (ties would need their memory)."""
+    cut = _cut(step, total, done, usable, top, rejected, known_bad)
+    return cut is not None and next_step > cut
 
 
 #: model splits in the first batch the ranking evaluates, and the growth of each next batch: small, as a split's
@@ -207,7 +215,10 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
             take = np.zeros(count, dtype=bool)
             take[gorder[pos:pos + int(batch)]] = True
             idx = np.flatnonzero(take[groups])
-            if floor_of is not None:
+            cut = _cut(step, arr["total_bytes"], done, usable, top, rejected, known_bad)
+            if cut is not None:  # (a split with none faster than the cut is not even walked)
+                idx = idx[step[idx] <= cut]
+            if floor_of is not None and idx.size:
                 floor[idx] = floor_of(idx)
                 known_bad[idx] = floor[idx] > usable
                 idx = idx[~known_bad[idx]]
