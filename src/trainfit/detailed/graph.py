@@ -44,7 +44,7 @@ def vbytes(v: Vec, tokens, positions, scores):
     return v[0] * tokens + v[1] * positions + v[2] * scores + v[3]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Tensor:
     """One tensor of the walk. ``size`` counts elements (see :data:`Vec`); ``dtype`` is bytes/element."""
 
