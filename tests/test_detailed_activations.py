@@ -1,5 +1,5 @@
-"""The forward walk's shortcuts give what the full path gives: the saved total read without condensing the walk,
-and the profiles of replayed blocks alike counted once."""
+"""The forward walk's shortcuts give what the full path gives: the saved total and the saved parts read without
+condensing the walk, and the profiles of replayed blocks alike counted once."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +12,8 @@ from setups import make_setup
 
 CASES = [
     ("llama-3.1-70b", dict(tp=8, pp=4, dp=2, precision="bf16")),
+    ("llama-3.1-70b", dict(tp=8, pp=4, dp=4, pp_schedule="interleaved", pp_virtual=2, accumulation=8,
+                           stack="torchtitan", fsdp=True)),
     ("llama-3.1-70b", dict(tp=4, cp=2, dp=4, fsdp=True, checkpointing="selective", stack="torchtitan")),
     ("llama-3.1-8b", dict(pp=2, dp=2, checkpointing="every-k", checkpoint_every=3)),
     ("llama-3.2-1b", dict(checkpointing="full", lora_rank=16)),
@@ -32,12 +34,15 @@ def test_saved_total_equals_the_condensed_walk(model, fields):
     for key in _walks(model, fields):
         A._walked.cache_clear()
         A.activation_profile.cache_clear()
-        first = A.saved_total(*key)
+        first, parts = A.saved_total(*key), A.saved_parts(*key)
         pr = A.activation_profile(*key)
         assert first == pr.saved_total
+        assert parts == pr.saved_parts
+        assert len(parts.layers) == len(pr.layers) > 0
         fresh = A._Walker(*key)
         fresh.play()
         assert fresh.saved()[0] == fresh.condense().saved_total == pr.saved_total
+        assert fresh.saved_parts() == pr.saved_parts
         assert A.replayed_tape(*key) is A._walked(*key).g
 
 

@@ -90,6 +90,18 @@ class LayerProfile:
 
 
 @dataclass(frozen=True)
+class SavedParts:
+    """What one forward walk saves for backward, by part (byte-vectors, see :mod:`trainfit.detailed.graph`): the
+    :class:`ActivationProfile` fields of the same names, and each block's ``saved`` (``layers``, in order)."""
+
+    saved_total: Vec
+    embed_saved: Vec
+    head_saved: Vec
+    loss_saved: Vec
+    layers: tuple[Vec, ...]
+
+
+@dataclass(frozen=True)
 class ActivationProfile:
     """Condensed result of one forward walk. Byte-vectors, see :mod:`trainfit.detailed.graph`."""
 
@@ -121,6 +133,12 @@ class ActivationProfile:
     offload_forward: tuple[Vec, ...] = ()
     offload_host: Vec = ZERO
     offload_unpack: tuple[tuple[str, tuple[Vec, ...]], ...] = ()
+
+    @property
+    def saved_parts(self) -> SavedParts:
+        """The saved bytes by part (:class:`SavedParts`)."""
+        return SavedParts(self.saved_total, self.embed_saved, self.head_saved, self.loss_saved,
+                          tuple(lp.saved for lp in self.layers))
 
 
 @dataclass(frozen=True)
@@ -1405,6 +1423,16 @@ class _Walker:
             self._saved = self.g.saved_by_region()
         return self._saved
 
+    def saved_parts(self) -> SavedParts:
+        """:attr:`ActivationProfile.saved_parts` of the played tape without condensing it: each part the sum
+        :meth:`condense` makes, in the same order (a block's ``saved`` sums its region's saved tensors as
+        :meth:`~.graph.Tape.saved_by_region` does; a region without one saves ZERO)."""
+        total, by_region = self.saved()
+        layers, _, _, _ = self.played
+        return SavedParts(total, by_region.get("embed", ZERO),
+                          vadd(by_region.get("head", ZERO), by_region.get("stage output", ZERO)),
+                          by_region.get("loss", ZERO), tuple(by_region.get(f"layer{i}", ZERO) for i in layers))
+
     def condense(self) -> ActivationProfile:
         """The profile of the played tape (:meth:`play`); reads the tape, changes nothing."""
         r, g = self.r, self.g
@@ -1615,6 +1643,12 @@ def saved_total(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
     """``activation_profile(arch, recipe, par, stage).saved_total`` (the same sum of the same tape) without
     condensing the walk: a layout search's memory floor reads only this of the splits it then prunes."""
     return _walked(arch, recipe, par, stage).saved()[0]
+
+
+def saved_parts(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> SavedParts:
+    """``activation_profile(arch, recipe, par, stage).saved_parts`` (the same sums of the same tape) without
+    condensing the walk: the memory floor of an interleaved pipeline reads only this."""
+    return _walked(arch, recipe, par, stage).saved_parts()
 
 
 @lru_cache(maxsize=512)
