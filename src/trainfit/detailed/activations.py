@@ -25,13 +25,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Optional
+from itertools import groupby
+from operator import attrgetter
+from types import MappingProxyType
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
 from ..arch import ArchSpec
 from .graph import ZERO, Tape, Tensor, Vec, const, live_rows, pareto, pareto_rows, pos, tok, vadd, vscale
-from .inventory import block_linears, stage_layers
+from .inventory import Linear, block_linears, stage_layers
 from ..families import SLIDING
 from ..stacks import behaviour_of
 from ..training_setup import FLASH_LIKE, LOSS_CHUNKS, Parallelism, Recipe
@@ -87,6 +90,18 @@ class LayerProfile:
 
 
 @dataclass(frozen=True)
+class SavedParts:
+    """What one forward walk saves for backward, by part (byte-vectors, see :mod:`trainfit.detailed.graph`): the
+    :class:`ActivationProfile` fields of the same names, and each block's ``saved`` (``layers``, in order)."""
+
+    saved_total: Vec
+    embed_saved: Vec
+    head_saved: Vec
+    loss_saved: Vec
+    layers: tuple[Vec, ...]
+
+
+@dataclass(frozen=True)
 class ActivationProfile:
     """Condensed result of one forward walk. Byte-vectors, see :mod:`trainfit.detailed.graph`."""
 
@@ -119,6 +134,12 @@ class ActivationProfile:
     offload_host: Vec = ZERO
     offload_unpack: tuple[tuple[str, tuple[Vec, ...]], ...] = ()
 
+    @property
+    def saved_parts(self) -> SavedParts:
+        """The saved bytes by part (:class:`SavedParts`)."""
+        return SavedParts(self.saved_total, self.embed_saved, self.head_saved, self.loss_saved,
+                          tuple(lp.saved for lp in self.layers))
+
 
 @dataclass(frozen=True)
 class _BlockStats:
@@ -136,6 +157,13 @@ class _BlockStats:
     attention_bwd: Vec = ZERO  #: see LayerProfile.attention_bwd
     core_bwd: Vec = ZERO  #: see LayerProfile.core_bwd
     core_gone: Vec = ZERO  #: see LayerProfile.core_gone
+
+
+@lru_cache(maxsize=1024)
+def _linears_by_role(arch: ArchSpec, index: int) -> Mapping[str, Linear]:
+    """:func:`~trainfit.detailed.inventory.block_linears` of block ``index`` by role (read-only). Cached: a pure
+    function of the frozen ``arch`` and ``index``, read by every walked block."""
+    return MappingProxyType({lin.role: lin for lin in block_linears(arch, index)})
 
 
 def op_policy(recipe: Recipe) -> bool:
@@ -190,6 +218,11 @@ class _Walker:
         self.core_marks: dict[str, tuple[int, Vec, Tensor]] = {}  #: per block region: (op time, working set) of math_sdpa
         self.fused_qkv: Optional[Tensor] = None  #: the fused q|k|v projection output of the block being walked
         self.attn_weights: Optional[Tensor] = None  #: eager attention's weights, returned with the attention output
+        #: what :meth:`condense` reads of :meth:`play`: the stage's blocks, each block's mark, whether the stage is
+        #: the last, and the loss's (or the received gradient's) backward bytes
+        self.played: tuple[list[int], list[tuple[int, bool, Optional[_BlockStats]]], bool, Vec] = (
+            [], [], True, ZERO)
+        self._saved: Optional[tuple[Vec, dict[str, Vec]]] = None
 
     # ---------------------------------------------------------------- helpers
     def p_drop(self, p: float) -> float:
@@ -284,7 +317,7 @@ class _Walker:
         a, r, tpd = self.a, self.r, self.tp
         if a.mla:
             return self.latent_attention(y, index, cos, sin)
-        lins = {lin.role: lin for lin in block_linears(a, index)}
+        lins = _linears_by_role(a, index)
         targets = r.lora_targets if r.lora else ()
         heads = a.num_heads / tpd
         kvh = max(a.num_kv_heads / tpd, 1.0)
@@ -386,7 +419,7 @@ class _Walker:
         un-rotated keys and the values (a split: the values stay a view of kv_b_proj's output); the key assembled
         in a new tensor, the query concatenated; SDPA on num_heads heads with v_head_dim value features."""
         a, g, tpd = self.a, self.g, self.tp
-        lins = {lin.role: lin for lin in block_linears(a, index)}
+        lins = _linears_by_role(a, index)
         targets = self.r.lora_targets if self.r.lora else ()
         heads = a.num_heads / tpd
         qk, vd, rope = a.head_dim, a.value_head_dim, a.qk_rope_dim
@@ -686,7 +719,7 @@ class _Walker:
     def _mlp(self, y: Tensor, index: int) -> Tensor:
         a, r, g = self.a, self.r, self.g
         targets = r.lora_targets if r.lora else ()
-        lins = {lin.role: lin for lin in block_linears(a, index)}
+        lins = _linears_by_role(a, index)
         if a.is_moe_layer(index):
             return self.moe_torchtitan(y, index) if self.tt_moe else self.moe(y, index)
         y = self.gather_sequence(y, a.hidden_size)
@@ -1264,6 +1297,12 @@ class _Walker:
         g.notes["logits_grad"] = ZERO
 
     def run(self) -> ActivationProfile:
+        """Walk the forward pass and condense it."""
+        self.play()
+        return self.condense()
+
+    def play(self) -> None:
+        """Walk the forward pass onto the tape and finish it (every tensor's lifetime and saved flag final)."""
         a, r, g = self.a, self.r, self.g
         layers = list(stage_layers(a.num_layers, self.par.pp, self.stage))
         first, last = self.stage == 0, self.stage == self.par.pp - 1
@@ -1375,6 +1414,29 @@ class _Walker:
         for pair in tables.values():
             for t in pair:
                 t.saved = True
+        self.played = (layers, marks, last, loss_bwd)
+
+    def saved(self) -> tuple[Vec, dict[str, Vec]]:
+        """The played tape's saved bytes, in all and by region (:meth:`~.graph.Tape.saved_by_region`), counted
+        once (read, not changed)."""
+        if self._saved is None:
+            self._saved = self.g.saved_by_region()
+        return self._saved
+
+    def saved_parts(self) -> SavedParts:
+        """:attr:`ActivationProfile.saved_parts` of the played tape without condensing it: each part the sum
+        :meth:`condense` makes, in the same order (a block's ``saved`` sums its region's saved tensors as
+        :meth:`~.graph.Tape.saved_by_region` does; a region without one saves ZERO)."""
+        total, by_region = self.saved()
+        layers, _, _, _ = self.played
+        return SavedParts(total, by_region.get("embed", ZERO),
+                          vadd(by_region.get("head", ZERO), by_region.get("stage output", ZERO)),
+                          by_region.get("loss", ZERO), tuple(by_region.get(f"layer{i}", ZERO) for i in layers))
+
+    def condense(self) -> ActivationProfile:
+        """The profile of the played tape (:meth:`play`); reads the tape, changes nothing."""
+        r, g = self.r, self.g
+        layers, marks, last, loss_bwd = self.played
         timeline = live_rows(g)  # (g.timeline(), as an array)
         # a checkpoint input is marked saved when its region starts: recount it in the region before
         cands = pareto_rows(timeline)
@@ -1384,7 +1446,7 @@ class _Walker:
             mark, moments, inc = fused
             at_mark = tuple(timeline[mark].tolist())
             chunks = tuple((vadd(at_mark, const(c)), row, inc) for c, row in moments)
-        saved_total, by_region = g.saved_by_region()
+        saved_total, by_region = self.saved()
         wc = ZERO
         wcs = ZERO
         for t in g.tensors:
@@ -1414,21 +1476,34 @@ class _Walker:
                                  final_norm_backward=g.notes.get("final_norm_backward", ZERO) if last else ZERO,
                                  **offload)
 
-    def _layer_profiles(self, layers: list[int], marks: list[tuple[int, bool, Optional[_BlockStats]]]
-                        ) -> tuple[list[LayerProfile], Vec]:
+    def _layer_profiles(self, layers: list[int], marks: list[tuple[int, bool, Optional[_BlockStats]]],
+                        share: bool = True) -> tuple[list[LayerProfile], Vec]:
         """Each walked block's saved bytes, recomputation and backward working set (a replayed block's from the
-        block it replays), and the weight copies the last block holds."""
+        block it replays), and the weight copies the last block holds. ``share``: replayed blocks alike are
+        counted once (False: each on its own, the same profiles; for tests)."""
         by_region: dict[str, list[Tensor]] = {}
-        for t in self.g.tensors:
-            by_region.setdefault(t.region, []).append(t)
+        for region, run in groupby(self.g.tensors, key=attrgetter("region")):
+            by_region.setdefault(region, []).extend(run)
         lay = []
         per_layer_wc = ZERO
         # the residual stream's incoming gradient (the add passes it to the branch as it is), and its copy in
         # the branch's dtype where that differs (autocast: autograd casts the gradient to the input's dtype)
         res = tok(self.hw * self.p + (self.hw * self.w if self.w != self.p else 0.0))
         made: dict[tuple, LayerProfile] = {}  # equal profiles (the replayed blocks'): one object
+        # a replayed block's region holds only the tensors _replay made from its _BlockStats (their sizes that
+        # block's): its profile follows from that block, the checkpointing, the MoE rule and which of them are
+        # saved, and by which region -- replayed blocks alike are counted once
+        replayed: dict[tuple, LayerProfile] = {}
         for (i, (start, ck, rep)) in zip(layers, marks):
             ts = by_region.get(f"layer{i}", [])
+            sig = None
+            if share and rep is not None and i != layers[-1]:  # (the last block's weight copies are read below)
+                flags = tuple([(t.saved, t.own_saved) for t in ts])
+                sig = (id(rep), ck, self.tt_moe and self.a.is_moe_layer(i), flags)
+                lp = replayed.get(sig)
+                if lp is not None:
+                    lay.append(lp)
+                    continue
             saved = ZERO
             handed_on = ZERO  # saved only by later regions
             rec = ZERO
@@ -1470,6 +1545,8 @@ class _Walker:
                     attention_bwd=attn_bwd, core_bwd=vadd(core_bwd, res) if core_bwd != ZERO else ZERO,
                     core_gone=core_gone)
             lay.append(lp)
+            if sig is not None:
+                replayed[sig] = lp
             if i == layers[-1]:
                 for t in ts:
                     if t.held and t.size[0] == 0 and t.size[3]:
@@ -1559,19 +1636,34 @@ def _unpacks(packs: list[tuple[tuple[int, int], str, Vec]]) -> tuple[tuple[str, 
 @lru_cache(maxsize=512)
 def activation_profile(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> ActivationProfile:
     """Walk one forward pass of ``arch`` under ``recipe`` split as ``par`` (pipeline ``stage``) and condense it."""
-    return _walked(arch, recipe, par, stage)[0]
+    return _walked(arch, recipe, par, stage).condense()
 
 
-@lru_cache(maxsize=8)
-def _walked(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> tuple[ActivationProfile, Tape]:
+def saved_total(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> Vec:
+    """``activation_profile(arch, recipe, par, stage).saved_total`` (the same sum of the same tape) without
+    condensing the walk: a layout search's memory floor reads only this of the splits it then prunes."""
+    return _walked(arch, recipe, par, stage).saved()[0]
+
+
+def saved_parts(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> SavedParts:
+    """``activation_profile(arch, recipe, par, stage).saved_parts`` (the same sums of the same tape) without
+    condensing the walk: the memory floor of an interleaved pipeline reads only this."""
+    return _walked(arch, recipe, par, stage).saved_parts()
+
+
+@lru_cache(maxsize=512)
+def _walked(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> _Walker:
+    """One forward walk, played (:meth:`_Walker.play`): condensed when its profile is asked for, its tape kept for
+    FSDP2's regions. Cached on every input of the walk: the walker is a pure function of them."""
     w = _Walker(arch, recipe, par, stage)
-    return w.run(), w.g
+    w.play()
+    return w
 
 
 def replayed_tape(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> Tape:
     """The tape of the walk :func:`activation_profile` condenses (the same walk, not a second one: FSDP2 reads
     its regions right after the profile). Shared: read it, do not extend it."""
-    return _walked(arch, recipe, par, stage)[1]
+    return _walked(arch, recipe, par, stage).g
 
 
 def walk(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0, replay: bool = True) -> Tape:

@@ -44,7 +44,7 @@ def vbytes(v: Vec, tokens, positions, scores):
     return v[0] * tokens + v[1] * positions + v[2] * scores + v[3]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Tensor:
     """One tensor of the walk. ``size`` counts elements (see :data:`Vec`); ``dtype`` is bytes/element."""
 
@@ -122,11 +122,14 @@ class Tape:
                       base=base)
 
     def use(self, *xs: Optional[Tensor]) -> None:
+        t = self.t
         for x in xs:
             if x is not None:
-                x.last = max(x.last, self.t)
-                if x.base is not None:
-                    x.base.last = max(x.base.last, self.t)
+                if x.last < t:
+                    x.last = t
+                b = x.base
+                if b is not None and b.last < t:
+                    b.last = t
 
     def save(self, x: Optional[Tensor], packed: Optional[Vec] = None) -> None:
         """Autograd saves ``x`` (a view: its base's storage stays alive). ``packed``: the bytes of what is saved when

@@ -26,7 +26,7 @@ import numpy as np
 from ..arch import ArchSpec
 from ..stacks import behaviour_of
 from ..training_setup import Parallelism, Recipe, validated_replace
-from .activations import activation_profile, walk_parallelism
+from .activations import activation_profile, saved_parts, saved_total, walk_parallelism
 from .distributed import is_fsdp, stack_groups, walk_recipe
 from .graph import tok, vbytes
 from .phases import (COMPONENTS, INPUT_BYTES_PER_TOKEN, PHASES, PhaseResult, StepShape, _moments, _pipeline_holds,
@@ -205,8 +205,8 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
         base[sel] = float(st.params + st.buffers + st.master + st.fp32_grads + st.opt_states + st.step_counters)
         if torchtitan_pipe:  # (FSDP2's gathered parameters of every chunk, a communication buffer of each phase)
             base[sel] += sum(holds(p, st, 0, sel).comm.values(), 0.0)
-        pr = activation_profile(arch, walk_recipe(recipe, p) if is_fsdp(p) else recipe, walk, 0)
-        S = sh.bytes(pr.saved_total)
+        walked = walk_recipe(recipe, p) if is_fsdp(p) else recipe
+        S = sh.bytes(saved_total(arch, walked, walk, 0))  # (the walk is condensed only if the split is evaluated)
         S = S[sel] if isinstance(S, np.ndarray) and S.shape else S
         T = table[sel] if isinstance(table, np.ndarray) and table.shape else table
         if p.pp == 1 or (is_fsdp(p) and not torchtitan_pipe):
@@ -214,7 +214,8 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
         elif p.pp_schedule == "interleaved":
             v = max(int(p.pp_virtual), 1)
             cols = shape_cols(sel)
-            chunks = [vbytes(c, *cols) for c in chunk_saved(arch, p, pr, 0)]  # (received inputs, tables: >= 0)
+            parts = saved_parts(arch, walked, walk, 0)
+            chunks = [vbytes(c, *cols) for c in chunk_saved(arch, p, parts, 0)]  # (received inputs, tables: >= 0)
             accs, act = acc[sel], np.zeros(int(sel.sum()))
             T = np.broadcast_to(np.asarray(T, dtype=np.float64), act.shape)
             for m in np.unique(accs):

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..arch import ArchSpec
-from .activations import ActivationProfile, activation_profile, fused_chunk_rows, walk_parallelism
+from .activations import ActivationProfile, SavedParts, activation_profile, fused_chunk_rows, walk_parallelism
 from .distributed import (ddp_bucket_bytes, ddp_bucket_label, forward_regions, fsdp_candidates, fsdp_compute_bytes,
                           fsdp_reduce_bytes, is_fsdp, walk_recipe)
 from .graph import Vec, ZERO, pos, tok, vadd, vbytes, vsub
@@ -105,7 +105,7 @@ def chunk_layers_of(arch: ArchSpec, par: Parallelism, stage: int) -> list[tuple[
     return [(vs, len(stage_layers(arch.num_layers, n, vs))) for vs in range(stage, n, par.pp)]
 
 
-def chunk_saved(arch: ArchSpec, par: Parallelism, pr: ActivationProfile, stage: int, io: Vec = ZERO,
+def chunk_saved(arch: ArchSpec, par: Parallelism, parts: SavedParts, stage: int, io: Vec = ZERO,
                 tables: Vec = ZERO) -> list[Vec]:
     """What one micro-batch of each chunk of pipeline rank ``stage`` saves for backward (byte-vectors), under
     the interleaved schedule: its blocks' (:func:`chunk_layers_of`); the rank's first chunk what the walk
@@ -113,7 +113,8 @@ def chunk_saved(arch: ArchSpec, par: Parallelism, pr: ActivationProfile, stage: 
     head and loss; every other chunk the activation it receives (``io``: kept until that micro-batch's
     backward) and the rotary tables its own forward makes (``tables``; the walk counts them once, before the
     blocks). A block's saved bytes hold its output (saved by the next block, or kept as the stage's output), so
-    a chunk's output is among its blocks'. Anything else the walk saves goes to the first chunk."""
+    a chunk's output is among its blocks'. Anything else the walk saves goes to the first chunk. ``parts``: the
+    walk's saved bytes by part (:attr:`~.activations.ActivationProfile.saved_parts`)."""
     out: list[Vec] = []
     at = 0
     layout = chunk_layers_of(arch, par, stage)
@@ -121,18 +122,18 @@ def chunk_saved(arch: ArchSpec, par: Parallelism, pr: ActivationProfile, stage: 
     for _, count in layout:
         vec = ZERO
         for _ in range(count):
-            if pr.layers:
-                vec = vadd(vec, pr.layers[min(at, len(pr.layers) - 1)].saved)
+            if parts.layers:
+                vec = vadd(vec, parts.layers[min(at, len(parts.layers) - 1)])
             at += 1
         blocks = vadd(blocks, vec)
         out.append(vec)
-    ends = vadd(pr.embed_saved, vadd(pr.head_saved, pr.loss_saved))
-    rest = vsub(vsub(pr.saved_total, blocks), ends)
+    ends = vadd(parts.embed_saved, vadd(parts.head_saved, parts.loss_saved))
+    rest = vsub(vsub(parts.saved_total, blocks), ends)
     last = len(out) - 1
     for k in range(len(out)):
-        out[k] = vadd(out[k], vadd(pr.embed_saved, rest) if k == 0 else vadd(io, tables))
+        out[k] = vadd(out[k], vadd(parts.embed_saved, rest) if k == 0 else vadd(io, tables))
         if k == last:
-            out[k] = vadd(out[k], vadd(pr.head_saved, pr.loss_saved))
+            out[k] = vadd(out[k], vadd(parts.head_saved, parts.loss_saved))
     return out
 
 
@@ -263,7 +264,7 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
     if arch.position_embedding == "rotary" and not (pipe is not None and behaviour_of(recipe).rope == "complex"):
         kinds = len(dict.fromkeys(arch.layer_types)) if arch.family.rope_per_layer_type else 1
         tables = pos(2.0 * kinds * arch.head_dim * arch.rotary_fraction * recipe.param_bytes)
-    chunks = chunk_saved(arch, par, pr, stage, io, tables)
+    chunks = chunk_saved(arch, par, pr.saved_parts, stage, io, tables)
     if pipe is not None and pr.layers:
         # torch.distributed.pipelining keeps each chunk's output until that micro-batch's backward (the stage
         # output it backwards from). The walk holds a block's output only where the next block is checkpointed
