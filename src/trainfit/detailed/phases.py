@@ -481,12 +481,23 @@ def pipeline_table(arch: ArchSpec, recipe: Recipe) -> Vec:
     return ZERO
 
 
+def pipeline_comm(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, groups: Any = None
+                  ) -> dict[str, Any]:
+    """:attr:`PipelineHolds.comm` of pipeline ``stage`` of a torchtitan pipeline: with FSDP2, every chunk's gathered
+    parameters (bytes, by name; ``groups``: :func:`~.states.rank_groups`' or a sweep's stacked ones); else none."""
+    if not is_fsdp(par):
+        return {}
+    root, blocks, _, _ = rank_groups(arch, recipe, par, stage) if groups is None else groups
+    return {"FSDP2 gathered parameters (every chunk of the stage, not resharded under pp)":
+            _num(byte_sum([g.gathered for g in (root, *blocks)]))}
+
+
 def _pipeline_holds(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, stage: int, B: Any,
                     groups: Any = None) -> PipelineHolds | None:
     """:class:`PipelineHolds` of pipeline ``stage`` under a stack whose pipeline is torchtitan's, else None."""
     if par.pp <= 1 or behaviour_of(recipe).pipeline != "torchtitan":
         return None
-    comm: dict[str, Any] = {}
+    comm = pipeline_comm(arch, recipe, par, stage, groups)
     scale: Any = 1.0
     op_grad = 0.0
     if is_fsdp(par):
@@ -494,8 +505,6 @@ def _pipeline_holds(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateB
         op_grad = last / par.tp * fsdp_compute_bytes(recipe) if not recipe.lora and any_linear else 0.0
         root, blocks, _, _ = rank_groups(arch, recipe, par, stage) if groups is None else groups
         gs = (root, *blocks)
-        comm = {"FSDP2 gathered parameters (every chunk of the stage, not resharded under pp)":
-                _num(byte_sum([g.gathered for g in gs]))}
         unsharded = (_num(byte_sum([g.unsharded_grads for g in gs])) * fsdp_reduce_bytes(recipe)
                      / fsdp_compute_bytes(recipe))
         sharded = _num(st.grads)
@@ -558,7 +567,8 @@ def _select(cands: list[dict[str, Any]], unique: bool = False) -> Optional[dict[
     same bytes (then any list holding that candidate among others of smaller or absent totals selects the same)."""
     masks = [(i, c.occurs) for i, c in enumerate(cands) if isinstance(c, _When)]
     keys = tuple(cands[0])
-    if masks:
+    # (a total is an array where a component is one of at least one dimension: numpy gives numbers for 0-d ones)
+    if masks or unique or any(isinstance(v, np.ndarray) and v.ndim for c in cands for v in c.values()):
         # the candidates by the order of their components (each total is summed in its candidate's own order)
         orders: dict[tuple[str, ...], list[int]] = {}
         for i, c in enumerate(cands):
@@ -572,7 +582,8 @@ def _select(cands: list[dict[str, Any]], unique: bool = False) -> Optional[dict[
 
 
 def _shapes(values: list[Any], stack: Optional[np.ndarray]) -> set[tuple[int, ...]]:
-    """The distinct shapes of the arrays among ``values`` (``stack``: :func:`~.distributed.stack_rows` of them), a number's ()."""
+    """The distinct shapes of the arrays among ``values`` (``stack``: :func:`~.distributed.stack_rows` of them), a
+    number's ()."""
     if stack is not None:
         return {stack.shape[1:]}
     return {v.shape for v in values if isinstance(v, np.ndarray)}
