@@ -38,6 +38,7 @@ validation/real-gpu.md): 82.4 / 67.0 GiB for Llama 3.1 8B on 8 / 128 H100s.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -142,33 +143,44 @@ def reserve_terms(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, 
                             "the 16-bit logits' segment, freed before the loss backward, too small for its fp32 "
                             "gradients (CUDACachingAllocator: a block is reused only by a request it can hold)"))
     if is_fsdp(par) and beh.fsdp_streams:
-        root, blocks, _, _ = rank_groups(arch, recipe, par, stage)
-        if "all-gather" in beh.fsdp_streams:
-            big = max((g.all_gather for g in blocks), default=0)
-            out.append(Overhead("all_gather_pool", float(pool_segments([root.all_gather, big])),
-                                f"the segments of root {root.all_gather:,} B + largest block {big:,} B all-gather "
-                                "outputs",
-                                "FSDP2 all-gather copy-in stream's own pool (_fsdp_collectives.foreach_all_gather)"))
-        if "reduce-scatter" in beh.fsdp_streams and recipe.offload == "params":
-            # CPU offload: each output is copied to the host and freed at once; the root's and the largest block's
-            # segments stay reserved (measured: the trainfit measure replay of validation/corpus-offload-params.yaml
-            # row 0 reserves 650,117,120 B on that stream for 525,340,672 + 121,647,104 B)
-            big = max((g.sharded_grads for g in blocks), default=0)
-            out.append(Overhead("reduce_scatter_pool", float(pool_segments([root.sharded_grads, big])),
-                                f"the segments of root {root.sharded_grads:,} B + largest block {big:,} B "
-                                "reduce-scatter outputs (copied to the host)",
-                                "FSDP2 reduce-scatter stream's own pool (_fsdp_collectives.foreach_reduce)"))
-        elif "reduce-scatter" in beh.fsdp_streams:
-            sharded = sum(g.sharded_grads for g in blocks) + root.sharded_grads
-            out.append(Overhead("reduce_scatter_pool",
-                                float(pool_segments([g.sharded_grads for g in blocks] + [root.sharded_grads])),
-                                f"the segments of every group's reduce-scatter output (the sharded gradients) "
-                                f"{sharded:,} B",
-                                "FSDP2 reduce-scatter stream's own pool (_fsdp_collectives.foreach_reduce)"))
+        out += _stream_pools(arch, recipe, par, stage)
     if not out:  # one pool and nothing it cannot reuse: the single term
         return [frag]
     return [Overhead("allocator_fragmentation", frag.bytes, frag.formula,
                      "default-stream pool: reserved minus allocated, median of the dev-corpus allocator replay"), *out]
+
+
+@lru_cache(maxsize=1024)
+def _stream_pools(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int) -> tuple[Overhead, ...]:
+    """FSDP2's side-stream pool terms of :func:`reserve_terms` (the stack's ``fsdp_streams``): they read only the
+    sharding's groups (:func:`~.states.rank_groups`), the stack's behaviour and the recipe's offload, never the step's
+    shape, so they are cached by the arguments those are functions of."""
+    beh = behaviour_of(recipe)
+    out: list[Overhead] = []
+    root, blocks, _, _ = rank_groups(arch, recipe, par, stage)
+    if "all-gather" in beh.fsdp_streams:
+        big = max((g.all_gather for g in blocks), default=0)
+        out.append(Overhead("all_gather_pool", float(pool_segments([root.all_gather, big])),
+                            f"the segments of root {root.all_gather:,} B + largest block {big:,} B all-gather "
+                            "outputs",
+                            "FSDP2 all-gather copy-in stream's own pool (_fsdp_collectives.foreach_all_gather)"))
+    if "reduce-scatter" in beh.fsdp_streams and recipe.offload == "params":
+        # CPU offload: each output is copied to the host and freed at once; the root's and the largest block's
+        # segments stay reserved (measured: the trainfit measure replay of validation/corpus-offload-params.yaml
+        # row 0 reserves 650,117,120 B on that stream for 525,340,672 + 121,647,104 B)
+        big = max((g.sharded_grads for g in blocks), default=0)
+        out.append(Overhead("reduce_scatter_pool", float(pool_segments([root.sharded_grads, big])),
+                            f"the segments of root {root.sharded_grads:,} B + largest block {big:,} B "
+                            "reduce-scatter outputs (copied to the host)",
+                            "FSDP2 reduce-scatter stream's own pool (_fsdp_collectives.foreach_reduce)"))
+    elif "reduce-scatter" in beh.fsdp_streams:
+        sharded = sum(g.sharded_grads for g in blocks) + root.sharded_grads
+        out.append(Overhead("reduce_scatter_pool",
+                            float(pool_segments([g.sharded_grads for g in blocks] + [root.sharded_grads])),
+                            f"the segments of every group's reduce-scatter output (the sharded gradients) "
+                            f"{sharded:,} B",
+                            "FSDP2 reduce-scatter stream's own pool (_fsdp_collectives.foreach_reduce)"))
+    return tuple(out)
 
 
 __all__ = ["pool_segments", "reserve_terms", "segment_terms"]

@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from ..stacks import behaviour_of
 from ..training_setup import Parallelism
 from ..units import cuda_block_bytes as rounded
+from .graph import vadd
 
 
 def ddp_bucket_label(par: Parallelism) -> str:
@@ -234,6 +235,36 @@ def _float(x: Any) -> Any:
     return np.asarray(x, dtype=np.float64) if isinstance(x, np.ndarray) else float(x)
 
 
+def stack_rows(values: list[Any], dtype: Any = np.float64) -> Optional[np.ndarray]:
+    """``values`` (numbers or arrays) as one new array, a row each, where they share one shape; else None."""
+    try:
+        return np.array(values, dtype=dtype)
+    except ValueError:  # (arrays of different shapes, or numbers beside arrays)
+        return None
+
+
+def byte_sum(counts: list[Any]) -> Any:
+    """``sum(counts)`` of byte counts: numbers, or arrays of one shape (a sweep's stacked groups) added in one numpy
+    reduction. Exact either way: whole numbers whose total is below 2**53, so every partial sum is exact in float64
+    and no order of adding them rounds."""
+    stack = stack_rows(counts) if counts and isinstance(counts[0], np.ndarray) else None
+    return sum(counts) if stack is None else np.add.reduce(stack, axis=0)
+
+
+def _sums_after(counts: list[Any], kept: int) -> tuple[list[Any], Any]:
+    """``kept`` (0 or 1) times the sum of the byte counts after each of ``counts`` (0 after the last, as a sum from
+    the last one down) and times all of them. Arrays of one shape are summed in one numpy pass: exact, as
+    :func:`byte_sum` is."""
+    stack = stack_rows(counts) if counts and isinstance(counts[0], np.ndarray) else None
+    if stack is None:
+        after: list[Any] = [0] * len(counts)
+        for i in range(len(counts) - 2, -1, -1):
+            after[i] = after[i + 1] + kept * counts[i + 1]
+        return after, kept * sum(counts)
+    suffix = np.cumsum(stack[::-1], axis=0)[::-1] * kept  # suffix[i]: blocks i.. to the last
+    return [*suffix[1:], 0], suffix[0]
+
+
 @dataclass(frozen=True)
 class ForwardRegions:
     """The forward walk's live bytes by where they occur (byte-vectors, see :mod:`.graph`): candidates in
@@ -321,7 +352,7 @@ def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegion
     if units:
         return _units_candidates(rank, arch, pr, regions, nbytes, saved_total, residual_grad, head_ug, embed_ug,
                                  accumulating)
-    all_sharded = sum(g.sharded_grads for g in blocks)
+    all_sharded = byte_sum([g.sharded_grads for g in blocks])
     acc = _float(all_sharded + root.sharded_grads)
     acc = np.where(accumulating, acc, 0.0) if isinstance(accumulating, np.ndarray) else (acc if accumulating else 0.0)
     out = _Candidates()
@@ -356,7 +387,8 @@ class _FsdpRank:
         g = [b.gathered for b in self.blocks]
         if not any(isinstance(x, np.ndarray) for x in g):
             return g.index(max(g))
-        idx = np.argmax(np.stack(np.broadcast_arrays(*g)), axis=0)
+        stack = stack_rows(g)
+        idx = np.argmax(np.stack(np.broadcast_arrays(*g)) if stack is None else stack, axis=0)
         return int(idx[0]) if idx.size and bool((idx == idx[0]).all()) else idx
 
     def block_at(self, i: Any) -> FsdpGroup:
@@ -481,11 +513,9 @@ def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, 
     backward has a working set of its own (``LayerProfile.core_bwd``)."""
     blocks, raf, rs, R = rank.blocks, rank.raf, rank.rs, rank.root_gathered()
     L = len(blocks)
-    sharded_after: list[Any] = [0] * L  # the blocks after each one: whole byte counts, so any order sums exactly
-    kept = 0 if host_grads else 1  # offloaded: each group's sharded gradients go to the host as they are reduced
-    for i in range(L - 2, -1, -1):
-        sharded_after[i] = sharded_after[i + 1] + kept * blocks[i + 1].sharded_grads
-    all_sharded = kept * sum(g.sharded_grads for g in blocks)
+    # the blocks after each one: whole byte counts, so any order sums exactly; offloaded, each group's sharded
+    # gradients go to the host as they are reduced
+    sharded_after, all_sharded = _sums_after([g.sharded_grads for g in blocks], 0 if host_grads else 1)
     held_head = _float(head_ug + (embed_ug if arch.tie_word_embeddings else 0))
     head_loss = _vadd(pr.head_saved, pr.loss_saved)
     # the loss backward: every activation saved, the last block already being gathered again (or still
@@ -502,12 +532,13 @@ def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, 
                      {**R, **rank.ag("root, gathered again for the head's backward", rank.root.all_gather),
                       **last_terms})
     later = (0.0, 0.0, 0.0, 0.0)
+    not_head = _vsub(pr.saved_total, head_loss)
     for k, i in enumerate(range(L - 1, -1, -1)):
         lp = pr.layers[i] if i < len(pr.layers) else None
         if lp is None:
             continue
-        remaining = _vsub(_vsub(pr.saved_total, head_loss), later)
         if k in (0, 1, L - 2, L - 1):
+            remaining = _vsub(not_head, later)
             rs_prev = rs(f"block {i + 1}, until this block's", blocks[i + 1]) if i + 1 < L else {}
             # inside the block's backward: its first projection's gradient made, the block's working set
             # less what is gone by then (its output if only later regions saved it; kept outputs the recompute used)
@@ -543,7 +574,7 @@ def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, 
             out.backward({"activations": nbytes(_vsub(remaining, lp.saved)), "temporaries": residual_grad,
                           "gradients": held_head + sharded_after[i] + blocks[i].unsharded_grads + acc},
                          {**R, **kept, **rank.prefetch(i), **rs(f"block {i}", blocks[i])})
-        later = _vadd(later, lp.saved)
+        later = vadd(later, lp.saved)  # (every block's: the sum runs in the blocks' order)
     # the embeddings' backward: the embedding gradient built (and, tied, summed with the held head part)
     out.backward({"activations": nbytes(pr.embed_saved),
                   "temporaries": residual_grad + (2 * embed_ug if arch.tie_word_embeddings else embed_ug),

@@ -31,7 +31,7 @@ from .distributed import is_fsdp, stack_groups, walk_recipe
 from .graph import tok, vbytes
 from .phases import (COMPONENTS, INPUT_BYTES_PER_TOKEN, PHASES, PhaseResult, StepShape, _moments, _pipeline_holds,
                      busier_stage, chunk_saved, comm_buffers, deepspeed_stage, inflight_microbatches, megatron_stage,
-                     pipeline_table, reported_stages, stage_phases, step_shape)
+                     pipeline_comm, pipeline_table, reported_stages, stage_phases, step_shape)
 from .states import StateBytes, rank_groups, state_bytes
 
 #: Parallelism fields that change only the sharding of the model states and the communication buffers
@@ -204,7 +204,7 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
         st = state_bytes(arch, recipe, p, 0)
         base[sel] = float(st.params + st.buffers + st.master + st.fp32_grads + st.opt_states + st.step_counters)
         if torchtitan_pipe:  # (FSDP2's gathered parameters of every chunk, a communication buffer of each phase)
-            base[sel] += sum(holds(p, st, 0, sel).comm.values(), 0.0)
+            base[sel] += sum(pipeline_comm(arch, recipe, p, 0).values(), 0.0)
         walked = walk_recipe(recipe, p) if is_fsdp(p) else recipe
         S = sh.bytes(saved_total(arch, walked, walk, 0))  # (the walk is condensed only if the split is evaluated)
         S = S[sel] if isinstance(S, np.ndarray) and S.shape else S

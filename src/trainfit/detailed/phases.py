@@ -25,8 +25,8 @@ import numpy as np
 
 from ..arch import ArchSpec
 from .activations import ActivationProfile, SavedParts, activation_profile, fused_chunk_rows, walk_parallelism
-from .distributed import (ddp_bucket_bytes, ddp_bucket_label, forward_regions, fsdp_candidates, fsdp_compute_bytes,
-                          fsdp_reduce_bytes, is_fsdp, walk_recipe)
+from .distributed import (byte_sum, ddp_bucket_bytes, ddp_bucket_label, forward_regions, fsdp_candidates,
+                          fsdp_compute_bytes, fsdp_reduce_bytes, is_fsdp, stack_rows, walk_recipe)
 from .graph import Vec, ZERO, pos, tok, vadd, vbytes, vsub
 from .inventory import block_linears
 from ..stacks import behaviour_of
@@ -98,11 +98,17 @@ def chunk_layers_of(arch: ArchSpec, par: Parallelism, stage: int) -> list[tuple[
     """(virtual stage, blocks) of each chunk pipeline rank ``stage`` holds under the interleaved schedule:
     virtual stages ``stage, stage + pp, ...`` (torch.distributed.pipelining's loop placement), each an even
     split of the blocks over ``pp·v`` virtual stages (the remainder on the first)."""
+    return list(_chunk_layers(arch.num_layers, par.pp, max(int(par.pp_virtual), 1), stage))
+
+
+@lru_cache(maxsize=4096)
+def _chunk_layers(layers: int, pp: int, v: int, stage: int) -> tuple[tuple[int, int], ...]:
+    """:func:`chunk_layers_of` of ``layers`` blocks over ``pp`` ranks of ``v`` chunks (all it reads of the model and
+    the layout: cached, every moment's candidates read it)."""
     from .inventory import stage_layers
 
-    v = max(int(par.pp_virtual), 1)
-    n = par.pp * v
-    return [(vs, len(stage_layers(arch.num_layers, n, vs))) for vs in range(stage, n, par.pp)]
+    n = pp * v
+    return tuple((vs, len(stage_layers(layers, n, vs))) for vs in range(stage, n, pp))
 
 
 def chunk_saved(arch: ArchSpec, par: Parallelism, parts: SavedParts, stage: int, io: Vec = ZERO,
@@ -265,16 +271,16 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
         kinds = len(dict.fromkeys(arch.layer_types)) if arch.family.rope_per_layer_type else 1
         tables = pos(2.0 * kinds * arch.head_dim * arch.rotary_fraction * recipe.param_bytes)
     chunks = chunk_saved(arch, par, pr.saved_parts, stage, io, tables)
+    layout = chunk_layers_of(arch, par, stage)
     if pipe is not None and pr.layers:
         # torch.distributed.pipelining keeps each chunk's output until that micro-batch's backward (the stage
         # output it backwards from). The walk holds a block's output only where the next block is checkpointed
         # (its checkpoint saves its input; an uncheckpointed torchtitan block's norm saves an fp32 copy instead):
         # every chunk but the rank's last (whose output the walk holds as the stage's, or the head's) adds it
         # where its successor in the walk is not checkpointed
-        ends_at = [sum(c for _, c in chunk_layers_of(arch, par, stage)[:k + 1]) for k in range(len(chunks))]
+        ends_at = [sum(c for _, c in layout[:k + 1]) for k in range(len(chunks))]
         chunks = [vadd(ch, io) if k < len(chunks) - 1 and pr.layers[min(ends_at[k], len(pr.layers) - 1)].recompute
                   == ZERO else ch for k, ch in enumerate(chunks)]
-    layout = chunk_layers_of(arch, par, stage)
     n = par.pp * max(int(par.pp_virtual), 1)
     n_layers = max(len(pr.layers), 1)
     g_layers = 0.0 if in_bwd else _num(st.grads - st.grads_head - st.grads_embed) * scale
@@ -336,11 +342,21 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
         plan = [(mo, at, outs if weigh else mo.outputs) for mo, at, outs in signed.values()]
     else:
         plan = [(mo, np.asarray(accumulation) == u, mo.outputs) for u in values for mo in moments(u)]
-    helds: dict[tuple[tuple[int, ...], int], Any] = {}
+    # what each chunk's moments read of it: its blocks' ends, the saved bytes its first block's backward consumes,
+    # and the gradient received for its output (chunks before the last virtual stage)
+    per_chunk = [(layer(starts[c] + count - 1), layer(starts[c]), vadd(pr.embed_saved if vs == 0 else ZERO,
+                                                                     layer(starts[c]).saved) if pr.layers else None,
+                  B(io) if pipe is not None and vs != n - 1 else 0.0) for c, (vs, count) in enumerate(layout)]
+    grad_io = B(tok(2 * h_res * recipe.compute_bytes))
+    embed_temps = B(tok(h_res * recipe.param_bytes)) + g_emb_all
+    # each moment's gradients by the chunks backwarded so far and the chunk starting (summed in the moment's own
+    # order of the chunks done: the key), once
+    grads: dict[tuple[tuple[int, ...], int], tuple[Any, Any, Any, Any]] = {}
     for mo, occurs, outputs in plan:
         keep = _only(occurs)
         c = mo.chunk
         vs, count = layout[c]
+        last_lp, first_lp, rest, received = per_chunk[c]
         if mo.counts not in lives:
             live = ZERO
             for k, cnt in enumerate(mo.counts):
@@ -352,54 +368,54 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
         # a torchtitan chunk's rotary buffer: once per chunk, not per micro-batch in flight
         kept = kept + (len(layout) - mo.counts[0]) * pipe.table if pipe is not None else kept
         L = L + kept
-        # the gradients of the chunks backwarded so far but this one (summed in the moment's own order: the key)
         done = tuple(mo.done)
-        held = helds.get((done, c))
-        if held is None:
-            held = helds[done, c] = sum((g_chunk(k) for k in done if k != c), 0.0)
-        own = g_chunk(c) if c in mo.done else None
+        gs = grads.get((done, c))
+        if gs is None:
+            # the gradients of the chunks backwarded so far but this one; at the chunk's last block the first op's
+            # (or, backwarded before, the block's own op's) beside them, at its first block the rest of its blocks'
+            held = sum((g_chunk(k) for k in done if k != c), 0.0)
+            own = g_chunk(c) if c in mo.done else None
+            g_last = g_first = g_embed = None
+            if last_lp is not None:
+                g_last = held + (own + op_grad if own is not None else (g_head if vs == n - 1 else 0.0) + first_op_grad)
+                g_first = held + (own + op_grad if own is not None else
+                                  (g_head if vs == n - 1 else 0.0) + g_layers * (count - 1) / n_layers + first_op_grad)
+            if vs == 0:
+                g_embed = held + (own if own is not None else g_chunk(c) - g_emb_all)
+            gs = grads[done, c] = (held + (own if own is not None else 0.0), g_last, g_first, g_embed)
+        g, g_last, g_first, g_embed = gs  # (each shared by the candidates that hold it; never changed in place)
         # forwards: the walk's peaks, the other in-flight chunk micro-batches beside them
         if mo.first or mo.forwards:
             into = fwd_cands if mo.first else bwd_cands
-            g = held + (own if own is not None else 0.0)  # (the same for each peak; never changed in place)
             for saved_part, temps in fwd_parts:
                 into.append(keep({"gradients": g, "activations": saved_part + L - saved_total, "temporaries": temps}))
-        last_lp, first_lp = layer(starts[c] + count - 1), layer(starts[c])
         if vs == n - 1:
             # the loss backward, then (chunked loss) the head's
-            g = held + (own if own is not None else 0.0)
             bwd_cands.append(keep({"activations": L, "temporaries": B(pr.loss_backward), "gradients": g}))
             if pr.head_backward is not None:
                 bwd_cands.append(keep({"activations": L - B(pr.loss_saved), "temporaries": B(pr.head_backward),
                                        "gradients": g}))
         if vs != n - 1:
             # a chunk's backward starts from the gradient received for its output (and sends one back)
-            bwd_cands.append(keep({"activations": L, "temporaries": B(tok(2 * h_res * recipe.compute_bytes)),
-                                   "gradients": held + (own if own is not None else 0.0)}))
+            bwd_cands.append(keep({"activations": L, "temporaries": grad_io, "gradients": g}))
         consumed = head_loss if vs == n - 1 else ZERO
         # a torchtitan rank's kept outputs and rotary buffers, and a chunk before the last virtual stage the
         # gradient received for its output, held through the chunk's backward; a chunk micro-batch consumed
         # below leaves the first chunk's rotary buffer in place
-        extra = kept + (B(io) if pipe is not None and vs != n - 1 else 0.0)
+        extra = kept + received
         back = pipe.table if pipe is not None and c == 0 else 0.0
         if last_lp is not None:
             # the chunk's last block: everything in flight but its head, the block's working set
-            g = held + (own + op_grad if own is not None else (g_head if vs == n - 1 else 0.0) + first_op_grad)
             bwd_cands.append(keep({"activations": B(vadd(vsub(live, consumed), last_lp.recompute)) + extra,
-                                   "temporaries": B(last_lp.transient_bwd), "gradients": g}))
+                                   "temporaries": B(last_lp.transient_bwd), "gradients": g_last}))
             # its first block: the rest of the chunk's micro-batch consumed
-            rest = vadd(pr.embed_saved if vs == 0 else ZERO, first_lp.saved)
-            g = held + (own + op_grad if own is not None else
-                        (g_head if vs == n - 1 else 0.0) + g_layers * (count - 1) / n_layers + first_op_grad)
             bwd_cands.append(keep({"activations": B(vadd(vadd(vsub(live, chunks[c]), rest), first_lp.recompute))
                                    + extra + back,
-                                   "temporaries": B(first_lp.transient_bwd), "gradients": g}))
+                                   "temporaries": B(first_lp.transient_bwd), "gradients": g_first}))
         if vs == 0:
             # the embeddings' backward: the embedding gradient built from the incoming gradient
-            g = held + (own if own is not None else g_chunk(c) - g_emb_all)
             bwd_cands.append(keep({"activations": B(vadd(vsub(live, chunks[c]), pr.embed_saved)) + extra + back,
-                                   "temporaries": B(tok(h_res * recipe.param_bytes)) + g_emb_all,
-                                   "gradients": 0.0 if in_bwd else g}))
+                                   "temporaries": embed_temps, "gradients": 0.0 if in_bwd else g_embed}))
 
 
 def _interleaved_selected(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, pr: ActivationProfile,
@@ -466,23 +482,32 @@ def pipeline_table(arch: ArchSpec, recipe: Recipe) -> Vec:
     return ZERO
 
 
+def pipeline_comm(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, groups: Any = None
+                  ) -> dict[str, Any]:
+    """:attr:`PipelineHolds.comm` of pipeline ``stage`` of a torchtitan pipeline: with FSDP2, every chunk's gathered
+    parameters (bytes, by name; ``groups``: :func:`~.states.rank_groups`' or a sweep's stacked ones); else none."""
+    if not is_fsdp(par):
+        return {}
+    root, blocks, _, _ = rank_groups(arch, recipe, par, stage) if groups is None else groups
+    return {"FSDP2 gathered parameters (every chunk of the stage, not resharded under pp)":
+            _num(byte_sum([g.gathered for g in (root, *blocks)]))}
+
+
 def _pipeline_holds(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, stage: int, B: Any,
                     groups: Any = None) -> PipelineHolds | None:
     """:class:`PipelineHolds` of pipeline ``stage`` under a stack whose pipeline is torchtitan's, else None."""
     if par.pp <= 1 or behaviour_of(recipe).pipeline != "torchtitan":
         return None
-    comm: dict[str, Any] = {}
+    comm = pipeline_comm(arch, recipe, par, stage, groups)
     scale: Any = 1.0
     op_grad = 0.0
     if is_fsdp(par):
-        lins = block_linears(arch, 0)
-        op_grad = (lins[-1].in_features * lins[-1].out_features / par.tp * fsdp_compute_bytes(recipe)
-                   if not recipe.lora and lins else 0.0)
+        last, _, any_linear = _block_weights(arch)
+        op_grad = last / par.tp * fsdp_compute_bytes(recipe) if not recipe.lora and any_linear else 0.0
         root, blocks, _, _ = rank_groups(arch, recipe, par, stage) if groups is None else groups
         gs = (root, *blocks)
-        comm = {"FSDP2 gathered parameters (every chunk of the stage, not resharded under pp)":
-                _num(sum(g.gathered for g in gs))}
-        unsharded = _num(sum(g.unsharded_grads for g in gs)) * fsdp_reduce_bytes(recipe) / fsdp_compute_bytes(recipe)
+        unsharded = (_num(byte_sum([g.unsharded_grads for g in gs])) * fsdp_reduce_bytes(recipe)
+                     / fsdp_compute_bytes(recipe))
         sharded = _num(st.grads)
         scale = np.where(sharded > 0, unsharded / np.maximum(sharded, 1.0), 0.0) if _is_array(sharded) else (
             unsharded / sharded if sharded else 0.0)
@@ -543,44 +568,75 @@ def _select(cands: list[dict[str, Any]], unique: bool = False) -> Optional[dict[
     same bytes (then any list holding that candidate among others of smaller or absent totals selects the same)."""
     masks = [(i, c.occurs) for i, c in enumerate(cands) if isinstance(c, _When)]
     keys = tuple(cands[0])
-    if not masks or any(c.keys() != cands[0].keys() for c in cands):
-        totals = [sum(c.values()) for c in cands]
-        if not masks and not _is_array(*totals) and not unique:
-            return cands[int(np.argmax(totals))]
-        return _select_arrays(cands, keys, masks, totals, unique)
-    return _select_arrays(cands, keys, masks, None, unique)
-
-
-def _select_arrays(cands: list[dict[str, Any]], keys: tuple[str, ...], masks: list[tuple[int, np.ndarray]],
-                   totals: Any, unique: bool = False) -> Optional[dict[str, Any]]:
-    """:func:`_select` over arrays: each component of every candidate in one array (candidates x elements), the
-    totals summed in each candidate's own order of its components (as ``sum(c.values())``), unless given."""
-    # (a number's shape is (): only the arrays' distinct shapes broadcast)
-    values = (v for c in cands for v in c.values()) if totals is None else totals
-    shape = np.broadcast_shapes(*{v.shape for v in values if isinstance(v, np.ndarray)}, *{m.shape for _, m in masks})
-    raw = {k: np.empty((len(cands),) + shape) for k in keys}
-    for i, c in enumerate(cands):
-        for k in keys:
-            raw[k][i] = c[k]
-    stacked = np.empty((len(cands),) + shape)
-    if totals is None:
+    # (a total is an array where a component is one of at least one dimension: numpy gives numbers for 0-d ones)
+    if masks or unique or any(isinstance(v, np.ndarray) and v.ndim for c in cands for v in c.values()):
+        # the candidates by the order of their components (each total is summed in its candidate's own order)
         orders: dict[tuple[str, ...], list[int]] = {}
         for i, c in enumerate(cands):
             orders.setdefault(tuple(c), []).append(i)
-        for order, rows in orders.items():
-            at = np.asarray(rows)
+        if all(len(o) == len(keys) and set(o) == set(keys) for o in orders):
+            return _select_arrays(cands, keys, masks, None, unique, orders)
+    totals = [sum(c.values()) for c in cands]
+    if not masks and not _is_array(*totals) and not unique:
+        return cands[int(np.argmax(totals))]
+    return _select_arrays(cands, keys, masks, totals, unique)
+
+
+def _shapes(values: list[Any], stack: Optional[np.ndarray]) -> set[tuple[int, ...]]:
+    """The distinct shapes of the arrays among ``values`` (``stack``: :func:`~.distributed.stack_rows` of them), a
+    number's ()."""
+    if stack is not None:
+        return {stack.shape[1:]}
+    return {v.shape for v in values if isinstance(v, np.ndarray)}
+
+
+def _rows(values: list[Any], stack: Optional[np.ndarray], shape: tuple[int, ...], dtype: Any = np.float64
+          ) -> np.ndarray:
+    """``values`` as the rows of one new array of ``dtype``, each row its value broadcast to ``shape``, as assigning
+    them row by row would (``stack``: :func:`~.distributed.stack_rows` of them)."""
+    if stack is not None and stack.shape[1:] == shape:
+        return stack
+    out = np.empty((len(values),) + shape, dtype=dtype)
+    if stack is not None:  # (a row broadcasts from the right: leading axes of length 1)
+        out[...] = stack.reshape(stack.shape[:1] + (1,) * (len(shape) + 1 - stack.ndim) + stack.shape[1:])
+    else:
+        for i, v in enumerate(values):
+            out[i] = v
+    return out
+
+
+def _select_arrays(cands: list[dict[str, Any]], keys: tuple[str, ...], masks: list[tuple[int, np.ndarray]],
+                   totals: Any, unique: bool = False,
+                   orders: Optional[dict[tuple[str, ...], list[int]]] = None) -> Optional[dict[str, Any]]:
+    """:func:`_select` over arrays: each component of every candidate in one array (candidates x elements), the
+    totals summed in each candidate's own order of its components (``orders``: the candidates' rows by that order,
+    as ``sum(c.values())``), unless given."""
+    cols = {k: [c[k] for c in cands] for k in keys}
+    stacks = {k: stack_rows(col) for k, col in cols.items()}
+    occurs = [m for _, m in masks]
+    mask_stack = stack_rows(occurs, bool) if masks else None
+    total_stack = stack_rows(totals) if totals is not None else None
+    # (a number's shape is (): only the arrays' distinct shapes broadcast)
+    shapes = _shapes(occurs, mask_stack) if masks else set()
+    for col, st in ([(cols[k], stacks[k]) for k in keys] if totals is None else [(totals, total_stack)]):
+        shapes |= _shapes(col, st)
+    shape = np.broadcast_shapes(*shapes)
+    raw = {k: _rows(cols[k], stacks[k], shape) for k in keys}
+    if totals is None:
+        stacked = np.empty((len(cands),) + shape)
+        for order, rows in (orders or {}).items():
+            at = slice(None) if len(rows) == len(cands) else np.asarray(rows)
             t = 0 + raw[order[0]][at]
             for k in order[1:]:
                 t = t + raw[k][at]
             stacked[at] = t
     else:
-        for i, t in enumerate(totals):
-            stacked[i] = t
+        stacked = _rows(totals, total_stack, shape)
     absent = None  # where a candidate does not occur
     if masks:
         absent = np.zeros(stacked.shape, dtype=bool)
-        for i, m in masks:
-            absent[i] = ~m
+        rows = slice(None) if len(masks) == len(cands) else [i for i, _ in masks]
+        absent[rows] = ~_rows(occurs, mask_stack, shape, bool)
         stacked[absent] = 0.0
     idx = np.argmax(stacked, axis=0)
     # each element's chosen candidate (np.take_along_axis over the candidates, by indexing)
@@ -765,6 +821,17 @@ def deepspeed_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batc
 ATTENTION_IN_ROLES = ("q", "k", "v", "qkv", "q_a", "q_b", "kv_a", "kv_b")
 
 
+@lru_cache(maxsize=256)
+def _block_weights(arch: ArchSpec) -> tuple[int, int, bool]:
+    """Weight elements (whole, before tensor parallelism) of block 0's last projection and of its projections after
+    the attention core (all but :data:`ATTENTION_IN_ROLES`), and whether it has any projection: what a backward's
+    first op and its post-core ops make as gradients. A pure function of the architecture (cached: every evaluation
+    reads it)."""
+    lins = block_linears(arch, 0)
+    last = lins[-1].in_features * lins[-1].out_features if lins else 0
+    return last, sum(L.in_features * L.out_features for L in lins if L.role not in ATTENTION_IN_ROLES), bool(lins)
+
+
 def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateBytes, pr: ActivationProfile,
                  comm: dict[str, dict[str, Any]], accumulation: Any, stage: int, micro_batch: Any,
                  seq_len: Any, groups: Any = None) -> PhaseResult:
@@ -795,11 +862,9 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
     tied_head = arch.tie_word_embeddings and par.pp == 1
     tied = _num(st.grads_embed) if tied_head else 0.0
     g_emb = _num(st.grads_embed) if stage == 0 else 0.0
-    lins = block_linears(arch, 0)
-    first_op_grad = (lins[-1].in_features * lins[-1].out_features / par.tp * recipe.param_bytes
-                     if not recipe.lora and lins else 0.0)
-    post_core_grads = (sum(L.in_features * L.out_features for L in lins if L.role not in ATTENTION_IN_ROLES)
-                       / par.tp * recipe.param_bytes if not recipe.lora else 0.0)
+    last, post_core, any_linear = _block_weights(arch)
+    first_op_grad = last / par.tp * recipe.param_bytes if not recipe.lora and any_linear else 0.0
+    post_core_grads = post_core / par.tp * recipe.param_bytes if not recipe.lora else 0.0
     h_res = arch.hidden_size / (par.tp if par.sequence_parallel and par.tp > 1 else 1)
     pipe = _pipeline_holds(arch, recipe, par, st, stage, B, groups)
     if pipe is not None:

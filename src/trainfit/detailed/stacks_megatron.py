@@ -27,6 +27,7 @@ Sources (megatron-core 0.19.2, ``megatron/core/``):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Mapping
 
 import numpy as np
@@ -122,7 +123,20 @@ def state_bytes(shape: GptShape, *, tp: int, dp: int, distributed_optimizer: boo
                 sizes: Any = None) -> MegatronState:
     """Parameters, ``main_grad`` buffer, master weights and Adam state of rank 0 (module docstring's sources);
     ``sizes``: the local parameters when not the whole model's (a pipeline stage's, :func:`stage_param_sizes`)."""
-    sizes = shape.param_sizes(tp) if sizes is None else sizes
+    if sizes is None:
+        return _whole_model_state(shape, tp, dp, distributed_optimizer, bf16)
+    return _state_of(sizes, dp, distributed_optimizer, bf16)
+
+
+@lru_cache(maxsize=1024)
+def _whole_model_state(shape: GptShape, tp: int, dp: int, distributed_optimizer: bool, bf16: bool) -> MegatronState:
+    """:func:`state_bytes` of the whole model's local parameters: a pure function of its arguments (cached, a
+    layout search asks for each sharding again and again)."""
+    return _state_of(shape.param_sizes(tp), dp, distributed_optimizer, bf16)
+
+
+def _state_of(sizes: list[int], dp: int, distributed_optimizer: bool, bf16: bool) -> MegatronState:
+    """:func:`state_bytes` of the local parameters ``sizes`` (elements of each tensor, in the buffer's order)."""
     spans, padded = buffer_layout(sizes, dp, distributed_optimizer)
     pb = 2 if bf16 else 4
     params = rounded(padded * pb) if distributed_optimizer else sum(rounded(n * pb) for n in sizes)
