@@ -175,7 +175,8 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
     the fastest ``top`` fitting and ``rejected`` non-fitting layouts are known, ties included; the layouts never
     evaluated are all slower, so the ranking, and the near misses (every non-fitting layout faster than the best
     fitting one), are those of the exhaustive search. With ``groups`` (a vectorised method: one evaluation per
-    model split, :func:`split_groups`) whole splits are evaluated, the split holding the fastest layout not yet
+    model split, :func:`split_groups`) whole splits are evaluated (once the shown layouts are known, only their layouts
+    no slower than the last of those: :func:`_cut`), the split holding the fastest layout not yet
     evaluated first, in batches of :data:`_FIRST_SPLITS` growing by :data:`_SPLIT_GROWTH`; without, layouts one by
     one in chunks doubling in size (a method that runs each setup). With ``floor_of`` (a lower bound on the totals of
     the layouts at given positions: the
@@ -366,6 +367,7 @@ def _left_out_notes(method: str, refused: dict[str, int]) -> list[str]:
         rule, _, got = why.partition("; got ")
         count, gots = by.get(rule, (0, []))
         by[rule] = (count + n, gots + ([got] if got else []))
+
     def had(gots: list[str]) -> str:
         shown = " | ".join(gots[:_SHOWN_REFUSALS])
         return shown + (f" | ... ({len(gots) - _SHOWN_REFUSALS:,} more)" if len(gots) > _SHOWN_REFUSALS else "")
