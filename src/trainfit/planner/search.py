@@ -175,19 +175,18 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
     the fastest ``top`` fitting and ``rejected`` non-fitting layouts are known, ties included; the layouts never
     evaluated are all slower, so the ranking, and the near misses (every non-fitting layout faster than the best
     fitting one), are those of the exhaustive search. With ``groups`` (a vectorised method: one evaluation per
-    model split, :func:`split_groups`) whole splits are evaluated (once the shown layouts are known, only their layouts
-    no slower than the last of those: :func:`_cut`), the split holding the fastest layout not yet
-    evaluated first, in batches of :data:`_FIRST_SPLITS` growing by :data:`_SPLIT_GROWTH`; without, layouts one by
-    one in chunks doubling in size (a method that runs each setup). With ``floor_of`` (a lower bound on the totals of
-    the layouts at given positions: the
-    method's ``memory_floor``: the detailed method's model states and, where it bounds them, the activations the
-    backward holds at its start; its walk is cached for the evaluation) each batch of splits gets its floors first: a
-    layout whose floor exceeds ``usable`` cannot fit, and is not evaluated for the ranking (a split none of whose
-    layouts may fit gets no phases: at most its floor's walk of the first stage), only where the rejected list shows
-    it (the ``rejected`` fastest non-fitting layouts, ties included); the near misses complete their own
-    (:func:`_complete_misses`). Returns (arrays over all layouts, NaN where not evaluated; the evaluated mask; how many
-    were evaluated; the function that evaluates more of them in place, given their positions; the floors, NaN where
-    not computed, or None)."""
+    model split, :func:`split_groups`) whole splits are evaluated, the split holding the fastest layout not yet
+    evaluated first, in batches of :data:`_FIRST_SPLITS` growing by :data:`_SPLIT_GROWTH` (once the shown layouts
+    are known, only a batch's layouts no slower than the last of them: :func:`_cut`); without, layouts one by one in
+    chunks doubling in size (a method that runs each setup). With ``floor_of`` (a lower bound on the totals of the
+    layouts at given positions: the method's ``memory_floor``: the detailed method's model states, where it bounds
+    them the activations the backward holds at its start, and the overheads; its walk is cached for the evaluation)
+    each batch of splits gets its floors first: a layout whose floor exceeds ``usable`` cannot fit, and is not
+    evaluated for the ranking (a split none of whose layouts may fit gets no phases: at most its floor's walk of the
+    first stage), only where the rejected list shows it (the ``rejected`` fastest non-fitting layouts, ties
+    included); the near misses complete their own (:func:`_complete_misses`). Returns (arrays over all layouts, NaN
+    where not evaluated; the evaluated mask; how many were evaluated; the function that evaluates more of them in
+    place, given their positions; the floors, NaN where not computed, or None)."""
     n = x.size
     step = times["time_step"]
     arr: dict[str, np.ndarray] = {"total_bytes": np.full(n, np.nan)}
