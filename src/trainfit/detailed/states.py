@@ -208,138 +208,183 @@ _STATE_RECIPE_FIELDS = ("precision", "optimizer", "opt_impl", "lora_rank", "lora
                         "fp32_grads", "optimizer_in_backward", "offload")
 
 
+@dataclass(frozen=True)
+class _Kinds:
+    """The tensors one rank of a pipeline stage holds, as kinds: tensors that differ only in their block index (and
+    the name that carries it) count alike whatever the split and the recipe, so each kind is counted once and
+    multiplied by how many there are (the blocks repeat: Llama-3.1-70B's 723 tensors are 11 kinds)."""
+
+    kinds: tuple[tuple[ParamTensor, int], ...]  #: (a tensor of the kind, how many), in inventory order
+    tensors: tuple[ParamTensor, ...]  #: the tensors outside the blocks (their names are read)
+    #: each distinct block's tensors as (index into ``kinds``, how many), one entry per distinct block
+    blocks: tuple[tuple[tuple[int, int], ...], ...]
+
+
+def _kind(t: ParamTensor) -> tuple:
+    return (t.shape, t.group, t.module, t.tp, t.expert, t.fp32, t.layer is None, t.name if t.layer is None else "")
+
+
+@lru_cache(maxsize=256)
+def _stage_kinds(arch: ArchSpec, pp: int, stage: int) -> _Kinds:
+    """:class:`_Kinds` of pipeline ``stage`` of ``pp``."""
+    keep = _stage_filter(arch, Parallelism(pp=pp), stage)
+    at: dict[tuple, int] = {}
+    kinds: list[list] = []
+    outside: list[ParamTensor] = []
+    per_layer: dict[int, dict[int, int]] = {}
+    for t in param_tensors(arch):
+        if not keep(t):
+            continue
+        k = at.setdefault(_kind(t), len(kinds))
+        if k == len(kinds):
+            kinds.append([t, 0])
+        kinds[k][1] += 1
+        if t.layer is None:
+            outside.append(t)
+        else:
+            row = per_layer.setdefault(t.layer, {})
+            row[k] = row.get(k, 0) + 1
+    blocks = tuple(dict.fromkeys(tuple(sorted(row.items())) for row in per_layer.values()))
+    return _Kinds(tuple((t, c) for t, c in kinds), tuple(outside), blocks)
+
+
+def _lora_kinds(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int) -> tuple[tuple[tuple[int, int], int], ...]:
+    """The LoRA adapters' shapes on pipeline ``stage``, each with how many (in order of first appearance)."""
+    counts: dict[tuple[int, int], int] = {}
+    for _, shape in lora_tensors(arch, recipe, par, stage):
+        counts[shape] = counts.get(shape, 0) + 1
+    return tuple(counts.items())
+
+
 @lru_cache(maxsize=1024)
 def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage: int, tp_plan: str,
                fsdp_dp: int) -> _Unsharded:
     """The tensor inventory of one rank of pipeline ``stage``, summed before any DeepSpeed ZeRO sharding
-    (FSDP2, ``fsdp_dp`` > 1, shards tensor by tensor here)."""
+    (FSDP2, ``fsdp_dp`` > 1, shards tensor by tensor here); each kind of tensor (:class:`_Kinds`) counted once."""
     par = Parallelism(tp=tp, ep=ep, pp=pp, tp_plan=tp_plan)
     dp = fsdp_dp
-    keep = _stage_filter(arch, par, stage)
     pb = recipe.param_bytes
-    tensors = [t for t in param_tensors(arch) if keep(t)]
-    lora = lora_tensors(arch, recipe, par, stage)
+    stage_kinds = _stage_kinds(arch, pp, stage)
     frozen_base = recipe.lora
-    # (shape, numel on this rank, element bytes, trainable)
-    items: list[tuple[tuple[int, ...], int, float, bool]] = []
+    # (shape, numel on this rank, element bytes, trainable, how many)
+    items: list[tuple[tuple[int, ...], int, float, bool, int]] = []
     part: list[str] = []  # embed | layers | head, for gradients produced along the backward pass
     quantised = 0
     fsdp = fsdp_dp > 1  # FSDP2: every tensor's first dimension sharded over dp (rank 0's full shard)
-    unsharded: list[int] = []  # elements on this rank before FSDP
-    for t in tensors:
-        n = _tp_numel(t, tp, ep)
-        unsharded.append(n)
-        if fsdp:
-            n = fsdp_shard_numel(*local_rows(t, tp, ep), dp)
+    unsharded = 0  # elements on this rank before FSDP
+    n_train = 0
+    for t, c in stage_kinds.kinds:
+        u = _tp_numel(t, tp, ep)
+        unsharded += u * c
+        n = fsdp_shard_numel(*local_rows(t, tp, ep), dp) if fsdp else u
         part.append("layers" if t.layer is not None else ("embed" if t.group in ("embeddings", "position") else "head"))
         if frozen_base and recipe.qlora and t.module and t.layer is not None and t.shape and len(t.shape) >= 2:
-            quantised += quantised_bytes(n, recipe.qlora)
-            items.append((t.shape, n, 0.0, False))
+            quantised += quantised_bytes(n, recipe.qlora) * c
+            items.append((t.shape, n, 0.0, False, c))
             continue
-        items.append((t.shape, n, 4.0 if t.fp32 else pb, not frozen_base))
+        items.append((t.shape, n, 4.0 if t.fp32 else pb, not frozen_base, c))
+        n_train += 0 if frozen_base else u * c
     lora_b = {"fp32": 4, "bf16": 2, "fp16": 2}[recipe.lora_dtype]
-    for _, shape in lora:
-        unsharded.append(shape[0] * shape[1])
-        items.append((shape, fsdp_shard_numel(shape[0], shape[1], dp) if fsdp else shape[0] * shape[1], lora_b, True))
+    for shape, c in _lora_kinds(arch, recipe, par, stage) if frozen_base else ():
+        u = shape[0] * shape[1]
+        unsharded += u * c
+        n_train += u * c
+        items.append((shape, fsdp_shard_numel(shape[0], shape[1], dp) if fsdp else u, lora_b, True, c))
         part.append("layers")
     grads_part = {"embed": 0, "layers": 0, "head": 0}
-    for (s_, n_, b_, tr_), p_ in zip(items, part):
+    for (_, n_, b_, tr_, c_), p_ in zip(items, part):
         if tr_:
-            grads_part[p_] += rounded(n_ * b_)
+            grads_part[p_] += rounded(n_ * b_) * c_
 
     def stored(n: int, b: float) -> int:
         return rounded(n * b)
 
-    train = [(s, n, b) for s, n, b, tr in items if tr]
-    params_b = sum(stored(n, b) for _, n, b, tr in items if b) + quantised
-    train_b = sum(stored(n, b) for _, n, b in train)
-    n_train = sum(u for u, (_, _, _, tr) in zip(unsharded, items) if tr)
-    n_all = sum(unsharded)
+    train = [(s, n, b, c) for s, n, b, tr, c in items if tr]
+    n_trained = sum(c for *_, c in train)
+    params_b = sum(stored(n, b) * c for _, n, b, _, c in items if b) + quantised
+    train_b = sum(stored(n, b) * c for _, n, b, c in train)
     # state dtype follows the trainable parameter (LoRA adapters may differ from the base)
     st_b = (lambda b: 4 if recipe.master_weights else b)
     opt = recipe.optimizer
     host_states = 0
     if opt in ("adam", "adamw"):
-        states = sum(2 * stored(n, st_b(b)) for _, n, b in train)
-    elif opt == "sgd-momentum":
-        states = sum(stored(n, st_b(b)) for _, n, b in train)
+        states = sum(2 * stored(n, st_b(b)) * c for _, n, b, c in train)
+    elif opt in ("sgd-momentum", "lion"):
+        states = sum(stored(n, st_b(b)) * c for _, n, b, c in train)
     elif opt in ("adam8bit", "paged-adam8bit"):
-        per = [_adam8bit_state(n, opt == "paged-adam8bit") for _, n, _ in train]
-        states, host_states = sum(d for d, _ in per), sum(h for _, h in per)
-    elif opt == "lion":
-        states = sum(stored(n, st_b(b)) for _, n, b in train)
+        per = [(_adam8bit_state(n, opt == "paged-adam8bit"), c) for _, n, _, c in train]
+        states, host_states = sum(d * c for (d, _), c in per), sum(h * c for (_, h), c in per)
     elif opt == "adafactor":
-        states = sum(_adafactor_state(s) for s, _, _ in train)
+        states = sum(_adafactor_state(s) * c for s, _, _, c in train)
     else:  # sgd, none
         states = 0
     # bitsandbytes keeps its step as a Python int (init_state line 458: state["step"] = 0); its two quantisation
     # maps (fill_qmap: 256 fp32 entries each) are moved to the device once, shared by every 8-bit tensor
-    steps = STEP_COUNTER_BYTES * len(train) if opt in ("adam", "adamw", "adafactor") else 0
-    if opt in ("adam8bit", "paged-adam8bit") and any(n >= BNB_MIN_8BIT_SIZE for _, n, _ in train):
+    steps = STEP_COUNTER_BYTES * n_trained if opt in ("adam", "adamw", "adafactor") else 0
+    if opt in ("adam8bit", "paged-adam8bit") and any(n >= BNB_MIN_8BIT_SIZE for _, n, _, _ in train):
         steps = 2 * rounded(4 * BNB_QMAP_ENTRIES)
-    master = sum(stored(n, 4) for _, n, b in train if b < 4) if recipe.master_weights else 0
+    master = sum(stored(n, 4) * c for _, n, b, c in train if b < 4) if recipe.master_weights else 0
     grads = train_b  # backward fills .grad for every trainable tensor, whatever the optimizer
     if not frozen_base and not fsdp:
-        extra = replicated_gradient_bytes(arch, par, tensors, pb, stage)
+        extra = replicated_gradient_bytes(arch, par, list(stage_kinds.tensors), pb, stage)
         grads += extra
         grads_part["embed"] += extra
-    fp32g = sum(stored(n, 4) for _, n, _ in train) if recipe.fp32_grads else 0
-    largest = max((n for _, n, _ in train), default=0)
-    largest_b = max((n * st_b(b) for _, n, b in train), default=0)
+    fp32g = sum(stored(n, 4) * c for _, n, _, c in train) if recipe.fp32_grads else 0
+    largest = max((n for _, n, _, _ in train), default=0)
+    largest_b = max((n * st_b(b) for _, n, b, _ in train), default=0)
     if opt in ("adam", "adamw"):
-        temp = {"foreach": sum(stored(n, st_b(b)) for _, n, b in train), "fused": 0,
+        temp = {"foreach": sum(stored(n, st_b(b)) * c for _, n, b, c in train), "fused": 0,
                 "forloop": 2 * rounded(largest_b)}[recipe.opt_impl]
     elif opt == "adafactor":
         # transformers' Adafactor, one tensor at a time: grad**2 + eps and the re-expanded second moment (fp32);
         # a 16-bit parameter's gradient and the parameter itself are upcast to fp32 copies first
-        temp = (2 + (2 if any(b < 4 for _, _, b in train) else 0)) * rounded(4 * largest)
+        temp = (2 + (2 if any(b < 4 for _, _, b, _ in train) else 0)) * rounded(4 * largest)
     elif opt == "lion":
         temp = rounded(largest_b)  # lion-pytorch: exp_avg.clone().lerp_(grad).sign_(), one tensor at a time
     else:
         temp = 0
     # one tensor's own step (optimizer in backward: one optimizer per parameter): foreach and for-loop Adam
     # over a single tensor make one state-sized sqrt (the for-loop also its quotient); Lion one clone
-    largest_grad = max((stored(n, b) for _, n, b in train), default=0)
+    largest_grad = max((stored(n, b) for _, n, b, _ in train), default=0)
     one = rounded(largest_b)
     largest_step_temp = ({"foreach": one, "fused": 0, "forloop": 2 * one}[recipe.opt_impl] if opt in ("adam", "adamw")
                          else temp if opt == "adafactor" else one if opt == "lion" else 0)
     # the largest block (ZeRO-3 / FSDP gather one block at a time)
-    per_layer: dict[int, int] = {}
-    for t in tensors:
-        if t.layer is not None:
-            per_layer[t.layer] = per_layer.get(t.layer, 0) + _tp_numel(t, tp, ep)
-    largest_layer = max(per_layer.values(), default=0)
+    kinds = stage_kinds.kinds
+    largest_layer = max((sum(_tp_numel(kinds[k][0], tp, ep) * c for k, c in block) for block in stage_kinds.blocks),
+                        default=0)
     # outside the blocks, FSDP/ZeRO-3 gather the embeddings and the head as their own units
-    emb = sum(_tp_numel(t, tp, ep) for t in tensors if t.layer is None and t.group in ("embeddings", "position"))
-    head = sum(_tp_numel(t, tp, ep) for t in tensors if t.layer is None and t.group not in ("embeddings", "position"))
+    emb = sum(_tp_numel(t, tp, ep) for t in stage_kinds.tensors if t.group in ("embeddings", "position"))
+    head = sum(_tp_numel(t, tp, ep) for t in stage_kinds.tensors if t.group not in ("embeddings", "position"))
     largest_layer = max(largest_layer, emb, head)
     host_exact = _host_exact(items, recipe, st_b) if recipe.offload == "params" else 0
-    return _Unsharded(params_b=params_b, train_b=train_b, n_all=n_all, n_train=n_train, master=master, grads=grads,
+    return _Unsharded(params_b=params_b, train_b=train_b, n_all=unsharded, n_train=n_train, master=master, grads=grads,
                       fp32g=fp32g, states=states, steps=steps, temp=temp, host_states=host_states, largest_grad=largest_grad,
                       largest_step_temp=largest_step_temp, largest_layer=largest_layer,
-                      largest=largest, n_tensors=len(items), n_trainable_tensors=len(train),
+                      largest=largest, n_tensors=sum(c for *_, c in items), n_trainable_tensors=n_trained,
                       grads_part=tuple(grads_part.items()), host_exact=host_exact)
 
 
-def _host_exact(items: list[tuple[tuple[int, ...], int, float, bool]], recipe: Recipe, st_b: Any) -> int:
+def _host_exact(items: list[tuple[tuple[int, ...], int, float, bool, int]], recipe: Recipe, st_b: Any) -> int:
     """The state FSDP2's CPU offload keeps on the host (``--offload params``), exact bytes (the host's storages are not
     rounded to device blocks): every shard, the trainable ones' gradients, the optimizer state (Adam's two moments
     and 0-d fp32 step; SGD momentum's and Lion's one buffer), fp32 master copies, and the step's temporaries
-    (foreach Adam's one state-sized tensor per parameter, the for-loop's two of the largest)."""
-    train = [(n, b) for _, n, b, tr in items if tr]
-    params = int(sum(n * b for _, n, b, _ in items))
-    grads = int(sum(n * b for n, b in train))
+    (foreach Adam's one state-sized tensor per parameter, the for-loop's two of the largest). ``items``: (shape,
+    elements, element bytes, trainable, how many)."""
+    train = [(n, b, c) for _, n, b, tr, c in items if tr]
+    params = int(sum(n * b * c for _, n, b, _, c in items))
+    grads = int(sum(n * b * c for n, b, c in train))
     opt = recipe.optimizer
     per_state = {"adam": 2, "adamw": 2, "sgd-momentum": 1, "lion": 1}.get(opt, 0)
-    states = int(sum(per_state * n * st_b(b) for n, b in train))
-    steps = 4 * len(train) if opt in ("adam", "adamw") else 0
-    master = int(sum(4 * n for n, b in train if b < 4)) if recipe.master_weights else 0
+    states = int(sum(per_state * n * st_b(b) * c for n, b, c in train))
+    steps = 4 * sum(c for _, _, c in train) if opt in ("adam", "adamw") else 0
+    master = int(sum(4 * n * c for n, b, c in train if b < 4)) if recipe.master_weights else 0
     temp = 0
     if opt in ("adam", "adamw"):
-        temp = {"foreach": int(sum(n * st_b(b) for n, b in train)), "fused": 0,
-                "forloop": 2 * int(max((n * st_b(b) for n, b in train), default=0))}[recipe.opt_impl]
+        temp = {"foreach": int(sum(n * st_b(b) * c for n, b, c in train)), "fused": 0,
+                "forloop": 2 * int(max((n * st_b(b) for n, b, _ in train), default=0))}[recipe.opt_impl]
     elif opt == "lion":
-        temp = int(max((n * st_b(b) for n, b in train), default=0))
+        temp = int(max((n * st_b(b) for n, b, _ in train), default=0))
     return params + grads + states + steps + master + temp
 
 
