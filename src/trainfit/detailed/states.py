@@ -25,6 +25,7 @@ How PyTorch allocates them (torch 2.x ``torch.optim``; PEFT; bitsandbytes; DeepS
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -101,13 +102,6 @@ def _stage_filter(arch: ArchSpec, par: Parallelism, stage: int = 0):
     return keep
 
 
-def stage_tensors(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
-                  ) -> tuple[list[ParamTensor], list[tuple[str, tuple[int, int]]]]:
-    """The parameter tensors and LoRA adapters pipeline ``stage`` holds."""
-    keep = _stage_filter(arch, par, stage)
-    return [t for t in param_tensors(arch) if keep(t)], lora_tensors(arch, recipe, par, stage)
-
-
 _RANK_GROUPS: dict[tuple[Any, ...], tuple[FsdpGroup, tuple[FsdpGroup, ...], int, int]] = {}
 _RANK_GROUPS_MAX = 4096
 
@@ -116,15 +110,33 @@ def rank_groups(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
                 ) -> tuple[FsdpGroup, tuple[FsdpGroup, ...], int, int]:
     """:func:`fsdp_groups` of the tensors pipeline ``stage`` holds, cached by what they read (the precision's
     widths, LoRA's rank and targets, dp, tp, ep, pp and the stage): a layout sweep meets the same sharding
-    under every checkpointing mode and schedule, and the allocator's pools read it again."""
+    under every checkpointing mode and schedule, and the allocator's pools read it again. Each distinct block
+    (:class:`_Kinds`, with its LoRA adapters) is grouped once: blocks alike give the same group."""
     key = (arch, recipe.precision, recipe.lora_rank, recipe.lora_targets, par.dp, par.tp, par.ep, par.pp, stage)
     hit = _RANK_GROUPS.get(key)
     if hit is None:
-        tensors, lora = stage_tensors(arch, recipe, par, stage)
-        root, blocks, head_ug, embed_ug = fsdp_groups(recipe, par, tensors, lora)
+        kinds = _stage_kinds(arch, par.pp, stage)
+        adapters: dict[int, list[tuple[str, tuple[int, int]]]] = {}
+        for name, shape in lora_tensors(arch, recipe, par, stage):
+            adapters.setdefault(int(name.split(".")[1]), []).append((name, shape))
+
+        def alike(layer: int, b: int) -> tuple:
+            """What a block's groups read: its tensors' kinds and its adapters (names past the index, shapes)."""
+            return b, tuple((n.split(".", 2)[2], sh) for n, sh in adapters.get(layer, ()))
+
+        first: dict[tuple, int] = {}  # each distinct block's first layer
+        for layer, b in kinds.layers:
+            first.setdefault(alike(layer, b), layer)
+        # (fsdp_groups keys a block's group by its tensors' layer: the first layer's, whichever block they come from)
+        tensors = list(kinds.tensors) + [dataclasses.replace(t, layer=layer) for (b, _), layer in first.items()
+                                         for t in kinds.blocks[b]]
+        root, firsts, head_ug, embed_ug = fsdp_groups(recipe, par, tensors,
+                                                      [a for layer in first.values() for a in adapters.get(layer, ())])
+        group_of = dict(zip(sorted(first.values()), firsts))  # (fsdp_groups returns the blocks in layer order)
+        blocks = tuple(group_of[first[alike(layer, b)]] for layer, b in kinds.layers)
         if len(_RANK_GROUPS) >= _RANK_GROUPS_MAX:
             _RANK_GROUPS.clear()
-        hit = _RANK_GROUPS[key] = (root, tuple(blocks), head_ug, embed_ug)
+        hit = _RANK_GROUPS[key] = (root, blocks, head_ug, embed_ug)
     return hit
 
 
@@ -215,13 +227,14 @@ class _Kinds:
     multiplied by how many there are (the blocks repeat: Llama-3.1-70B's 723 tensors are 11 kinds)."""
 
     kinds: tuple[tuple[ParamTensor, int], ...]  #: (a tensor of the kind, how many), in inventory order
-    tensors: tuple[ParamTensor, ...]  #: the tensors outside the blocks (their names are read)
-    #: each distinct block's tensors as (index into ``kinds``, how many), one entry per distinct block
-    blocks: tuple[tuple[tuple[int, int], ...], ...]
+    tensors: tuple[ParamTensor, ...]  #: the tensors outside the blocks
+    blocks: tuple[tuple[ParamTensor, ...], ...]  #: each distinct block's tensors (those of its first layer)
+    layers: tuple[tuple[int, int], ...]  #: (block index of the model, index into ``blocks``), in block order
 
 
 def _kind(t: ParamTensor) -> tuple:
-    return (t.shape, t.group, t.module, t.tp, t.expert, t.fp32, t.layer is None, t.name if t.layer is None else "")
+    name = t.name if t.layer is None else t.name.split(".", 2)[2]  # (a block's tensors: "layers.<index>.<rest>")
+    return (t.shape, t.group, t.module, t.tp, t.expert, t.fp32, t.layer is None, name)
 
 
 @lru_cache(maxsize=256)
@@ -231,21 +244,28 @@ def _stage_kinds(arch: ArchSpec, pp: int, stage: int) -> _Kinds:
     at: dict[tuple, int] = {}
     kinds: list[list] = []
     outside: list[ParamTensor] = []
-    per_layer: dict[int, dict[int, int]] = {}
+    per_layer: dict[int, list[ParamTensor]] = {}
     for t in param_tensors(arch):
         if not keep(t):
             continue
-        k = at.setdefault(_kind(t), len(kinds))
+        key = _kind(t)
+        k = at.setdefault(key, len(kinds))
         if k == len(kinds):
             kinds.append([t, 0])
         kinds[k][1] += 1
         if t.layer is None:
             outside.append(t)
         else:
-            row = per_layer.setdefault(t.layer, {})
-            row[k] = row.get(k, 0) + 1
-    blocks = tuple(dict.fromkeys(tuple(sorted(row.items())) for row in per_layer.values()))
-    return _Kinds(tuple((t, c) for t, c in kinds), tuple(outside), blocks)
+            per_layer.setdefault(t.layer, []).append(t)
+    seen: dict[tuple, int] = {}
+    blocks: list[tuple[ParamTensor, ...]] = []
+    layers: list[tuple[int, int]] = []
+    for layer, ts in per_layer.items():
+        b = seen.setdefault(tuple(_kind(t) for t in ts), len(blocks))
+        if b == len(blocks):
+            blocks.append(tuple(ts))
+        layers.append((layer, b))
+    return _Kinds(tuple((t, c) for t, c in kinds), tuple(outside), tuple(blocks), tuple(sorted(layers)))
 
 
 def _lora_kinds(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int) -> tuple[tuple[tuple[int, int], int], ...]:
@@ -350,9 +370,7 @@ def _unsharded(arch: ArchSpec, recipe: Recipe, tp: int, ep: int, pp: int, stage:
     largest_step_temp = ({"foreach": one, "fused": 0, "forloop": 2 * one}[recipe.opt_impl] if opt in ("adam", "adamw")
                          else temp if opt == "adafactor" else one if opt == "lion" else 0)
     # the largest block (ZeRO-3 / FSDP gather one block at a time)
-    kinds = stage_kinds.kinds
-    largest_layer = max((sum(_tp_numel(kinds[k][0], tp, ep) * c for k, c in block) for block in stage_kinds.blocks),
-                        default=0)
+    largest_layer = max((sum(_tp_numel(t, tp, ep) for t in block) for block in stage_kinds.blocks), default=0)
     # outside the blocks, FSDP/ZeRO-3 gather the embeddings and the head as their own units
     emb = sum(_tp_numel(t, tp, ep) for t in stage_kinds.tensors if t.group in ("embeddings", "position"))
     head = sum(_tp_numel(t, tp, ep) for t in stage_kinds.tensors if t.group not in ("embeddings", "position"))
