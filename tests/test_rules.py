@@ -214,6 +214,20 @@ def test_bf16_on_a_t4_is_noted_in_the_estimate_and_once_on_stderr():
         assert r.exit_code == 0 and err == [], err
 
 
+def test_a_sweep_warns_once_for_each_device_and_precision_it_pairs():
+    # the sweep is checked whole when encoded: each line once, for the pairs its elements hold (zipped, not crossed)
+    with pytest.warns(SetupWarning) as seen:
+        x = encode("llama-3.2-1b", np.asarray(["t4", "t4", "a100"]), batch=1, seq_len=1024,
+                   precision=np.asarray(["amp-bf16", "amp-bf16", "amp-fp16"]))
+    assert [str(w.message) for w in seen if T4_BF16 in str(w.message)] == [str(seen[0].message)]
+    assert x.setup_at(0).warnings == (str(seen[0].message),)  # the element still carries it (read, not re-issued)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SetupWarning)
+        x = encode("llama-3.2-1b", np.asarray(["t4", "a100"]), batch=1, seq_len=1024,
+                   precision=np.asarray(["amp-fp16", "amp-bf16"]))
+        assert x.setup_at(0).warnings == x.setup_at(1).warnings == ()
+
+
 def test_plans_count_bf16_on_a_v100_at_the_fp32_peak_and_say_so():
     with pytest.warns(SetupWarning, match="NVIDIA V100 has no bf16 tensor cores .sm_70."):
         p = plan("llama-3.2-1b", "v100", 4, global_batch=8, seq_len=1024, method="first-order")

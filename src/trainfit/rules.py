@@ -13,7 +13,7 @@ once each on stderr.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple, Optional
 
@@ -148,15 +148,20 @@ def precision_warning(setup: Any) -> Optional[str]:
     sm_80, :data:`trainfit.catalog.TENSOR_CORE_SINCE`): the step time is counted at the fp32 peak they
     really run at (``HardwareSpec.flops``); memory is unchanged. None when the device has them or is not
     judged (no catalog entry, no compute capability)."""
-    spec = getattr(setup.hardware, "spec", None) if setup.hardware is not None else None
-    key = setup.recipe.spec.flops
+    return precision_line(setup.hardware, setup.recipe)
+
+
+def precision_line(hardware: Any, recipe: Any) -> Optional[str]:
+    """:func:`precision_warning` of a device (a resolved reference, or None) and a recipe."""
+    spec = getattr(hardware, "spec", None) if hardware is not None else None
+    key = recipe.spec.flops
     if spec is None or not spec.lacks_tensor_cores(key):
         return None
     fp32, fp16 = spec.flops("fp32"), spec.flops("fp16")
     how = "emulated" if key == "bf16" else "as plain fp32"
-    line = (f"{spec.name} has no {key} tensor cores (sm_{spec.sm}): {setup.recipe.precision} matmuls run {how} at "
+    line = (f"{spec.name} has no {key} tensor cores (sm_{spec.sm}): {recipe.precision} matmuls run {how} at "
             f"its fp32 rate of {fp32 / 1e12:g} TFLOP/s, and the step time counts them so")
-    alt = _FP16_INSTEAD.get(setup.recipe.precision)
+    alt = _FP16_INSTEAD.get(recipe.precision)
     if alt is not None and fp16 > fp32:
         line += f"; use {alt} for {fp16 / 1e12:g} TFLOP/s"
     return line
@@ -207,22 +212,31 @@ def _model_values_of(ref: Any) -> dict[str, Any]:
 
 
 def check_setup(setup: Any) -> tuple[str, ...]:
-    """Raise the first broken rule's one-line error for one setup; else return its warnings (one line each,
-    :data:`WARNINGS` then :func:`precision_warning`)."""
+    """Raise the first broken rule's one-line error for one setup; else return its warnings
+    (:func:`setup_warnings`)."""
     v = _SetupValues(setup)
     for rule in RULES:
         if rule.bad(v):
             raise TrainfitError(rule.message({f: v[f] for f in rule.fields}))
+    return setup_warnings(setup, v)
+
+
+def setup_warnings(setup: Any, values: Any = None) -> tuple[str, ...]:
+    """The warnings of a setup that keeps every rule (one line each, :data:`WARNINGS` then
+    :func:`precision_warning`): what :func:`check_setup` returns, without running the rules again."""
+    v = _SetupValues(setup) if values is None else values
     out = [w.message({f: v[f] for f in w.fields}) for w in WARNINGS if w.bad(v)]
     emulated = precision_warning(setup)
     return tuple(out + ([emulated] if emulated else []))
 
 
-def check_arrays(view: Any, scalar_at: Callable[[str, Any], Any], shape: tuple[int, ...]) -> None:
+def check_arrays(view: Any, scalar_at: Callable[[str, Any], Any], shape: tuple[int, ...],
+                 precision_lines: Iterable[str] = ()) -> None:
     """Run every rule over a sweep's arrays. ``view`` answers ``view[name]`` (arrays), ``view.present(name)``
     and ``view.is_default(name)``; ``scalar_at(name, index)`` gives one element's value for the message.
     Each of :data:`WARNINGS` that holds for some element is issued once, as a :class:`SetupWarning` worded as
-    for one setup (the setups of a sweep share the model's positions)."""
+    for one setup (the setups of a sweep share the model's positions), then ``precision_lines``
+    (:func:`precision_line` of each device and precision the sweep pairs)."""
     for rule in RULES:
         bad = np.broadcast_to(np.asarray(rule.bad(view), dtype=bool), shape)
         if bad.any():
@@ -234,7 +248,10 @@ def check_arrays(view: Any, scalar_at: Callable[[str, Any], Any], shape: tuple[i
         if hit.any():
             idx = position(np.broadcast_to(hit, shape)) if shape else ()
             warnings.warn(SetupWarning(rule.message({f: scalar_at(f, idx) for f in rule.fields})), stacklevel=3)
+    for line in precision_lines:
+        warnings.warn(SetupWarning(line), stacklevel=3)
 
 
 __all__ = ["MODEL_VALUES", "RULES", "Rule", "SetupWarning", "WARNINGS", "check_arrays", "check_setup", "model_values",
-           "precision_warning", "quiet"]
+           "precision_line", "precision_warning", "quiet",
+           "setup_warnings"]

@@ -24,8 +24,8 @@ from .catalog import HardwareSpec, ModelSpec
 from .errors import TrainfitError, unknown_choice
 from .formulas import local_microbatch
 from .refs import DeviceRef, ModelRef, resolve_device, resolve_model
-from .rules import check_arrays, model_values
-from .training_setup import DEFAULTS, FIELD_NAMES, FIELDS, TrainingSetup
+from .rules import check_arrays, model_values, precision_line
+from .training_setup import DEFAULTS, FIELD_NAMES, FIELDS, Recipe, TrainingSetup
 
 
 def _element(a: Any, shape: tuple[int, ...], index: Any) -> Any:
@@ -377,6 +377,18 @@ class _ArrayValues:
         return np.asarray(self.values[name] == default)
 
 
+def _precision_lines(devices: list[Any], dev_code: np.ndarray, precisions: tuple[str, ...], code: np.ndarray,
+                     shape: tuple[int, ...]) -> list[str]:
+    """:func:`~trainfit.rules.precision_line` of each device and precision some element of a sweep pairs, once."""
+    if np.ndim(dev_code) and np.ndim(code):
+        pairs = np.unique(np.broadcast_to(np.asarray(dev_code) * len(precisions) + np.asarray(code), shape))
+        met = [(int(p) // len(precisions), int(p) % len(precisions)) for p in pairs]
+    else:
+        met = [(int(d), int(c)) for d in np.unique(dev_code) for c in np.unique(code)]
+    lines = (precision_line(devices[d], Recipe(precision=precisions[c])) for d, c in met)
+    return list(dict.fromkeys(line for line in lines if line))
+
+
 def encode(model: Any, hardware: Any, **fields: Any) -> SetupArrays:
     """Validate flat setup fields (scalars or arrays; defaults for the others) and encode them."""
     unknown = [k for k in fields if k not in FIELDS]
@@ -415,7 +427,8 @@ def encode(model: Any, hardware: Any, **fields: Any) -> SetupArrays:
         v = _element(values[name], shape, idx)
         return choices[name][v] if name in choices else v
 
-    check_arrays(_ArrayValues({**values, **model_arrays}, choices), scalar_at, shape)
+    check_arrays(_ArrayValues({**values, **model_arrays}, choices), scalar_at, shape,
+                 _precision_lines(devices, dev_code, choices["precision"], values["precision"], shape))
     return SetupArrays(shape=shape, models=tuple(models), model_index=model_code, devices=tuple(devices),
                        device_index=dev_code, values=values, choices=choices)
 

@@ -19,6 +19,7 @@ built and issued as :class:`~trainfit.rules.SetupWarning` s.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings as _warnings
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from typing import Any, NamedTuple, Optional
 from . import fields as V
 from .errors import TrainfitError, unknown_choice
 from .refs import DeviceRef, ModelRef, resolve_device, resolve_model
-from .rules import SetupWarning, check_setup
+from .rules import SetupWarning, check_setup, setup_warnings
 
 
 class Precision(NamedTuple):
@@ -336,8 +337,6 @@ class TrainingSetup:
                                "pipeline's micro-batches with --pp).", maximum=MAX_DATA_PARALLEL)
     recipe: Recipe = Recipe()
     parallel: Parallelism = Parallelism()
-    #: what the setup is answered with but a user should know (one line each; derived when it is built)
-    warnings: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model", resolve_model(self.model))
@@ -348,9 +347,15 @@ class TrainingSetup:
         if not isinstance(self.parallel, Parallelism):
             raise TrainfitError(f"parallel must be a Parallelism, got {type(self.parallel).__name__}")
         _validate_fields(self)
-        object.__setattr__(self, "warnings", check_setup(self))
+        object.__setattr__(self, "warnings", check_setup(self))  # (set where the cached property would keep it)
         for line in self.warnings:
             _warnings.warn(SetupWarning(line), stacklevel=3)
+
+    @functools.cached_property
+    def warnings(self) -> tuple[str, ...]:
+        """What the setup is answered with but a user should know (one line each): derived when it is built, or
+        when first read for an element of a sweep (whose encoding issued them already)."""
+        return setup_warnings(self)
 
     # ------------------------------------------------------------------------------ construction
     @staticmethod
@@ -367,11 +372,11 @@ class TrainingSetup:
 
     @classmethod
     def validated(cls, model: ModelRef, hardware: Optional[DeviceRef], fields: dict[str, Any]) -> "TrainingSetup":
-        """A setup from flat fields that already passed every field rule, canonical (``fields``: every name of
-        :data:`FIELD_NAMES`, as :meth:`trainfit.sweep.SetupArrays.setup_at` decodes one element of a validated
-        sweep; ``model`` and ``hardware`` resolved): the same object :meth:`build` makes, without running the field
-        rules again (the rules between fields and the warnings still run, :func:`~trainfit.rules.check_setup`).
-        Anything else goes through :meth:`build`."""
+        """A setup from flat fields that already passed every field rule and every rule between fields, canonical
+        (``fields``: every name of :data:`FIELD_NAMES`, as :meth:`trainfit.sweep.SetupArrays.setup_at` decodes one
+        element of a sweep that :func:`~trainfit.sweep.encode` checked whole; ``model`` and ``hardware``
+        resolved): the same object :meth:`build` makes, without running the rules again (its warnings, issued by the
+        sweep's encoding, are derived when read). Anything else goes through :meth:`build`."""
         # (frozen dataclasses with an instance dict: their fields set there, as object.__setattr__ would)
         recipe = object.__new__(Recipe)
         recipe.__dict__.update({name: fields[name] for name in RECIPE_FIELDS})
@@ -381,9 +386,6 @@ class TrainingSetup:
         out.__dict__.update(model=model, hardware=hardware, batch=fields["batch"], seq_len=fields["seq_len"],
                             accumulation=fields["accumulation"], recipe=recipe, parallel=parallel,
                             _flat={n: fields[n] for n in FIELD_NAMES})  # (as flat() would read them)
-        object.__setattr__(out, "warnings", check_setup(out))
-        for line in out.warnings:  # (issued from one place, as build's are)
-            _warnings.warn(SetupWarning(line), stacklevel=2)
         return out
 
     def replace(self, **fields: Any) -> "TrainingSetup":
