@@ -20,6 +20,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 
 from . import fields as V
+from .arrays import values_in
 from .catalog import HardwareSpec, ModelSpec
 from .errors import TrainfitError, unknown_choice
 from .formulas import local_microbatch
@@ -381,10 +382,10 @@ def _precision_lines(devices: list[Any], dev_code: np.ndarray, precisions: tuple
                      shape: tuple[int, ...]) -> list[str]:
     """:func:`~trainfit.rules.precision_line` of each device and precision some element of a sweep pairs, once."""
     if np.ndim(dev_code) and np.ndim(code):
-        pairs = np.unique(np.broadcast_to(np.asarray(dev_code) * len(precisions) + np.asarray(code), shape))
+        pairs = values_in(np.broadcast_to(np.asarray(dev_code) * len(precisions) + np.asarray(code), shape))
         met = [(int(p) // len(precisions), int(p) % len(precisions)) for p in pairs]
     else:
-        met = [(int(d), int(c)) for d in np.unique(dev_code) for c in np.unique(code)]
+        met = [(int(d), int(c)) for d in values_in(dev_code) for c in values_in(code)]
     lines = (precision_line(devices[d], Recipe(precision=precisions[c])) for d, c in met)
     return list(dict.fromkeys(line for line in lines if line))
 

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..arch import ArchSpec
+from ..arrays import values_in
 from ..stacks import behaviour_of
 from ..training_setup import Parallelism, Recipe, validated_replace
 from .activations import activation_profile, saved_parts, saved_total, walk_parallelism
@@ -218,7 +219,7 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
             chunks = [vbytes(c, *cols) for c in chunk_saved(arch, p, parts, 0)]  # (received inputs, tables: >= 0)
             accs, act = acc[sel], np.zeros(int(sel.sum()))
             T = np.broadcast_to(np.asarray(T, dtype=np.float64), act.shape)
-            for m in np.unique(accs):
+            for m in values_in(accs):
                 at = accs == m
                 counts = _moments(p.pp, v, int(m), 0)[0].counts  # the first backward's moment
                 act[at] = sum(cnt * ch[at] for cnt, ch in zip(counts, chunks)) + (v - counts[0]) * T[at]

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import ArchSpec
+from ..arrays import values_in
 from ..errors import TrainfitError
 from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
 from ..result import Estimate
@@ -306,7 +307,7 @@ class Detailed(MemoryMethod):
             stages = np.broadcast_to(np.asarray(res.stage), size)
             tokens, scores = np.broadcast_to(res.shape.tokens, size), np.broadcast_to(res.shape.scores, size)
             for k, par in enumerate(pars):  # the overheads read the world size: one call per sharding and stage
-                for stage in np.unique(stages[which == k]):
+                for stage in values_in(stages[which == k]):
                     sel = (which == k) & (stages == stage)
                     pk = peak[idx[sel]]
                     toks, scs = tokens[sel], scores[sel]

@@ -24,6 +24,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..arch import ArchSpec
+from ..arrays import values_in
 from .activations import ActivationProfile, SavedParts, activation_profile, fused_chunk_rows, walk_parallelism
 from .distributed import (byte_sum, ddp_bucket_bytes, ddp_bucket_label, forward_regions, fsdp_candidates,
                           fsdp_compute_bytes, fsdp_reduce_bytes, is_fsdp, stack_rows, walk_recipe)
@@ -312,7 +313,7 @@ def _interleaved_candidates(arch: ArchSpec, recipe: Recipe, par: Parallelism, st
         x = x - _min(x, wc_others)
         fwd_parts.append((_min(x, saved_total), x - _min(x, saved_total)))
     lives: dict[tuple[int, ...], tuple[Vec, Any]] = {}
-    values = [int(accumulation)] if not _is_array(accumulation) else [int(u) for u in np.unique(accumulation)]
+    values = [int(accumulation)] if not _is_array(accumulation) else [int(u) for u in values_in(accumulation)]
     # the kept outputs' bytes: none (every moment that differs only in them makes the same candidates), positive
     # everywhere (the one with the most wins over the others), or mixed (every moment is needed)
     out_bytes = np.asarray(pipe.output if pipe is not None else 0.0)
@@ -428,7 +429,7 @@ def _interleaved_selected(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: 
     those bytes win in the element's own list as well, whatever the order, and the moments of the others, which
     weigh nothing for it, cannot); else every count's moments apart, each list in its schedule's order."""
     args = (arch, recipe, par, st, pr, accumulation, stage, B, saved_total, h_res, first_op_grad)
-    if _is_array(accumulation) and np.unique(accumulation).size > 1:
+    if _is_array(accumulation) and len(values_in(accumulation)) > 1:
         fwd_m: list = []
         bwd_m: list = []
         _interleaved_candidates(*args, fwd_m, bwd_m, pipe, merged=True)
