@@ -139,7 +139,9 @@ class SetupArrays:
     def take(self, idx: np.ndarray) -> "SetupArrays":
         """The 1-D sweep of the elements at flat positions ``idx`` (already validated: nothing re-checked)."""
         def pick(a: np.ndarray) -> np.ndarray:
-            return np.broadcast_to(a, self.shape).reshape(-1)[idx] if np.ndim(a) else a
+            if not np.ndim(a):
+                return a
+            return (a if a.shape == self.shape else np.broadcast_to(a, self.shape)).reshape(-1)[idx]
 
         return SetupArrays(shape=(int(len(idx)),), models=self.models, model_index=pick(self.model_index),
                            devices=self.devices, device_index=pick(self.device_index),
@@ -229,10 +231,11 @@ class SetupArrays:
                                                  return_inverse=True)
                 inverse, firsts = inverse.reshape(-1), [int(f) for f in first_at]
         rows = []
-        for f in firsts:
+        picked = [(n, np.broadcast_to(a, self.shape).reshape(-1)[firsts].tolist()) for n, a in varying]
+        for j in range(len(firsts)):
             row = dict(first)
-            for n, a in varying:
-                row[n] = np.broadcast_to(a, self.shape).reshape(-1)[f].item()
+            for n, values in picked:
+                row[n] = values[j]
             decoded = {n: (self.choices[n][row[n]] if n in self.choices else row[n]) for n in names}
             decoded.update(model_index=int(row["model_index"]), device_index=int(row["device_index"]))
             rows.append(decoded)
