@@ -13,4 +13,12 @@ def values_in(a: Any) -> list[Any]:
     return sorted(set(np.asarray(a).ravel().tolist()))
 
 
-__all__ = ["values_in"]
+def spread(a: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """``a`` (a number or an array) as float64 values of ``shape``, to be read, not written: the array itself where it
+    has that shape, else ``np.broadcast_to``'s read-only view (which costs several microseconds a call, and a layout
+    search's floors and phases ask thousands of times)."""
+    a = np.asarray(a, dtype=np.float64)
+    return a if a.shape == shape else np.broadcast_to(a, shape)
+
+
+__all__ = ["spread", "values_in"]

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..arch import ArchSpec
-from ..arrays import values_in
+from ..arrays import spread, values_in
 from ..stacks import behaviour_of
 from ..training_setup import Parallelism, Recipe, validated_replace
 from .activations import activation_profile, saved_parts, saved_total, walk_parallelism
@@ -190,8 +190,7 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
     base = np.zeros(which.size)
     def shape_cols(sel: np.ndarray) -> list[np.ndarray]:
         """The step shape's tokens, positions and scores of the selected elements (what :func:`vbytes` reads)."""
-        return [np.broadcast_to(np.asarray(c, dtype=np.float64), which.shape)[sel]
-                for c in (sh.tokens, sh.positions, sh.scores)]
+        return [spread(c, which.shape)[sel] for c in (sh.tokens, sh.positions, sh.scores)]
 
     def holds(p: Parallelism, st: StateBytes, stage: int, sel: np.ndarray) -> Any:
         """A torchtitan stage's :class:`~trainfit.detailed.phases.PipelineHolds` over the selected elements."""
@@ -218,7 +217,7 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
             parts = saved_parts(arch, walked, walk, 0)
             chunks = [vbytes(c, *cols) for c in chunk_saved(arch, p, parts, 0)]  # (received inputs, tables: >= 0)
             accs, act = acc[sel], np.zeros(int(sel.sum()))
-            T = np.broadcast_to(np.asarray(T, dtype=np.float64), act.shape)
+            T = spread(T, act.shape)
             for m in values_in(accs):
                 at = accs == m
                 counts = _moments(p.pp, v, int(m), 0)[0].counts  # the first backward's moment
@@ -227,14 +226,14 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
             n = np.asarray(inflight_microbatches(p, acc[sel], 0), dtype=np.float64)
             act = n * S - (n - 1.0) * T
         saved[sel] = act
-    tokens = np.broadcast_to(np.asarray(sh.tokens, dtype=np.float64), which.shape)
+    tokens = spread(sh.tokens, which.shape)
     out = np.maximum(floor, base + INPUT_BYTES_PER_TOKEN * tokens + saved)
     if torchtitan_pipe and rep.pp_schedule in ("1f1b", "gpipe") and reported_stages(rep) == [0, rep.pp - 1]:
         # the last stage keeps every micro-batch's output (its logits) to the step's end: no walk needed
         last = rep.pp - 1
         output = sh.bytes(tok(arch.vocab_size / (rep.tp if rep.loss_parallel else 1) * recipe.compute_bytes))
-        output = np.broadcast_to(np.asarray(output, dtype=np.float64), which.shape)
-        T = np.broadcast_to(np.asarray(table, dtype=np.float64), which.shape)
+        output = spread(output, which.shape)
+        T = spread(table, which.shape)
         states = np.zeros(which.size)
         for k, p in enumerate(pars):
             sel = which == k

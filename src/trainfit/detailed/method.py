@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..arch import ArchSpec
-from ..arrays import values_in
+from ..arrays import spread, values_in
 from ..errors import TrainfitError
 from ..method import MemoryMethod, MethodOption, Presentation, check_accepts
 from ..result import Estimate
@@ -352,8 +352,7 @@ class Detailed(MemoryMethod):
             floor = step_floor(arch, first.recipe, pars, which, flat("accumulation")[idx], micro[idx], seq[idx])
             if overheads:
                 sh = step_shape(pars[0], micro[idx], seq[idx])
-                toks, scs = (np.broadcast_to(np.asarray(v, dtype=np.float64), floor.shape) for v in (sh.tokens,
-                                                                                                    sh.scores))
+                toks, scs = (spread(v, floor.shape) for v in (sh.tokens, sh.scores))
                 for k, (par, run) in enumerate(zip(given, pars)):
                     sel = which == k
                     if not sel.any():
