@@ -12,6 +12,10 @@ FSDP-heavy one) and ``python -c "import trainfit.cli"`` (the start-up floor); ``
 wall time over rounds, the median CPU time (user + system of the process: less sensitive to a loaded
 machine than the wall time) and, with ``--against``, the same for the other tree and the ratio old / new.
 
+``--instructions`` also counts each command's machine instructions once per tree under valgrind (``cachegrind``,
+no cache simulation: about 20x slower than a run): a count that does not move with the load or the host's clock,
+where the times on a shared virtual machine vary by 2x from one hour to the next. Ratios of counts compare trees.
+
 Python writes its bytecode caches as a user's installation does (``PYTHONDONTWRITEBYTECODE`` is unset for the
 runs, and one untimed warm-up run per command fills them): compiling every module from source costs more than
 the rest of the start-up. One core per process (BLAS/OpenMP threads 1). The target is 0.7 s wall for each plan.
@@ -21,7 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -61,6 +67,18 @@ def run_once(args: list[str], env: dict[str, str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def instructions(args: list[str], env: dict[str, str]) -> int:
+    """Machine instructions one process executes (valgrind's cachegrind "I refs"), start-up included."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind on the PATH (apt install valgrind)")
+    res = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+                          sys.executable, *args], check=True, capture_output=True, text=True, env=env)
+    match = re.search(r"I\s+refs:\s+([\d,]+)", res.stderr)
+    if match is None:
+        raise SystemExit(f"valgrind reported no instruction count: {res.stderr.strip()[-300:]}")
+    return int(match.group(1).replace(",", ""))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=5, help="rounds (medians reported)")
@@ -70,6 +88,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--exhaustive", action="store_true",
                     help="also time each plan with --exhaustive (memory of every layout, not only of those that can "
                          "still matter to the ranking)")
+    ap.add_argument("--instructions", action="store_true",
+                    help="also count each command's instructions once per tree under valgrind (steady under load)")
     args = ap.parse_args(argv)
 
     trees = {"this": SRC} | ({"against": args.against.resolve()} if args.against else {})
@@ -112,6 +132,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             line += f" {old['wall_s']:9.2f} {old['cpu_s']:8.2f} {row['ratio_wall']:7.1f} {row['ratio_cpu']:7.1f}"
         print(line)
         out["commands"][k] = row
+    if args.instructions:
+        print(f"\n{'command':46s} {'G instr.':>9s}" + (f" {'old G':>8s} {'x':>6s}" if args.against else ""))
+        for k, c in cmds.items():
+            row = out["commands"][k]
+            for t in trees:
+                row[t]["instructions"] = instructions(c, envs[t])
+            line = f"{k:46s} {row['this']['instructions'] / 1e9:9.3f}"
+            if args.against:
+                row["ratio_instructions"] = row["against"]["instructions"] / row["this"]["instructions"]
+                line += f" {row['against']['instructions'] / 1e9:8.3f} {row['ratio_instructions']:6.2f}"
+            print(line)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return out
