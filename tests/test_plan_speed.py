@@ -10,7 +10,9 @@
 * an interleaved rank's moments that differ only in the outputs a last stage keeps are left out where they cannot
   be chosen: the same phases as every moment of the schedule; the moments several accumulation counts share are
   selected once, and a tie between moments of different bytes falls back to each count apart (``unique``);
-* for every stack a plan answers as its exhaustive search (the same rows, figures and near misses).
+* for every stack a plan answers as its exhaustive search (the same rows, figures and near misses);
+* the state inventory counts each kind of tensor once (``detailed/states.py`` ``_stage_kinds``) and FSDP2's groups
+  once per distinct block (``rank_groups``): the sums of every tensor apart.
 """
 from __future__ import annotations
 
@@ -248,3 +250,66 @@ def test_a_walks_live_bytes_saved_bytes_and_peaks_are_the_long_ways(model):
         for region in {t.region for t in g.tensors}:
             assert by.get(region, (0.0, 0.0, 0.0, 0.0)) == g.saved_bytes(region)
     assert walked >= 30, walked
+
+
+# ------------------------------------------------------------------------------- the state inventory by kind of tensor
+
+_INVENTORY_CASES = [("llama-3.1-8b", {}, dict(tp=2, pp=3), 1, 1), ("llama-3.1-8b", dict(lora_rank=8), dict(pp=2), 0, 3),
+                    ("qwen3-30b-a3b", dict(lora_rank=4, qlora="nf4"), dict(ep=4), 0, 1),
+                    ("gemma-2-2b", dict(precision="fp32", optimizer="adam8bit"), dict(tp=8, pp=2), 1, 1),
+                    ("gpt2-small", dict(precision="bf16-master"), dict(pp=5), 4, 64),
+                    ("deepseek-v3", {}, dict(tp=8, ep=8, pp=16), 0, 2)]
+
+
+def _stage_tensors(arch: Any, recipe: Any, par: Parallelism, stage: int) -> tuple[list, list]:
+    from trainfit.detailed.inventory import param_tensors
+    from trainfit.detailed.states import _stage_filter, lora_tensors
+    keep = _stage_filter(arch, par, stage)
+    return [t for t in param_tensors(arch) if keep(t)], lora_tensors(arch, recipe, par, stage)
+
+
+@pytest.mark.parametrize("model,recipe,par,stage,dp", _INVENTORY_CASES)
+def test_the_state_inventory_by_kind_is_the_tensor_by_tensor_sum(model, recipe, par, stage, dp):
+    """Each kind of tensor counted once, times how many (``_stage_kinds``), sums as every tensor apart."""
+    from trainfit.arch import resolve_arch
+    from trainfit.detailed.distributed import fsdp_shard_numel, local_rows
+    from trainfit.detailed.states import _tp_numel, _unsharded, quantised_bytes
+    from trainfit.training_setup import Recipe
+    from trainfit.units import cuda_block_bytes as rounded
+
+    arch, r, p = resolve_arch(model), Recipe(**recipe), Parallelism(**par)
+    tensors, lora = _stage_tensors(arch, r, p, stage)
+    u = _unsharded(arch, r, p.tp, p.ep, p.pp, stage, p.tp_plan, dp)
+    params = n_all = n_train = count = trained = 0
+    per_layer: dict[Any, int] = {}
+    for t in tensors:  # the long way: every tensor apart (LoRA's frozen base; QLoRA's packed blocks)
+        whole = _tp_numel(t, p.tp, p.ep)
+        n = fsdp_shard_numel(*local_rows(t, p.tp, p.ep), dp) if dp > 1 else whole
+        n_all, count = n_all + whole, count + 1
+        per_layer[t.layer] = per_layer.get(t.layer, 0) + whole
+        if r.lora and r.qlora and t.module and t.layer is not None and len(t.shape) >= 2:
+            params += quantised_bytes(n, r.qlora)
+            continue
+        params += rounded(n * (4.0 if t.fp32 else r.param_bytes))
+        if not r.lora:
+            n_train, trained = n_train + whole, trained + 1
+    for _, (rows, cols) in lora:
+        n = fsdp_shard_numel(rows, cols, dp) if dp > 1 else rows * cols
+        params += rounded(n * {"fp32": 4, "bf16": 2, "fp16": 2}[r.lora_dtype])
+        n_all, n_train, count, trained = n_all + rows * cols, n_train + rows * cols, count + 1, trained + 1
+    blocks = max(v for k, v in per_layer.items() if k is not None)
+    assert (u.params_b, u.n_all, u.n_train, u.n_tensors, u.n_trainable_tensors) == (params, n_all, n_train, count,
+                                                                                    trained)
+    assert u.largest_layer >= blocks and (u.largest_layer == blocks or None in per_layer)
+
+
+@pytest.mark.parametrize("model,recipe,par,stage,dp", [c for c in _INVENTORY_CASES if c[4] > 1])
+def test_fsdp_groups_made_once_per_distinct_block_are_every_blocks_own(model, recipe, par, stage, dp):
+    from trainfit.arch import resolve_arch
+    from trainfit.detailed.distributed import fsdp_groups
+    from trainfit.detailed.states import rank_groups
+    from trainfit.training_setup import Recipe
+
+    arch, r, p = resolve_arch(model), Recipe(**recipe), Parallelism(**par, dp=dp, fsdp=True)
+    root, blocks, head, embed = fsdp_groups(r, p, *_stage_tensors(arch, r, p, stage))
+    assert rank_groups(arch, r, p, stage) == (root, tuple(blocks), head, embed)
