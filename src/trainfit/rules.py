@@ -253,5 +253,4 @@ def check_arrays(view: Any, scalar_at: Callable[[str, Any], Any], shape: tuple[i
 
 
 __all__ = ["MODEL_VALUES", "RULES", "Rule", "SetupWarning", "WARNINGS", "check_arrays", "check_setup", "model_values",
-           "precision_line", "precision_warning", "quiet",
-           "setup_warnings"]
+           "precision_line", "precision_warning", "quiet", "setup_warnings"]
