@@ -31,8 +31,8 @@ from .activations import activation_profile, saved_parts, saved_total, walk_para
 from .distributed import is_fsdp, stack_groups, walk_recipe
 from .graph import tok, vbytes
 from .phases import (COMPONENTS, INPUT_BYTES_PER_TOKEN, PHASES, PhaseResult, StepShape, _moments, _pipeline_holds,
-                     busier_stage, chunk_saved, comm_buffers, deepspeed_stage, inflight_microbatches, megatron_stage,
-                     pipeline_comm, pipeline_table, reported_stages, stage_phases, step_shape)
+                     busier_stage, chunk_saved, comm_buffers, deepspeed_stage, inflight_microbatches, megatron_phases,
+                     megatron_stage, pipeline_comm, pipeline_table, reported_stages, stage_phases, step_shape)
 from .states import StateBytes, rank_groups, state_bytes
 
 #: Parallelism fields that change only the sharding of the model states and the communication buffers
@@ -173,8 +173,11 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
     pipeline, the kept chunk output: all >= 0) plus the kept outputs (none on stage 0) and ``(v - c_0) T``. The peak
     is the largest phase of the busier stage, and :meth:`~trainfit.detailed.method.Detailed.vectorised` adds
     overheads >= 0. Activation offload (saved tensors on the host), a named ``pp_stage`` other than 0, and steps that
-    are another program's keep :func:`state_floor`;
+    are another program's keep :func:`state_floor`, but for megatron-core's step, whose phases are closed forms: its
+    floor is its allocated peak itself (:func:`_megatron_floor`);
     tests/test_plan_floor.py checks the bound against the evaluation over every layout of each stack's searches."""
+    if behaviour_of(recipe).step == "megatron-gpt":
+        return _megatron_floor(arch, recipe, pars, which, accumulation, micro_batch, seq_len)
     floor = state_floor(arch, recipe, pars, which)
     which = np.asarray(which).reshape(-1)
     rep = pars[0]
@@ -248,6 +251,24 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
                 states[sel] += np.where(acc[sel] > 1, float(st.grads) * hold.grad_scale, 0.0)
         keep = acc * output - ((acc - 1.0) * T if rep.pp_schedule == "gpipe" else 0.0)
         out = np.maximum(out, states + INPUT_BYTES_PER_TOKEN * tokens * acc + keep)
+    return out
+
+
+def _megatron_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], which: np.ndarray,
+                    accumulation: np.ndarray, micro_batch: np.ndarray, seq_len: np.ndarray) -> np.ndarray:
+    """megatron-core's allocated peak for every element of :func:`layout_phases` (bytes per accelerator): the largest
+    phase of the busier reported stage, from the same closed forms (:func:`~trainfit.detailed.phases.megatron_phases`)
+    without the state inventory and the walk its evaluation reports beside the peak."""
+    which = np.asarray(which).reshape(-1)
+    out = np.zeros(which.size)
+    for k, par in enumerate(pars):
+        sel = which == k
+        if not sel.any():
+            continue
+        peaks = [np.max(np.broadcast_arrays(*megatron_phases(arch, recipe, par, micro_batch[sel], seq_len[sel], stage,
+                                                             accumulation[sel])[1].values()), axis=0)
+                 for stage in reported_stages(par)]
+        out[sel] = np.maximum.reduce(peaks) if len(peaks) > 1 else peaks[0]
     return out
 
 

@@ -762,16 +762,14 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulatio
     return stage_phases(arch, recipe, par, st, pr, comm, accumulation, stage, micro_batch, seq_len)
 
 
-def megatron_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batch: Any, seq_len: Any,
-                   stage: int = 0, accumulation: Any = 1) -> PhaseResult:
-    """A stack whose step is megatron-core's GPTModel (behaviour ``step: megatron-gpt``): each phase from
-    :func:`trainfit.detailed.stacks_megatron.phase_bytes` (its buffers, saved tensors and peak moments), with
-    --pp pipeline ``stage`` of its 1F1B schedule over ``accumulation`` micro-batches
-    (:func:`~trainfit.detailed.stacks_megatron.pipeline_phase_bytes`); the state and activation walks are kept for
-    what the method reports beside the peak (parameter counts)."""
+def megatron_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batch: Any, seq_len: Any, stage: int = 0,
+                    accumulation: Any = 1) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Each phase's components (bytes, :data:`COMPONENTS`) and each phase's peak of megatron-core's step on pipeline
+    ``stage``: its closed forms (:func:`trainfit.detailed.stacks_megatron.phase_bytes`, with --pp
+    :func:`~trainfit.detailed.stacks_megatron.pipeline_phase_bytes`), no walk."""
     from . import stacks_megatron
 
-    sh = step_shape(par, micro_batch, seq_len)
+    tokens = step_shape(par, micro_batch, seq_len).tokens
     gpt = stacks_megatron.GptShape.of_arch(arch)
     if par.pp > 1:  # its pipeline is modelled with tp 1 (sequence parallelism needs tp > 1)
         by = stacks_megatron.pipeline_phase_bytes(gpt, recipe, par.tp, par.dp, par.zero, par.pp, stage, accumulation,
@@ -779,8 +777,19 @@ def megatron_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batch
     else:
         by = stacks_megatron.phase_bytes(gpt, recipe, par.tp, par.dp, par.zero, micro_batch, seq_len,
                                          sp=par.tp > 1 and bool(par.sequence_parallel))
-    phases = {p: {c: _num(by[p].get(c, 0.0) + 0 * sh.tokens) for c in COMPONENTS} for p in PHASES}
-    peaks = {p: sum(phases[p].values()) for p in PHASES}
+    phases = {p: {c: _num(by[p].get(c, 0.0) + 0 * tokens) for c in COMPONENTS} for p in PHASES}
+    return phases, {p: sum(phases[p].values()) for p in PHASES}
+
+
+def megatron_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batch: Any, seq_len: Any,
+                   stage: int = 0, accumulation: Any = 1) -> PhaseResult:
+    """A stack whose step is megatron-core's GPTModel (behaviour ``step: megatron-gpt``): each phase from
+    :func:`trainfit.detailed.stacks_megatron.phase_bytes` (its buffers, saved tensors and peak moments), with
+    --pp pipeline ``stage`` of its 1F1B schedule over ``accumulation`` micro-batches
+    (:func:`~trainfit.detailed.stacks_megatron.pipeline_phase_bytes`); the state and activation walks are kept for
+    what the method reports beside the peak (parameter counts)."""
+    sh = step_shape(par, micro_batch, seq_len)
+    phases, peaks = megatron_phases(arch, recipe, par, micro_batch, seq_len, stage, accumulation)
     if _is_array(*peaks.values()):
         stacked = np.stack(np.broadcast_arrays(*[peaks[p] for p in PHASES]))
         code = np.argmax(stacked, axis=0)
