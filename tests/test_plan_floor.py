@@ -37,7 +37,11 @@ def _floors_and_totals(monkeypatch, model, n, **kw):
         floor_of = args["floor_of"]
         assert floor_of is not None  # the detailed method offers a floor: the search asks for it
         out = rank(x, times, usable, **{**args, "exhaustive": True})
-        seen.append((floor_of(np.arange(x.size)), out[0]["total_bytes"].copy(), usable))
+        every = np.arange(x.size)
+        rough = floor_of(every, usable)  # as the ranking asks: over usable, maybe unrefined (still a bound)
+        floor = floor_of(every, None)
+        assert (rough <= floor).all() and ((rough > usable) == (floor > usable)).all()
+        seen.append((floor, out[0]["total_bytes"].copy(), usable))
         return out
 
     monkeypatch.setattr(search, "_rank", exhaustive_rank)

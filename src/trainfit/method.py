@@ -100,7 +100,8 @@ class MemoryMethod(Protocol):
     vectorised: Optional[Callable[..., SweepOutput]] = None
     #: (or None) a cheap lower bound on ``vectorised``'s total of each element of a sweep, called with the same
     #: options (bytes per accelerator, never above it): a layout search skips the full evaluation of layouts it
-    #: proves cannot fit
+    #: proves cannot fit. Called with ``limit=`` (bytes), it may leave an element's bound unrefined once it is over
+    #: that limit (still a bound, only a looser one)
     memory_floor: Optional[Callable[..., Any]] = None
 
     def applies(self, setup: TrainingSetup) -> bool:

@@ -19,7 +19,7 @@ exactly (``tests/test_detailed_sweep.py`` checks it across layouts).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -132,7 +132,7 @@ def state_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whi
 
 
 def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], which: np.ndarray, accumulation: np.ndarray,
-               micro_batch: np.ndarray, seq_len: np.ndarray) -> np.ndarray:
+               micro_batch: np.ndarray, seq_len: np.ndarray, limit: Optional[float] = None) -> np.ndarray:
     """A lower bound (bytes per accelerator) on the allocated peak of every element of :func:`layout_phases`, tighter
     than :func:`state_floor` where the step is PyTorch's with its activations on the device: the larger of
     :func:`state_floor` and ``base + A`` on the first pipeline stage (the only one with pp 1), where ``base`` is the
@@ -174,7 +174,9 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
     is the largest phase of the busier stage, and :meth:`~trainfit.detailed.method.Detailed.vectorised` adds
     overheads >= 0. Activation offload (saved tensors on the host), a named ``pp_stage`` other than 0, and steps that
     are another program's keep :func:`state_floor`, but for megatron-core's step, whose phases are closed forms: its
-    floor is its allocated peak itself (:func:`_megatron_floor`);
+    floor is its allocated peak itself (:func:`_megatron_floor`). So do elements whose :func:`state_floor` is over
+    ``limit`` (bytes) where every element's is: a search needs no tighter bound to rule them out, and refines it (no
+    ``limit``) only for a layout it may still name;
     tests/test_plan_floor.py checks the bound against the evaluation over every layout of each stack's searches."""
     if behaviour_of(recipe).step == "megatron-gpt":
         return _megatron_floor(arch, recipe, pars, which, accumulation, micro_batch, seq_len)
@@ -182,7 +184,7 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
     which = np.asarray(which).reshape(-1)
     rep = pars[0]
     if (behaviour_of(recipe).step != "pytorch" or recipe.offload == "activations"
-            or reported_stages(rep)[0] != 0 or not which.size):
+            or reported_stages(rep)[0] != 0 or not which.size or (limit is not None and bool(np.all(floor > limit)))):
         return floor
     walk = walk_parallelism(rep)
     acc = np.asarray(accumulation, dtype=np.float64).reshape(-1)

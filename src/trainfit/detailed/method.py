@@ -7,7 +7,7 @@ recipe plus a few array operations.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -324,7 +324,7 @@ class Detailed(MemoryMethod):
                                                   "peak_reserved_bytes": reserved.reshape(shape),
                                                   "peak_phase": phase.reshape(shape)}, total=total.reshape(shape))
 
-    def memory_floor(self, x: SetupArrays, *, overheads: bool = True) -> np.ndarray:
+    def memory_floor(self, x: SetupArrays, *, overheads: bool = True, limit: Optional[float] = None) -> np.ndarray:
         """A lower bound on each element's :meth:`vectorised` total with the same ``overheads`` (bytes per
         accelerator), without the phases: the model states the optimizer phase holds and, for a PyTorch step with its
         activations on the device, the states, inputs and saved activations the backward holds at its start on the
@@ -333,8 +333,9 @@ class Detailed(MemoryMethod):
         as :meth:`vectorised` groups. With ``overheads``, plus the overheads :meth:`vectorised` adds to an allocated
         peak, taken at the floor for the reported stage that adds the least and without the flash kernel's scratch
         (>= 0): every overhead term is a non-decreasing function of the peak (constants, or a fraction of it:
-        :mod:`.overheads`, :mod:`.allocator`), so at the real peak they add at least as much. A layout search prunes
-        with it."""
+        :mod:`.overheads`, :mod:`.allocator`), so at the real peak they add at least as much. With ``limit`` (bytes),
+        a group whose model states alone are over it everywhere is not walked (its floor stays those states and the
+        overheads, over the limit all the same). A layout search prunes with it."""
         shape = x.shape
         flat = _flat_columns(x)
         n = int(np.prod(shape)) if shape else 1
@@ -350,7 +351,8 @@ class Detailed(MemoryMethod):
             arch = first.model.arch
             given, which = sharding_groups({f: flat(f)[idx] for f in SHARDING_FIELDS}, first.parallel)
             pars = [sharding_as_run(first.recipe, p) for p in given]
-            floor = step_floor(arch, first.recipe, pars, which, flat("accumulation")[idx], micro[idx], seq[idx])
+            floor = step_floor(arch, first.recipe, pars, which, flat("accumulation")[idx], micro[idx], seq[idx],
+                               limit=limit)
             if overheads:
                 sh = step_shape(pars[0], micro[idx], seq[idx])
                 toks, scs = (spread(v, floor.shape) for v in (sh.tokens, sh.scores))

@@ -112,16 +112,20 @@ def _memory_of(x: SetupArrays, own: Optional[MemorySplit], **memory_args: Any) -
 
 
 def _floor_of(x: SetupArrays, own: Optional[MemorySplit], method: str, inflight: bool,
-              options: dict[str, Any]) -> Optional[Callable[[np.ndarray], np.ndarray]]:
-    """A lower bound on the ``total_bytes`` of the layouts at flat positions ``idx``, each as :func:`_memory_of`
-    counts it with the method's ``options``, from the method's ``memory_floor`` (None when it has none, or when the
-    planner sums the components itself: the in-flight factor of a method that does not count them)."""
+              options: dict[str, Any]) -> Optional[Callable[[np.ndarray, Optional[float]], np.ndarray]]:
+    """``floor(idx, limit)``: a lower bound on the ``total_bytes`` of the layouts at flat positions ``idx``, each as
+    :func:`_memory_of` counts it with the method's ``options``, from the method's ``memory_floor`` (left unrefined
+    where it is over ``limit``, bytes, if not None); None when the method has none, or when the planner sums the
+    components itself (the in-flight factor of a method that does not count them)."""
     m = get_method(method)
     if m.memory_floor is None or (inflight and not m.counts_inflight):
         return None
-    run = _by_encoding(x, own, lambda xs: {"floor": np.asarray(m.memory_floor(xs, **options),
-                                                               dtype=float).reshape(-1)})
-    return lambda idx: run(idx)["floor"]
+
+    def floor(idx: np.ndarray, limit: Optional[float]) -> np.ndarray:
+        return _by_encoding(x, own, lambda xs: {"floor": np.asarray(m.memory_floor(xs, limit=limit, **options),
+                                                                    dtype=float).reshape(-1)})(idx)["floor"]
+
+    return floor
 
 
 def split_groups(space: LayoutSpace) -> np.ndarray:
@@ -169,8 +173,8 @@ _SPLIT_GROWTH = 1.2
 
 def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: int, rejected: int,
           exhaustive: bool, memory_of: Callable[[np.ndarray], dict], groups: Optional[np.ndarray] = None,
-          floor_of: Optional[Callable[[np.ndarray], np.ndarray]] = None
-          ) -> tuple[dict[str, np.ndarray], np.ndarray, int, Callable, Optional[np.ndarray]]:
+          floor_of: Optional[Callable[[np.ndarray, Optional[float]], np.ndarray]] = None
+          ) -> tuple[dict[str, np.ndarray], np.ndarray, int, Callable, Optional[np.ndarray], Optional[Callable]]:
     """Memory for the layouts needed to rank: all of them (``exhaustive``), or in order of step time until
     the fastest ``top`` fitting and ``rejected`` non-fitting layouts are known, ties included; the layouts never
     evaluated are all slower, so the ranking, and the near misses (every non-fitting layout faster than the best
@@ -185,9 +189,12 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
     each batch of splits gets its floors first: a layout whose floor exceeds ``usable`` cannot fit, and is not
     evaluated for the ranking (a split none of whose layouts may fit gets no phases: at most its floor's walk of the
     first stage), only where the rejected list shows it (the ``rejected`` fastest non-fitting layouts, ties
-    included); the near misses complete their own (:func:`_complete_misses`). Returns (arrays over all layouts, NaN
-    where not evaluated; the evaluated mask; how many were evaluated; the function that evaluates more of them in
-    place, given their positions; the floors, NaN where not computed, or None)."""
+    included); the near misses complete their own (:func:`_complete_misses`). A floor over ``usable`` may be left
+    unrefined (the method's ``limit``: the detailed method then skips the walk of a split whose model states alone
+    are over it). Returns (arrays over all layouts, NaN where not evaluated; the evaluated mask; how many were
+    evaluated; the function that evaluates more of them in place, given their positions; the floors, NaN where not
+    computed, or None; the function that refines the floors at given positions, in place, and returns them, or
+    None)."""
     n = x.size
     step = times["time_step"]
     arr: dict[str, np.ndarray] = {"total_bytes": np.full(n, np.nan)}
@@ -203,7 +210,7 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
 
     if exhaustive:
         fill(np.arange(n))
-        return arr, done, n, fill, None
+        return arr, done, n, fill, None, None
     if groups is not None:
         count = int(groups.max()) + 1
         fastest = np.full(count, np.inf)
@@ -220,7 +227,7 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
             if cut is not None:  # (a split with none faster than the cut is not even walked)
                 idx = idx[step[idx] <= cut]
             if floor_of is not None and idx.size:
-                floor[idx] = floor_of(idx)
+                floor[idx] = floor_of(idx, usable)  # (over usable: maybe unrefined, see _complete_misses)
                 known_bad[idx] = floor[idx] > usable
                 idx = idx[~known_bad[idx]]
             if idx.size:
@@ -238,7 +245,11 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
                 need &= step <= np.partition(step[bad], rejected - 1)[rejected - 1]
             if need.any():
                 fill(np.flatnonzero(need))
-        return arr, done, int(done.sum()), fill, floor
+        def refine(idx: np.ndarray) -> np.ndarray:
+            floor[idx] = floor_of(idx, None)
+            return floor[idx]
+
+        return arr, done, int(done.sum()), fill, floor, (None if floor_of is None else refine)
     order = np.argsort(step, kind="stable")
     pos, chunk = 0, max(8, 2 * (top + rejected))
     while pos < n:
@@ -247,19 +258,22 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
         chunk *= 2
         if pos < n and _settled(step, arr["total_bytes"], done, usable, top, rejected, float(step[order[pos]])):
             break  # every later layout is strictly slower: the ranking is settled
-    return arr, done, pos, fill, None
+    return arr, done, pos, fill, None, None
 
 
 def _complete_misses(step: np.ndarray, mem: dict[str, np.ndarray], done: np.ndarray, floor: Optional[np.ndarray],
                      usable: float, count: int, faster_than: Optional[float], fill: Callable[[np.ndarray], None],
-                     groups: Optional[np.ndarray]) -> None:
+                     groups: Optional[np.ndarray], refine: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> None:
     """Evaluate, in place, the layouts the near misses may name (:func:`~trainfit.planner.near.near_misses`: the
     ``count`` non-fitting layouts faster than ``faster_than`` with the smallest overshoot) that the ranking left
     out because ``floor`` proves they do not fit: smallest floor first, a batch of model splits at a time, until
     the ``count``-th smallest overshoot evaluated is strictly below every unevaluated layout's floor (whose own
-    overshoot can only be larger), so the near misses are the exhaustive search's."""
+    overshoot can only be larger), so the near misses are the exhaustive search's. A batch's floors over ``usable``
+    that the ranking may have left unrefined are refined first (``refine``: the refined floors, also kept in the
+    ranking's; a refined floor is no lower), and the batch chosen again."""
     if floor is None or count <= 0:
         return
+    refined = ~(floor > usable)  # (a floor the ranking left unrefined is over usable)
     # (every layout faster than the chosen one is in a split the ranking visited: its floor is known)
     faster = np.ones(step.size, dtype=bool) if faster_than is None else step < faster_than
     floor = np.where(np.isnan(floor), -np.inf, floor)  # (none left unknown there; were one, it is evaluated)
@@ -275,10 +289,16 @@ def _complete_misses(step: np.ndarray, mem: dict[str, np.ndarray], done: np.ndar
             return
         order = np.flatnonzero(left)[np.argsort(floor[left], kind="stable")]
         if groups is None:
-            fill(order[:int(batch)])
+            take = order[:int(batch)]
         else:
             splits = list(dict.fromkeys(groups[order].tolist()))[:int(batch)]
-            fill(np.flatnonzero(left & np.isin(groups, splits)))
+            take = np.flatnonzero(left & np.isin(groups, splits))
+        rough = take[~refined[take]]
+        if refine is not None and rough.size:
+            floor[rough] = refine(rough)
+            refined[rough] = True
+            continue
+        fill(take)
         batch *= _SPLIT_GROWTH  # (small batches, as the ranking's: the stopping rule is met after a few splits)
 
 
@@ -536,7 +556,7 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
         x = x if pre is None else pre[0]
         if pre is None:
             try:
-                times, own_notes, groups, mem, done, evaluated, fill, floor = ranked(space, x)
+                times, own_notes, groups, mem, done, evaluated, fill, floor, refine = ranked(space, x)
             except TrainfitError:
                 # a layout of the stack's space the method refuses (a model the method models on some layouts
                 # only, such as an MoE step under FSDP2 alone): those are left out in its own words, the rest ranked
@@ -546,12 +566,12 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                 notes += more
                 if not space.size:
                     raise TrainfitError(f"the {method} method models no layout of this search: {more[0]}") from None
-                times, own_notes, groups, mem, done, evaluated, fill, floor = ranked(space, x)
+                times, own_notes, groups, mem, done, evaluated, fill, floor, refine = ranked(space, x)
             notes += own_notes
         else:  # evaluated already, every layout the method models (planner.modelled)
             times = step_times(x)
             mem, done, evaluated = pre[1], np.ones(space.size, dtype=bool), space.size
-            groups = floor = None
+            groups = floor = refine = None
             fill = lambda idx: None  # noqa: E731  (nothing left to evaluate)
         acc = global_batch // (space.dp * space.mb)
         arr = {**times, **mem, "accumulation": acc}
@@ -608,7 +628,7 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
             return [_layout(sub, arr2, i, usable, capacity, headroom, parallel) for i in range(len(rows))]
 
         _complete_misses(times["time_step"], mem, done, floor, usable, near_misses,
-                         float(times["time_step"][chosen]) if chosen is not None else None, fill, groups)
+                         float(times["time_step"][chosen]) if chosen is not None else None, fill, groups, refine)
         evaluated = int(done.sum())
         ruled_out = 0 if floor is None else int((~done & (floor > usable)).sum())  # (NaN: not computed)
         misses = _near_misses(space, mem["total_bytes"], times["time_step"], done, usable, n=int(world_size),
