@@ -38,9 +38,11 @@ def _floors_and_totals(monkeypatch, model, n, **kw):
         assert floor_of is not None  # the detailed method offers a floor: the search asks for it
         out = rank(x, times, usable, **{**args, "exhaustive": True})
         every = np.arange(x.size)
-        rough = floor_of(every, usable)  # as the ranking asks: over usable, maybe unrefined (still a bound)
+        limit = search._ROUGH_OVER * usable
+        rough = floor_of(every, limit)  # as the ranking asks: over the limit, maybe unrefined (still a bound)
         floor = floor_of(every, None)
-        assert (rough <= floor).all() and ((rough > usable) == (floor > usable)).all()
+        assert (rough <= floor).all() and ((rough > limit) == (floor > limit)).all()
+        assert (rough[rough <= limit] == floor[rough <= limit]).all()
         seen.append((floor, out[0]["total_bytes"].copy(), usable))
         return out
 
