@@ -26,7 +26,7 @@ _COMMAND_MODULE = {"estimate": "estimate_cmd", "hardware": "catalog_cmd", "model
 # pool (one thread per core) cost about 50 ms of wall and CPU time of a 0.6 s plan on the 2-core machine.
 # `measure`, `lab` and `app` keep the default.
 _ONE_BLAS_THREAD = frozenset({"estimate", "hardware", "models", "show", "plan", "frontier", "compare"})
-# new objects between two collections of the youngest generation during a command (CPython's default: 700)
+# new objects between two collections of the youngest generation during a command's process (CPython's: 700)
 _YOUNG_OBJECTS = 20_000
 # what OpenBLAS reads for its thread count, in order: a user's choice is kept
 _BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
@@ -80,21 +80,11 @@ def main(argv: list[str] | None = None) -> None:
     recognised by shape: a ``format_message()`` and a ``ctx``.)
     """
     args = sys.argv[1:] if argv is None else list(argv)
-    # What the imports build lives as long as the process: the cycle collector neither runs over it while it is
-    # built nor scans it again after (frozen). It ran about 20 ms of the imports of a plan and scanned them again
-    # in every full collection of the search (the 70B plan on 1,024 GPUs: 30-60 ms of collections in all). The
-    # command then collects every 20,000 new objects, not every 700: a search's objects mostly die young, freed as
-    # their last reference goes, and its collections fell from about 75 to 30 ms (megatron's 70B plan).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    if argv is None:  # the console script: a process of its own, whose collector is ours to tune
+        _start_quickly(args)
+    else:
         _load_numpy_single_threaded(args)
         _register_for(args)
-    finally:
-        gc.freeze()
-        gc.set_threshold(_YOUNG_OBJECTS, *gc.get_threshold()[1:])
-        if collecting:
-            gc.enable()
     try:
         rc = _common.app(args=argv, standalone_mode=False)
     except KeyboardInterrupt:  # pragma: no cover - interactive only
@@ -116,6 +106,24 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None:  # the console script: a process of its own
         _leave_at_once(rc)
     sys.exit(rc)
+
+
+def _start_quickly(args: list[str]) -> None:
+    """Import what the command runs with the cycle collector paused, and keep what the imports built out of its
+    collections after (frozen): it all lives as long as the process. The collector ran about 20 ms of a plan's
+    imports and scanned them again in every full collection of the search. The command then collects every 20,000
+    new objects, not every 700: a search's objects mostly die young, freed as their last reference goes (the
+    megatron 70B / 1,024-GPU plan's collections: about 75 ms before, 30 ms after)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        _load_numpy_single_threaded(args)
+        _register_for(args)
+    finally:
+        gc.freeze()
+        gc.set_threshold(_YOUNG_OBJECTS, *gc.get_threshold()[1:])
+        if collecting:
+            gc.enable()
 
 
 def _leave_at_once(rc: int) -> None:
