@@ -1645,6 +1645,12 @@ def saved_total(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
     return _walked(arch, recipe, par, stage).saved()[0]
 
 
+def loss_backward(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> Vec:
+    """``activation_profile(arch, recipe, par, stage).loss_backward`` (the same note of the same walk) without
+    condensing the walk: the memory floor adds it to the saved bytes."""
+    return _walked(arch, recipe, par, stage).played[3]
+
+
 def saved_parts(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> SavedParts:
     """``activation_profile(arch, recipe, par, stage).saved_parts`` (the same sums of the same tape) without
     condensing the walk: the memory floor of an interleaved pipeline reads only this."""

@@ -347,8 +347,7 @@ def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegion
     A layout sweep passes groups with array fields (:func:`stack_groups`) and ``accumulating`` as an array:
     every candidate is then an array over its elements (the named terms then keep zero terms too).
     """
-    rank = _FsdpRank(root, tuple(blocks), bool(par.reshard_after_forward), max(int(par.fsdp_prefetch), 0),
-                     root_reshard, keep_last)
+    rank = fsdp_rank(par, root, blocks, root_reshard, keep_last)
     if units:
         return _units_candidates(rank, arch, pr, regions, nbytes, saved_total, residual_grad, head_ug, embed_ug,
                                  accumulating)
@@ -360,6 +359,20 @@ def fsdp_candidates(arch: Any, par: Parallelism, pr: Any, regions: ForwardRegion
     _backward_candidates(out, rank, arch, pr, nbytes, saved_total, residual_grad, head_ug, embed_ug, acc, host_grads,
                          ring=par.cp > 1)
     return out.fwd, out.bwd, out.fwd_terms, out.bwd_terms
+
+
+def fsdp_rank(par: Parallelism, root: FsdpGroup, blocks: Any, root_reshard: bool = False,
+              keep_last: bool = False) -> "_FsdpRank":
+    """The FSDP2 rank of :func:`fsdp_candidates` (its groups, ``par``'s resharding and prefetch depth, the stack's
+    wrapping)."""
+    return _FsdpRank(root, tuple(blocks), bool(par.reshard_after_forward), max(int(par.fsdp_prefetch), 0),
+                     root_reshard, keep_last)
+
+
+def loss_backward_buffers(rank: "_FsdpRank") -> Any:
+    """The communication buffers (bytes) of the loss backward's moment of :func:`fsdp_candidates` (plain wrapping):
+    its terms summed. A layout search's memory floor adds them to the activations that moment holds."""
+    return _float(sum(rank.loss_backward_terms().values()))
 
 
 @dataclass(frozen=True)
@@ -421,6 +434,15 @@ class _FsdpRank:
             return {BLOCK_GATHERED + f" (block {i})": _float(self.block_at(i).gathered)}
         return {BLOCK_GATHERED + f" (blocks 0-{i}, kept until their backward)":
                 _float(sum(g.gathered for g in self.blocks[:i + 1]))}
+
+    def loss_backward_terms(self) -> dict[str, Any]:
+        """The buffers alive at the loss backward: the root's parameters (unless it resharded after the forward)
+        and, with resharding, the last block kept gathered or its prefetched all-gather buffer, without every
+        block's parameters (kept until their backward)."""
+        r = {} if self.root_reshard else self.root_gathered()
+        if not self.raf:
+            return {**r, **self.gathered_upto(len(self.blocks) - 1)}
+        return {**r, **(self.last_kept() or (self.prefetch(len(self.blocks)) if self.blocks else {}))}
 
     @staticmethod
     def ag(what: str, nbytes_: Any) -> dict[str, Any]:
@@ -520,10 +542,9 @@ def _backward_candidates(out: _Candidates, rank: _FsdpRank, arch: Any, pr: Any, 
     head_loss = _vadd(pr.head_saved, pr.loss_saved)
     # the loss backward: every activation saved, the last block already being gathered again (or still
     # gathered, when kept); the root's parameters, unless it resharded after the forward
-    R_loss = {} if rank.root_reshard else R
     last_terms = (rank.last_kept() if rank.last_kept() else rank.prefetch(L) if blocks else {})
     out.backward({"activations": saved_total, "temporaries": nbytes(pr.loss_backward), "gradients": acc},
-                 {**R_loss, **last_terms} if raf else {**R_loss, **rank.gathered_upto(L - 1)})
+                 rank.loss_backward_terms())
     if rank.root_reshard:
         # the gradient reaches the model's output: the root is gathered again (its all-gather buffer alive until
         # the next copy-out) for the head's backward, which receives the logits' gradient

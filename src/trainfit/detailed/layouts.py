@@ -27,12 +27,13 @@ from ..arch import ArchSpec
 from ..arrays import spread, values_in
 from ..stacks import behaviour_of
 from ..training_setup import Parallelism, Recipe, validated_replace
-from .activations import activation_profile, saved_parts, saved_total, walk_parallelism
+from .activations import activation_profile, loss_backward, saved_parts, saved_total, walk_parallelism
 from .distributed import is_fsdp, stack_groups, walk_recipe
 from .graph import tok, vbytes
 from .phases import (COMPONENTS, INPUT_BYTES_PER_TOKEN, PHASES, PhaseResult, StepShape, _moments, _pipeline_holds,
-                     busier_stage, chunk_saved, comm_buffers, deepspeed_stage, inflight_microbatches, megatron_phases,
-                     megatron_stage, pipeline_comm, pipeline_table, reported_stages, stage_phases, step_shape)
+                     busier_stage, chunk_saved, comm_buffers, deepspeed_stage, fsdp_loss_buffers, inflight_microbatches,
+                     megatron_phases, megatron_stage, pipeline_comm, pipeline_table, reported_stages, stage_phases,
+                     step_shape)
 from .states import StateBytes, rank_groups, state_bytes
 
 #: Parallelism fields that change only the sharding of the model states and the communication buffers
@@ -141,8 +142,13 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
     (``16 x tokens``), and ``A`` the activations the backward holds at one moment: with ``S`` the bytes the forward
     walk saves for one micro-batch (``saved_total``, of the walk :func:`layout_phases` reads: FSDP2's own recipe),
 
-    * ``A = S`` without a pipeline, and under FSDP2 without a torchtitan pipeline;
-    * ``A = n S - (n - 1) T`` with 1F1B or GPipe, ``n`` = :func:`~trainfit.detailed.phases.inflight_microbatches`
+    * ``A = S + Lb`` without a pipeline, and under FSDP2 without a torchtitan pipeline ``A = S + Lb + F``, where
+      ``Lb`` is the loss backward's own bytes (``loss_backward`` of the same walk: the logits' gradient on the last
+      stage, the received gradient and send buffer before it) and ``F`` FSDP2's buffers at that moment
+      (:func:`~trainfit.detailed.phases.fsdp_loss_buffers`: the root's gathered parameters unless it reshards
+      after the forward; without resharding every block's, with it the last block's kept parameters or its
+      prefetched all-gather buffer; 0 for torchtitan's per-unit wrapping);
+    * ``A = n S - (n - 1) T + Lb`` with 1F1B or GPipe, ``n`` = :func:`~trainfit.detailed.phases.inflight_microbatches`
       on stage 0 and ``T`` a torchtitan chunk's rotary buffer (:func:`~trainfit.detailed.phases.pipeline_table`,
       0 otherwise);
     * with the interleaved schedule (``v`` virtual stages), ``A = sum_k c_k S_k + (v - c_0) T`` at the first
@@ -161,12 +167,13 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
 
     Why each is held: the backward phase is ``base`` (with the inputs of every micro-batch on a torchtitan
     pipeline: more), the communication buffers (>= 0) and the candidate moment with the largest total
-    (:func:`~trainfit.detailed.phases._select`), each candidate's temporaries and gradients >= 0. Without a
-    pipeline (and under FSDP2 unpipelined), the loss backward's candidate holds ``S`` (the scenario loop's one
-    scenario, for every element; FSDP2's :func:`~trainfit.detailed.distributed.fsdp_candidates`, plain and per-unit
-    wrapping). With 1F1B or GPipe, the first scenario (``n`` in flight, no gradient yet; for every element) makes
-    the loss backward's candidate ``S + (n - 1) S - (n - 1) T`` plus, on a torchtitan stage, its kept outputs (none
-    on stage 0) and the received gradient (>= 0). Interleaved, every element's candidates include the first backward's
+    (:func:`~trainfit.detailed.phases._select`), each candidate's gradients >= 0. Without a pipeline (and under
+    FSDP2 unpipelined), the loss backward's candidate holds ``S`` and ``Lb`` as its temporaries (the scenario loop's
+    one scenario, for every element; FSDP2's :func:`~trainfit.detailed.distributed.fsdp_candidates`, plain and
+    per-unit wrapping, whose plain moment also holds ``F``: the same
+    :func:`~trainfit.detailed.distributed.loss_backward_buffers`). With 1F1B or GPipe, the first scenario (``n`` in
+    flight, no gradient yet; for every element) makes the loss backward's candidate ``S + (n - 1) S - (n - 1) T``
+    with ``Lb`` plus, on a torchtitan stage, its kept outputs (none on stage 0) and the received gradient (>= 0). Interleaved, every element's candidates include the first backward's
     moment on stage 0 (:func:`~trainfit.detailed.phases._interleaved_candidates`, merged or per micro-batch count;
     on stage 0 no chunk is on the last virtual stage), whose candidate holds as activations ``sum_k c_k`` times
     each chunk's saved bytes (those of ``S_k`` plus the received activation, the rotary tables and, on a torchtitan
@@ -202,6 +209,11 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
         cols = shape_cols(sel)
         return _pipeline_holds(arch, recipe, p, st, stage, lambda v: vbytes(v, *cols))
 
+    def loss_bwd(walked: Recipe, sel: np.ndarray) -> Any:
+        """The loss backward's own bytes (``loss_backward`` of the walk) over the selected elements."""
+        v = sh.bytes(loss_backward(arch, walked, walk, 0))
+        return v[sel] if isinstance(v, np.ndarray) and v.shape else v
+
     for k, p in enumerate(pars):
         sel = which == k
         if not sel.any():
@@ -215,7 +227,9 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
         S = S[sel] if isinstance(S, np.ndarray) and S.shape else S
         T = table[sel] if isinstance(table, np.ndarray) and table.shape else table
         if p.pp == 1 or (is_fsdp(p) and not torchtitan_pipe):
-            act = S
+            act = S + loss_bwd(walked, sel)
+            if is_fsdp(p) and not torchtitan_pipe:
+                act = act + fsdp_loss_buffers(arch, recipe, p, 0)
         elif p.pp_schedule == "interleaved":
             v = max(int(p.pp_virtual), 1)
             cols = shape_cols(sel)
@@ -229,7 +243,13 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
                 act[at] = sum(cnt * ch[at] for cnt, ch in zip(counts, chunks)) + (v - counts[0]) * T[at]
         else:
             n = np.asarray(inflight_microbatches(p, acc[sel], 0), dtype=np.float64)
-            act = n * S - (n - 1.0) * T
+            act = n * S - (n - 1.0) * T + loss_bwd(walked, sel)
+        if not is_fsdp(p):
+            # every backward moment holds the sharding's buffers (DDP's buckets, ZeRO's reduce bucket)
+            act = act + float(sum(comm_buffers(arch, recipe, p, st)["backward"].values()))
+            if not recipe.optimizer_in_backward and not torchtitan_pipe and (p.pp == 1 or p.pp_schedule == "1f1b"):
+                # a later micro-batch's loss backward, as many in flight, beside every gradient
+                act = act + np.where(acc[sel] > p.pp, float(st.grads), 0.0)
         saved[sel] = act
     tokens = spread(sh.tokens, which.shape)
     out = np.maximum(floor, base + INPUT_BYTES_PER_TOKEN * tokens + saved)

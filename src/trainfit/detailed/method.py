@@ -328,7 +328,7 @@ class Detailed(MemoryMethod):
         """A lower bound on each element's :meth:`vectorised` total with the same ``overheads`` (bytes per
         accelerator), without the phases: the model states the optimizer phase holds and, for a PyTorch step with its
         activations on the device, the states, inputs and saved activations the backward holds at its start on the
-        first stage, from that stage's forward walk (cached: the evaluation reads it again), and for megatron-core's
+        first stage, with the loss backward's own bytes and FSDP2's buffers then, from that stage's forward walk (cached: the evaluation reads it again), and for megatron-core's
         step its allocated peak itself (closed forms, no walk) (:func:`~trainfit.detailed.layouts.step_floor`), grouped
         as :meth:`vectorised` groups. With ``overheads``, plus the overheads :meth:`vectorised` adds to an allocated
         peak, taken at the floor for the reported stage that adds the least and without the flash kernel's scratch

@@ -27,7 +27,8 @@ from ..arch import ArchSpec
 from ..arrays import values_in
 from .activations import ActivationProfile, SavedParts, activation_profile, fused_chunk_rows, walk_parallelism
 from .distributed import (byte_sum, ddp_bucket_bytes, ddp_bucket_label, forward_regions, fsdp_candidates,
-                          fsdp_compute_bytes, fsdp_reduce_bytes, is_fsdp, stack_rows, walk_recipe)
+                          fsdp_compute_bytes, fsdp_rank, fsdp_reduce_bytes, is_fsdp, loss_backward_buffers, stack_rows,
+                          walk_recipe)
 from .graph import Vec, ZERO, pos, tok, vadd, vbytes, vsub
 from .inventory import block_linears
 from ..stacks import behaviour_of
@@ -1007,20 +1008,35 @@ def stage_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, st: StateByte
                        comm=comm, stage=stage)
 
 
+def _fsdp_wrapping(arch: ArchSpec, recipe: Recipe, par: Parallelism) -> dict[str, bool]:
+    """The stack's FSDP2 wrapping as :func:`~.distributed.fsdp_candidates` reads it (its registry behaviour;
+    unpipelined only)."""
+    beh = behaviour_of(recipe)
+    return dict(root_reshard=beh.fsdp_root_reshard and par.pp == 1, keep_last=beh.fsdp_keep_last_block and par.pp == 1,
+                units=beh.moe == "torchtitan-grouped" and arch.num_experts > 0 and par.pp == 1)
+
+
 def _fsdp(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int, pr: ActivationProfile, B: Any,
           saved_total: Any, h_res: float, accumulation: Any, groups: Any = None) -> tuple[list, list]:
     """FSDP2's forward and backward candidates (:func:`~.distributed.fsdp_candidates`)."""
     wr = walk_recipe(recipe, par)
     root, blocks, head_ug, embed_ug = rank_groups(arch, recipe, par, stage) if groups is None else groups
-    beh = behaviour_of(recipe)
     # the walk reads only the model split: setups that differ in their sharding share its regions
     return fsdp_candidates(arch, par, pr, forward_regions(arch, wr, walk_parallelism(par), stage), root, list(blocks),
                            head_ug, embed_ug, B,
                            saved_total, B(tok(h_res * fsdp_compute_bytes(recipe))), accumulating=accumulation > 1,
-                           root_reshard=beh.fsdp_root_reshard and par.pp == 1,
-                           keep_last=beh.fsdp_keep_last_block and par.pp == 1,
-                           host_grads=recipe.offload == "params",
-                           units=beh.moe == "torchtitan-grouped" and arch.num_experts > 0 and par.pp == 1)
+                           host_grads=recipe.offload == "params", **_fsdp_wrapping(arch, recipe, par))
+
+
+def fsdp_loss_buffers(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> float:
+    """FSDP2's communication buffers (bytes) at the loss backward's moment of pipeline ``stage`` without a torchtitan
+    pipeline (:func:`~.distributed.loss_backward_buffers` of the rank :func:`_fsdp` builds); 0 for torchtitan's
+    per-unit wrapping, whose moment holds the norm and output's parameters instead (not counted here)."""
+    wrapping = _fsdp_wrapping(arch, recipe, par)
+    if wrapping.pop("units"):
+        return 0.0
+    root, blocks, _, _ = rank_groups(arch, recipe, par, stage)
+    return float(loss_backward_buffers(fsdp_rank(par, root, blocks, **wrapping)))
 
 
 def _min(a: Any, b: Any) -> Any:

@@ -189,9 +189,8 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
     are known, only a batch's layouts no slower than the last of them: :func:`_cut`); without, layouts one by one in
     chunks doubling in size (a method that runs each setup). With ``floor_of`` (a lower bound on the totals of the
     layouts at given positions: the method's ``memory_floor``: the detailed method's model states, where it bounds
-    them the activations the backward holds at its start (megatron-core's step: its closed-form peak), and the
-    overheads; its walk is cached for the evaluation)
-    each batch of splits gets its floors first: a layout whose floor exceeds ``usable`` cannot fit, and is not
+    them the activations and buffers the backward holds at its start (megatron-core's step: its closed-form peak),
+    and the overheads; its walk is cached for the evaluation) each batch of splits gets its floors first: a layout whose floor exceeds ``usable`` cannot fit, and is not
     evaluated for the ranking (a split none of whose layouts may fit gets no phases: at most its floor's walk of the
     first stage), only where the rejected list shows it (the ``rejected`` fastest non-fitting layouts, ties
     included); the near misses complete their own (:func:`_complete_misses`). A floor over :data:`_ROUGH_OVER` times
@@ -644,8 +643,9 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
             later = ("; the Pareto front and the picture (JSON output, --plot) evaluate them when asked for")
             notes.append(f"memory evaluated for the {evaluated:,} layouts that can still matter (method {method!r}); "
                          f"of the other {space.size - evaluated:,}, {ruled_out:,} cannot fit by a lower bound of their "
-                         "memory (their model states, with the activations the backward holds at its start where "
-                         "the method bounds them, or the peak itself where it is closed-form, and the overheads the "
+                         "memory (their model states, with the activations and buffers the backward holds at its "
+                         "start where the method bounds them, or the peak itself where it is closed-form, and the "
+                         "overheads the "
                          "method adds, over the usable memory) and "
                          "the rest are "
                          "all slower, so the ranking and the near misses are exact, but the fit count covers the "
