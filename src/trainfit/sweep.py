@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 
 from . import fields as V
-from .arrays import values_in
+from .arrays import row_groups, values_in
 from .catalog import HardwareSpec, ModelSpec
 from .errors import TrainfitError, unknown_choice
 from .formulas import local_microbatch
@@ -44,8 +44,6 @@ _DECODE_AFTER = 16
 _DECODE_AT_MOST = 1 << 16
 #: at most this many groups are collected by one comparison each; more by one stable sort
 _FEW_GROUPS = 16
-#: group keys (products of each varying field's distinct codes) counted directly up to this many
-_BINCOUNT_KEYS = 1 << 22
 
 
 def _varies(a: np.ndarray) -> bool:
@@ -56,22 +54,6 @@ def _varies(a: np.ndarray) -> bool:
     if flat.dtype.kind in "biuf":
         return bool(flat.min() != flat.max())
     return np.unique(flat).size > 1
-
-
-def _dense_codes(flat: np.ndarray) -> np.ndarray:
-    """Each element's rank among the distinct values of a 1-D array (``np.unique``'s inverse): for
-    integers and flags over a small range by counting (one pass), else by a sort."""
-    if flat.dtype.kind in "biu":
-        lo, hi = int(flat.min()), int(flat.max())
-        if hi - lo < _BINCOUNT_KEYS:
-            codes = flat.astype(np.int64) - lo
-            present = np.flatnonzero(np.bincount(codes, minlength=hi - lo + 1))
-            if present.size == hi - lo + 1:
-                return codes
-            lut = np.zeros(hi - lo + 1, dtype=np.int64)
-            lut[present] = np.arange(present.size)
-            return lut[codes]
-    return np.unique(flat, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -210,26 +192,8 @@ class SetupArrays:
         if not varying:
             inverse, firsts = None, [0]
         else:
-            cols = [_dense_codes(np.broadcast_to(a, self.shape).reshape(-1)) for _, a in varying]
-            radix = [int(c.max()) + 1 for c in cols]
-            if float(np.prod(radix, dtype=np.float64)) <= _BINCOUNT_KEYS:  # one integer key (mixed radix): O(n)
-                key = cols[0]
-                for c, r in zip(cols[1:], radix[1:]):
-                    key = key * r + c
-                present = np.flatnonzero(np.bincount(key, minlength=int(np.prod(radix))))
-                lut = np.zeros(int(np.prod(radix)), dtype=np.int64)
-                lut[present] = np.arange(present.size)
-                inverse = lut[key]
-                if present.size <= _FEW_GROUPS:
-                    firsts = [int(np.argmax(inverse == g)) for g in range(present.size)]
-                else:
-                    first_at = np.full(present.size, self.size, dtype=np.int64)
-                    np.minimum.at(first_at, inverse, np.arange(self.size, dtype=np.int64))
-                    firsts = [int(f) for f in first_at]
-            else:
-                _, first_at, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_index=True,
-                                                 return_inverse=True)
-                inverse, firsts = inverse.reshape(-1), [int(f) for f in first_at]
+            first_at, inverse = row_groups([np.broadcast_to(a, self.shape).reshape(-1) for _, a in varying])
+            firsts = [int(f) for f in first_at]
         rows = []
         picked = [(n, np.broadcast_to(a, self.shape).reshape(-1)[firsts].tolist()) for n, a in varying]
         for j in range(len(firsts)):

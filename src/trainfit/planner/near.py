@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ..arrays import row_groups
 from .results import Layout
 from .space import CHECKPOINTING, LayoutSpace
 
@@ -132,10 +133,9 @@ class _Index:
         self.cand = space.candidates
         self.pos = {k: {v: i for i, v in enumerate(vals)} for k, vals in self.cand.items()}
         self.mb = global_batch + 1
-        tails = np.stack([space._col(k).astype(np.int64) for k in TAIL], axis=1)
-        uniq, inverse = np.unique(tails, axis=0, return_inverse=True)  # each layout's code: no loop over layouts
-        self.tails = {tuple(int(v) for v in r): i for i, r in enumerate(uniq)}
-        tail_code = np.asarray(inverse, dtype=np.int64).reshape(-1)
+        tails = [space._col(k).astype(np.int64) for k in TAIL]
+        first, tail_code = row_groups(tails)  # each layout's code: no loop over layouts
+        self.tails = {tuple(int(c[i]) for c in tails): g for g, i in enumerate(first.tolist())}
         keys = (self._keys(space.tp, space.pp, space.ep, space.zero, space.ckpt, space.mb, vectorised=True)
                 * len(self.tails) + tail_code)
         self.order = np.argsort(keys, kind="stable")

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ..arrays import row_groups
 from ..errors import TrainfitError
 from ..sweep import SetupArrays
 from .space import LayoutSpace
@@ -83,8 +84,7 @@ def split(stack: str, method: Any, space: LayoutSpace, accumulation: np.ndarray,
     except TrainfitError as exc:  # a rule between fields the stack's registry states: all counted as hf
         return MemorySplit(none, None, [f"memory counted as the hf stack runs the step: {_reason(exc)[1]}"])
     keys = _keys(space, accumulation)
-    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
+    first, inverse = row_groups(list(keys.T))
     covered = np.zeros(len(first), dtype=bool)
     reasons: dict[str, int] = {}
     why = np.full(len(first), -1)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from .. import fields as V
+from ..arrays import row_groups
 from .. import formulas as F
 from ..engine import default_method, get_method, split_options, sweep_encoded
 from ..errors import TrainfitError
@@ -133,9 +134,8 @@ def split_groups(space: LayoutSpace) -> np.ndarray:
     mode share one evaluation of a vectorised memory method (the detailed method walks each split once and runs the
     data-parallel sharding, micro-batch and accumulation as arrays: ``detailed/layouts.py``), so evaluating a whole
     split costs about what one of its layouts does."""
-    cols = np.stack([space.tp, space.pp, space._col("cp"), space.ep, space._col("sched"), space._col("virtual"),
-                     space.ckpt], axis=1)
-    return np.unique(cols, axis=0, return_inverse=True)[1].reshape(-1)
+    return row_groups([space.tp, space.pp, space._col("cp"), space.ep, space._col("sched"), space._col("virtual"),
+                       space.ckpt])[1]
 
 
 def _cut(step: np.ndarray, total: np.ndarray, done: np.ndarray, usable: float, top: int, rejected: int,
