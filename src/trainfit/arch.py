@@ -28,6 +28,7 @@ from typing import Any, Literal, Optional
 
 from .errors import TrainfitError, close_matches, unknown_choice
 from .families import FAMILIES, Family
+from .hashed import hashed_once
 
 CONFIG_DIR = Path(__file__).parent / "data" / "configs"
 
@@ -54,6 +55,7 @@ def _squash(text: str) -> str:
 # The architecture
 
 
+@hashed_once
 @dataclass(frozen=True)
 class ArchSpec:
     """One transformer architecture, as ``transformers`` builds it from a ``config.json``.

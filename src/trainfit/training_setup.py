@@ -28,6 +28,7 @@ from typing import Any, NamedTuple, Optional
 
 from . import fields as V
 from .errors import TrainfitError, unknown_choice
+from .hashed import HASH_KEY, hashed_once
 from .refs import DeviceRef, ModelRef, resolve_device, resolve_model
 from .rules import SetupWarning, check_setup, setup_warnings
 
@@ -143,6 +144,7 @@ def _validate_fields(obj: Any) -> None:
             object.__setattr__(obj, f.name, _apply_rule(f.name, getattr(obj, f.name), f.metadata))
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Recipe:
     """How each training step computes: precision, optimizer, checkpointing, attention kernel, PEFT."""
@@ -238,6 +240,7 @@ class Recipe:
         return self.lora_rank > 0
 
 
+@hashed_once
 @dataclass(frozen=True)
 class Parallelism:
     """How the step is split over accelerators, torchtitan ``ParallelDims``-style.
@@ -491,6 +494,7 @@ def validated_replace(part: Any, **fields: Any) -> Any:
     the rules again."""
     out = object.__new__(type(part))
     out.__dict__.update(part.__dict__)
+    out.__dict__.pop(HASH_KEY, None)  # (the fields change: hashed again when asked)
     for name, value in fields.items():
         object.__setattr__(out, name, value)
     return out
