@@ -165,10 +165,16 @@ class _Index:
 def near_misses(space: LayoutSpace, total: np.ndarray, seconds: np.ndarray, done: np.ndarray, usable: float, *,
                 n: int, global_batch: int, count: int, faster_than: Optional[float],
                 layout_at: Callable[[int], Layout],
-                evaluate: Callable[[list[Row]], list[Optional[Layout]]]) -> list[NearMiss]:
+                evaluate: Callable[[list[Row]], list[Optional[Layout]]],
+                fill: Optional[Callable[[np.ndarray], None]] = None,
+                floor: Optional[np.ndarray] = None) -> list[NearMiss]:
     """The ``count`` closest layouts that do not fit (see the module), each with its fix. ``layout_at(i)`` builds
     layout ``i`` of the space; ``evaluate(rows)`` the layouts of rows outside it (or not evaluated), None for a
-    row the rules refuse."""
+    row the rules refuse. With ``fill`` (evaluates layouts of the space in place: ``total`` and ``done`` at their
+    positions), a fix in the space that the search did not evaluate is evaluated there, and only where it may be
+    the fix: not where ``floor`` (lower bounds of the totals, NaN where unknown) is over ``usable``, nor where it is
+    slower than a fitting option already known; the fastest such option of each near miss first, until none is
+    left. The fixes are those of evaluating every option."""
     if count <= 0:
         return []
     miss = done & (total > usable)
@@ -190,7 +196,7 @@ def near_misses(space: LayoutSpace, total: np.ndarray, seconds: np.ndarray, done
         found = []
         for words, changes, row in options:
             j = index.find(row)
-            if j is not None and done[j]:
+            if j is not None and (done[j] or fill is not None):
                 found.append((words, changes, j, None))
             else:
                 outside.setdefault(row, None)
@@ -200,12 +206,14 @@ def near_misses(space: LayoutSpace, total: np.ndarray, seconds: np.ndarray, done
         rows = list(outside)
         for row, lay in zip(rows, evaluate(rows)):
             outside[row] = lay
+    if fill is not None:
+        _evaluate_fixes(plans, outside, total, seconds, done, usable, fill, floor)
     out: list[NearMiss] = []
     for i, found in plans:
         best: Optional[tuple[float, str, dict, Any]] = None
         for words, changes, j, row in found:
             if j is not None:
-                if total[j] > usable:
+                if not done[j] or total[j] > usable:  # (not evaluated: cannot fit, or cannot be the fastest)
                     continue
                 key, target = float(seconds[j]), j
             else:
@@ -222,6 +230,29 @@ def near_misses(space: LayoutSpace, total: np.ndarray, seconds: np.ndarray, done
         out.append(NearMiss(layout=layout_at(i), over_bytes=float(total[i] - usable),
                             over_fraction=float((total[i] - usable) / usable), fix=fix))
     return out
+
+
+def _evaluate_fixes(plans: list[tuple[int, list[tuple[Any, Any, Optional[int], Any]]]],
+                    outside: dict[Row, Optional[Layout]], total: np.ndarray, seconds: np.ndarray, done: np.ndarray,
+                    usable: float, fill: Callable[[np.ndarray], None], floor: Optional[np.ndarray]) -> None:
+    """Evaluate, in place, the options of the space that may be a near miss's fix (:func:`near_misses`): in rounds,
+    each near miss's fastest option not yet evaluated that its floor does not rule out, where it is no slower than
+    the fastest fitting option known (ties too: an earlier option wins a tie)."""
+    while True:
+        need = set()
+        for _, found in plans:
+            known = [float(seconds[j]) for _, _, j, _ in found if j is not None and done[j] and total[j] <= usable]
+            known += [lay.step_time["seconds"] for lay in (outside.get(row) for _, _, j, row in found if j is None)
+                      if lay is not None and lay.fits]
+            pending = [j for _, _, j, _ in found if j is not None and not done[j]
+                       and not (floor is not None and floor[j] > usable)]
+            if pending:
+                j = min(pending, key=lambda k: float(seconds[k]))
+                if not known or float(seconds[j]) <= min(known):
+                    need.add(j)
+        if not need:
+            return
+        fill(np.asarray(sorted(need), dtype=np.int64))
 
 
 __all__ = ["Fix", "NearMiss", "neighbours", "near_misses", "pareto_front"]

@@ -638,7 +638,8 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
         misses = _near_misses(space, mem["total_bytes"], times["time_step"], done, usable, n=int(world_size),
                               global_batch=int(global_batch), count=near_misses,
                               faster_than=float(times["time_step"][chosen]) if chosen is not None else None,
-                              layout_at=at, evaluate=outside)
+                              layout_at=at, evaluate=outside, fill=None if m.vectorised is None else fill,
+                              floor=floor)
         if ruled_out:
             later = ("; the Pareto front and the picture (JSON output, --plot) evaluate them when asked for")
             notes.append(f"memory evaluated for the {evaluated:,} layouts that can still matter (method {method!r}); "
