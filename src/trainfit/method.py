@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Callable, Optional, Protocol
 
 from .errors import TrainfitError, unknown_choice
@@ -137,21 +138,69 @@ class MemoryMethod(Protocol):
         return {o.name: o.cli_value for o in self.options if o.flag is None and o.cli_value is not None}
 
 
+@dataclass(frozen=True)
+class _Screen:
+    """One ``accepts`` table as :func:`check_accepts` reads it, in :data:`FIELD_NAMES` order: the listed fields with
+    a collection (position, name, collection) and the unlisted ones (positions, names, a getter of their values from
+    a flat dict, their defaults)."""
+
+    accepts: dict[str, Optional[Collection[Any]]]  #: (kept: its identity keys the screens)
+    listed: tuple[tuple[int, str, Collection[Any]], ...]
+    positions: tuple[int, ...]
+    names: tuple[str, ...]
+    values: Callable[[dict[str, Any]], tuple[Any, ...]]
+    defaults: tuple[Any, ...]
+
+
+_SCREENS: dict[int, _Screen] = {}
+#: screens kept (a method's table is a module constant: a few)
+_SCREENS_MAX = 64
+
+
+def _screen(accepts: dict[str, Optional[Collection[Any]]]) -> _Screen:
+    s = _SCREENS.get(id(accepts))
+    if s is None or s.accepts is not accepts:
+        listed = tuple((i, n, accepts[n]) for i, n in enumerate(FIELD_NAMES) if accepts.get(n, ()) is not None
+                       and n in accepts)
+        free = [(i, n) for i, n in enumerate(FIELD_NAMES) if n not in accepts]
+        names = tuple(n for _, n in free)
+        if len(_SCREENS) >= _SCREENS_MAX:
+            _SCREENS.clear()
+        s = _SCREENS[id(accepts)] = _Screen(
+            accepts, listed, tuple(i for i, _ in free), names,
+            (lambda flat, names=names: tuple(flat[n] for n in names)) if len(names) < 2 else itemgetter(*names),
+            tuple(DEFAULTS[n] for n in names))
+    return s
+
+
 def check_accepts(setup: TrainingSetup, method: str, accepts: dict[str, Optional[Collection[Any]]],
                   hints: Optional[dict[str, str]] = None) -> None:
     """Refuse a setup field ``method`` does not model: a field not in ``accepts`` must keep its default
-    (or not matter, like ``lora_dtype`` without LoRA); a listed field's value must be in its collection."""
-    for name, value in setup.flat().items():
-        allowed = accepts.get(name, ())
-        if name in accepts:
-            if allowed is not None and value not in allowed:
-                raise unknown_choice(f"{name} for the {method} method", value, [str(a) for a in allowed])
-            continue
-        if value != DEFAULTS[name] and relevant(setup, name):
-            hint = (hints or {}).get(name, "")
-            raise TrainfitError(f"the {method} method cannot express {name}={_show(value)}"
-                                + (f" ({hint})" if hint else "") + "; use a method that models it or leave it at "
-                                f"its default {_show(DEFAULTS[name])}")
+    (or not matter, like ``lora_dtype`` without LoRA); a listed field's value must be in its collection. The
+    first such field in :data:`FIELD_NAMES` order is named. (The unlisted fields are compared with their defaults
+    all at once: a layout search checks thousands of setups.)"""
+    flat = setup.flat()
+    sc = _screen(accepts)
+    first: Optional[tuple[int, str]] = next(((i, n) for i, n, allowed in sc.listed if flat[n] not in allowed), None)
+    values = sc.values(flat)
+    if values != sc.defaults:
+        for i, name, value, default in zip(sc.positions, sc.names, values, sc.defaults):
+            if first is not None and i > first[0]:
+                break
+            if value != default and relevant(setup, name):
+                first = (i, name)
+                break
+    if first is None:
+        return
+    name = first[1]
+    value = flat[name]
+    if name in accepts:
+        allowed = accepts[name]
+        raise unknown_choice(f"{name} for the {method} method", value, [str(a) for a in allowed])
+    hint = (hints or {}).get(name, "")
+    raise TrainfitError(f"the {method} method cannot express {name}={_show(value)}"
+                        + (f" ({hint})" if hint else "") + "; use a method that models it or leave it at "
+                        f"its default {_show(DEFAULTS[name])}")
 
 
 #: fields whose values decide whether another field matters (see training_setup.relevant)

@@ -42,6 +42,8 @@ ACCEPTS: dict[str, Any] = {**{n: None for n in FIELD_NAMES if n not in ("trainab
                            "stack": tuple(s for s in MODELLED_STACKS if get_stack(s).behaviour.step == "pytorch"),
                            "loss": ("model", "chunked", "fused-linear"),
                            "offload": ("none", "optimizer", "params", "activations")}
+#: what :meth:`Detailed.check` accepts: every modelled stack (its searches offer the PyTorch ones: ``ACCEPTS``)
+_CHECKED: dict[str, Any] = {**ACCEPTS, "stack": MODELLED_STACKS}
 
 
 def lora_precision_notes(setup: TrainingSetup) -> list[str]:
@@ -123,7 +125,7 @@ class Detailed(MemoryMethod):
         if r.stack not in MODELLED_STACKS:
             raise TrainfitError(f"the detailed method does not model stack {r.stack!r} yet; modelled: "
                                 f"{', '.join(MODELLED_STACKS)} (the measured method may run it)")
-        check_accepts(setup, NAME, {**ACCEPTS, "stack": MODELLED_STACKS})
+        check_accepts(setup, NAME, _CHECKED)
         check_model(setup)
         par_ = setup.parallel
         if (behaviour_of(r).moe == "torchtitan-grouped" and setup.model.arch.num_experts > 0
