@@ -135,8 +135,12 @@ class SetupArrays:
         if columns is not None:
             i = int(index[0] if isinstance(index, tuple) else index)
             i = i + self.shape[0] if i < 0 else i
-            m, d, *values = [col if at is None else at[i] for col, at in columns]
-            fields = dict(zip(FIELD_NAMES, values))
+            shared, varying = columns
+            values = shared.copy()
+            for k, at in varying:
+                values[k] = at[i]
+            m, d = values[0], values[1]
+            fields = dict(zip(FIELD_NAMES, values[2:]))
         else:
             m = int(_element(self.model_index, self.shape, index))
             d = int(_element(self.device_index, self.shape, index))
@@ -144,27 +148,34 @@ class SetupArrays:
         # every element passed the field rules when the sweep was encoded: not run again
         return TrainingSetup.validated(self.models[m], self.devices[d], fields)
 
-    def _columns(self) -> Optional[list[tuple[Any, Optional[list]]]]:
+    def _columns(self) -> Optional[tuple[list[Any], list[tuple[int, list]]]]:
         """Model index, device index and every field (:data:`FIELD_NAMES` order) of a 1-D sweep decoded once, as
-        (the value every element shares, None) or (None, one value per element), once :meth:`setup_at` has been
-        asked for more than a few of its elements (a search probing many layouts); None before."""
+        (every column's shared value, None where it varies; (position, one value per element) of each varying
+        column), once :meth:`setup_at` has been asked for more than a few of its elements (a search probing many
+        layouts); None before."""
         known = self.__dict__.get("_decoded")
-        if isinstance(known, list):
+        if isinstance(known, tuple):
             return known
         asked = (known or 0) + 1
         if asked <= _DECODE_AFTER or self.shape[0] > _DECODE_AT_MOST:
             object.__setattr__(self, "_decoded", asked)
             return None
-        out: list[tuple[Any, Optional[list]]] = []
-        for name, a in (("model_index", self.model_index), ("device_index", self.device_index),
-                        *((n, self.values[n]) for n in FIELD_NAMES)):
+        shared: list[Any] = []
+        varying: list[tuple[int, list]] = []
+        for k, (name, a) in enumerate((("model_index", self.model_index), ("device_index", self.device_index),
+                                       *((n, self.values[n]) for n in FIELD_NAMES))):
             ch = self.choices.get(name)
             if np.ndim(a) == 0:
                 v = a.item() if hasattr(a, "item") else a
-                out.append((ch[v] if ch is not None else v, None))
+                shared.append(ch[v] if ch is not None else v)
             else:
                 col = np.broadcast_to(a, self.shape).tolist()  # (Python values, as .item() gives them)
-                out.append((None, [ch[v] for v in col] if ch is not None else col))
+                if col.count(col[0]) == len(col):  # (one value in every element: shared)
+                    shared.append(ch[col[0]] if ch is not None else col[0])
+                else:
+                    shared.append(None)
+                    varying.append((k, [ch[v] for v in col] if ch is not None else col))
+        out = (shared, varying)
         object.__setattr__(self, "_decoded", out)
         return out
 
