@@ -30,12 +30,13 @@ from .training_setup import DEFAULTS, FIELD_NAMES, FIELDS, Recipe, TrainingSetup
 
 
 def _element(a: Any, shape: tuple[int, ...], index: Any) -> Any:
-    """One element of ``a`` broadcast to ``shape``, as a Python value (a 0-d field is its own element)."""
-    if np.ndim(a) == 0:
+    """One element of ``a`` broadcast to ``shape``, as a Python value (a 0-d field is its own element). (Attribute
+    reads and ``item``: a setup of a small sweep reads every field this way.)"""
+    if getattr(a, "ndim", 0) == 0:
         return a.item() if hasattr(a, "item") else a
     if a.shape == shape:  # (most fields of a 1-D sweep: no broadcast view to build)
-        return a[index].item()
-    return np.broadcast_to(a, shape)[index].item()
+        return a.item(index)
+    return np.broadcast_to(a, shape).item(index)
 
 
 #: :meth:`SetupArrays.setup_at` decodes every column of a 1-D sweep (of at most ``_DECODE_AT_MOST`` elements) once
