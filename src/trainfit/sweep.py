@@ -32,7 +32,7 @@ from .training_setup import DEFAULTS, FIELD_NAMES, FIELDS, Recipe, TrainingSetup
 def _element(a: Any, shape: tuple[int, ...], index: Any) -> Any:
     """One element of ``a`` broadcast to ``shape``, as a Python value (a 0-d field is its own element). (Attribute
     reads and ``item``: a setup of a small sweep reads every field this way.)"""
-    if getattr(a, "ndim", 0) == 0:
+    if _ndim(a) == 0:
         return a.item() if hasattr(a, "item") else a
     if a.shape == shape:  # (most fields of a 1-D sweep: no broadcast view to build)
         return a.item(index)
@@ -47,9 +47,15 @@ _DECODE_AT_MOST = 1 << 16
 _FEW_GROUPS = 16
 
 
+def _ndim(a: Any) -> int:
+    """``np.ndim(a)``, read off an array without numpy's dispatch (a sweep asks for every column, again and again)."""
+    nd = getattr(a, "ndim", None)  # (arrays and numpy scalars; anything else through numpy)
+    return nd if nd is not None else np.ndim(a)
+
+
 def _varies(a: np.ndarray) -> bool:
     """Whether an encoded array holds more than one value (numbers and flags: min/max, one pass, no sort)."""
-    if not np.ndim(a):
+    if not _ndim(a):
         return False
     flat = np.asarray(a).reshape(-1)
     if flat.dtype.kind in "biuf":
@@ -122,7 +128,7 @@ class SetupArrays:
     def take(self, idx: np.ndarray) -> "SetupArrays":
         """The 1-D sweep of the elements at flat positions ``idx`` (already validated: nothing re-checked)."""
         def pick(a: np.ndarray) -> np.ndarray:
-            if not np.ndim(a):
+            if not _ndim(a):
                 return a
             return (a if a.shape == self.shape else np.broadcast_to(a, self.shape)).reshape(-1)[idx]
 
@@ -166,7 +172,7 @@ class SetupArrays:
         for k, (name, a) in enumerate((("model_index", self.model_index), ("device_index", self.device_index),
                                        *((n, self.values[n]) for n in FIELD_NAMES))):
             ch = self.choices.get(name)
-            if np.ndim(a) == 0:
+            if _ndim(a) == 0:
                 v = a.item() if hasattr(a, "item") else a
                 shared.append(ch[v] if ch is not None else v)
             else:
