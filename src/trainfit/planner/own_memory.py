@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -65,7 +66,12 @@ def _keys(space: LayoutSpace, accumulation: np.ndarray) -> np.ndarray:
 def _reason(exc: TrainfitError) -> tuple[str, str]:
     """(a refusal's cause, shared by every layout it refuses for that cause: numbers elided; its first clause as
     the method words it)."""
-    text = str(exc).split(" (sweep element")[0].split("; ")[0]
+    return _cause(str(exc).split(" (sweep element")[0].split("; ")[0])
+
+
+@lru_cache(maxsize=1024)
+def _cause(text: str) -> tuple[str, str]:
+    """(``text`` with its numbers elided, ``text``): a plan's thousands of refusals repeat a few messages."""
     return re.sub(r"\d[\d.,e+]*", "N", text), text
 
 
