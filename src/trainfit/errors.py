@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from functools import lru_cache
 
 
 class TrainfitError(ValueError):
@@ -26,10 +27,15 @@ def clip(value: object, limit: int = 80) -> str:
 
 def close_matches(value: str, choices: Iterable[str], n: int = 3) -> list[str]:
     """Return up to ``n`` choices that look like ``value`` (case-insensitive)."""
-    choices = list(choices)
+    return list(_close_matches(str(value), tuple(choices), n))
+
+
+@lru_cache(maxsize=4096)
+def _close_matches(value: str, choices: tuple[str, ...], n: int) -> tuple[str, ...]:
+    # (a layout search's checks refuse thousands of setups with a few messages: difflib once per message)
     lowered = {c.lower(): c for c in choices}
-    hits = difflib.get_close_matches(str(value).lower(), list(lowered), n=n, cutoff=0.5)
-    return [lowered[h] for h in hits]
+    hits = difflib.get_close_matches(value.lower(), list(lowered), n=n, cutoff=0.5)
+    return tuple(lowered[h] for h in hits)
 
 
 def unknown_choice(what: str, value: object, choices: Iterable[str], *, show: int = 12,
