@@ -5,13 +5,13 @@ part of the optimizer phase (``state_floor``: parameters, buffers, master weight
 step counters and, unless the optimizer steps in backward, gradients and the step's temporaries) and, for a PyTorch
 step with its activations on the device, the states plus the inputs plus the activations the backward holds at its
 start on the first pipeline stage (one micro-batch's saved tensors; the micro-batches in flight under 1F1B and
-GPipe; the loss backward's own bytes and FSDP2's buffers then), plus the overheads the total adds to the peak, taken at the floor (each overhead term is a non-decreasing
-function of the peak: checked here too). The step's peak holds at least each, so the floor is at most the
-total: checked here against the total of every layout of whole plans (each layout counted by the model the planner
-counts it with: the stack's own model or the hf accounting), for every stack, and for the 70B model's pipelines
-(1F1B, GPipe, interleaved; FSDP2 and ZeRO; context parallelism), where the activations make the bound tight. The
-other tests check that a plan whose floors rule layouts out answers as the exhaustive search (the same rows,
-figures and near misses).
+GPipe; the loss backward's own bytes and FSDP2's buffers then), plus the overheads the total adds to the peak, taken
+at the floor (each overhead term is a non-decreasing function of the peak: checked here too). The step's peak holds
+at least each, so the floor is at most the total: checked here against the total of every layout of whole plans
+(each layout counted by the model the planner counts it with: the stack's own model or the hf accounting), for every
+stack, and for the 70B model's pipelines (1F1B, GPipe, interleaved; FSDP2 and ZeRO; context parallelism), where the
+activations make the bound tight. The other tests check that a plan whose floors rule layouts out answers as the
+exhaustive search (the same rows, figures and near misses).
 """
 from __future__ import annotations
 

@@ -177,24 +177,25 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
     gradients (``PipelineHolds.grad_scale`` times the stage's). On both stages a torchtitan pipeline's
     communication buffers (``PipelineHolds.comm``: FSDP2's gathered parameters of every chunk) are in every phase.
 
-    Why each is held: the backward phase is ``base`` (with the inputs of every micro-batch on a torchtitan
-    pipeline: more), the communication buffers (>= 0) and the candidate moment with the largest total
+    Why each is held: the backward phase is ``base`` (with the inputs of every micro-batch on a torchtitan pipeline:
+    more), the communication buffers (>= 0) and the candidate moment with the largest total
     (:func:`~trainfit.detailed.phases._select`), each candidate's gradients >= 0. Without a pipeline (and under
     FSDP2 unpipelined), the loss backward's candidate holds ``S`` and ``Lb`` as its temporaries (the scenario loop's
     one scenario, for every element; FSDP2's :func:`~trainfit.detailed.distributed.fsdp_candidates`, plain and
     per-unit wrapping, whose plain moment also holds ``F``: the same
     :func:`~trainfit.detailed.distributed.loss_backward_buffers`). With 1F1B or GPipe, the first scenario (``n`` in
     flight, no gradient yet; for every element) makes the loss backward's candidate ``S + (n - 1) S - (n - 1) T``
-    with ``Lb`` plus, on a torchtitan stage, its kept outputs (none on stage 0) and the received gradient (>= 0). Interleaved, every element's candidates include the first backward's
-    moment on stage 0 (:func:`~trainfit.detailed.phases._interleaved_candidates`, merged or per micro-batch count;
-    on stage 0 no chunk is on the last virtual stage), whose candidate holds as activations ``sum_k c_k`` times
-    each chunk's saved bytes (those of ``S_k`` plus the received activation, the rotary tables and, on a torchtitan
-    pipeline, the kept chunk output: all >= 0) plus the kept outputs (none on stage 0) and ``(v - c_0) T``. The peak
-    is the largest phase of the busier stage, and :meth:`~trainfit.detailed.method.Detailed.vectorised` adds
-    overheads >= 0. Activation offload (saved tensors on the host), a named ``pp_stage`` other than 0, and steps that
-    are another program's keep :func:`state_floor`, but for megatron-core's step, whose phases are closed forms: its
-    floor is its allocated peak itself (:func:`_megatron_floor`). So do elements whose :func:`state_floor` is over
-    ``limit`` (bytes) where every element's is: a search needs no tighter bound to rule them out, and refines it (no
+    with ``Lb`` plus, on a torchtitan stage, its kept outputs (none on stage 0) and the received gradient (>= 0).
+    Interleaved, every element's candidates include the first backward's moment on stage 0
+    (:func:`~trainfit.detailed.phases._interleaved_candidates`, merged or per micro-batch count; on stage 0 no chunk
+    is on the last virtual stage), whose candidate holds as activations ``sum_k c_k`` times each chunk's saved bytes
+    (those of ``S_k`` plus the received activation, the rotary tables and, on a torchtitan pipeline, the kept chunk
+    output: all >= 0) plus the kept outputs (none on stage 0) and ``(v - c_0) T``. The peak is the largest phase of
+    the busier stage, and :meth:`~trainfit.detailed.method.Detailed.vectorised` adds overheads >= 0. Activation
+    offload (saved tensors on the host), a named ``pp_stage`` other than 0, and steps that are another program's
+    keep :func:`state_floor`, but for megatron-core's step, whose phases are closed forms: its floor is its
+    allocated peak itself (:func:`_megatron_floor`). So do elements whose :func:`state_floor` is over ``limit``
+    (bytes) where every element's is: a search needs no tighter bound to rule them out, and refines it (no
     ``limit``) only for a layout it may still name;
     tests/test_plan_floor.py checks the bound against the evaluation over every layout of each stack's searches."""
     if behaviour_of(recipe).step == "megatron-gpt":

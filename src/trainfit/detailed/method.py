@@ -328,16 +328,17 @@ class Detailed(MemoryMethod):
 
     def memory_floor(self, x: SetupArrays, *, overheads: bool = True, limit: Optional[float] = None) -> np.ndarray:
         """A lower bound on each element's :meth:`vectorised` total with the same ``overheads`` (bytes per
-        accelerator), without the phases: the model states the optimizer phase holds and, for a PyTorch step with its
-        activations on the device, the states, inputs and saved activations the backward holds at its start on the
-        first stage, with the loss backward's own bytes and FSDP2's buffers then, from that stage's forward walk (cached: the evaluation reads it again), and for megatron-core's
-        step its allocated peak itself (closed forms, no walk) (:func:`~trainfit.detailed.layouts.step_floor`), grouped
-        as :meth:`vectorised` groups. With ``overheads``, plus the overheads :meth:`vectorised` adds to an allocated
-        peak, taken at the floor for the reported stage that adds the least and without the flash kernel's scratch
-        (>= 0): every overhead term is a non-decreasing function of the peak (constants, or a fraction of it:
-        :mod:`.overheads`, :mod:`.allocator`), so at the real peak they add at least as much. With ``limit`` (bytes),
-        a group whose model states alone are over it everywhere is not walked (its floor stays those states and the
-        overheads, over the limit all the same). A layout search prunes with it."""
+        accelerator), without the phases: the model states the optimizer phase holds and, for a PyTorch step with
+        its activations on the device, the states, inputs and saved activations the backward holds at its start on
+        the first stage, with the loss backward's own bytes and FSDP2's buffers then, from that stage's forward walk
+        (cached: the evaluation reads it again), and for megatron-core's step its allocated peak itself (closed
+        forms, no walk) (:func:`~trainfit.detailed.layouts.step_floor`), grouped as :meth:`vectorised` groups. With
+        ``overheads``, plus the overheads :meth:`vectorised` adds to an allocated peak, taken at the floor for the
+        reported stage that adds the least and without the flash kernel's scratch (>= 0): every overhead term is a
+        non-decreasing function of the peak (constants, or a fraction of it: :mod:`.overheads`, :mod:`.allocator`),
+        so at the real peak they add at least as much. With ``limit`` (bytes), a group whose model states alone are
+        over it everywhere is not walked (its floor stays those states and the overheads, over the limit all the
+        same). A layout search prunes with it."""
         shape = x.shape
         flat = _flat_columns(x)
         n = int(np.prod(shape)) if shape else 1

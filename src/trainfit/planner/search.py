@@ -190,15 +190,15 @@ def _rank(x: SetupArrays, times: dict[str, np.ndarray], usable: float, *, top: i
     chunks doubling in size (a method that runs each setup). With ``floor_of`` (a lower bound on the totals of the
     layouts at given positions: the method's ``memory_floor``: the detailed method's model states, where it bounds
     them the activations and buffers the backward holds at its start (megatron-core's step: its closed-form peak),
-    and the overheads; its walk is cached for the evaluation) each batch of splits gets its floors first: a layout whose floor exceeds ``usable`` cannot fit, and is not
-    evaluated for the ranking (a split none of whose layouts may fit gets no phases: at most its floor's walk of the
-    first stage), only where the rejected list shows it (the ``rejected`` fastest non-fitting layouts, ties
-    included); the near misses complete their own (:func:`_complete_misses`). A floor over :data:`_ROUGH_OVER` times
-    ``usable`` may be left unrefined (the method's ``limit``: the detailed method then skips the walk of a split whose
-    model states alone are over it). Returns (arrays over all layouts, NaN where not evaluated; the evaluated mask; how many were
-    evaluated; the function that evaluates more of them in place, given their positions; the floors, NaN where not
-    computed, or None; the function that refines the floors at given positions, in place, and returns them, or
-    None)."""
+    and the overheads; its walk is cached for the evaluation) each batch of splits gets its floors first: a layout
+    whose floor exceeds ``usable`` cannot fit, and is not evaluated for the ranking (a split none of whose layouts
+    may fit gets no phases: at most its floor's walk of the first stage), only where the rejected list shows it (the
+    ``rejected`` fastest non-fitting layouts, ties included); the near misses complete their own
+    (:func:`_complete_misses`). A floor over :data:`_ROUGH_OVER` times ``usable`` may be left unrefined (the
+    method's ``limit``: the detailed method then skips the walk of a split whose model states alone are over it).
+    Returns (arrays over all layouts, NaN where not evaluated; the evaluated mask; how many were evaluated; the
+    function that evaluates more of them in place, given their positions; the floors, NaN where not computed, or
+    None; the function that refines the floors at given positions, in place, and returns them, or None)."""
     n = x.size
     step = times["time_step"]
     arr: dict[str, np.ndarray] = {"total_bytes": np.full(n, np.nan)}
