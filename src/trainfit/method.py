@@ -178,7 +178,8 @@ def check_accepts(setup: TrainingSetup, method: str, accepts: dict[str, Optional
     """Refuse a setup field ``method`` does not model: a field not in ``accepts`` must keep its default
     (or not matter, like ``lora_dtype`` without LoRA); a listed field's value must be in its collection. The
     first such field in :data:`FIELD_NAMES` order is named. (The unlisted fields are compared with their defaults
-    all at once: a layout search checks thousands of setups.)"""
+    all at once: a layout search checks thousands of setups. ``accepts`` is read once per table object, so a method's
+    table is a constant, never changed in place.)"""
     flat = setup.flat()
     sc = _screen(accepts)
     first: Optional[tuple[int, str]] = next(((i, n) for i, n, allowed in sc.listed if flat[n] not in allowed), None)
