@@ -29,8 +29,9 @@ CASES = [("llama-3.2-1b", 16, dict(global_batch=32, seq_len=4096)),
          ("llama-3.1-8b", 8, dict(global_batch=16, seq_len=2048))]
 
 
-def _floors_and_totals(monkeypatch, model, n, **kw):
-    """(floor, total) of every layout of the plan: its ranking made exhaustive, the floors of every layout."""
+def _exhaustive(monkeypatch, model, n, **kw):
+    """(setups, floor, total, usable memory) of every layout of the plan: its ranking made exhaustive, the floors of
+    every layout."""
     seen = []
     rank = search._rank
 
@@ -44,13 +45,18 @@ def _floors_and_totals(monkeypatch, model, n, **kw):
         floor = floor_of(every, None)
         assert (rough <= floor).all() and ((rough > limit) == (floor > limit)).all()
         assert (rough[rough <= limit] == floor[rough <= limit]).all()
-        seen.append((floor, out[0]["total_bytes"].copy(), usable))
+        seen.append((x, floor, out[0]["total_bytes"].copy(), usable))
         return out
 
     monkeypatch.setattr(search, "_rank", exhaustive_rank)
     plan(model, "h100", n, **kw)
     assert len(seen) == 1
     return seen[0]
+
+
+def _floors_and_totals(monkeypatch, model, n, **kw):
+    """(floor, total, usable memory) of every layout of the plan (:func:`_exhaustive`)."""
+    return _exhaustive(monkeypatch, model, n, **kw)[1:]
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -116,21 +122,6 @@ def _flat(x, name):
     return np.broadcast_to(x[name], x.shape).reshape(-1)
 
 
-def _plan_floors(monkeypatch, model, n, **kw):
-    """(setups, floors, totals) of every layout of a plan (its ranking made exhaustive)."""
-    seen = []
-    rank = search._rank
-
-    def exhaustive_rank(x, times, usable, **args):
-        out = rank(x, times, usable, **{**args, "exhaustive": True})
-        seen.append((x, args["floor_of"](np.arange(x.size), None), out[0]["total_bytes"].copy()))
-        return out
-
-    monkeypatch.setattr(search, "_rank", exhaustive_rank)
-    plan(model, "h100", n, **kw)
-    return seen[0]
-
-
 @pytest.mark.parametrize("inflate", ["fsdp_loss_buffers", "loss_backward"])
 def test_the_loss_backwards_moment_bounds_fsdp2_layouts_to_the_byte(monkeypatch, inflate):
     # unpipelined, one micro-batch: the floor is the loss backward's moment whole (states, inputs, saved activations,
@@ -138,7 +129,7 @@ def test_the_loss_backwards_moment_bounds_fsdp2_layouts_to_the_byte(monkeypatch,
     # without resharding), which is often the peak itself. Each of the two terms is exact: 5 % more of it and the
     # floor exceeds the total of some layout
     kw = dict(stack="torchtitan", global_batch=64, seq_len=8192)
-    x, floor, total = _plan_floors(monkeypatch, "llama-3.1-70b", 64, **kw)
+    x, floor, total, _ = _exhaustive(monkeypatch, "llama-3.1-70b", 64, **kw)
     sel = _flat(x, "fsdp").astype(bool) & (_flat(x, "pp") == 1) & (_flat(x, "accumulation") == 1)
     sel &= ~_flat(x, "reshard_after_forward").astype(bool)
     assert sel.sum() >= 20 and (floor <= total).all()
@@ -148,7 +139,7 @@ def test_the_loss_backwards_moment_bounds_fsdp2_layouts_to_the_byte(monkeypatch,
     bigger = ((lambda *a: 1.05 * term(*a)) if inflate == "fsdp_loss_buffers"
               else (lambda *a: tuple(1.05 * c for c in term(*a))))
     monkeypatch.setattr(layouts, inflate, bigger)
-    _, inflated, total2 = _plan_floors(monkeypatch, "llama-3.1-70b", 64, **kw)
+    _, inflated, total2, _ = _exhaustive(monkeypatch, "llama-3.1-70b", 64, **kw)
     assert (total2 == total).all() and (inflated > total).any()
 
 
@@ -157,7 +148,7 @@ def test_the_backward_bounds_accumulating_replicated_layouts_tightly(monkeypatch
     # later micro-batch's loss backward holds every gradient beside as many micro-batches in flight (one unpipelined;
     # under 1F1B pp where the step has more micro-batches than stages): the floor counts both. Measured on these
     # 4,152 layouts: medians 1.000 and 0.997; without the gradients 0.874 and 0.911, without the buffers 0.990 and 0.979
-    x, floor, total = _plan_floors(monkeypatch, "llama-3.1-70b", 64, stack="megatron", global_batch=512,
+    x, floor, total, _ = _exhaustive(monkeypatch, "llama-3.1-70b", 64, stack="megatron", global_batch=512,
                                    seq_len=8192)
     assert (floor <= total).all(), float(np.max(floor - total))
     replicated = ~_flat(x, "fsdp").astype(bool)
