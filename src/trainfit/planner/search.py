@@ -269,12 +269,12 @@ def _complete_misses(step: np.ndarray, mem: dict[str, np.ndarray], done: np.ndar
                      usable: float, count: int, faster_than: Optional[float], fill: Callable[[np.ndarray], None],
                      groups: Optional[np.ndarray], refine: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> None:
     """Evaluate, in place, the layouts the near misses may name (:func:`~trainfit.planner.near.near_misses`: the
-    ``count`` non-fitting layouts faster than ``faster_than`` with the smallest overshoot) that the ranking left
-    out because ``floor`` proves they do not fit: smallest floor first, a batch of model splits at a time, until
-    the ``count``-th smallest overshoot evaluated is strictly below every unevaluated layout's floor (whose own
+    ``count`` non-fitting layouts faster than ``faster_than`` with the smallest overshoot) that the ranking left out
+    because ``floor`` proves they do not fit: smallest floor first, a batch of model splits at a time, until the
+    ``count``-th smallest overshoot evaluated is strictly below every unevaluated layout's floor (whose own
     overshoot can only be larger), so the near misses are the exhaustive search's. A batch's floors over
-    :data:`_ROUGH_OVER` times ``usable``, which the ranking may have left unrefined, are refined first (``refine``: the refined floors, also kept in the
-    ranking's; a refined floor is no lower), and the batch chosen again."""
+    :data:`_ROUGH_OVER` times ``usable``, which the ranking may have left unrefined, are refined first (``refine``:
+    the refined floors, also kept in the ranking's; a refined floor is no lower), and the batch chosen again."""
     if floor is None or count <= 0:
         return
     refined = ~(floor > _ROUGH_OVER * usable)  # (a floor the ranking left unrefined is over that)
