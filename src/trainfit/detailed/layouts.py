@@ -235,13 +235,14 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
         base[sel] = float(st.params + st.buffers + st.master + st.fp32_grads + st.opt_states + st.step_counters)
         if torchtitan_pipe:  # (FSDP2's gathered parameters of every chunk, a communication buffer of each phase)
             base[sel] += sum(pipeline_comm(arch, recipe, p, 0).values(), 0.0)
-        walked = walk_recipe(recipe, p) if is_fsdp(p) else recipe
+        sharded = is_fsdp(p)
+        walked = walk_recipe(recipe, p) if sharded else recipe
         S = sh.bytes(saved_total(arch, walked, walk, 0))  # (the walk is condensed only if the split is evaluated)
         S = S[sel] if isinstance(S, np.ndarray) and S.shape else S
         T = table[sel] if isinstance(table, np.ndarray) and table.shape else table
-        if p.pp == 1 or (is_fsdp(p) and not torchtitan_pipe):
+        if p.pp == 1 or (sharded and not torchtitan_pipe):
             act = S + loss_bwd(walked, sel)
-            if is_fsdp(p) and not torchtitan_pipe:
+            if sharded and not torchtitan_pipe:
                 act = act + fsdp_loss_buffers(arch, recipe, p, 0)
         elif p.pp_schedule == "interleaved":
             v = max(int(p.pp_virtual), 1)
@@ -257,7 +258,7 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
         else:
             n = np.asarray(inflight_microbatches(p, acc[sel], 0), dtype=np.float64)
             act = n * S - (n - 1.0) * T + loss_bwd(walked, sel)
-        if not is_fsdp(p):
+        if not sharded:
             # every backward moment holds the sharding's buffers (DDP's buckets, ZeRO's reduce bucket)
             act = act + float(sum(comm_buffers(arch, recipe, p, st)["backward"].values()))
             if not recipe.optimizer_in_backward and not torchtitan_pipe and (p.pp == 1 or p.pp_schedule == "1f1b"):
