@@ -9,7 +9,8 @@
   activation offload) equals the scalar estimate element by element;
 * an interleaved rank's moments that differ only in the outputs a last stage keeps are left out where they cannot
   be chosen: the same phases as every moment of the schedule; the moments several accumulation counts share are
-  selected once, and a tie between moments of different bytes falls back to each count apart (``unique``);
+  selected once, and a tie between moments of different bytes falls back to each count apart (``unique``); the
+  floor's first backward moment, counted alone, is the schedule's first;
 * for every stack a plan answers as its exhaustive search (the same rows, figures and near misses);
 * the state inventory counts each kind of tensor once (``detailed/states.py`` ``_stage_kinds``) and FSDP2's groups
   once per distinct block (``rank_groups``): the sums of every tensor apart.
@@ -161,6 +162,15 @@ def test_moments_differing_only_in_kept_outputs_are_left_out():
     assert len(same) == len(most) == len({sig(mo) for mo in every}) < len(every)
     assert list(same) == [mo for k, mo in enumerate(every) if sig(mo) not in {sig(m) for m in every[:k]}]
     assert all(mo.outputs == max(m.outputs for m in every if sig(m) == sig(mo)) for mo in most)
+
+
+def test_first_backward_counts_are_the_first_moments():
+    # the floor reads only the first backward's moment: the same counts as the whole schedule's first moment
+    cases = [(pp, v, m, stage) for pp in (2, 3, 4, 8) for v in (1, 2, 3, 5) for m in (1, 2, 3, 4, 7, 8, 16, 24)
+             for stage in {0, 1, pp - 1}]
+    for case in cases:
+        assert phases.first_backward_counts(*case) == phases._moments(*case)[0].counts, case
+    assert len({phases.first_backward_counts(*c) for c in cases}) > 50  # (not a constant answer)
 
 
 def _listed(p):

@@ -30,10 +30,10 @@ from ..training_setup import Parallelism, Recipe, validated_replace
 from .activations import activation_profile, loss_backward, saved_parts, saved_total, walk_parallelism
 from .distributed import is_fsdp, stack_groups, walk_recipe
 from .graph import tok, vbytes
-from .phases import (COMPONENTS, INPUT_BYTES_PER_TOKEN, PHASES, PhaseResult, StepShape, _moments, _pipeline_holds,
-                     busier_stage, chunk_saved, comm_buffers, deepspeed_stage, fsdp_loss_buffers, inflight_microbatches,
-                     megatron_phases, megatron_stage, pipeline_comm, pipeline_table, reported_stages, stage_phases,
-                     step_shape)
+from .phases import (COMPONENTS, INPUT_BYTES_PER_TOKEN, PHASES, PhaseResult, StepShape, _pipeline_holds,
+                     busier_stage, chunk_saved, comm_buffers, deepspeed_stage, first_backward_counts, fsdp_loss_buffers,
+                     inflight_microbatches, megatron_phases, megatron_stage, pipeline_comm, pipeline_table,
+                     reported_stages, stage_phases, step_shape)
 from .states import StateBytes, rank_groups, state_bytes
 
 #: Parallelism fields that change only the sharding of the model states and the communication buffers
@@ -165,7 +165,7 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
       0 otherwise);
     * with the interleaved schedule (``v`` virtual stages), ``A = sum_k c_k S_k + (v - c_0) T`` at the first
       backward's moment on stage 0, ``c_k`` micro-batches of chunk ``k`` in flight then (for the element's
-      micro-batch count: :func:`~trainfit.detailed.phases.interleaved_moments`) and ``S_k`` the chunk's saved bytes
+      micro-batch count: :func:`~trainfit.detailed.phases.first_backward_counts`) and ``S_k`` the chunk's saved bytes
       without the received activations and rotary tables (:func:`~trainfit.detailed.phases.chunk_saved`).
 
     On a torchtitan pipeline with 1F1B or GPipe, the last stage adds a bound without a walk: its own states, the
@@ -253,7 +253,7 @@ def step_floor(arch: ArchSpec, recipe: Recipe, pars: Sequence[Parallelism], whic
             T = spread(T, act.shape)
             for m in values_in(accs):
                 at = accs == m
-                counts = _moments(p.pp, v, int(m), 0)[0].counts  # the first backward's moment
+                counts = first_backward_counts(p.pp, v, int(m), 0)  # the first backward's moment
                 act[at] = sum(cnt * ch[at] for cnt, ch in zip(counts, chunks)) + (v - counts[0]) * T[at]
         else:
             n = np.asarray(inflight_microbatches(p, acc[sel], 0), dtype=np.float64)

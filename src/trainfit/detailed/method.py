@@ -337,8 +337,10 @@ class Detailed(MemoryMethod):
         reported stage that adds the least and without the flash kernel's scratch (>= 0): every overhead term is a
         non-decreasing function of the peak (constants, or a fraction of it: :mod:`.overheads`, :mod:`.allocator`),
         so at the real peak they add at least as much. With ``limit`` (bytes), a group whose model states alone are
-        over it everywhere is not walked (its floor stays those states and the overheads, over the limit all the
-        same). A layout search prunes with it."""
+        over it everywhere is not walked (its floor stays those states, over the limit all the same), and a sharding
+        whose floor is over it everywhere gets no overheads: a floor over ``limit`` is a lower bound, not the
+        tightest one (a search refines it, no ``limit``, only for a layout it may still name). A layout search
+        prunes with it."""
         shape = x.shape
         flat = _flat_columns(x)
         n = int(np.prod(shape)) if shape else 1
@@ -361,8 +363,8 @@ class Detailed(MemoryMethod):
                 toks, scs = (spread(v, floor.shape) for v in (sh.tokens, sh.scores))
                 for k, (par, run) in enumerate(zip(given, pars)):
                     sel = which == k
-                    if not sel.any():
-                        continue
+                    if not sel.any() or (limit is not None and bool(np.all(floor[sel] > limit))):
+                        continue  # (over the limit already: the overheads, >= 0, would only add to it)
                     added = [sum((o.bytes for o in _added(arch, first.recipe, par, run, stage, toks[sel], floor[sel],
                                                            scs[sel], "", platform)[1]), 0.0)
                              for stage in reported_stages(run)]

@@ -165,6 +165,20 @@ def interleaved_moments(par: Parallelism, m: int, stage: int) -> list[_Moment]:
 
 
 @lru_cache(maxsize=4096)
+def first_backward_counts(pp: int, v: int, m: int, stage: int) -> tuple[int, ...]:
+    """``counts`` of the first moment of :func:`_moments` (the rank's first backward), without the rest of the
+    schedule: the chunk micro-batches the forwards before it leave in flight (:func:`interleaved_order`: its warm-up
+    forwards and, where any step of one forward and one backward follows, that step's forward; every forward
+    where none does). A layout search's floors read only this of the splits it then prunes."""
+    mpr = m // max(1, m // pp)
+    warm = min((v - 1) * mpr + 2 * (pp - 1 - stage), m * v)
+    counts = [0] * v
+    for op in range(warm + 1 if warm < m * v else warm):
+        counts[(op // mpr) % v] += 1
+    return tuple(counts)
+
+
+@lru_cache(maxsize=4096)
 def _deciding_moments(pp: int, v: int, m: int, stage: int, outputs_weigh: bool) -> tuple[_Moment, ...]:
     """The moments of :func:`_moments` whose candidates can set a peak, in their order. Moments that differ only
     in ``outputs`` make the same candidates but for the kept outputs, a term every component of theirs holds
