@@ -416,18 +416,26 @@ def _state_recipe(values: tuple) -> Recipe:
 @lru_cache(maxsize=1024)
 def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0) -> StateBytes:
     """Exact model-state bytes of ``arch`` trained with ``recipe``, split as ``par`` says, on one rank of
-    pipeline ``stage``."""
-    tp, ep, dp, zero = par.tp, par.ep, par.dp, par.zero_stage
-    fsdp = is_fsdp(par)
-    key = _state_recipe(tuple(getattr(recipe, f) for f in _STATE_RECIPE_FIELDS))
-    u = _unsharded(arch, key, tp, ep, par.pp, stage, par.tp_plan, dp if fsdp else 1)
+    pipeline ``stage``: counted once per distinct value of what they read (:func:`_state_bytes`), which setups
+    that differ in checkpointing, context parallelism or the pipeline schedule share."""
+    return _state_bytes(arch, _state_recipe(tuple(getattr(recipe, f) for f in _STATE_RECIPE_FIELDS)), par.tp, par.ep,
+                        par.dp, par.zero_stage, is_fsdp(par), par.pp, par.tp_plan, par.ddp_bucket_view, stage)
+
+
+@lru_cache(maxsize=1024)
+def _state_bytes(arch: ArchSpec, key: Recipe, tp: int, ep: int, dp: int, zero: int, fsdp: bool, pp: int,
+                 tp_plan: str, bucket_view: bool, stage: int) -> StateBytes:
+    """:func:`state_bytes` from all it reads: the recipe's :data:`_STATE_RECIPE_FIELDS` (``key``: the others at
+    their defaults), the degrees, the sharding stage (``zero``: :attr:`Parallelism.zero_stage`), FSDP2 over more
+    than one rank, the tensor-parallel plan and DDP's bucket view."""
+    u = _unsharded(arch, key, tp, ep, pp, stage, tp_plan, dp if fsdp else 1)
     params_b, train_b, n_all, n_train, master, grads, fp32g, states, steps, temp = (
         u.params_b, u.train_b, u.n_all, u.n_train, u.master, u.grads, u.fp32g, u.states, u.steps, u.temp)
     largest_layer, largest, grads_part = u.largest_layer, u.largest, dict(u.grads_part)
     items_len, train_len = u.n_tensors, u.n_trainable_tensors
     if fsdp:
         zero = 0  # sharded tensor by tensor in the inventory, exactly; no flat ZeRO partitions
-    if dp > 1 and zero == 0 and par.ddp_bucket_view and not fsdp:
+    if dp > 1 and zero == 0 and bucket_view and not fsdp:
         # DDP's gradient_as_bucket_view: .grad are views of the reducer's buckets (counted with them)
         grads = 0
         grads_part = {k: 0 for k in grads_part}
@@ -438,18 +446,18 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
         grads_part = {k: _shard(v, dp) for k, v in grads_part.items()}
     if zero >= 3 and dp > 1:
         params_b = _shard(params_b, dp)
-        if recipe.fp32_grads:
+        if key.fp32_grads:
             # DeepSpeed ZeRO-3 reduce-scatters 16-bit gradients straight into the fp32 gradient partition
             grads = 0
             grads_part = {k: 0 for k in grads_part}
         train_b = _shard(train_b, dp)
     host_offloaded = 0
-    if recipe.offload == "optimizer":
+    if key.offload == "optimizer":
         # DeepSpeed ZeRO-Offload (offload_optimizer): the optimizer state, its step and the fp32 master weights
         # (and fp32 gradient copy) live in host memory and the step runs on the CPU; nothing of it on the device
         host_offloaded = states + steps + master + fp32g
         states = steps = master = fp32g = temp = 0
-    elif recipe.offload == "params":
+    elif key.offload == "params":
         # FSDP2's CPUOffloadPolicy: the sharded parameters, their gradients, the optimizer state and the step (its
         # temporaries too) live in host memory; the device holds only what each all-gather and reduce-scatter
         # copies over (:mod:`.offload`)
@@ -461,7 +469,7 @@ def state_bytes(arch: ArchSpec, recipe: Recipe, par: Parallelism, stage: int = 0
                       step_counters=steps, opt_temp=temp, largest_layer_params=largest_layer,
                       largest_tensor=largest, n_tensors=items_len, n_trainable_tensors=train_len,
                       grads_embed=grads_part["embed"], grads_head=grads_part["head"],
-                      compute_copy_params=n_all, buffers=model_buffers(arch, recipe) if stage == 0 else 0,
+                      compute_copy_params=n_all, buffers=model_buffers(arch, key) if stage == 0 else 0,
                       host_opt_states=_shard(u.host_states, dp) if zero >= 1 and dp > 1 else u.host_states,
                       largest_grad=u.largest_grad, largest_step_temp=u.largest_step_temp,
                       host_offloaded=host_offloaded)
