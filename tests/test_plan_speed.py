@@ -43,6 +43,7 @@ def test_a_sweep_element_is_the_setup_build_makes():
         fast = x.setup_at(i)
         slow = TrainingSetup.build(x.models[0], x.devices[0], **{n: x.value_at(n, i) for n in FIELD_NAMES})
         assert fast == slow and fast.warnings == slow.warnings
+        assert list(fast.flat().items()) == list(slow.flat().items())  # (the flat fields, in their order)
         assert hash(fast.recipe) == hash(slow.recipe) and hash(fast.parallel) == hash(slow.parallel)
         for n in FIELD_NAMES:
             assert type(fast.value(n)) is type(slow.value(n)), n

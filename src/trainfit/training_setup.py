@@ -376,10 +376,11 @@ class TrainingSetup:
     @classmethod
     def validated(cls, model: ModelRef, hardware: Optional[DeviceRef], fields: dict[str, Any]) -> "TrainingSetup":
         """A setup from flat fields that already passed every field rule and every rule between fields, canonical
-        (``fields``: every name of :data:`FIELD_NAMES`, as :meth:`trainfit.sweep.SetupArrays.setup_at` decodes one
-        element of a sweep that :func:`~trainfit.sweep.encode` checked whole; ``model`` and ``hardware``
-        resolved): the same object :meth:`build` makes, without running the rules again (its warnings, issued by the
-        sweep's encoding, are derived when read). Anything else goes through :meth:`build`."""
+        (``fields``: every name of :data:`FIELD_NAMES`, in its order and no other, as
+        :meth:`trainfit.sweep.SetupArrays.setup_at` decodes one element of a sweep that
+        :func:`~trainfit.sweep.encode` checked whole; ``model`` and ``hardware`` resolved): the same object
+        :meth:`build` makes, without running the rules again (its warnings, issued by the sweep's encoding, are
+        derived when read). Anything else goes through :meth:`build`."""
         # (frozen dataclasses with an instance dict: their fields set there, as object.__setattr__ would)
         recipe = object.__new__(Recipe)
         recipe.__dict__.update({name: fields[name] for name in RECIPE_FIELDS})
@@ -388,7 +389,7 @@ class TrainingSetup:
         out = object.__new__(cls)
         out.__dict__.update(model=model, hardware=hardware, batch=fields["batch"], seq_len=fields["seq_len"],
                             accumulation=fields["accumulation"], recipe=recipe, parallel=parallel,
-                            _flat={n: fields[n] for n in FIELD_NAMES})  # (as flat() would read them)
+                            _flat=fields.copy())  # (as flat() would read them: every field, in its order)
         return out
 
     def replace(self, **fields: Any) -> "TrainingSetup":

@@ -204,7 +204,7 @@ def _moments(pp: int, v: int, m: int, stage: int) -> tuple[_Moment, ...]:
     """:func:`interleaved_moments` of ``pp`` ranks, ``v`` chunks each and ``m`` micro-batches (what it reads of
     the layout: every split with the same schedule shares them)."""
     counts = [0] * v
-    done: set[int] = set()
+    done: frozenset[int] = frozenset()
     out: list[_Moment] = []
     seen = set()
     fwd = False
@@ -215,12 +215,13 @@ def _moments(pp: int, v: int, m: int, stage: int) -> tuple[_Moment, ...]:
             outputs += c == v - 1
             fwd = True
             continue
-        mo = _Moment(tuple(counts), c, frozenset(done), fwd, not out and not seen, outputs)
-        if (mo.counts, c, mo.done, fwd, outputs) not in seen:
-            seen.add((mo.counts, c, mo.done, fwd, outputs))
-            out.append(mo)
+        key = (tuple(counts), c, done, fwd, outputs)
+        if key not in seen:  # (a moment made only where it is new: thousands of backwards repeat a few)
+            seen.add(key)
+            out.append(_Moment(key[0], c, done, fwd, not out, outputs))
         counts[c] -= 1
-        done.add(c)
+        if c not in done:
+            done = done | {c}
         fwd = False
     return tuple(out)
 
