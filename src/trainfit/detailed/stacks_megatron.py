@@ -32,6 +32,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..errors import TrainfitError
+from ..method import check_accepts
+
 BLOCK = 512  #: the CUDA caching allocator's rounding (c10/cuda/CUDACachingAllocator.cpp kMinBlockSize)
 #: elements: parameter starts aligned to 64, bucket ends to lcm(dp, 128) (optimizer/param_layout.py)
 PARAM_ALIGN = 64
@@ -183,9 +186,6 @@ ACCUMULATION_KEEPS_PEAK = ("with one pipeline stage megatron-core runs each micr
 
 def check(setup: Any) -> None:
     """Refuse, in one line, what the megatron model does not cover (as the measured step refuses it)."""
-    from ..errors import TrainfitError
-    from ..method import check_accepts
-
     check_accepts(setup, "detailed (--stack megatron)", ACCEPTS)
     p = setup.parallel
     if setup.accumulation > 1 and p.pp == 1:
@@ -380,8 +380,6 @@ PIPELINE_RECOMPUTE = ("none", "selective", "full")
 def check_pipeline(setup: Any) -> None:
     """Refuse, in one line, a pipelined megatron layout the stage model does not cover (it is checked against
     megatron's 1F1B schedule on the first and the last stage, bf16, without tensor parallelism)."""
-    from ..errors import TrainfitError
-
     p, r = setup.parallel, setup.recipe
     layers = int(setup.model.arch.num_layers)
     if layers % p.pp:
