@@ -25,7 +25,7 @@ from .layouts import PER_ELEMENT, SHARDING_FIELDS, layout_phases, sharding_group
 from .overheads import overheads
 from .overheads import Overhead
 from .overheads import overheads as overheads_of
-from .phases import COMPONENTS, PHASES, PhaseResult, compute_phases, reported_stages, step_shape
+from .phases import COMPONENTS, PHASES, PhaseResult, compute_phases, reported_stages, step_model, step_shape
 
 NAME = "detailed"
 TRAINING_PRECISIONS = tuple(p for p, spec in PRECISIONS.items() if spec.trainable)
@@ -135,14 +135,9 @@ class Detailed(MemoryMethod):
             raise TrainfitError(f"the detailed method models stack {r.stack!r}'s MoE step (torchtitan v0.2.0's Qwen3 "
                                 f"MoE) on one GPU or under FSDP2 (--dp N --fsdp); got --tp {par_.tp} --ep {par_.ep} "
                                 f"--pp {par_.pp} --cp {par_.cp} --dp {par_.dp} --fsdp {par_.fsdp}")
-        if behaviour_of(r).step == "megatron-gpt":  # megatron-core's own step: what its model covers
-            from . import stacks_megatron
-
-            stacks_megatron.check(setup)
-        if behaviour_of(r).step == "deepspeed-zero":  # DeepSpeed's ZeRO engine: what its model covers
-            from . import stacks_deepspeed
-
-            stacks_deepspeed.check(setup)
+        own = step_model(behaviour_of(r).step)
+        if own is not None:  # megatron-core's own step, DeepSpeed's ZeRO engine: what its model covers
+            own.check(setup)
         par = setup.parallel
         if r.loss != "model" and behaviour_of(r).loss != "shift-upcast":
             raise TrainfitError(f"--loss {r.loss} replaces transformers' loss; stack {r.stack!r} computes its own "
@@ -178,9 +173,7 @@ class Detailed(MemoryMethod):
         search over layouts may then count an accumulating layout, which :meth:`check` refuses, at one
         micro-batch."""
         if behaviour_of(setup.recipe).step == "megatron-gpt" and setup.parallel.pp == 1:
-            from . import stacks_megatron
-
-            return stacks_megatron.ACCUMULATION_KEEPS_PEAK
+            return step_model("megatron-gpt").ACCUMULATION_KEEPS_PEAK
         return ""
 
     def stack_fields(self, stack: str) -> dict[str, Any]:

@@ -778,13 +778,29 @@ def _compute_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, accumulatio
     return stage_phases(arch, recipe, par, st, pr, comm, accumulation, stage, micro_batch, seq_len)
 
 
+@lru_cache(maxsize=None)
+def step_model(step: str) -> Any:
+    """The module modelling a step another program runs, by its stack behaviour's ``step``: ``megatron-gpt``
+    :mod:`.stacks_megatron`, ``deepspeed-zero`` :mod:`.stacks_deepspeed` (their checks and closed forms), imported
+    on first use (a plan for another stack never loads them) and then looked up, not imported, by a search's
+    thousands of checks; None for PyTorch's step, which the walk models."""
+    if step == "megatron-gpt":
+        from . import stacks_megatron
+
+        return stacks_megatron
+    if step == "deepspeed-zero":
+        from . import stacks_deepspeed
+
+        return stacks_deepspeed
+    return None
+
+
 def megatron_phases(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batch: Any, seq_len: Any, stage: int = 0,
                     accumulation: Any = 1) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Each phase's components (bytes, :data:`COMPONENTS`) and each phase's peak of megatron-core's step on pipeline
     ``stage``: its closed forms (:func:`trainfit.detailed.stacks_megatron.phase_bytes`, with --pp
     :func:`~trainfit.detailed.stacks_megatron.pipeline_phase_bytes`), no walk."""
-    from . import stacks_megatron
-
+    stacks_megatron = step_model("megatron-gpt")
     tokens = step_shape(par, micro_batch, seq_len).tokens
     gpt = stacks_megatron.GptShape.of_arch(arch)
     if par.pp > 1:  # its pipeline is modelled with tp 1 (sequence parallelism needs tp > 1)
@@ -823,8 +839,7 @@ def deepspeed_stage(arch: ArchSpec, recipe: Recipe, par: Parallelism, micro_batc
     """A stack whose step is DeepSpeed's ZeRO engine around the transformers model (behaviour ``step:
     deepspeed-zero``): the hf walk in the engine's dtype on one device, its model states replaced by the engine's
     (:func:`trainfit.detailed.stacks_deepspeed.phase_bytes`)."""
-    from . import stacks_deepspeed as ds
-
+    ds = step_model("deepspeed-zero")
     rec, one = ds.engine_recipe(recipe), ds.walk_parallel(par)
     st = state_bytes(arch, rec, one, 0)
     pr = activation_profile(arch, walk_recipe(rec, one), walk_parallelism(one), 0)
