@@ -148,6 +148,19 @@ class SetupArrays:
                 values[k] = at[i]
             m, d = values[0], values[1]
             fields = dict(zip(FIELD_NAMES, values[2:]))
+        elif len(self.shape) == 1:  # (a few elements of a 1-D sweep: each column read at one position)
+            i = int(index[0] if isinstance(index, tuple) else index)
+            shape, choices, values_ = self.shape, self.choices, self.values
+            m = int(_element(self.model_index, shape, i))
+            d = int(_element(self.device_index, shape, i))
+            fields = {}
+            for n in FIELD_NAMES:
+                a = values_[n]
+                nd = getattr(a, "ndim", None)
+                v = _element(a, shape, i) if nd is None or (nd and a.shape != shape) else (
+                    a.item(i) if nd else a.item())
+                ch = choices.get(n)
+                fields[n] = ch[v] if ch is not None else v
         else:
             m = int(_element(self.model_index, self.shape, index))
             d = int(_element(self.device_index, self.shape, index))
