@@ -494,10 +494,10 @@ def validated_replace(part: Any, **fields: Any) -> Any:
     field rules, canonical (as a validated sweep decodes them): what ``dataclasses.replace`` makes, without running
     the rules again."""
     out = object.__new__(type(part))
-    out.__dict__.update(part.__dict__)
-    out.__dict__.pop(HASH_KEY, None)  # (the fields change: hashed again when asked)
-    for name, value in fields.items():
-        object.__setattr__(out, name, value)
+    d = out.__dict__  # (frozen dataclasses: their fields live in the instance dict, as object.__setattr__ sets them)
+    d.update(part.__dict__)
+    d.pop(HASH_KEY, None)  # (the fields change: hashed again when asked)
+    d.update(fields)
     return out
 
 
