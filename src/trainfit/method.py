@@ -182,7 +182,11 @@ def check_accepts(setup: TrainingSetup, method: str, accepts: dict[str, Optional
     table is a constant, never changed in place.)"""
     flat = setup.flat()
     sc = _screen(accepts)
-    first: Optional[tuple[int, str]] = next(((i, n) for i, n, allowed in sc.listed if flat[n] not in allowed), None)
+    first: Optional[tuple[int, str]] = None
+    for i, n, allowed in sc.listed:
+        if flat[n] not in allowed:
+            first = (i, n)
+            break
     values = sc.values(flat)
     if values != sc.defaults:
         for i, name, value, default in zip(sc.positions, sc.names, values, sc.defaults):

@@ -128,18 +128,19 @@ class Detailed(MemoryMethod):
         check_accepts(setup, NAME, _CHECKED)
         check_model(setup)
         par_ = setup.parallel
-        if (behaviour_of(r).moe == "torchtitan-grouped" and setup.model.arch.num_experts > 0
+        beh = behaviour_of(r)
+        if (beh.moe == "torchtitan-grouped" and setup.model.arch.num_experts > 0
                 and (par_.tp > 1 or par_.ep > 1 or par_.pp > 1 or par_.cp > 1 or (par_.dp > 1 and not par_.fsdp))):
             # checked against its measured corpus on one GPU and under FSDP2 (v0.2.0's wrapping); its tensor,
             # expert, pipeline and context parallelism and DDP are not measured
             raise TrainfitError(f"the detailed method models stack {r.stack!r}'s MoE step (torchtitan v0.2.0's Qwen3 "
                                 f"MoE) on one GPU or under FSDP2 (--dp N --fsdp); got --tp {par_.tp} --ep {par_.ep} "
                                 f"--pp {par_.pp} --cp {par_.cp} --dp {par_.dp} --fsdp {par_.fsdp}")
-        own = step_model(behaviour_of(r).step)
+        own = step_model(beh.step)
         if own is not None:  # megatron-core's own step, DeepSpeed's ZeRO engine: what its model covers
             own.check(setup)
         par = setup.parallel
-        if r.loss != "model" and behaviour_of(r).loss != "shift-upcast":
+        if r.loss != "model" and beh.loss != "shift-upcast":
             raise TrainfitError(f"--loss {r.loss} replaces transformers' loss; stack {r.stack!r} computes its own "
                                 "(accepted there: --loss model)")
         if r.loss != "model" and (setup.model.arch.task != "causal_lm" or par.tp > 1 or par.cp > 1):
