@@ -82,8 +82,7 @@ def interleaved_order(pp: int, rank: int, microbatches: int, virtual: int) -> li
     forwards, chunk ``(op // mpr) mod v`` (depth first), then one forward and one backward in turn, the
     backwards from the last chunk down (``v - 1 - ((op - warm-up) // mpr) mod v``), then the remaining backwards."""
     m, v = int(microbatches), int(virtual)
-    mpr = m // max(1, m // pp)
-    warm = min((v - 1) * mpr + 2 * (pp - 1 - rank), m * v)
+    mpr, warm = _warm_up(pp, rank, m, v)
     total = m * v
 
     def bwd(op: int) -> int:
@@ -94,6 +93,12 @@ def interleaved_order(pp: int, rank: int, microbatches: int, virtual: int) -> li
         out += [("F", (op // mpr) % v), ("B", bwd(op))]
     out += [("B", bwd(op)) for op in range(total, total + warm)]
     return out
+
+
+def _warm_up(pp: int, rank: int, m: int, v: int) -> tuple[int, int]:
+    """(micro-batches per round, warm-up forwards) of pipeline ``rank`` under :func:`interleaved_order`."""
+    mpr = m // max(1, m // pp)
+    return mpr, min((v - 1) * mpr + 2 * (pp - 1 - rank), m * v)
 
 
 def chunk_layers_of(arch: ArchSpec, par: Parallelism, stage: int) -> list[tuple[int, int]]:
@@ -170,8 +175,7 @@ def first_backward_counts(pp: int, v: int, m: int, stage: int) -> tuple[int, ...
     schedule: the chunk micro-batches the forwards before it leave in flight (:func:`interleaved_order`: its warm-up
     forwards and, where any step of one forward and one backward follows, that step's forward; every forward
     where none does). A layout search's floors read only this of the splits it then prunes."""
-    mpr = m // max(1, m // pp)
-    warm = min((v - 1) * mpr + 2 * (pp - 1 - stage), m * v)
+    mpr, warm = _warm_up(pp, stage, m, v)
     counts = [0] * v
     for op in range(warm + 1 if warm < m * v else warm):
         counts[(op // mpr) % v] += 1
