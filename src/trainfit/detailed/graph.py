@@ -40,8 +40,15 @@ def vscale(a: Vec, k: float) -> Vec:
 
 
 def vbytes(v: Vec, tokens, positions, scores):
-    """Bytes of a byte-vector for numeric (or numpy) tokens, positions and score counts."""
-    return v[0] * tokens + v[1] * positions + v[2] * scores + v[3]
+    """Bytes of a byte-vector for numeric (or numpy) tokens, positions and score counts. (A zero component's term
+    is left out: adding 0 * x, x finite, changes no sum; over arrays each term is a pass.)"""
+    t, p, s, c = v
+    out = t * tokens
+    if p:
+        out = out + p * positions
+    if s:
+        out = out + s * scores
+    return out + c
 
 
 @dataclass(eq=False, slots=True)
