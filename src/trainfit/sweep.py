@@ -155,10 +155,7 @@ class SetupArrays:
             d = int(_element(self.device_index, shape, i))
             fields = {}
             for n in FIELD_NAMES:
-                a = values_[n]
-                nd = getattr(a, "ndim", None)
-                v = _element(a, shape, i) if nd is None or (nd and a.shape != shape) else (
-                    a.item(i) if nd else a.item())
+                v = _element(values_[n], shape, i)
                 ch = choices.get(n)
                 fields[n] = ch[v] if ch is not None else v
         else:
