@@ -324,3 +324,25 @@ def test_fsdp_groups_made_once_per_distinct_block_are_every_blocks_own(model, re
     arch, r, p = resolve_arch(model), Recipe(**recipe), Parallelism(**par, dp=dp, fsdp=True)
     root, blocks, head, embed = fsdp_groups(r, p, *_stage_tensors(arch, r, p, stage))
     assert rank_groups(arch, r, p, stage) == (root, tuple(blocks), head, embed)
+
+
+def test_a_stack_models_table_screen_splits_as_checking_every_layout(monkeypatch):
+    # planner/own_memory.split finds the layouts megatron's own model refuses by its field table over arrays
+    # (first_refusals) and checks one layout per refused field and value: the same notes, memory and ranking as
+    # checking every layout
+    from trainfit.detailed.method import Detailed
+    from trainfit.planner import own_memory
+
+    checks = []
+    real_check = Detailed.check
+    monkeypatch.setattr(Detailed, "check", lambda self, s: (checks.append(1), real_check(self, s))[1])
+    args = dict(global_batch=64, seq_len=8192, stack="megatron", top=8, rejected=8, near_misses=8)
+    screened = plan("llama-3.2-1b", "h100", 32, **args)
+    n_screened = len(checks)
+    monkeypatch.setattr(own_memory, "first_refusals", lambda x, rows, accepts: np.full(len(rows), -1))
+    checks.clear()
+    every = plan("llama-3.2-1b", "h100", 32, **args)
+    assert any("cannot express cp=" in n for n in screened.notes), screened.notes
+    assert screened.notes == every.notes and _listed(screened) == _listed(every)
+    assert np.array_equal(screened.cloud.total_bytes, every.cloud.total_bytes, equal_nan=True)
+    assert n_screened < len(checks) / 2

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Callable, Optional, Protocol
 
+import numpy as np
+
 from .errors import TrainfitError, unknown_choice
 from .result import Estimate
 from .sweep import SetupArrays, SweepOutput
@@ -208,6 +210,47 @@ def check_accepts(setup: TrainingSetup, method: str, accepts: dict[str, Optional
                         f"its default {_show(DEFAULTS[name])}")
 
 
+def first_refusals(x: SetupArrays, rows: np.ndarray, accepts: dict[str, Optional[Collection[Any]]]) -> np.ndarray:
+    """:func:`check_accepts` over the elements ``rows`` (flat indices) of a sweep at once, without their setups: per
+    element the position in :data:`FIELD_NAMES` of the field it names first, -1 where it names none, -2 where that
+    turns on whether a field that matters only in some setups (:data:`CONDITIONAL_FIELDS`) matters there (those
+    elements are left to :func:`check_accepts`, setup by setup)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.full(rows.size, -1, dtype=np.int64)
+    open_ = np.ones(rows.size, dtype=bool)
+    for i, name in enumerate(FIELD_NAMES):
+        if name in accepts:
+            allowed = accepts[name]
+            if allowed is None:
+                continue
+            bad = _holds(x, name, rows, lambda v, allowed=allowed: v not in allowed)
+        else:
+            bad = _holds(x, name, rows, lambda v, default=DEFAULTS[name]: v != default)
+        hit = bad & open_
+        if hit.any():
+            out[hit] = -2 if name not in accepts and name in CONDITIONAL_FIELDS else i
+            open_ &= ~hit
+            if not open_.any():
+                break
+    return out
+
+
+def _holds(x: SetupArrays, name: str, rows: np.ndarray, test: Callable[[Any], bool]) -> np.ndarray:
+    """``test`` of field ``name``'s value (decoded, as a setup holds it) at each of ``rows``: once per distinct
+    value."""
+    a, choices = x.values[name], x.choices.get(name)
+    if np.ndim(a) == 0:
+        v = a.item() if hasattr(a, "item") else a
+        return np.full(rows.size, bool(test(choices[v] if choices is not None else v)))
+    col = (a if a.shape == x.shape else np.broadcast_to(a, x.shape)).reshape(-1)[rows]
+    if choices is not None:
+        return np.asarray([bool(test(c)) for c in choices], dtype=bool)[col]
+    if col.dtype == object:
+        return np.asarray([bool(test(v)) for v in col.tolist()], dtype=bool)
+    values, at = np.unique(col, return_inverse=True)
+    return np.asarray([bool(test(v)) for v in values.tolist()], dtype=bool)[at.reshape(-1)]
+
+
 #: fields whose values decide whether another field matters (see training_setup.relevant)
 _SWITCHES = ("tp", "pp", "dp", "zero", "fsdp", "lora_rank", "checkpointing", "pp_schedule")
 
@@ -229,4 +272,4 @@ def _show(value: Any) -> str:
 
 
 __all__ = ["DETAIL_SECTIONS", "MemoryMethod", "MethodOption", "Presentation", "SetupArrays", "SweepOutput",
-           "check_accepts", "refusable"]
+           "check_accepts", "first_refusals", "refusable"]

@@ -113,9 +113,20 @@ class Detailed(MemoryMethod):
     def applies(self, setup: TrainingSetup) -> bool:
         return setup.model.arch is not None
 
+    def leading_table(self, stack: str) -> Optional[dict[str, Any]]:
+        """The field table of ``stack``'s own step model where it has one (megatron-core's:
+        :data:`~trainfit.detailed.stacks_megatron.ACCEPTS`), which :meth:`check` refuses by before anything else:
+        a search finds the refusals of thousands of layouts from the table alone, over arrays
+        (:func:`~trainfit.method.first_refusals`; planner/own_memory.py). None for the others."""
+        return getattr(step_model(get_stack(stack).behaviour.step), "ACCEPTS", None)
+
     def check(self, setup: TrainingSetup) -> None:
-        setup.model.require_arch(NAME)
         r = setup.recipe
+        beh = behaviour_of(r)
+        own = step_model(beh.step)
+        if getattr(own, "ACCEPTS", None) is not None:  # (first: see leading_table)
+            check_accepts(setup, own.LABEL, own.ACCEPTS, own.HINTS)
+        setup.model.require_arch(NAME)
         if r.trainable_fraction != 1.0:
             raise TrainfitError("the detailed method trains all parameters or LoRA adapters; use lora_rank instead "
                                 f"of trainable_fraction {r.trainable_fraction} (or the first-order method)")
@@ -128,7 +139,6 @@ class Detailed(MemoryMethod):
         check_accepts(setup, NAME, _CHECKED)
         check_model(setup)
         par_ = setup.parallel
-        beh = behaviour_of(r)
         if (beh.moe == "torchtitan-grouped" and setup.model.arch.num_experts > 0
                 and (par_.tp > 1 or par_.ep > 1 or par_.pp > 1 or par_.cp > 1 or (par_.dp > 1 and not par_.fsdp))):
             # checked against its measured corpus on one GPU and under FSDP2 (v0.2.0's wrapping); its tensor,
@@ -136,7 +146,6 @@ class Detailed(MemoryMethod):
             raise TrainfitError(f"the detailed method models stack {r.stack!r}'s MoE step (torchtitan v0.2.0's Qwen3 "
                                 f"MoE) on one GPU or under FSDP2 (--dp N --fsdp); got --tp {par_.tp} --ep {par_.ep} "
                                 f"--pp {par_.pp} --cp {par_.cp} --dp {par_.dp} --fsdp {par_.fsdp}")
-        own = step_model(beh.step)
         if own is not None:  # megatron-core's own step, DeepSpeed's ZeRO engine: what its model covers
             own.check(setup)
         par = setup.parallel

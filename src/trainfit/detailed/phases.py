@@ -787,7 +787,8 @@ def step_model(step: str) -> Any:
     """The module modelling a step another program runs, by its stack behaviour's ``step``: ``megatron-gpt``
     :mod:`.stacks_megatron`, ``deepspeed-zero`` :mod:`.stacks_deepspeed` (their checks and closed forms), imported
     on first use (a plan for another stack never loads them) and then looked up, not imported, by a search's
-    thousands of checks; None for PyTorch's step, which the walk models."""
+    thousands of checks; None for PyTorch's step, which the walk models. (A module with a field table, ``ACCEPTS``,
+    names itself in refusals by ``LABEL`` and gives ``HINTS``: :meth:`Detailed.check` reads that table first.)"""
     if step == "megatron-gpt":
         from . import stacks_megatron
 

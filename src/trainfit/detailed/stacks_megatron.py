@@ -33,7 +33,6 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import TrainfitError
-from ..method import check_accepts
 
 BLOCK = 512  #: the CUDA caching allocator's rounding (c10/cuda/CUDACachingAllocator.cpp kMinBlockSize)
 #: elements: parameter starts aligned to 64, bucket ends to lcm(dp, 128) (optimizer/param_layout.py)
@@ -184,9 +183,14 @@ ACCUMULATION_KEEPS_PEAK = ("with one pipeline stage megatron-core runs each micr
                            "forward_backward_no_pipelining, lines 787-835)")
 
 
+#: this model's name in its refusals, and why it refuses a field it leaves out where the name does not say
+LABEL = "detailed (--stack megatron)"
+HINTS = {"lora_rank": "megatron-core 0.19.2 trains every parameter, no LoRA adapters: use --stack hf for LoRA / QLoRA"}
+
+
 def check(setup: Any) -> None:
-    """Refuse, in one line, what the megatron model does not cover (as the measured step refuses it)."""
-    check_accepts(setup, "detailed (--stack megatron)", ACCEPTS)
+    """Refuse, in one line, what the megatron model does not cover (as the measured step refuses it) beyond the
+    fields of :data:`ACCEPTS`, which the detailed method checks first (its ``leading_table``)."""
     p = setup.parallel
     if setup.accumulation > 1 and p.pp == 1:
         raise TrainfitError("the detailed method models megatron's one-stage step for one micro-batch (--accum 1); "
@@ -528,8 +532,8 @@ def sequence_parallel_peak_over_saved_bytes(shape: GptShape, b: Any, s: Any, *, 
     return {"forward": np.maximum(softmax, loss), "backward": np.maximum(softmax_bwd + tied, loss_bwd)}
 
 
-__all__ = ["ACCEPTS", "ACCUMULATION_KEEPS_PEAK", "PIPELINE_RECOMPUTE", "GptShape", "MegatronState", "buffer_layout",
-           "check", "check_pipeline", "core_attention_saved", "head_saved_bytes", "layer_saved_bytes",
+__all__ = ["ACCEPTS", "ACCUMULATION_KEEPS_PEAK", "HINTS", "LABEL", "PIPELINE_RECOMPUTE", "GptShape", "MegatronState",
+           "buffer_layout", "check", "check_pipeline", "core_attention_saved", "head_saved_bytes", "layer_saved_bytes",
            "optimizer_temporaries", "peak_over_saved_bytes", "persistent_bytes", "phase_bytes",
            "pipeline_phase_bytes", "recompute_of", "rounded", "saved_bytes", "sequence_parallel_global_buffer_bytes",
            "sequence_parallel_peak_over_saved_bytes", "stage_param_sizes", "state_bytes"]

@@ -19,7 +19,11 @@ domain. The planner then splits the layouts:
   gives how many layouts were counted each way, by reason.
 
 The check runs once per distinct combination of what it can refuse in a plan's space (every layout field but the
-micro-batch; accumulation only as one or more than one step), in the stack's own words.
+micro-batch; accumulation only as one or more than one step), in the stack's own words. Where the method refuses
+the stack's setups by a field table before anything else (its ``leading_table``: megatron's, which leaves out
+context parallelism), the table is read over the arrays of every combination at once
+(:func:`~trainfit.method.first_refusals`), and the check runs for one combination per field and value it refuses
+(the same words for all of them), not for each.
 """
 from __future__ import annotations
 
@@ -32,7 +36,9 @@ import numpy as np
 
 from ..arrays import row_groups
 from ..errors import TrainfitError
+from ..method import first_refusals
 from ..sweep import SetupArrays
+from ..training_setup import FIELD_NAMES
 from .space import LayoutSpace
 
 
@@ -75,6 +81,28 @@ def _cause(text: str) -> tuple[str, str]:
     return re.sub(r"\d[\d.,e+]*", "N", text), text
 
 
+def _table_refusals(stack: str, method: Any, x: SetupArrays, rows: np.ndarray) -> list[tuple[int, int]]:
+    """Per layout at ``rows``: (the position in ``FIELD_NAMES`` of the field by which the table ``method``'s check
+    refuses ``stack``'s setups before anything else refuses it, a code of its value), or (-1, -1) where the table
+    alone does not tell (it takes the layout; or its refusal turns on whether a field matters there; or the field
+    is the batch or the accumulation, which a layout counted at one micro-batch changes)."""
+    lead = getattr(method, "leading_table", None)
+    lead = lead(stack) if lead is not None else None
+    none = [(-1, -1)] * len(rows)
+    if lead is None:
+        return none
+    pos = first_refusals(x, rows, lead)
+    pos[np.isin(pos, [FIELD_NAMES.index("batch"), FIELD_NAMES.index("accumulation")])] = -1
+    code = np.full(len(rows), -1, dtype=np.int64)
+    for p in np.unique(pos[pos >= 0]).tolist():
+        at = np.flatnonzero(pos == p)
+        a = x.values[FIELD_NAMES[p]]
+        col = np.broadcast_to(a, x.shape).reshape(-1)[np.asarray(rows)[at]]
+        code[at] = np.unique(col, return_inverse=True)[1].reshape(-1)
+    pos[pos < 0] = -1
+    return list(zip(pos.tolist(), code.tolist()))
+
+
 def split(stack: str, method: Any, space: LayoutSpace, accumulation: np.ndarray,
           encode_with: Callable[[dict[str, Any]], SetupArrays],
           encode_one: Optional[Callable[[np.ndarray, dict[str, Any]], SetupArrays]] = None) -> MemorySplit:
@@ -95,24 +123,35 @@ def split(stack: str, method: Any, space: LayoutSpace, accumulation: np.ndarray,
     reasons: dict[str, int] = {}
     why = np.full(len(first), -1)
     texts: list[str] = []
-    probes = [x_own.setup_at(int(i)) for i in first]
-    for g, probe in enumerate(probes):
-        try:
-            method.check(probe)
-            covered[g] = True
-        except TrainfitError as exc:
-            r, text = _reason(exc)
-            if r not in reasons:
-                reasons[r] = len(texts)
-                texts.append(text)
-            why[g] = reasons[r]
+    by_table = _table_refusals(stack, method, x_own, first)
+    told: dict[tuple[int, int], tuple[str, str]] = {}  # (field, value) -> the refusal the check words for it
+    probes: dict[int, Any] = {}
+    for g, i in enumerate(first):
+        said = told.get(by_table[g]) if by_table[g][0] >= 0 else None
+        if said is None:
+            probes[g] = probe = x_own.setup_at(int(i))
+            try:
+                method.check(probe)
+                covered[g] = True
+                continue
+            except TrainfitError as exc:
+                said = _reason(exc)
+            if by_table[g][0] >= 0:
+                told[by_table[g]] = said
+        r, text = said
+        if r not in reasons:
+            reasons[r] = len(texts)
+            texts.append(text)
+        why[g] = reasons[r]
     keeps = getattr(method, "accumulation_keeps_peak", None)
     at_one = np.zeros(len(first), dtype=bool)
     because = ""
     if keeps is not None and encode_one is not None:
         for g, i in enumerate(first):
-            s = probes[g]
-            if covered[g] or not keys[i, -1] or not keeps(s):  # (what it reads does not change with accumulation)
+            s = probes.get(g)
+            # (no probe: its table refuses it for a field that one micro-batch a step leaves as it is,
+            # _table_refusals; what keeps reads does not change with accumulation)
+            if s is None or covered[g] or not keys[i, -1] or not keeps(s):
                 continue
             try:
                 one = s.replace(batch=s.micro_batch * s.parallel.dp, accumulation=1)
