@@ -36,7 +36,8 @@ from .results import STEP_FIGURES, Cloud, Layout, Plan
 from .space import (CHECKPOINTING, PLAN_ARGUMENTS, SEARCHED, LayoutSpace, ModelContext, context, enumerate_layouts,
                     world_sizes)
 from .modelled import FAMILY, left_out, note, take, unavailable, with_shape, within
-from .stacks import search_options
+from .stacks import rules as stack_rules
+from .stacks import search_options, violations
 
 #: defaults of :func:`plan` (the command line reads them): sequences per optimizer step, the fraction of
 #: memory kept free, layouts shown (fitting and rejected), and the largest N :func:`min_gpus` tries
@@ -615,11 +616,18 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
 
         def outside(rows: list[tuple[int, ...]]) -> list[Optional[Layout]]:
             """The layouts of rows the search did not evaluate, by the same memory method and time model (a
-            method without a vectorised form would measure each: only the evaluated layouts serve as fixes)."""
+            method without a vectorised form would measure each: only the evaluated layouts serve as fixes); None
+            for a row the stack does not run (a near miss's change outside its rules: ZeRO-2 under Megatron-LM)."""
             if m.vectorised is None or pre is not None:
                 # (a narrowed search holds every layout its method models: a row outside it is one the method
                 # does not answer)
                 return [None] * len(rows)
+            runs = [not violations(stack_rules(stack), {**_space_of([row], space).parallel_at(0),
+                                                        "checkpointing": CHECKPOINTING[row[5]]},
+                                   int(seq_len), ctx.layers) for row in rows]
+            if not all(runs):
+                kept = iter(outside([row for row, ok in zip(rows, runs) if ok]) if any(runs) else ())
+                return [next(kept) if ok else None for ok in runs]
             try:
                 sub = _space_of(rows, space)
                 xs = _encode(ctx, sub, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
