@@ -88,18 +88,16 @@ def _table_refusals(stack: str, method: Any, x: SetupArrays, rows: np.ndarray) -
     is the batch or the accumulation, which a layout counted at one micro-batch changes)."""
     lead = getattr(method, "leading_table", None)
     lead = lead(stack) if lead is not None else None
-    none = [(-1, -1)] * len(rows)
     if lead is None:
-        return none
+        return [(-1, -1)] * len(rows)
+    rows = np.asarray(rows)
     pos = first_refusals(x, rows, lead)
-    pos[np.isin(pos, [FIELD_NAMES.index("batch"), FIELD_NAMES.index("accumulation")])] = -1
+    pos[(pos < 0) | np.isin(pos, [FIELD_NAMES.index("batch"), FIELD_NAMES.index("accumulation")])] = -1
     code = np.full(len(rows), -1, dtype=np.int64)
     for p in np.unique(pos[pos >= 0]).tolist():
         at = np.flatnonzero(pos == p)
-        a = x.values[FIELD_NAMES[p]]
-        col = np.broadcast_to(a, x.shape).reshape(-1)[np.asarray(rows)[at]]
+        col = np.broadcast_to(x.values[FIELD_NAMES[p]], x.shape).reshape(-1)[rows[at]]
         code[at] = np.unique(col, return_inverse=True)[1].reshape(-1)
-    pos[pos < 0] = -1
     return list(zip(pos.tolist(), code.tolist()))
 
 

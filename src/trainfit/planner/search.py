@@ -622,14 +622,14 @@ def plan(model: Any, hardware: Any, world_size: int, *, global_batch: int = DEFA
                 # (a narrowed search holds every layout its method models: a row outside it is one the method
                 # does not answer)
                 return [None] * len(rows)
-            runs = [not violations(stack_rules(stack), {**_space_of([row], space).parallel_at(0),
-                                                        "checkpointing": CHECKPOINTING[row[5]]},
-                                   int(seq_len), ctx.layers) for row in rows]
+            sub = _space_of(rows, space)
+            runs = [not violations(stack_rules(stack), {**sub.parallel_at(i),
+                                                        "checkpointing": CHECKPOINTING[int(sub.ckpt[i])]},
+                                   int(seq_len), ctx.layers) for i in range(len(rows))]
             if not all(runs):
                 kept = iter(outside([row for row, ok in zip(rows, runs) if ok]) if any(runs) else ())
                 return [next(kept) if ok else None for ok in runs]
             try:
-                sub = _space_of(rows, space)
                 xs = _encode(ctx, sub, global_batch=int(global_batch), seq_len=int(seq_len), fields=fields)
                 st2 = step_times(xs)
                 mem2 = _memory_of(xs, _own(sub, xs, stack_fields), method=method, inflight=inflight,
