@@ -129,18 +129,23 @@ def test_each_stack_shows_only_what_it_runs():
     assert all(16384 % (2 * x["cp"]) == 0 for x in tt + mg)
 
 
+def _runs(stack, layout, seq, layers):
+    """What the stack's rules say against a plan's layout (empty: it runs it)."""
+    d = layout.to_json()
+    flat = dict(tp=d["tp"], pp=d["pp"], cp=d.get("cp", 1), ep=d["ep"], dp=d["dp"], zero=d["zero"],
+                fsdp=d.get("fsdp", False), reshard_after_forward=d.get("reshard_after_forward", True),
+                pp_schedule=d.get("pp_schedule", "1f1b"), pp_virtual=d.get("pp_virtual", 1),
+                checkpointing=d["checkpointing"])
+    return violations(rules(stack), flat, seq, layers)
+
+
 def test_the_plan_of_each_stack_shows_its_layouts_and_says_which_stack():
     for stack in STACKS:
         p = plan("llama-3.1-8b", "h100", 16, global_batch=64, seq_len=4096, method="first-order", stack=stack,
                  top=10_000, rejected=10_000)
         assert p.stack == stack and p.to_json()["stack"] == stack
         for x in p.top + p.rejected:
-            d = x.to_json()
-            flat = dict(tp=d["tp"], pp=d["pp"], cp=d.get("cp", 1), ep=d["ep"], dp=d["dp"], zero=d["zero"],
-                        fsdp=d.get("fsdp", False), reshard_after_forward=d.get("reshard_after_forward", True),
-                        pp_schedule=d.get("pp_schedule", "1f1b"), pp_virtual=d.get("pp_virtual", 1),
-                        checkpointing=d["checkpointing"])
-            assert violations(rules(stack), flat, 4096, 32) == [], d
+            assert _runs(stack, x, 4096, 32) == [], x.to_json()
     # first-order models neither context parallelism nor the schedules beyond 1F1B: the plan says so
     p = plan("llama-3.1-8b", "h100", 16, global_batch=64, seq_len=4096, method="first-order", stack="torchtitan")
     assert any("cp > 1: the memory method does not model" in e for e in p.excluded)
@@ -209,15 +214,6 @@ def test_the_command_line_searches_fsdp_with_and_without_resharding_like_the_api
     only = json.loads(runner.invoke(app, args + ["--no-reshard-after-forward"]).stdout)
     assert only["searched"] < cli["searched"]
     assert all(x["reshard_after_forward"] is False for x in only["top"] if x["fsdp"])
-
-
-def _runs(stack, layout, seq, layers):
-    d = layout.to_json()
-    flat = dict(tp=d["tp"], pp=d["pp"], cp=d.get("cp", 1), ep=d["ep"], dp=d["dp"], zero=d["zero"],
-                fsdp=d.get("fsdp", False), reshard_after_forward=d.get("reshard_after_forward", True),
-                pp_schedule=d.get("pp_schedule", "1f1b"), pp_virtual=d.get("pp_virtual", 1),
-                checkpointing=d["checkpointing"])
-    return violations(rules(stack), flat, seq, layers)
 
 
 @pytest.mark.parametrize("stack", STACKS)
